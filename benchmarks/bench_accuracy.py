@@ -1,0 +1,70 @@
+"""Accuracy of the calibrated cost model on ../shared/data/measured_runs.csv.
+
+    python benchmarks/bench_accuracy.py [--csv PATH] [--json]
+
+Prints the figures issue #2 asks for, on the rows held out of the fit (30% of the (model, GPU
+count) sweep groups, by a stable hash; see ``tcf_search.fit``) and on all rows, next to the bars.
+Also times ``tcf-search predict`` over the whole file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tcf_search.accuracy import report  # noqa: E402
+from tcf_search.dataset import find_measured_csv, load_groups, predict_groups  # noqa: E402
+from tcf_search.fit import split_mask  # noqa: E402
+from tcf_search.predict import predict_csv  # noqa: E402
+
+BARS = {
+    "oom_accuracy": (">=", 0.95), "false_fits": ("<=", 0.03), "mem_mape": ("<=", 0.12),
+    "tput_median_ape": ("<=", 0.15), "spearman_median": (">=", 0.85),
+    "pick_vs_best_mean": (">=", 0.95), "megatron-sc21_mape": ("<=", 0.15),
+    "llm-foundry_mape": ("<=", 0.15),
+}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--csv", type=Path, default=None)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    csv = args.csv or find_measured_csv()
+    if csv is None:
+        print("skipped: measured_runs.csv not found at ../shared/data/ (pass --csv)")
+        return 0
+    frame = pd.read_csv(csv)
+    t0 = time.perf_counter()
+    groups, _ = load_groups(frame)
+    pred = predict_groups(groups, len(frame))
+    eval_s = time.perf_counter() - t0
+    held = split_mask(frame)
+    out = {"held_out": report(frame, pred, held), "all": report(frame, pred),
+           "eval_s": eval_s}
+    t0 = time.perf_counter()
+    predict_csv(csv, Path("/tmp/tcf_bench_predict.csv"))
+    out["predict_cli_s"] = time.perf_counter() - t0
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"{'figure':<22}{'bar':>10}{'held-out':>12}{'all rows':>12}")
+    for key in out["all"]:
+        bar = BARS.get(key)
+        bar_s = f"{bar[0]}{bar[1]:g}" if bar else ""
+        h, a = out["held_out"].get(key, float("nan")), out["all"][key]
+        print(f"{key:<22}{bar_s:>10}{h:>12.3f}{a:>12.3f}")
+    print(f"model over {len(frame)} rows: {out['eval_s']:.2f} s vectorised; "
+          f"tcf-search predict (with knob search): {out['predict_cli_s']:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,31 @@
+"""A pure analytical model of one distributed-training step, judged on the three challenges.
+
+Nothing here reads files, logs, or imports optuna, ortools, typer, yaml or pandas.
+"""
+
+from costmodel.estimate import MemoryTerms, check_plan, estimate, estimate_batch, memory_terms
+from costmodel.plans import PLAN_KEYS, plans_to_arrays
+from costmodel.result import (
+    Collective,
+    ComputeEstimate,
+    MemoryEstimate,
+    StageMemory,
+    StepEstimate,
+)
+from costmodel.specs import (
+    ClusterSpec,
+    Efficiency,
+    GpuSpec,
+    MemoryModel,
+    ModelSpec,
+    Plan,
+    SpecError,
+    Training,
+)
+
+__all__ = [
+    "PLAN_KEYS", "ClusterSpec", "Collective", "ComputeEstimate", "Efficiency", "GpuSpec",
+    "MemoryEstimate", "MemoryModel", "MemoryTerms", "ModelSpec", "Plan", "SpecError",
+    "StageMemory", "StepEstimate", "Training", "check_plan", "estimate", "estimate_batch",
+    "memory_terms", "plans_to_arrays",
+]

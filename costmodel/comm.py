@@ -1,0 +1,93 @@
+"""Communication: every collective of a step by name, its bytes, link tier and time.
+
+Collective times use the ring/hierarchical bandwidth model of NCCL (Thakur et al., 2005; NCCL's
+"bus bandwidth" convention): an all-reduce of X bytes over n ranks moves 2(n-1)/n·X per rank, an
+all-gather or reduce-scatter (n-1)/n·X. When the group spans NVLink domains with k members in
+each, the intra-domain phase runs on NVLink over X and the inter-domain phase on each GPU's NIC
+over X/k (hierarchical algorithm; every GPU has its own NIC, as on DGX/HGX systems). Latency is
+paid per ring step inside a domain and per tree level across domains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.specs import ClusterSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    nvlink_bw: float
+    network_bw: float
+    nvlink_latency_s: float
+    network_latency_s: float
+    call_overhead_s: float
+    domain: int
+
+
+def link_of(cluster: ClusterSpec) -> Link:
+    g, eff = cluster.gpu, cluster.gpu.efficiency
+    return Link(nvlink_bw=g.intra_node_bw_bytes_per_s * eff.nvlink_bw_fraction,
+                network_bw=g.network_bw_bytes_per_s * eff.network_bw_fraction,
+                nvlink_latency_s=g.intra_node_latency_s, network_latency_s=g.network_latency_s,
+                call_overhead_s=eff.collective_overhead_s, domain=cluster.nvlink_domain)
+
+
+def _phases(n: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Fraction of X moved per rank on NVLink and on the network for one all-gather pass."""
+    nodes = np.maximum(n / k, 1.0)
+    return (k - 1) / np.maximum(k, 1.0), (nodes - 1) / nodes / k
+
+
+def gather_time(x_bytes: np.ndarray, n: np.ndarray, k: np.ndarray, link: Link) -> np.ndarray:
+    """All-gather or reduce-scatter: X is the full (gathered) size."""
+    nv, net = _phases(n, k)
+    nodes = np.maximum(n / k, 1.0)
+    lat = ((k - 1) * link.nvlink_latency_s + np.log2(nodes) * link.network_latency_s
+           + link.call_overhead_s)
+    t = x_bytes * (nv / link.nvlink_bw + net / link.network_bw) + lat
+    return np.where(n > 1, t, 0.0)
+
+
+def bucketed_gather_time(x_bytes: np.ndarray, n: np.ndarray, k: np.ndarray, link: Link,
+                         bucket_bytes: np.ndarray | float) -> np.ndarray:
+    """Gradient/parameter collectives issued in buckets (DDP, ZeRO, FSDP units): every bucket is
+    a ring pass of n - 1 steps, each paying the slowest link's latency, so latency grows with the
+    data-parallel size (Thakur et al., 2005) while bandwidth does not."""
+    nv, net = _phases(n, k)
+    buckets = np.maximum(np.ceil(x_bytes / bucket_bytes), 1.0)
+    step_lat = np.where(k < n, link.network_latency_s, link.nvlink_latency_s)
+    lat = buckets * ((n - 1) * step_lat + link.call_overhead_s)
+    t = x_bytes * (nv / link.nvlink_bw + net / link.network_bw) + lat
+    return np.where(n > 1, t, 0.0)
+
+
+def all_reduce_time(x_bytes: np.ndarray, n: np.ndarray, k: np.ndarray,
+                    link: Link) -> np.ndarray:
+    """Reduce-scatter then all-gather, issued as one call."""
+    return np.where(n > 1, 2.0 * gather_time(x_bytes, n, k, link) - link.call_overhead_s, 0.0)
+
+
+def all_to_all_time(x_bytes: np.ndarray, n: np.ndarray, k: np.ndarray,
+                    link: Link) -> np.ndarray:
+    """Each rank sends X/n to every other rank; NVLink and NIC transfers run concurrently."""
+    on_domain = x_bytes * (k - 1) / n / link.nvlink_bw
+    off_domain = x_bytes * (n - k) / n / link.network_bw
+    lat = np.where(n > k, link.network_latency_s, link.nvlink_latency_s) + link.call_overhead_s
+    return np.where(n > 1, np.maximum(on_domain, off_domain) + lat, 0.0)
+
+
+def p2p_time(x_bytes: np.ndarray, crosses_network: np.ndarray, link: Link) -> np.ndarray:
+    bw = np.where(crosses_network, link.network_bw, link.nvlink_bw)
+    lat = np.where(crosses_network, link.network_latency_s, link.nvlink_latency_s)
+    return x_bytes / bw + lat + link.call_overhead_s
+
+
+def tier(n: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """0 none (group of one), 1 NVLink, 2 network."""
+    return np.where(n <= 1, 0, np.where(k >= n, 1, 2))
+
+
+TIER_NAMES = ("none", "nvlink", "network")

@@ -1,0 +1,156 @@
+"""Compute: FLOPs and kernel time of one micro-batch through one layer, the LM head and the
+optimizer, on one GPU.
+
+Eager frameworks issue every kernel from Python: a layer also takes at least the host time to
+issue its kernels and collectives (``host_overhead_s`` each), and the GPU starves when that is
+longer than the kernels themselves (small micro-batches, wide TP).
+
+GEMM time is a roofline with a size-dependent efficiency: a GEMM whose smallest dimension is x
+reaches ``gemm_peak_fraction * x / (x + gemm_half_size)`` of peak, and never runs faster than its
+operands stream from HBM. Flash attention (Dao, 2023) runs at ``attention_peak_fraction`` with
+causal masking halving the work, its backward doing 2.5x the forward's FLOPs. Elementwise kernels
+(norms, residual adds, RoPE, activation functions, casts) are memory bound. Every kernel also
+pays ``kernel_overhead_s``. With fp8, GEMMs run at the fp8 peak and pay a cast of their inputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.params import attention_params
+from costmodel.plans import PlanArrays
+from costmodel.specs import ClusterSpec, ModelSpec, Training
+
+BF16 = 2.0
+FWD_KERNELS_PER_LAYER = 14.0  # norms, GEMMs, RoPE, attention, activation, residual adds
+BWD_KERNEL_FACTOR = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTimes:
+    """Seconds per micro-batch per layer (dense and MoE layers) and for the LM head."""
+
+    fwd_dense_s: np.ndarray
+    fwd_moe_s: np.ndarray
+    bwd_dense_s: np.ndarray
+    bwd_moe_s: np.ndarray
+    attention_fwd_s: np.ndarray
+    gemm_fwd_dense_s: np.ndarray
+    selective_extra_s: np.ndarray  # what selective recompute adds per layer
+    host_fwd_dense_s: np.ndarray  # CPU time to issue one layer's forward kernels
+    host_fwd_moe_s: np.ndarray
+    head_fwd_s: np.ndarray
+    head_bwd_s: np.ndarray
+    gemm_efficiency: np.ndarray  # achieved fraction of the GEMM peak, dense layer forward
+    gemm_flops_fwd_dense: np.ndarray
+
+
+def _gemm_time(m: np.ndarray, n: np.ndarray, k: np.ndarray, peak: float, c: ClusterSpec,
+               in_bytes: float) -> np.ndarray:
+    eff = c.gpu.efficiency
+    flops = 2.0 * m * n * k
+    x = np.minimum(np.minimum(m, n), k)
+    sat = x / (x + eff.gemm_half_size)
+    compute_s = flops / (peak * eff.gemm_peak_fraction * sat)
+    bytes_moved = in_bytes * (m * k + k * n) + BF16 * m * n
+    return np.maximum(compute_s, bytes_moved / c.gpu.hbm_bw_bytes_per_s) + eff.kernel_overhead_s
+
+
+def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
+                p: PlanArrays) -> LayerTimes:
+    mdl, gpu, eff = model, cluster.gpu, cluster.gpu.efficiency
+    h, f, a, g, d = mdl.hidden, mdl.ffn_hidden, mdl.heads, mdl.kv_heads, mdl.d_head
+    s, V = float(tr.seq_len), float(mdl.vocab)
+    tp, cp = p.tp.astype(float), p.cp.astype(float)
+    M = p.micro_batch * s / cp  # tokens per micro-batch on this GPU
+    fp8 = tr.precision == "fp8"
+    peak = gpu.peak_flops(tr.precision)
+    in_bytes = 1.0 if fp8 else BF16
+    hbm = gpu.hbm_bw_bytes_per_s * eff.memory_bw_fraction
+    sp = p.sequence_parallel.astype(bool)
+
+    def gemm(n: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
+        n_arr, k_arr = np.broadcast_to(n, M.shape), np.broadcast_to(k, M.shape)
+        t = _gemm_time(M, n_arr, k_arr, peak, cluster, in_bytes)
+        if fp8:  # quantize the activation input (read bf16, write fp8)
+            t = t + 3.0 * M * k_arr / hbm
+        return t
+
+    qkv = gemm((a + 2 * g) * d / tp, float(h))
+    out = gemm(float(h), a * d / tp)
+    n_up = 2.0 * f if mdl.ffn_type == "swiglu" else float(f)
+    mlp = gemm(n_up / tp, float(h)) + gemm(float(h), f / tp)
+    gemm_fwd_dense = qkv + out + mlp
+    gemm_flops_dense = 2.0 * M * (attention_params(mdl) + (n_up + f) * h) / tp
+    gemm_eff = gemm_flops_dense / gemm_fwd_dense / peak
+
+    attn_flops_fwd = 4.0 * M * (s / 2.0) * a * d / tp  # causal: half the keys on average
+    attention_fwd = attn_flops_fwd / (gpu.peak_flops_bf16 * eff.attention_peak_fraction)
+    if not tr.flash_attention:  # the s x s scores are written and read (fp32 softmax)
+        attention_fwd = attention_fwd + 3.0 * 4.0 * M * s * a / tp / hbm
+
+    # elementwise traffic per token, in elements: two norms (read+write) and two residual adds
+    # (2 reads + 1 write) act on the full width unless sequence parallel shards them; RoPE and the
+    # activation function act on TP-sharded tensors.
+    replicated = 10.0 * h / np.where(sp, tp, 1.0)
+    act_elems = 3.0 * f if mdl.ffn_type == "swiglu" else 2.0 * f
+    sharded = (2.0 * (a + g) * d + act_elems) / tp
+    elem_fwd = M * (replicated + sharded) * BF16 / hbm
+    overhead_fwd = FWD_KERNELS_PER_LAYER * eff.kernel_overhead_s
+    fwd_dense = gemm_fwd_dense + attention_fwd + elem_fwd + overhead_fwd
+    bwd_dense = (2.0 * gemm_fwd_dense + 2.5 * attention_fwd + 2.0 * elem_fwd
+                 + BWD_KERNEL_FACTOR * overhead_fwd)
+
+    if mdl.is_moe:
+        fe, topk, E = mdl.expert_ffn_hidden, mdl.moe_topk, mdl.moe_experts
+        n_up_e = 2.0 * fe if mdl.ffn_type == "swiglu" else float(fe)
+        tokens_per_expert = M * topk * p.ep / E
+        m_e = np.maximum(tokens_per_expert, 1.0)
+        expert_one = (_gemm_time(m_e, np.broadcast_to(n_up_e / tp, M.shape),
+                                 np.broadcast_to(float(h), M.shape), peak, cluster, in_bytes)
+                      + _gemm_time(m_e, np.broadcast_to(float(h), M.shape),
+                                   np.broadcast_to(fe / tp, M.shape), peak, cluster, in_bytes))
+        experts_local = E / p.ep
+        routed = expert_one * experts_local
+        shared = mdl.moe_shared_experts * (gemm(n_up_e / tp, float(h)) + gemm(float(h), fe / tp))
+        router = gemm(float(E), float(h))
+        # permute/unpermute copies of the routed tokens, and the combine
+        permute = 4.0 * M * topk * h * BF16 / hbm
+        moe_mlp = routed + shared + router + permute
+        gemm_fwd_moe = qkv + out + moe_mlp
+        elem_moe = M * (replicated + (2.0 * (a + g) * d + topk * (act_elems / f) * fe) / tp)
+        elem_moe = elem_moe * BF16 / hbm
+        kernels = 2.0  # router, permute, grouped GEMMs, unpermute, combine on top of attention
+        fwd_moe = gemm_fwd_moe + attention_fwd + elem_moe + overhead_fwd * kernels
+        bwd_moe = (2.0 * gemm_fwd_moe + 2.5 * attention_fwd + 2.0 * elem_moe
+                   + BWD_KERNEL_FACTOR * overhead_fwd * kernels)
+    else:
+        kernels = 1.0
+        fwd_moe, bwd_moe = fwd_dense, bwd_dense
+
+    selective_extra = M * (act_elems / tp) * BF16 / hbm + eff.kernel_overhead_s
+
+    head = gemm(V / tp, float(h))
+    loss_elems = M * V / tp  # logits -> fp32 softmax -> loss, and its gradient
+    loss_s = loss_elems * (BF16 + 4.0 + 4.0) / hbm
+    return LayerTimes(
+        fwd_dense_s=fwd_dense, fwd_moe_s=fwd_moe, bwd_dense_s=bwd_dense, bwd_moe_s=bwd_moe,
+        attention_fwd_s=attention_fwd, gemm_fwd_dense_s=gemm_fwd_dense,
+        selective_extra_s=selective_extra,
+        host_fwd_dense_s=np.full_like(M, FWD_KERNELS_PER_LAYER * tr.host_overhead_s),
+        host_fwd_moe_s=np.full_like(M, FWD_KERNELS_PER_LAYER * kernels * tr.host_overhead_s),
+        head_fwd_s=head + loss_s,
+        head_bwd_s=2.0 * head + loss_s, gemm_efficiency=gemm_eff,
+        gemm_flops_fwd_dense=gemm_flops_dense,
+    )
+
+
+def optimizer_time(params_local: np.ndarray, shard: np.ndarray, cluster: ClusterSpec,
+                   tr: Training) -> np.ndarray:
+    """Adam over this GPU's shard: reads grad, master, m, v; writes master, m, v, weights."""
+    eff = cluster.gpu.efficiency
+    bytes_per_param = 4.0 + 3 * 8.0 + BF16 if tr.optimizer == "adam" else 4.0 + 8.0 + BF16
+    hbm = cluster.gpu.hbm_bw_bytes_per_s * eff.memory_bw_fraction
+    return params_local / shard * bytes_per_param / hbm + 20 * eff.kernel_overhead_s

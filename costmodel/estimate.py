@@ -1,0 +1,218 @@
+"""The cost model's entry points: one plan in, one :class:`StepEstimate` out; or many plans as
+columns in, columns out; and the linear memory terms the CP-SAT stage places layers with."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel import comm
+from costmodel.layout import STAGES, inflight_micro_batches, micro_batches
+from costmodel.memory import coefficients
+from costmodel.plans import as_plan_arrays, plans_to_arrays
+from costmodel.result import (
+    Collective,
+    ComputeEstimate,
+    MemoryEstimate,
+    StageMemory,
+    StepEstimate,
+)
+from costmodel.specs import ClusterSpec, ModelSpec, Plan, SpecError, Training
+from costmodel.step import StepArrays, evaluate
+
+
+def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan, tr: Training) -> None:
+    """Validity is arithmetic: raise :class:`SpecError` naming the first rule the plan breaks."""
+    rules: list[tuple[bool, str]] = [
+        (plan.world_size == cluster.num_gpus,
+         f"tp * pp * cp * dp == num_gpus must hold, but got tp={plan.tp}, pp={plan.pp}, "
+         f"cp={plan.cp}, dp={plan.dp}, num_gpus={cluster.num_gpus}"),
+        (model.heads % plan.tp == 0,
+         f"heads % tp == 0 must hold, but got heads={model.heads}, tp={plan.tp}"),
+        (model.kv_heads % plan.tp == 0 or plan.tp % model.kv_heads == 0,
+         f"kv_heads and tp must divide one another, got kv_heads={model.kv_heads}, tp={plan.tp}"),
+        (tr.global_batch % (plan.dp * plan.micro_batch) == 0,
+         f"global_batch % (dp * micro_batch) == 0 must hold, but got global_batch="
+         f"{tr.global_batch}, dp={plan.dp}, micro_batch={plan.micro_batch}"),
+        (tr.seq_len % (2 * plan.cp) == 0 or plan.cp == 1,
+         f"seq_len % (2 * cp) == 0 must hold, but got seq_len={tr.seq_len}, cp={plan.cp}"),
+        (plan.ep == 1 or (model.is_moe and model.moe_experts % plan.ep == 0),
+         f"ep must divide moe_experts, but got ep={plan.ep}, moe_experts={model.moe_experts}"),
+        ((plan.dp * plan.cp) % plan.ep == 0,
+         f"ep must divide dp * cp, but got ep={plan.ep}, dp={plan.dp}, cp={plan.cp}"),
+    ]
+    first, last = plan.first_stage_layers, plan.last_stage_layers
+    if first or last:
+        rest = model.layers - (first or 0) - (last or 0)
+        middle = plan.pp - (1 if first else 0) - (1 if last else 0)
+        even_ok = middle > 0 and rest % middle == 0 and rest // middle > 0
+        rules.append((plan.pp > 1 and (even_ok or (middle == 0 and rest == 0)),
+                      f"uneven stages must leave the other stages an equal whole number of "
+                      f"layers, but got layers={model.layers}, pp={plan.pp}, "
+                      f"first_stage_layers={first}, last_stage_layers={last}"))
+    elif plan.vpp > 1:
+        rules.append((model.layers % (plan.pp * plan.vpp) == 0,
+                      f"layers % (pp * vpp) == 0 must hold with interleaving, but got "
+                      f"layers={model.layers}, pp={plan.pp}, vpp={plan.vpp}"))
+    else:
+        rules.append((model.layers >= plan.pp,
+                      f"layers >= pp must hold, but got layers={model.layers}, pp={plan.pp}"))
+    for ok, message in rules:
+        if not ok:
+            raise SpecError(message)
+
+
+def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: Training,
+                   plans: Mapping[str, object]) -> dict[str, np.ndarray]:
+    """Evaluate many (valid) plans at once. See ``PLAN_KEYS`` for the input columns."""
+    p = as_plan_arrays(plans)
+    r = evaluate(model, cluster, training, p)
+    peak = np.max(np.stack([r.stages[s].total for s in STAGES]), axis=0)
+    exposed = sum(c.exposed_s for c in r.collectives)
+    total = sum(c.time_s for c in r.collectives)
+    peak_flops = cluster.gpu.peak_flops(training.precision)
+    return {
+        "step_time_s": r.step_time_s,
+        "tokens_per_s_per_gpu": r.tokens_per_step / r.step_time_s / r.num_gpus,
+        "mfu": r.model_flops / r.step_time_s / peak_flops,
+        "hfu": r.hardware_flops / r.step_time_s / peak_flops,
+        "model_tflops_per_gpu": r.model_flops / r.step_time_s / 1e12,
+        "peak_mem_bytes": peak,
+        "usable_bytes": np.full_like(peak, r.usable_bytes),
+        "mem_slack_bytes": peak - r.usable_bytes,
+        "fits": peak <= r.usable_bytes,
+        "mem_weights_bytes": r.peak_part("weights"),
+        "mem_grads_bytes": r.peak_part("grads"),
+        "mem_optimizer_bytes": r.peak_part("optimizer"),
+        "mem_activations_bytes": r.peak_part("activations"),
+        "mem_buffers_bytes": r.peak_part("buffers") + r.peak_part("overhead"),
+        "time_compute_s": r.compute_s,
+        "time_comm_s": np.asarray(total, dtype=float),
+        "time_comm_exposed_s": np.asarray(exposed, dtype=float),
+        "time_bubble_s": r.bubble_s,
+        "time_optimizer_s": r.optimizer_s,
+    }
+
+
+def _scalar(x: np.ndarray) -> float:
+    return float(np.asarray(x).reshape(-1)[0])
+
+
+def _to_result(r: StepArrays, cluster: ClusterSpec, plan: Plan, tr: Training) -> StepEstimate:
+    shown = ("first",) if plan.pp == 1 else ("first", "last") if plan.pp == 2 else STAGES
+    stages = tuple(
+        StageMemory(stage=st, layers=int(round(_scalar(r.stage_layers[st]))),  # type: ignore[arg-type]
+                    weights_bytes=_scalar(b.weights), grads_bytes=_scalar(b.grads),
+                    optimizer_bytes=_scalar(b.optimizer),
+                    activations_bytes=_scalar(b.activations), buffers_bytes=_scalar(b.buffers),
+                    overhead_bytes=_scalar(b.overhead))
+        for st, b in ((s, r.stages[s]) for s in shown))
+    collectives = tuple(
+        Collective(name=c.name, group=c.group, op=c.op,  # type: ignore[arg-type]
+                   group_size=int(_scalar(c.group_size)), bytes=_scalar(c.bytes),
+                   tier=comm.TIER_NAMES[int(_scalar(c.tier))],  # type: ignore[arg-type]
+                   time_s=_scalar(c.time_s), exposed_s=_scalar(c.exposed_s))
+        for c in r.collectives if _scalar(c.group_size) > 1)
+    return StepEstimate(
+        memory=MemoryEstimate(stages=stages, usable_bytes=r.usable_bytes),
+        compute=ComputeEstimate(model_flops=_scalar(r.model_flops),
+                                hardware_flops=_scalar(r.hardware_flops),
+                                time_s=_scalar(r.compute_s),
+                                recompute_time_s=_scalar(r.recompute_s),
+                                optimizer_time_s=_scalar(r.optimizer_s),
+                                gemm_efficiency=_scalar(r.gemm_efficiency)),
+        collectives=collectives,
+        bubble_time_s=_scalar(r.bubble_s),
+        step_time_s=_scalar(r.step_time_s),
+        tokens_per_step=r.tokens_per_step,
+        num_gpus=r.num_gpus,
+        peak_flops_per_gpu=cluster.gpu.peak_flops(tr.precision),
+    )
+
+
+def estimate(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
+             training: Training) -> StepEstimate:
+    """Judge one plan on the three challenges. Raises :class:`SpecError` for an invalid plan."""
+    check_plan(model, cluster, plan, training)
+    p = as_plan_arrays(plans_to_arrays([plan]))
+    return _to_result(evaluate(model, cluster, training, p), cluster, plan, training)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryTerms:
+    """Per-GPU bytes of a stage holding n layers, r of them fully recomputed:
+    ``fixed[stage] + n*state_bytes_per_layer + inflight[stage]*((n-r)*act + r*ckpt)
+    + (r > 0 or always)*working`` for the forward/backward peak, and
+    ``opt_fixed[stage] + n*opt_bytes_per_layer`` for the optimizer-step peak. A stage fits when
+    both are ``<= usable_bytes``. ``act_bytes_per_layer`` is for layers that are not fully
+    recomputed (under the plan's recompute mode when it is not 'full', else none at all).
+    """
+
+    fixed_bytes: dict[str, float]
+    inflight: dict[str, float]
+    state_bytes_per_layer: float
+    act_bytes_per_layer: float
+    ckpt_bytes_per_layer: float
+    recompute_working_bytes: float
+    opt_fixed_bytes: dict[str, float]
+    opt_bytes_per_layer: float
+    usable_bytes: float
+
+    def stage_bytes(self, stage: str, n: int, r: int) -> float:
+        fwd_bwd = (self.fixed_bytes[stage] + n * self.state_bytes_per_layer
+                   + self.inflight[stage] * ((n - r) * self.act_bytes_per_layer
+                                             + r * self.ckpt_bytes_per_layer)
+                   + self.recompute_working_bytes)
+        opt = self.opt_fixed_bytes[stage] + n * self.opt_bytes_per_layer
+        return max(fwd_bwd, opt)
+
+
+def memory_terms(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
+                 training: Training) -> MemoryTerms:
+    """Coefficients of per-stage memory, linear in layers placed and layers recomputed.
+
+    Exact: for any placement, :meth:`MemoryTerms.stage_bytes` equals the stage total that
+    :func:`estimate` reports (the allocator overhead is folded into the terms).
+    """
+    p = as_plan_arrays(plans_to_arrays([plan]))
+    co = coefficients(model, cluster, training, p)
+    mm = training.memory_model
+    frag = 1.0 + mm.allocator_fraction
+    m = micro_batches(training.global_batch, p)
+    bpp, bpp_e = co.bytes_per_param, co.expert_bytes_per_param
+    per_param = {k: _scalar(bpp[k]) for k in bpp}
+    per_param_e = {k: _scalar(bpp_e[k]) for k in bpp_e}
+    states = ("weights", "grads", "optimizer", "comm_buffer")
+    state_layer = (_scalar(co.dense_params_per_layer) * sum(per_param[k] for k in states)
+                   + _scalar(co.expert_params_per_layer) * sum(per_param_e[k] for k in states))
+    embed = _scalar(co.embed_params)
+    pp1 = plan.pp == 1
+    head_first = pp1 and not model.tied_embeddings
+    head_last = (not pp1) or not model.tied_embeddings
+    extra = {"first": embed * (1 + head_first), "middle": 0.0, "last": embed * head_last}
+    if pp1:
+        extra["last"] = extra["first"]
+    logits = _scalar(co.logits)
+    has_logits = {"first": pp1, "middle": False, "last": True}
+    gather = _scalar(co.gather_buffer)
+    state_pp = sum(per_param[k] for k in states)
+    fixed = {st: extra[st] * state_pp + frag * (gather + (logits if has_logits[st] else 0.0))
+             + mm.allocator_const_bytes for st in STAGES}
+    opt_fixed = {st: extra[st] * (state_pp + per_param["opt_buffer"])
+                 + mm.allocator_const_bytes for st in STAGES}
+    opt_layer = state_layer + (_scalar(co.dense_params_per_layer) * per_param["opt_buffer"]
+                               + _scalar(co.expert_params_per_layer) * per_param_e["opt_buffer"])
+    act = _scalar(co.working) if plan.recompute == "full" else _scalar(co.act_per_layer)
+    return MemoryTerms(
+        fixed_bytes=fixed,
+        inflight={st: _scalar(inflight_micro_batches(p, m, st)) for st in STAGES},
+        state_bytes_per_layer=state_layer,
+        act_bytes_per_layer=frag * act,
+        ckpt_bytes_per_layer=frag * _scalar(co.ckpt_per_layer),
+        recompute_working_bytes=frag * _scalar(co.working),
+        opt_fixed_bytes=opt_fixed,
+        opt_bytes_per_layer=opt_layer,
+        usable_bytes=cluster.gpu.usable_bytes,
+    )

@@ -1,0 +1,75 @@
+"""Where layers and micro-batches sit: layers per pipeline stage, micro-batches in flight, and
+which link tier each parallel group spans.
+
+Rank order follows Megatron-LM (tp fastest, then cp, then dp, then pp), so the TP group is packed
+inside a node first. In-flight micro-batches follow Narayanan et al. (SC21, sec. 2.2) for 1F1B and
+interleaved 1F1B, and GPipe (Huang et al., 2019) holds all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.plans import PlanArrays
+
+STAGES: tuple[str, ...] = ("first", "middle", "last")
+
+
+@dataclass(frozen=True, slots=True)
+class StageLayers:
+    first: np.ndarray
+    middle: np.ndarray
+    last: np.ndarray
+
+    def of(self, stage: str) -> np.ndarray:
+        return {"first": self.first, "middle": self.middle, "last": self.last}[stage]
+
+    @property
+    def largest(self) -> np.ndarray:
+        return np.maximum(np.maximum(self.first, self.middle), self.last)
+
+
+def stage_layers(num_layers: int, p: PlanArrays) -> StageLayers:
+    """Layers held by the first, a middle and the last pipeline stage (floats for averages)."""
+    L, pp = float(num_layers), p.pp.astype(float)
+    even = L / pp
+    # a split that does not divide (nanotron allows it) gives the first stages one layer more
+    first = np.where(p.first_stage_layers > 0, p.first_stage_layers, np.ceil(even))
+    last = np.where(p.last_stage_layers > 0, p.last_stage_layers, np.floor(even))
+    last = np.where(pp == 1, first, last)
+    middle = np.where(pp > 2, (L - first - last) / np.maximum(pp - 2, 1), first)
+    return StageLayers(first=first, middle=middle, last=last)
+
+
+def micro_batches(global_batch: int, p: PlanArrays) -> np.ndarray:
+    """Micro-batches per DP rank per optimizer step (gradient accumulation steps)."""
+    return np.maximum(global_batch / (p.dp * p.micro_batch), 1.0)
+
+
+def inflight_micro_batches(p: PlanArrays, m: np.ndarray, stage: str) -> np.ndarray:
+    """Micro-batches whose activations a stage holds at its peak, in units of its whole layers.
+
+    1F1B: rank r holds min(m, p - r). Interleaved (v chunks): the warm-up holds
+    2(p - r - 1) + (v - 1)p + 1 chunk-micro-batches, each 1/v of the stage. GPipe holds all m.
+    """
+    pp, v = p.pp.astype(float), p.vpp.astype(float)
+    rank = {"first": 0.0, "middle": np.floor(pp / 2), "last": pp - 1}[stage]
+    one_f_one_b = np.minimum(m, pp - rank)
+    interleaved = np.minimum(m * v, 2 * (pp - rank - 1) + (v - 1) * pp + 1) / v
+    held = np.where(p.vpp > 1, interleaved, one_f_one_b)
+    return np.where(p.pp_schedule == 2, m, held)
+
+
+def members_per_domain(size: np.ndarray, stride: np.ndarray, domain: int) -> np.ndarray:
+    """How many members of a group of ``size`` ranks spaced ``stride`` apart share one NVLink
+    domain (node or rack). 1 means every hop crosses the network."""
+    per = np.maximum(domain // np.maximum(stride, 1), 1)
+    return np.minimum(size, per).astype(float)
+
+
+def group_strides(p: PlanArrays) -> dict[str, np.ndarray]:
+    """Rank distance between neighbours of each group (tp, cp, dp, pp, ep)."""
+    return {"tp": np.ones_like(p.tp), "cp": p.tp, "dp": p.tp * p.cp, "ep": p.tp,
+            "pp": p.tp * p.cp * p.dp}

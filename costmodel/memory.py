@@ -1,0 +1,198 @@
+"""Memory per GPU and pipeline stage: model states, activations, buffers, allocator overhead.
+
+Model states (Rajbhandari et al., ZeRO, 2020): low-precision weights, the fp32 gradient
+accumulation buffer and Adam's fp32 master weights, m and v, each sharded over the data-parallel
+group from the ZeRO stage that shards it (1: optimizer, 2: + gradients, 3: + weights; FSDP
+FULL_SHARD is 3). Activations follow Korthikanti et al. ("Reducing Activation Recomputation in
+Large Transformer Models", 2022, sec. 4) tensor by tensor, with flash attention (no s^2 scores)
+and gated MLPs, divided by TP inside the TP regions and by TP everywhere under sequence parallel.
+
+The step has two peaks, and a plan must fit both: during forward/backward (states + in-flight
+activations + logits) and during the optimizer step (states + communication buffers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.layout import StageLayers, inflight_micro_batches
+from costmodel.params import (
+    attention_params,
+    dense_mlp_params,
+    embedding_params,
+    expert_params,
+    norm_params,
+)
+from costmodel.plans import PlanArrays
+from costmodel.specs import ClusterSpec, ModelSpec, Training
+
+BF16 = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryCoefficients:
+    """Per-GPU bytes that are linear in the layers a stage holds; see :func:`stage_memory`."""
+
+    dense_params_per_layer: np.ndarray  # local non-expert parameters of an average layer
+    expert_params_per_layer: np.ndarray  # local routed-expert parameters of an average layer
+    act_per_layer: np.ndarray  # stored activations, one micro-batch, plan's recompute mode
+    ckpt_per_layer: np.ndarray  # stored for a fully recomputed layer, one micro-batch
+    working: np.ndarray  # one layer's full activations (recompute / backward transient)
+    embed_params: np.ndarray  # local embedding (first stage) / LM head (last stage) params
+    head_params: np.ndarray
+    bytes_per_param: dict[str, np.ndarray]  # weights, grads, optimizer, opt_buffer
+    expert_bytes_per_param: dict[str, np.ndarray]  # the same over the expert-DP shard
+    logits: np.ndarray  # last stage, one micro-batch
+    gather_buffer: np.ndarray  # ZeRO-3 / FSDP unsharded units in flight
+
+
+def _states_per_param(tr: Training, p: PlanArrays, shard: np.ndarray) -> dict[str, np.ndarray]:
+    z = p.zero_stage
+    w = BF16 + (1.0 if tr.precision == "fp8" else 0.0)  # fp8 keeps a cast copy of the weights
+    g = float(tr.grad_dtype_bytes)
+    o = (4.0 if tr.master_weights else 0.0) + (8.0 if tr.optimizer == "adam" else 4.0)
+    weights = np.where(z >= 3, w / shard, w)
+    grads = np.where(z >= 2, g / shard, g)
+    optimizer = np.where(z >= 1, o / shard, o)
+    # A framework that reduces gradients out of a separate buffer keeps a low-precision copy for
+    # the all-reduce all step long (ZeRO-0), or a full-precision one plus the gathered shard at
+    # the optimizer step (ZeRO-1/2).
+    zero = np.zeros_like(shard, dtype=float)
+    if tr.separate_grad_comm_buffer:
+        comm_buffer = np.where((shard > 1) & (z == 0), BF16, 0.0)
+        opt_buffer = np.where((shard > 1) & (z >= 1), g + BF16 / shard, 0.0)
+    else:
+        comm_buffer, opt_buffer = zero, zero
+    return {"weights": weights, "grads": grads, "optimizer": optimizer,
+            "comm_buffer": comm_buffer, "opt_buffer": opt_buffer}
+
+
+def activation_bytes_per_layer(model: ModelSpec, tr: Training,
+                               p: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(stored under the plan's recompute mode, stored when fully recomputed, all of a layer)
+    for one micro-batch, before the calibrated ``activation_factor``."""
+    h, f, a, g, d = model.hidden, model.ffn_hidden, model.heads, model.kv_heads, model.d_head
+    tp = p.tp.astype(float)
+    sp_div = np.where(p.sequence_parallel > 0, tp, 1.0)
+    M = p.micro_batch * tr.seq_len / p.cp  # tokens of a micro-batch on this GPU
+    # norm inputs and outputs (2 per block) live outside the TP regions
+    outside = 8.0 * M * h / sp_div
+    attention = (2.0 * M * (a + 2 * g) * d + 2.0 * M * a * d) / tp + 4.0 * M * a / tp
+    if not tr.flash_attention:  # fp16 scores, fp32 softmax output (Korthikanti: 5as/h terms)
+        attention = attention + 5.0 * M * tr.seq_len * a / tp
+    if model.is_moe:
+        fe, k = model.expert_ffn_hidden, model.moe_topk + model.moe_shared_experts
+        width = k * fe
+        routing = 2.0 * M * model.moe_topk * h * BF16 / tp  # permuted tokens in and out
+    else:
+        width, routing = f, 0.0
+    gated = model.ffn_type == "swiglu"
+    mlp_all = (6.0 if gated else 4.0) * M * width / tp + routing
+    mlp_selective = (4.0 if gated else 2.0) * M * width / tp + routing
+    full_layer = outside + attention + mlp_all
+    stored = np.where(p.recompute == 1, outside + attention + mlp_selective, full_layer)
+    ckpt = BF16 * M * h / sp_div
+    stored = np.where(p.recompute == 2, ckpt, stored)
+    return stored, ckpt, full_layer
+
+
+def coefficients(model: ModelSpec, cluster: ClusterSpec, tr: Training,
+                 p: PlanArrays) -> MemoryCoefficients:
+    mm = tr.memory_model
+    tp, ep = p.tp.astype(float), p.ep.astype(float)
+    shard = (p.dp * p.cp).astype(float)
+    expert_shard = np.maximum(shard / ep, 1.0)
+    moe_frac = model.moe_layers / model.layers
+    dense = (attention_params(model) / tp + norm_params(model)
+             + (1 - moe_frac) * dense_mlp_params(model) / tp)
+    if model.is_moe:
+        router = model.hidden * model.moe_experts
+        shared = model.moe_shared_experts * expert_params(model) / tp + router
+        routed = model.moe_experts / ep * expert_params(model) / tp
+        dense = dense + moe_frac * shared
+        experts = moe_frac * routed
+    else:
+        experts = np.zeros_like(tp)
+    params_layer = dense + experts
+    stored, ckpt, full_layer = activation_bytes_per_layer(model, tr, p)
+    act_f = mm.activation_factor
+    M = p.micro_batch * tr.seq_len / p.cp
+    embed = embedding_params(model) / tp
+    gather = np.where(p.zero_stage >= 3, 2.0 * params_layer * BF16, 0.0)  # two units prefetched
+    return MemoryCoefficients(
+        dense_params_per_layer=dense, expert_params_per_layer=experts,
+        act_per_layer=act_f * stored, ckpt_per_layer=act_f * ckpt,
+        working=act_f * full_layer,
+        embed_params=embed, head_params=embed,
+        bytes_per_param=_states_per_param(tr, p, shard),
+        expert_bytes_per_param=_states_per_param(tr, p, expert_shard),
+        logits=mm.logits_bytes_per_element * M * model.vocab / tp,
+        gather_buffer=gather,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StageBytes:
+    params: np.ndarray
+    weights: np.ndarray
+    grads: np.ndarray
+    optimizer: np.ndarray
+    activations: np.ndarray
+    buffers: np.ndarray
+    overhead: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        return (self.weights + self.grads + self.optimizer + self.activations + self.buffers
+                + self.overhead)
+
+
+def stage_memory(model: ModelSpec, tr: Training, p: PlanArrays, co: MemoryCoefficients,
+                 layers: StageLayers, m: np.ndarray, stage: str) -> StageBytes:
+    """Peak bytes of one stage, the larger of the forward/backward and the optimizer peaks.
+
+    Activations: ``inflight`` micro-batches of ``n`` layers, of which ``r`` fully recomputed
+    (``recompute_layers``, 0 = all when recompute is full), plus one layer's working set.
+    """
+    mm = tr.memory_model
+    n = layers.of(stage)
+    pp = p.pp
+    has_embed = stage == "first"
+    has_head = stage == "last"
+    extra = np.zeros_like(n)
+    if has_embed:
+        extra = extra + co.embed_params
+    if has_head:
+        head_here = (pp > 1) | (not model.tied_embeddings)
+        extra = extra + np.where(head_here, co.head_params, 0.0)
+    if has_embed and not has_head:  # pp == 1 puts the head on the first stage too
+        extra = extra + np.where((pp == 1) & (not model.tied_embeddings), co.head_params, 0.0)
+    dense = n * co.dense_params_per_layer + extra
+    experts = n * co.expert_params_per_layer
+    bpp, bpp_e = co.bytes_per_param, co.expert_bytes_per_param
+
+    def part(key: str) -> np.ndarray:
+        return dense * bpp[key] + experts * bpp_e[key]
+
+    r_full = np.where(p.recompute_layers > 0, np.minimum(p.recompute_layers, n), n)
+    r = np.where(p.recompute == 2, r_full, 0.0)
+    per_mb = np.where(p.recompute == 2, (n - r) * co.working + r * co.ckpt_per_layer,
+                      n * co.act_per_layer)
+    inflight = inflight_micro_batches(p, m, stage)
+    activations = inflight * per_mb + co.working
+    logits = co.logits if has_head else np.zeros_like(n)
+    if has_embed:
+        logits = np.where(pp == 1, co.logits, logits)
+    volatile = activations + logits + co.gather_buffer
+    opt_buffers = part("opt_buffer")
+    comm_buffers = part("comm_buffer")
+    overhead = mm.allocator_fraction * volatile + mm.allocator_const_bytes
+    # the larger of the two peaks decides; what the optimizer step needs beyond the
+    # forward/backward peak is reported as buffers so the parts add up to the peak
+    extra_at_opt = np.maximum(opt_buffers - volatile - mm.allocator_fraction * volatile, 0.0)
+    buffers = logits + co.gather_buffer + extra_at_opt + comm_buffers
+    return StageBytes(params=dense + experts, weights=part("weights"), grads=part("grads"),
+                      optimizer=part("optimizer"),
+                      activations=activations, buffers=buffers, overhead=overhead)

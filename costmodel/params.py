@@ -1,0 +1,70 @@
+"""Parameter counts and per-token FLOPs of a decoder-only transformer.
+
+Symbols: h hidden, f FFN width, a query heads, g key/value heads, d head dim, V vocabulary, s
+sequence. Parameter counts follow the architecture directly (Llama: RMSNorm without bias; GPT/MPT
+biases are ignored, < 0.1%). FLOPs are multiply-adds x 2, as in Narayanan et al. (SC21, eq. 3)
+and Kaplan et al. (2020).
+"""
+
+from __future__ import annotations
+
+from costmodel.specs import ModelSpec
+
+
+def attention_params(m: ModelSpec) -> int:
+    """Q, K, V and output projections: h*(a*d) + 2*h*(g*d) + (a*d)*h."""
+    h, a, g, d = m.hidden, m.heads, m.kv_heads, m.d_head
+    return h * a * d + 2 * h * g * d + a * d * h
+
+
+def mlp_matrices(m: ModelSpec) -> int:
+    """Weight matrices of one MLP: SwiGLU has gate, up and down; GELU has up and down."""
+    return 3 if m.ffn_type == "swiglu" else 2
+
+
+def dense_mlp_params(m: ModelSpec) -> int:
+    return mlp_matrices(m) * m.hidden * m.ffn_hidden
+
+
+def expert_params(m: ModelSpec) -> int:
+    """One routed expert's MLP."""
+    return mlp_matrices(m) * m.hidden * m.expert_ffn_hidden
+
+
+def moe_mlp_params(m: ModelSpec) -> int:
+    """All routed and shared experts plus the router of one MoE layer."""
+    shared = m.moe_shared_experts * expert_params(m)
+    return m.moe_experts * expert_params(m) + shared + m.hidden * m.moe_experts
+
+
+def norm_params(m: ModelSpec) -> int:
+    return 2 * m.hidden
+
+
+def embedding_params(m: ModelSpec) -> int:
+    return m.vocab * m.hidden
+
+
+def total_params(m: ModelSpec) -> int:
+    layers_dense = m.layers - m.moe_layers
+    body = (m.layers * (attention_params(m) + norm_params(m))
+            + layers_dense * dense_mlp_params(m) + m.moe_layers * moe_mlp_params(m))
+    heads = 1 if m.tied_embeddings else 2
+    return body + heads * embedding_params(m) + m.hidden
+
+
+def active_params(m: ModelSpec) -> int:
+    """Parameters touched by one token (routed experts counted top-k times)."""
+    if not m.is_moe:
+        return total_params(m)
+    per_moe_layer_active = ((m.moe_topk + m.moe_shared_experts) * expert_params(m)
+                            + m.hidden * m.moe_experts)
+    return total_params(m) - m.moe_layers * (moe_mlp_params(m) - per_moe_layer_active)
+
+
+def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
+    """Training FLOPs per token, the PaLM/Megatron convention: 6·N_active (embedding lookup
+    excluded, LM head included) + 12·L·(a·d)·s for attention scores, no causal halving."""
+    n_matmul = active_params(m) - m.hidden - (0 if m.tied_embeddings else embedding_params(m))
+    n_matmul -= m.layers * norm_params(m)
+    return 6.0 * n_matmul + 12.0 * m.layers * m.heads * m.d_head * seq_len

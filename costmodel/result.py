@@ -1,0 +1,147 @@
+"""The cost model's answer for one plan: the three challenges, in the framework's order."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+GIB = 2**30
+Tier = Literal["nvlink", "network", "none"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageMemory:
+    """Bytes per GPU on one pipeline stage at its peak."""
+
+    stage: Literal["first", "middle", "last"]
+    layers: int
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    buffers_bytes: float  # logits/loss, communication buffers, gathered FSDP units
+    overhead_bytes: float  # CUDA context share, allocator fragmentation
+
+    @property
+    def model_state_bytes(self) -> float:
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.model_state_bytes + self.activations_bytes + self.buffers_bytes
+                + self.overhead_bytes)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryEstimate:
+    stages: tuple[StageMemory, ...]
+    usable_bytes: float
+
+    @property
+    def peak(self) -> StageMemory:
+        return max(self.stages, key=lambda s: s.total_bytes)
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.peak.total_bytes
+
+    @property
+    def slack_bytes(self) -> float:
+        """``<= 0`` means the plan fits (Optuna's constraint convention)."""
+        return self.peak_bytes - self.usable_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.slack_bytes <= 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Collective:
+    """One named collective, per GPU per optimizer step."""
+
+    name: str  # e.g. "dp_grad_reduce_scatter", "tp_all_gather", "pp_send_recv"
+    group: Literal["dp", "tp", "pp", "cp", "ep"]
+    op: Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+    group_size: int
+    bytes: float  # payload per GPU per step
+    tier: Tier
+    time_s: float
+    exposed_s: float
+
+    @property
+    def hidden_s(self) -> float:
+        return self.time_s - self.exposed_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeEstimate:
+    """FLOPs per GPU per step. Model FLOPs follow the 6N + 12·L·h·s convention (PaLM/Megatron:
+    attention counted without causal halving); hardware FLOPs add the recomputed forward."""
+
+    model_flops: float
+    hardware_flops: float
+    time_s: float  # kernel time of forward+backward including recompute
+    recompute_time_s: float
+    optimizer_time_s: float
+    gemm_efficiency: float  # achieved fraction of peak over the GEMMs
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepEstimate:
+    memory: MemoryEstimate
+    compute: ComputeEstimate
+    collectives: tuple[Collective, ...]
+    bubble_time_s: float
+    step_time_s: float
+    tokens_per_step: int
+    num_gpus: int
+    peak_flops_per_gpu: float
+
+    @property
+    def comm_time_s(self) -> float:
+        return sum(c.time_s for c in self.collectives)
+
+    @property
+    def comm_exposed_s(self) -> float:
+        return sum(c.exposed_s for c in self.collectives)
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.tokens_per_step / self.step_time_s / self.num_gpus
+
+    @property
+    def model_tflops_per_gpu(self) -> float:
+        return self.compute.model_flops / self.step_time_s / 1e12
+
+    @property
+    def mfu(self) -> float:
+        return self.compute.model_flops / self.step_time_s / self.peak_flops_per_gpu
+
+    @property
+    def hfu(self) -> float:
+        return self.compute.hardware_flops / self.step_time_s / self.peak_flops_per_gpu
+
+    @property
+    def dominant_challenge(self) -> Literal["memory", "compute", "communication", "bubble"]:
+        """The binding challenge: memory if it does not fit, else the largest time share."""
+        if not self.memory.fits:
+            return "memory"
+        shares = {"compute": self.compute.time_s + self.compute.optimizer_time_s,
+                  "communication": self.comm_exposed_s, "bubble": self.bubble_time_s}
+        return max(shares, key=lambda k: shares[k])  # type: ignore[return-value]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(
+            peak_mem_gib=self.memory.peak_bytes / GIB,
+            usable_mem_gib=self.memory.usable_bytes / GIB,
+            fits=self.memory.fits,
+            comm_time_s=self.comm_time_s,
+            comm_exposed_s=self.comm_exposed_s,
+            tokens_per_s_per_gpu=self.tokens_per_s_per_gpu,
+            model_tflops_per_gpu=self.model_tflops_per_gpu,
+            mfu=self.mfu,
+            hfu=self.hfu,
+            dominant_challenge=self.dominant_challenge,
+        )
+        return out

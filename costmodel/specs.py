@@ -1,0 +1,281 @@
+"""Inputs of the cost model: the model, the cluster, the plan and the training setup.
+
+All are frozen, slotted, keyword-only dataclasses in SI units (bytes, FLOP/s, seconds). They hold
+no behaviour beyond validation and a few derived sizes, so that the formulas in the sibling modules
+read like the papers they cite.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FfnType = Literal["swiglu", "gelu"]
+Recompute = Literal["none", "selective", "full"]
+Precision = Literal["bf16", "fp16", "fp8"]
+PipelineSchedule = Literal["1f1b", "interleaved", "gpipe"]
+
+RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
+PRECISION_CODES: dict[str, int] = {"bf16": 0, "fp16": 1, "fp8": 2}
+SCHEDULE_CODES: dict[str, int] = {"1f1b": 0, "interleaved": 1, "gpipe": 2}
+
+
+class SpecError(ValueError):
+    """A model, cluster, plan or training description breaks a rule; the message names it."""
+
+
+def _positive(owner: str, **values: int | float) -> None:
+    for name, value in values.items():
+        if not value > 0:
+            raise SpecError(f"{owner}.{name} must be > 0, but got {name}={value}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """A decoder-only transformer. MoE when ``moe_experts > 0``.
+
+    ``ffn_hidden`` is the dense MLP width; ``moe_ffn_hidden`` the per-expert width (defaults to
+    ``ffn_hidden``). ``moe_dense_layers`` leading layers stay dense (DeepSeek-V3 keeps 3).
+    """
+
+    name: str = "model"
+    layers: int
+    hidden: int
+    ffn_hidden: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    head_dim: int = 0  # 0 means hidden // heads
+    ffn_type: FfnType = "swiglu"
+    tied_embeddings: bool = False
+    moe_experts: int = 0
+    moe_topk: int = 0
+    moe_ffn_hidden: int = 0
+    moe_shared_experts: int = 0
+    moe_dense_layers: int = 0
+
+    def __post_init__(self) -> None:
+        _positive("model", layers=self.layers, hidden=self.hidden, ffn_hidden=self.ffn_hidden,
+                  heads=self.heads, kv_heads=self.kv_heads, vocab=self.vocab)
+        if self.heads % self.kv_heads:
+            raise SpecError(f"model.heads % model.kv_heads == 0 must hold, but got "
+                            f"heads={self.heads}, kv_heads={self.kv_heads}")
+        if self.ffn_type not in ("swiglu", "gelu"):
+            raise SpecError(f"model.ffn_type must be 'swiglu' or 'gelu', but got {self.ffn_type!r}")
+        if self.moe_experts < 0 or self.moe_topk < 0 or self.moe_shared_experts < 0:
+            raise SpecError("model.moe_* counts must be >= 0")
+        if self.moe_experts and not 0 < self.moe_topk <= self.moe_experts:
+            raise SpecError(f"model.moe_topk must be in 1..moe_experts={self.moe_experts}, "
+                            f"but got moe_topk={self.moe_topk}")
+        if not 0 <= self.moe_dense_layers <= self.layers:
+            raise SpecError(f"model.moe_dense_layers must be in 0..layers, "
+                            f"but got {self.moe_dense_layers}")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe_experts > 0
+
+    @property
+    def d_head(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def expert_ffn_hidden(self) -> int:
+        return self.moe_ffn_hidden or self.ffn_hidden
+
+    @property
+    def moe_layers(self) -> int:
+        return self.layers - self.moe_dense_layers if self.is_moe else 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Efficiency:
+    """Calibrated, physically meaningful efficiency parameters of one SKU family.
+
+    gemm_peak_fraction: the fraction of dense peak a large, well-shaped GEMM reaches.
+    gemm_half_size: the GEMM's smallest dimension at which it reaches half of that fraction's
+        headroom above the memory roofline (captures small, TP-sharded GEMMs losing efficiency).
+    attention_peak_fraction: fraction of dense peak reached by flash-attention kernels.
+    memory_bw_fraction: fraction of HBM bandwidth reached by memory-bound elementwise kernels.
+    kernel_overhead_s: fixed launch/synchronisation time per kernel on the GPU.
+    collective_overhead_s: fixed cost of one collective call beyond link latency (launch,
+        stream synchronisation, the host waiting on the result in eager frameworks).
+    nvlink_bw_fraction / network_bw_fraction: collective bus bandwidth reached, as a fraction
+        of the link's unidirectional bandwidth.
+    source: where the numbers come from (a fit and its rows, or a prior).
+    """
+
+    gemm_peak_fraction: float = 0.75
+    gemm_half_size: float = 256.0
+    attention_peak_fraction: float = 0.55
+    memory_bw_fraction: float = 0.7
+    kernel_overhead_s: float = 4e-6
+    collective_overhead_s: float = 20e-6
+    nvlink_bw_fraction: float = 0.8
+    network_bw_fraction: float = 0.8
+    source: str = "prior"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryModel:
+    """Calibrated, physically meaningful memory parameters of the software stack.
+
+    activation_factor: stored activations relative to the tensor-by-tensor count of
+        ``costmodel.memory`` (framework extras: saved casts, masks, autograd bookkeeping).
+    logits_bytes_per_element: bytes held per logit element while the loss runs (bf16 logits,
+        fp32 upcast, softmax and its gradient).
+    allocator_fraction: caching-allocator fragmentation, as a fraction of the volatile
+        (activation and logits) bytes that ``max_memory_reserved`` holds beyond what is allocated.
+    allocator_const_bytes: fixed workspace (cuBLAS, NCCL buffers inside the torch allocator).
+    source: where the numbers come from.
+    """
+
+    activation_factor: float = 1.0
+    logits_bytes_per_element: float = 10.0
+    allocator_fraction: float = 0.1
+    allocator_const_bytes: float = 0.5 * 2**30
+    source: str = "prior"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSpec:
+    """One accelerator SKU as the cost model needs it. Bandwidths are unidirectional per GPU."""
+
+    id: str
+    name: str = ""
+    family: str = ""  # calibration family: ampere, hopper, blackwell, ada, cdna3
+    peak_flops_bf16: float
+    peak_flops_fp16: float
+    peak_flops_fp8: float
+    hbm_bytes: float
+    hbm_bw_bytes_per_s: float
+    intra_node_bw_bytes_per_s: float
+    intra_node_domain_size: int
+    network_bw_bytes_per_s: float
+    intra_node_latency_s: float = 3e-6
+    network_latency_s: float = 10e-6
+    memory_reserve_bytes: float = 1.5 * 2**30
+    efficiency: Efficiency = field(default_factory=Efficiency)
+
+    def __post_init__(self) -> None:
+        _positive(f"gpu[{self.id}]", peak_flops_bf16=self.peak_flops_bf16,
+                  hbm_bytes=self.hbm_bytes, hbm_bw_bytes_per_s=self.hbm_bw_bytes_per_s,
+                  intra_node_bw_bytes_per_s=self.intra_node_bw_bytes_per_s,
+                  intra_node_domain_size=self.intra_node_domain_size,
+                  network_bw_bytes_per_s=self.network_bw_bytes_per_s)
+
+    def peak_flops(self, precision: str) -> float:
+        return {"bf16": self.peak_flops_bf16, "fp16": self.peak_flops_fp16,
+                "fp8": self.peak_flops_fp8}[precision]
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.hbm_bytes - self.memory_reserve_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    gpu: GpuSpec
+    num_gpus: int
+    gpus_per_node: int = 8
+
+    def __post_init__(self) -> None:
+        _positive("cluster", num_gpus=self.num_gpus, gpus_per_node=self.gpus_per_node)
+
+    @property
+    def nvlink_domain(self) -> int:
+        """GPUs that share the fast intra-node fabric (a node, or an NVL72 rack)."""
+        return max(self.gpus_per_node, self.gpu.intra_node_domain_size)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """One distributed-training layout. ``tp*pp*cp*dp`` is the world size; EP is carved out of
+    ``dp*cp`` for the expert layers (Megatron's convention).
+
+    ``first_stage_layers``/``last_stage_layers``: uneven pipeline placement (0 = even split).
+    ``recompute_layers``: with ``recompute='full'``, how many layers of each stage are fully
+    recomputed (0 = all of them); the rest keep all activations.
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    vpp: int = 1
+    zero_stage: int = 0
+    micro_batch: int = 1
+    recompute: Recompute = "none"
+    recompute_layers: int = 0
+    sequence_parallel: bool = False
+    pp_schedule: PipelineSchedule = "1f1b"
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
+
+    def __post_init__(self) -> None:
+        _positive("plan", tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep,
+                  vpp=self.vpp, micro_batch=self.micro_batch)
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise SpecError(f"plan.zero_stage must be 0, 1, 2 or 3, but got {self.zero_stage}")
+        if self.recompute not in RECOMPUTE_CODES:
+            raise SpecError(f"plan.recompute must be one of {sorted(RECOMPUTE_CODES)}, "
+                            f"but got {self.recompute!r}")
+        if self.pp_schedule not in SCHEDULE_CODES:
+            raise SpecError(f"plan.pp_schedule must be one of {sorted(SCHEDULE_CODES)}, "
+                            f"but got {self.pp_schedule!r}")
+        if self.sequence_parallel and self.tp == 1:
+            raise SpecError("plan.sequence_parallel needs tp > 1, but got tp=1")
+        if self.vpp > 1 and self.pp == 1:
+            raise SpecError(f"plan.vpp > 1 needs pp > 1, but got vpp={self.vpp}, pp=1")
+        if self.recompute_layers < 0:
+            raise SpecError(f"plan.recompute_layers must be >= 0, got {self.recompute_layers}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def schedule(self) -> PipelineSchedule:
+        return "interleaved" if self.vpp > 1 else self.pp_schedule
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Training:
+    """What one optimizer step processes and how the framework behaves.
+
+    ``global_batch`` is in sequences. The overlap flags are real framework switches
+    (Megatron ``--overlap-grad-reduce``/``--overlap-param-gather``/``--tp-comm-overlap``,
+    FSDP prefetching); frameworks differ in their defaults.
+    """
+
+    seq_len: int
+    global_batch: int
+    precision: Precision = "bf16"
+    optimizer: Literal["adam", "sgd"] = "adam"
+    grad_dtype_bytes: int = 4  # fp32 gradient accumulation buffer (Megatron main_grad, nanotron)
+    master_weights: bool = True  # fp32 master copy next to the low-precision weights
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    tp_comm_overlap: bool = False
+    flash_attention: bool = True
+    separate_grad_comm_buffer: bool = False  # nanotron copies grads into a reduce buffer
+    dp_bucket_bytes: float = 25 * 2**20  # gradient bucket (torch DDP's default 25 MiB)
+    # Extra seconds per TP ring step when a pipeline engine interleaves its point-to-point
+    # transfers with TP collectives on one stream (seen in nanotron's eager PP engine; 0 for
+    # engines that keep them on separate streams, e.g. Megatron-LM).
+    pp_tp_step_overhead_s: float = 0.0
+    # CPU time to issue one kernel or collective: a layer cannot run faster than the host issues
+    # its work (eager PyTorch with Python-level modules; ~10-20 us for lean stacks).
+    host_overhead_s: float = 15e-6
+    memory_model: MemoryModel = field(default_factory=MemoryModel)
+
+    def __post_init__(self) -> None:
+        _positive("training", seq_len=self.seq_len, global_batch=self.global_batch)
+        if self.precision not in PRECISION_CODES:
+            raise SpecError(f"training.precision must be one of {sorted(PRECISION_CODES)}, "
+                            f"but got {self.precision!r}")
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch

@@ -1,0 +1,253 @@
+"""One training step, vectorised over plans: memory per stage, compute, every collective, the
+pipeline bubble and the optimizer, assembled into step time (the core of ``estimate``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel import comm
+from costmodel.compute import layer_times, optimizer_time
+from costmodel.layout import (
+    STAGES,
+    group_strides,
+    members_per_domain,
+    micro_batches,
+    stage_layers,
+)
+from costmodel.memory import StageBytes, coefficients, stage_memory
+from costmodel.params import model_flops_per_token
+from costmodel.plans import PlanArrays
+from costmodel.specs import ClusterSpec, ModelSpec, Training
+
+BF16 = 2.0
+BWD_HOST_FACTOR = 2.0  # backward issues about twice the forward's kernels
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveArrays:
+    name: str
+    group: str
+    op: str
+    group_size: np.ndarray
+    bytes: np.ndarray
+    tier: np.ndarray
+    time_s: np.ndarray
+    exposed_s: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class StepArrays:
+    stages: dict[str, StageBytes]
+    stage_layers: dict[str, np.ndarray]
+    usable_bytes: float
+    model_flops: np.ndarray
+    hardware_flops: np.ndarray
+    compute_s: np.ndarray
+    recompute_s: np.ndarray
+    optimizer_s: np.ndarray
+    bubble_s: np.ndarray
+    gemm_efficiency: np.ndarray
+    collectives: tuple[CollectiveArrays, ...]
+    step_time_s: np.ndarray
+    tokens_per_step: int
+    num_gpus: int
+
+    @property
+    def peak_stage(self) -> np.ndarray:
+        """Index into STAGES of the stage with the most bytes."""
+        totals = np.stack([self.stages[s].total for s in STAGES])
+        return np.argmax(totals, axis=0)
+
+    def peak_part(self, part: str) -> np.ndarray:
+        vals = np.stack([getattr(self.stages[s], part) for s in STAGES])
+        return np.take_along_axis(vals, self.peak_stage[None, :], axis=0)[0]
+
+
+def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays) -> StepArrays:
+    L, s = model.layers, float(tr.seq_len)
+    h = model.hidden
+    tp, pp, cp, dp, ep, v = (x.astype(float) for x in (p.tp, p.pp, p.cp, p.dp, p.ep, p.vpp))
+    m = micro_batches(tr.global_batch, p)
+    layers = stage_layers(L, p)
+    lt = layer_times(model, cluster, tr, p)
+    link = comm.link_of(cluster)
+    strides = group_strides(p)
+    D = cluster.nvlink_domain
+    M = p.micro_batch * s / cp
+    moe_frac = model.moe_layers / L
+
+    # ---- memory -------------------------------------------------------------------------
+    co = coefficients(model, cluster, tr, p)
+    stages = {st: stage_memory(model, tr, p, co, layers, m, st) for st in STAGES}
+
+    # ---- compute per micro-batch per stage ------------------------------------------------
+    fwd = (1 - moe_frac) * lt.fwd_dense_s + moe_frac * lt.fwd_moe_s
+    bwd = (1 - moe_frac) * lt.bwd_dense_s + moe_frac * lt.bwd_moe_s
+
+    def recomputed(n: np.ndarray) -> np.ndarray:
+        r = np.where(p.recompute_layers > 0, np.minimum(p.recompute_layers, n), n)
+        return np.where(p.recompute == 2, r, 0.0)
+
+    # ---- per-layer, per-micro-batch communication on the critical path ------------------
+    k_tp = members_per_domain(p.tp, strides["tp"], D)
+    x_act = M * h * BF16
+    # per layer forward: two all-reduces, or with sequence parallel two all-gathers and two
+    # reduce-scatters (the same bytes, twice the calls)
+    sp = p.sequence_parallel > 0
+    tp_layer_fwd = np.where(sp, 4.0 * comm.gather_time(x_act, tp, k_tp, link),
+                            2.0 * comm.all_reduce_time(x_act, tp, k_tp, link))
+    tp_calls = np.where(tp > 1, np.where(sp, 4.0, 2.0), 0.0)
+    # host time per layer forward: kernels, TP calls, and (under a pipeline engine that
+    # serialises p2p with TP collectives) a wait per TP ring step
+    host_tp = tp_calls * (tr.host_overhead_s
+                          + np.where(pp > 1, (tp - 1) * tr.pp_tp_step_overhead_s, 0.0))
+    host_fwd = (1 - moe_frac) * lt.host_fwd_dense_s + moe_frac * lt.host_fwd_moe_s + host_tp
+    if tr.tp_comm_overlap:
+        tp_layer_exposed = np.maximum(tp_layer_fwd - lt.gemm_fwd_dense_s, 0.0)
+    else:
+        tp_layer_exposed = tp_layer_fwd
+    k_cp = members_per_domain(p.cp, strides["cp"], D)
+    x_kv = 2.0 * M * model.kv_heads * model.d_head * BF16
+    cp_hop = comm.p2p_time(x_kv, k_cp < cp, link)
+    cp_layer_fwd = np.where(cp > 1, (cp - 1) * cp_hop, 0.0)
+    cp_layer_exposed_fwd = np.maximum(cp_layer_fwd - lt.attention_fwd_s, 0.0)
+    cp_layer_exposed_bwd = np.maximum(2 * cp_layer_fwd - 2.5 * lt.attention_fwd_s, 0.0)
+    k_ep = members_per_domain(p.ep, strides["ep"], D)
+    x_tok = M * max(model.moe_topk, 1) * h * BF16
+    moe_on = 1.0 if model.is_moe else 0.0
+    ep_layer_fwd = 2.0 * comm.all_to_all_time(x_tok, ep, k_ep, link) * moe_on
+
+    per_layer_comm_fwd = tp_layer_exposed + cp_layer_exposed_fwd + moe_frac * ep_layer_fwd
+    per_layer_comm_bwd = tp_layer_exposed + cp_layer_exposed_bwd + moe_frac * ep_layer_fwd
+
+    def stage_mb_time(st: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        n = layers.of(st)
+        r = recomputed(n)
+        selective = np.where(p.recompute == 1, n * lt.selective_extra_s, 0.0)
+        rec = r * (fwd + per_layer_comm_fwd) + selective
+        comp = n * (fwd + bwd) + selective
+        comp = comp + r * fwd
+        head = lt.head_fwd_s + lt.head_bwd_s
+        if st == "last":
+            comp = comp + head
+        if st == "first":
+            comp = comp + np.where(pp == 1, head, 0.0)
+        comm_mb = n * (per_layer_comm_fwd + per_layer_comm_bwd) + r * per_layer_comm_fwd
+        host = (n * (1.0 + BWD_HOST_FACTOR) + r) * host_fwd
+        # a host-bound stage waits for its kernels to be issued: count the wait as compute
+        comp = comp + np.maximum(host - comp - comm_mb, 0.0)
+        return comp, comm_mb, rec
+
+    per_stage = {st: stage_mb_time(st) for st in STAGES}
+    total_mb = {st: c + x for st, (c, x, _) in per_stage.items()}
+    slowest = np.argmax(np.stack([total_mb[st] for st in STAGES]), axis=0)
+
+    def pick(i: int) -> np.ndarray:
+        vals = np.stack([per_stage[st][i] for st in STAGES])
+        return np.take_along_axis(vals, slowest[None, :], axis=0)[0]
+
+    comp_mb, comm_mb, rec_mb = pick(0), pick(1), pick(2)
+    mean_mb = (total_mb["first"] + total_mb["last"] + np.maximum(pp - 2, 0) * total_mb["middle"])
+    mean_mb = np.where(pp == 1, total_mb["first"], mean_mb / np.maximum(pp, 1))
+    bubble = (pp - 1) / v * mean_mb
+
+    # ---- pipeline point-to-point ---------------------------------------------------------
+    sp_div = np.where(p.sequence_parallel > 0, tp, 1.0)
+    x_pp = M * h * BF16 / sp_div
+    pp_cross = (p.tp * p.cp * p.dp) >= D
+    pp_hop = comm.p2p_time(x_pp, pp_cross, link)
+    pp_time = np.where(pp > 1, 2.0 * m * v * pp_hop, 0.0)
+
+    # ---- data parallel: gradients and parameters -----------------------------------------
+    n_big = layers.largest
+    dense_params = n_big * co.dense_params_per_layer + co.embed_params
+    expert_params = n_big * co.expert_params_per_layer
+    dpcp = dp * cp
+    k_dp = members_per_domain(p.dp * p.cp, strides["dp"], D)
+    edp = np.maximum(dpcp / ep, 1.0)
+    k_edp = members_per_domain(np.maximum(p.dp * p.cp // p.ep, 1), p.tp * p.ep, D)
+    g_bytes = float(tr.grad_dtype_bytes)
+    z = p.zero_stage
+    # FSDP / ZeRO-3 gathers and reduces one layer (its unit) per call
+    layer_unit = (co.dense_params_per_layer + co.expert_params_per_layer) * BF16
+    bucket = np.where(p.zero_stage >= 3, np.maximum(layer_unit, tr.dp_bucket_bytes),
+                      tr.dp_bucket_bytes)
+    grad_rs = (comm.bucketed_gather_time(dense_params * g_bytes, dpcp, k_dp, link, bucket)
+               + comm.bucketed_gather_time(expert_params * g_bytes, edp, k_edp, link, bucket))
+    param_ag = (comm.bucketed_gather_time(dense_params * BF16, dpcp, k_dp, link, bucket)
+                + comm.bucketed_gather_time(expert_params * BF16, edp, k_edp, link, bucket))
+    fwd_window = n_big * fwd
+    bwd_window = n_big * bwd
+    first_bucket = 1.0 / np.maximum(n_big, 1.0)
+
+    def hide(t: np.ndarray, window: np.ndarray, enabled: bool) -> np.ndarray:
+        return np.maximum(t - window, t * first_bucket) if enabled else t
+
+    # ZeRO-0 all-reduces (2 passes), 1-2 reduce-scatter once per step; 3 every micro-batch,
+    # gathering the weights again in forward and backward (FSDP FULL_SHARD).
+    z3 = z >= 3
+    bwd_mix = param_ag + grad_rs
+    z3_bwd_exposed = hide(bwd_mix, bwd_window, True)
+    z3_ag_share = param_ag / np.maximum(bwd_mix, 1e-30)
+    grad_time = np.where(z == 0, 2.0 * grad_rs, np.where(z3, m * grad_rs, grad_rs))
+    grad_exposed = np.where(z3, m * z3_bwd_exposed * (1 - z3_ag_share),
+                            hide(grad_time, bwd_window, tr.overlap_grad_reduce))
+    ag_time = np.where(z3, 2.0 * m * param_ag, np.where(z >= 1, param_ag, 0.0))
+    ag_exposed = np.where(
+        z3, m * (hide(param_ag, fwd_window, True) + z3_bwd_exposed * z3_ag_share),
+        np.where(z >= 1, hide(param_ag, fwd_window, tr.overlap_param_gather), 0.0))
+    state_params = dense_params + expert_params
+    dp_bytes = np.where(z3, m, 1.0) * state_params * g_bytes
+    ag_bytes = np.where(z3, 2 * m, np.where(z >= 1, 1.0, 0.0)) * state_params * BF16
+
+    # ---- optimizer ------------------------------------------------------------------------
+    params_local = dense_params + expert_params
+    shard = np.where(z >= 1, dpcp, 1.0)
+    opt_s = optimizer_time(params_local, shard, cluster, tr)
+
+    # ---- step -----------------------------------------------------------------------------
+    compute_s = m * comp_mb
+    step = compute_s + m * comm_mb + bubble + pp_time + grad_exposed + ag_exposed + opt_s
+
+    n_layers_mb = L / pp  # average layers per GPU
+    tp_count = m * L / pp * np.where(p.recompute == 2, 3.0, 2.0)
+    collectives = (
+        CollectiveArrays("tp_activation_allreduce" , "tp", "all_reduce", p.tp,
+                         tp_count * 2 * x_act, comm.tier(tp, k_tp),
+                         tp_count * tp_layer_fwd, tp_count * tp_layer_exposed),
+        CollectiveArrays("cp_kv_ring", "cp", "send_recv", p.cp,
+                         m * n_layers_mb * 3 * (cp - 1) * x_kv, comm.tier(cp, k_cp),
+                         m * n_layers_mb * 3 * cp_layer_fwd,
+                         m * n_layers_mb * (cp_layer_exposed_fwd + cp_layer_exposed_bwd)),
+        CollectiveArrays("ep_token_all_to_all", "ep", "all_to_all", p.ep,
+                         m * n_layers_mb * moe_frac * 4 * x_tok * (1.0 if model.is_moe else 0.0),
+                         comm.tier(ep, k_ep), m * n_layers_mb * moe_frac * 2 * ep_layer_fwd,
+                         m * n_layers_mb * moe_frac * 2 * ep_layer_fwd),
+        CollectiveArrays("pp_activation_send_recv", "pp", "send_recv", p.pp,
+                         np.where(pp > 1, 2.0 * m * v * x_pp, 0.0),
+                         np.where(pp > 1, np.where(pp_cross, 2, 1), 0), pp_time, pp_time),
+        CollectiveArrays("dp_grad_reduce", "dp", "reduce_scatter", p.dp * p.cp,
+                         np.where(dpcp > 1, dp_bytes, 0.0), comm.tier(dpcp, k_dp), grad_time,
+                         grad_exposed),
+        CollectiveArrays("dp_param_all_gather", "dp", "all_gather", p.dp * p.cp,
+                         np.where(dpcp > 1, ag_bytes, 0.0), comm.tier(dpcp, k_dp), ag_time,
+                         ag_exposed),
+    )
+
+    # ---- FLOPs ------------------------------------------------------------------------------
+    tokens = tr.tokens_per_step
+    n_gpus = cluster.num_gpus
+    model_flops = model_flops_per_token(model, tr.seq_len) * tokens / n_gpus
+    rec_fraction = np.where(p.recompute == 2, recomputed(layers.largest) / layers.largest, 0.0)
+    # the recomputed forward adds a third of a layer's training FLOPs (forward = 1/3 of 6N)
+    hardware_flops = model_flops * (1.0 + rec_fraction / 3.0)
+
+    return StepArrays(
+        stages=stages, stage_layers={st: layers.of(st) for st in STAGES},
+        usable_bytes=cluster.gpu.usable_bytes, model_flops=model_flops,
+        hardware_flops=hardware_flops, compute_s=compute_s, recompute_s=m * rec_mb,
+        optimizer_s=opt_s, bubble_s=bubble, gemm_efficiency=lt.gemm_efficiency,
+        collectives=collectives, step_time_s=step, tokens_per_step=tokens, num_gpus=n_gpus,
+    )

@@ -1,0 +1,33 @@
+"""The hardware catalog: one cited YAML file per GPU SKU, loaded once into frozen ``GpuSpec``s.
+
+>>> from hardware_catalog import get_gpu
+>>> get_gpu("h100-sxm-80gb").peak_flops_bf16
+989400000000000.0
+"""
+
+from __future__ import annotations
+
+from hardware_catalog.catalog import (
+    CATALOG_DIR,
+    FAMILIES,
+    CatalogError,
+    UnknownSku,
+    get_gpu,
+    list_ids,
+    load_calibration,
+    load_catalog,
+)
+from hardware_catalog.overrides import OVERRIDABLE_FIELDS, with_overrides
+
+__all__ = [
+    "CATALOG_DIR",
+    "FAMILIES",
+    "OVERRIDABLE_FIELDS",
+    "CatalogError",
+    "UnknownSku",
+    "get_gpu",
+    "list_ids",
+    "load_calibration",
+    "load_catalog",
+    "with_overrides",
+]

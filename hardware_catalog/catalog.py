@@ -1,0 +1,193 @@
+"""Load the per-SKU YAML files of this folder into frozen ``GpuSpec`` objects.
+
+Each ``<id>.yaml`` holds ``id``, ``name``, ``family``, ``notes`` and one entry per numeric
+``GpuSpec`` field: ``{value: <SI units>, source: "<datasheet + URL>", note: "<optional>"}``;
+byte fields may give ``value_gib`` instead of ``value``. ``calibration.yaml``, when present, maps
+a family to ``Efficiency`` fields plus ``source``. See README.md in this folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from costmodel.specs import Efficiency, GpuSpec, SpecError
+
+CATALOG_DIR = Path(__file__).resolve().parent
+CALIBRATION_FILE = "calibration.yaml"
+FAMILIES = ("ampere", "hopper", "blackwell", "ada", "cdna3")
+UNCALIBRATED_SOURCE = "prior (uncalibrated)"
+GIB = 2**30
+
+_TEXT_FIELDS = ("id", "name", "family", "notes")
+NUMERIC_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(GpuSpec)
+    if f.name not in (*_TEXT_FIELDS, "efficiency")
+)
+_INT_FIELDS = frozenset({"intra_node_domain_size"})
+_ENTRY_KEYS = frozenset({"value", "value_gib", "source", "note"})
+EFFICIENCY_FIELDS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(Efficiency) if f.name != "source"
+)
+
+
+class CatalogError(ValueError):
+    """A catalog or calibration file breaks a rule; the message names the file and field."""
+
+
+class UnknownSku(CatalogError):
+    """No catalog entry has the requested id; the message lists the valid ids."""
+
+
+def as_number(where: str, raw: object) -> float:
+    """A YAML scalar as a float. PyYAML reads ``1e12`` (no dot, no exponent sign) as a string,
+    so numeric strings are accepted; booleans and anything else are not."""
+    if isinstance(raw, bool):
+        raise CatalogError(f"{where} must be a number, but got {raw!r}")
+    if isinstance(raw, int | float):
+        return float(raw)
+    if isinstance(raw, str):
+        try:
+            return float(raw)
+        except ValueError:
+            pass
+    raise CatalogError(f"{where} must be a number, but got {raw!r}")
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise CatalogError(f"{path.name}: not valid YAML: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise CatalogError(f"{path.name}: top level must be a mapping, "
+                           f"but got {type(doc).__name__}")
+    return doc
+
+
+def _numeric_entry(path: Path, field: str, entry: object) -> float:
+    where = f"{path.name}: {field}"
+    if not isinstance(entry, dict):
+        raise CatalogError(f"{where} must be a mapping {{value, source}}, but got {entry!r}")
+    unknown = sorted(set(entry) - _ENTRY_KEYS)
+    if unknown:
+        raise CatalogError(f"{where} has unknown keys {unknown}; allowed: {sorted(_ENTRY_KEYS)}")
+    source = entry.get("source")
+    if not isinstance(source, str) or not source.strip():
+        raise CatalogError(f"{where}.source is required (datasheet title + URL), but is missing")
+    if ("value" in entry) == ("value_gib" in entry):
+        raise CatalogError(f"{where} needs exactly one of 'value' or 'value_gib'")
+    if "value_gib" in entry:
+        if not field.endswith("_bytes"):
+            raise CatalogError(f"{where}.value_gib is only allowed on *_bytes fields")
+        value = as_number(f"{where}.value_gib", entry["value_gib"]) * GIB
+    else:
+        value = as_number(f"{where}.value", entry["value"])
+    if not value > 0:
+        raise CatalogError(f"{where} must be > 0, but got {value}")
+    if field in _INT_FIELDS and value != int(value):
+        raise CatalogError(f"{where} must be a whole number, but got {value}")
+    return value
+
+
+def _parse_sku(path: Path, efficiency: dict[str, Efficiency]) -> GpuSpec:
+    doc = _read_yaml(path)
+    unknown = sorted(set(doc) - set(_TEXT_FIELDS) - set(NUMERIC_FIELDS))
+    if unknown:
+        raise CatalogError(f"{path.name}: unknown fields {unknown}; "
+                           f"allowed: {sorted((*_TEXT_FIELDS, *NUMERIC_FIELDS))}")
+    for field in (*_TEXT_FIELDS, *NUMERIC_FIELDS):
+        if field not in doc:
+            raise CatalogError(f"{path.name}: required field '{field}' is missing")
+    for field in _TEXT_FIELDS:
+        if not isinstance(doc[field], str) or not doc[field].strip():
+            raise CatalogError(f"{path.name}: {field} must be a non-empty string, "
+                               f"but got {doc[field]!r}")
+    if doc["id"] != path.stem:
+        raise CatalogError(f"{path.name}: id must equal the file name '{path.stem}', "
+                           f"but got id={doc['id']!r}")
+    if doc["family"] not in FAMILIES:
+        raise CatalogError(f"{path.name}: family must be one of {list(FAMILIES)}, "
+                           f"but got {doc['family']!r}")
+    numbers: dict[str, Any] = {f: _numeric_entry(path, f, doc[f]) for f in NUMERIC_FIELDS}
+    for field in _INT_FIELDS:
+        numbers[field] = int(numbers[field])
+    eff = efficiency.get(doc["family"], Efficiency(source=UNCALIBRATED_SOURCE))
+    try:
+        return GpuSpec(id=doc["id"], name=doc["name"], family=doc["family"], efficiency=eff,
+                       **numbers)
+    except SpecError as exc:
+        raise CatalogError(f"{path.name}: {exc}") from exc
+
+
+def efficiency_from_mapping(where: str, base: Efficiency, entry: object) -> Efficiency:
+    """``base`` with the fields of ``entry`` (a mapping of Efficiency fields) replaced."""
+    if not isinstance(entry, dict):
+        raise CatalogError(f"{where} must be a mapping of Efficiency fields, but got {entry!r}")
+    unknown = sorted(set(entry) - set(EFFICIENCY_FIELDS) - {"source"})
+    if unknown:
+        raise CatalogError(f"{where} has unknown keys {unknown}; "
+                           f"valid: {sorted((*EFFICIENCY_FIELDS, 'source'))}")
+    values: dict[str, Any] = {}
+    for key, raw in entry.items():
+        if key == "source":
+            if not isinstance(raw, str) or not raw.strip():
+                raise CatalogError(f"{where}.source must be a non-empty string, got {raw!r}")
+            values[key] = raw
+            continue
+        value = as_number(f"{where}.{key}", raw)
+        if not value > 0:
+            raise CatalogError(f"{where}.{key} must be > 0, but got {value}")
+        values[key] = value
+    return dataclasses.replace(base, **values)
+
+
+def load_calibration(directory: Path) -> dict[str, Efficiency]:
+    """Family -> Efficiency from ``calibration.yaml``; empty when the file does not exist."""
+    path = directory / CALIBRATION_FILE
+    if not path.exists():
+        return {}
+    doc = _read_yaml(path)
+    result: dict[str, Efficiency] = {}
+    for family, entry in doc.items():
+        if family not in FAMILIES:
+            raise CatalogError(f"{path.name}: unknown family {family!r}; valid: {list(FAMILIES)}")
+        if not isinstance(entry, dict) or "source" not in entry:
+            raise CatalogError(f"{path.name}: {family}.source is required (the fit and its rows)")
+        result[family] = efficiency_from_mapping(f"{path.name}: {family}", Efficiency(), entry)
+    return result
+
+
+@functools.lru_cache(maxsize=8)
+def _load(directory: Path) -> dict[str, GpuSpec]:
+    if not directory.is_dir():
+        raise CatalogError(f"catalog directory {str(directory)!r} does not exist")
+    efficiency = load_calibration(directory)
+    paths = sorted(p for p in directory.glob("*.yaml") if p.name != CALIBRATION_FILE)
+    if not paths:
+        raise CatalogError(f"catalog directory {str(directory)!r} holds no <id>.yaml files")
+    return {p.stem: _parse_sku(p, efficiency) for p in paths}
+
+
+def load_catalog(directory: Path | str | None = None) -> dict[str, GpuSpec]:
+    """Every SKU of ``directory`` (default: this package's data), loaded once and cached."""
+    root = CATALOG_DIR if directory is None else Path(directory).resolve()
+    return dict(_load(root))
+
+
+def list_ids(directory: Path | str | None = None) -> list[str]:
+    return sorted(load_catalog(directory))
+
+
+def get_gpu(sku_id: str, directory: Path | str | None = None) -> GpuSpec:
+    """The SKU with exactly this id; ``UnknownSku`` lists the valid ids otherwise."""
+    catalog = load_catalog(directory)
+    try:
+        return catalog[sku_id]
+    except KeyError:
+        raise UnknownSku(f"unknown GPU SKU {sku_id!r}; valid ids: "
+                         f"{', '.join(sorted(catalog))}") from None

@@ -1,0 +1,173 @@
+"""From a trial's sample to a judged plan.
+
+The Optuna stage searches **units**: groups of feasible layouts that share the sampled axes.
+
+* One objective: a unit is a parallel layout (tp, pp, cp, ep; dp follows). A trial picks one and
+  its remaining knobs (micro-batch, ZeRO stage, recompute, sequence parallel, virtual stages,
+  schedule) are chosen exactly: every feasible member is placed by the vectorised twin of the
+  placement model and judged in one ``estimate_batch`` call; the winner is then placed by CP-SAT.
+* Two objectives (a Pareto front needs every knob): a unit is one layout, placed by CP-SAT.
+
+A sample that is no unit, or one already evaluated by an earlier trial, is repaired to the
+nearest unit not yet evaluated (weighted distance over the axes' ordinal positions), so every
+trial judges a new, valid plan that fits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from costmodel import Plan, estimate_batch, plans_to_arrays
+from search.objectives import OBJECTIVES, metrics_from_batch, objective_vector
+from search.placement import plan_fields
+from search.prune import MemoryStage, plan_arrays
+from search.space import AXES, DERIVED, decode, plan_from_row
+from search.study import Specs, Study
+
+OUTER_AXES = ("tp", "pp", "cp", "ep")
+# How much one ordinal step along an axis costs when repairing a sample: parallel degrees first.
+REPAIR_WEIGHTS = {"tp": 8, "pp": 8, "cp": 8, "ep": 8, "micro_batch": 4, "recompute": 4,
+                  "vpp": 2, "zero_stage": 2, "sequence_parallel": 1, "pp_schedule": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    unit: int
+    plan: Plan
+    metrics: dict[str, Any]
+    values: tuple[float, ...]  # objective values, in study direction order
+    candidates: int = 1  # feasible plans the unit held (all judged, the best kept)
+
+
+@dataclass(frozen=True, slots=True)
+class Exhaustive:
+    count: int
+    values: np.ndarray  # primary objective of every feasible layout
+    best: list[Evaluation]  # the top plans by the primary objective
+
+
+@dataclass
+class Evaluator:
+    """Everything a trial needs; built once per process from the study."""
+
+    study: Study
+    specs: Specs
+    stage: MemoryStage
+    feasible: np.ndarray  # indices of feasible valid layouts
+    members: list[np.ndarray] = field(init=False)  # per unit: feasible layout indices
+    choices: dict[str, list[Any]] = field(init=False)  # searched axis -> values
+    _ordinal: np.ndarray = field(init=False)  # units x searched axes
+    _cache: dict[int, Evaluation] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        cols = self.stage.cols
+        axes = OUTER_AXES if len(self.directions) == 1 else tuple(a for a in AXES if a != DERIVED)
+        keys = np.stack([cols[a][self.feasible] for a in axes], axis=1).reshape(-1, len(axes))
+        units, inverse = np.unique(keys, axis=0, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        order = np.argsort(inverse, kind="stable")
+        self.members = np.split(self.feasible[order],
+                                np.cumsum(np.bincount(inverse, minlength=len(units)))[:-1])
+        searched = [k for k in range(len(axes)) if len(np.unique(units[:, k])) > 1]
+        self.choices = {axes[k]: [decode(axes[k], int(v)) for v in np.unique(units[:, k])]
+                        for k in searched}
+        self._ordinal = np.stack([np.searchsorted(np.unique(units[:, k]), units[:, k])
+                                  for k in searched], axis=1).reshape(len(units), -1)
+
+    @property
+    def metric_names(self) -> list[str]:
+        obj = self.study.objective
+        return [obj.metric] + ([obj.second] if obj.second else [])
+
+    @property
+    def directions(self) -> list[str]:
+        return [OBJECTIVES[name][1] for name in self.metric_names]
+
+    @property
+    def units(self) -> int:
+        return len(self.members)
+
+    def params_of(self, unit: int) -> dict[str, Any]:
+        """The sampled-axis values of a unit."""
+        first = int(self.members[unit][0])
+        return {a: decode(a, int(self.stage.cols[a][first])) for a in self.choices}
+
+    def nearest(self, params: dict[str, Any], seen: Collection[int] = ()) -> tuple[int, bool]:
+        """The unit nearest to ``params`` among those not in ``seen`` (all, once every unit has
+        been seen), and whether it differs from the sample."""
+        axes = list(self.choices)
+        x = np.array([self.choices[a].index(params[a]) for a in axes], dtype=float)
+        w = np.array([REPAIR_WEIGHTS.get(a, 1) for a in axes], dtype=float)
+        dist = np.abs(self._ordinal - x) @ w if axes else np.zeros(self.units)
+        exact = int(np.argmin(dist))
+        if len(seen) < self.units:
+            dist[list(seen)] = np.inf
+        unit = int(np.argmin(dist))
+        return unit, not (unit == exact and dist[exact] == 0)
+
+    def evaluate(self, unit: int) -> Evaluation:
+        """The best plan of a unit; its placement decided by CP-SAT (cached)."""
+        if unit not in self._cache:
+            idx = self.members[unit]
+            best = int(idx[0]) if len(idx) == 1 else int(idx[self._best_member(idx)])
+            placement = self.stage.place(best)
+            if placement is None:  # the screen and CP-SAT disagree: a bug, never a result
+                raise AssertionError(f"CP-SAT found no placement for feasible layout {best}")
+            row = {a: int(self.stage.cols[a][best]) for a in AXES}
+            row.update(placement.plan_fields(self.specs.model.layers, row["pp"],
+                                             row["recompute"] == 2))
+            plan = plan_from_row(row)
+            out = estimate_batch(self.specs.model, self.specs.cluster, self.specs.training,
+                                 plans_to_arrays([plan]))
+            self._cache[unit] = self._evaluation(unit, plan, out, 0, candidates=len(idx))
+        return self._cache[unit]
+
+    def _best_member(self, idx: np.ndarray) -> int:
+        _, out = self._judge_many(idx)
+        return int(self._rank(out)[0])
+
+    def _judge_many(self, idx: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Place many layouts with the vectorised twin and estimate them in one call."""
+        rows, ok = self.stage.place_many(idx)
+        assert ok.all(), "the screen and the placement disagree"
+        cols = plan_arrays({a: self.stage.cols[a][idx] for a in AXES})
+        cols.update(plan_fields(self.specs.model.layers, cols["pp"], cols["recompute"] == 2,
+                                rows))
+        out = estimate_batch(self.specs.model, self.specs.cluster, self.specs.training, cols)
+        return cols, out
+
+    def _vector(self, name: str, out: dict[str, np.ndarray]) -> np.ndarray:
+        return objective_vector(
+            OBJECTIVES[name][0], out, num_gpus=self.specs.cluster.num_gpus,
+            token_budget=self.study.training.token_budget,
+            price_per_gpu_hour=self.study.cluster.price_per_gpu_hour,
+            headroom_gib=self.study.objective.memory_headroom_gib)
+
+    def _rank(self, out: dict[str, np.ndarray]) -> np.ndarray:
+        """Positions sorted best first by the primary objective (stable: ties keep order)."""
+        values = self._vector(self.metric_names[0], out)
+        return np.argsort(-values if self.directions[0] == "maximize" else values,
+                          kind="stable")
+
+    def _evaluation(self, unit: int, plan: Plan, out: dict[str, np.ndarray], k: int,
+                    candidates: int = 1) -> Evaluation:
+        t, c = self.study.training, self.study.cluster
+        m = metrics_from_batch(out, k, num_gpus=self.specs.cluster.num_gpus,
+                               headroom_gib=self.study.objective.memory_headroom_gib,
+                               token_budget=t.token_budget, price_per_gpu_hour=c.price_per_gpu_hour)
+        values = tuple(float(m[OBJECTIVES[name][0]]) for name in self.metric_names)
+        return Evaluation(unit=unit, plan=plan, metrics=m, values=values, candidates=candidates)
+
+    def exhaustive(self, top_k: int) -> Exhaustive:
+        """Every feasible layout placed (vectorised twin of the CP-SAT model) and judged."""
+        cols, out = self._judge_many(self.feasible)
+        order = self._rank(out)
+        keys = (*AXES, "first_stage_layers", "last_stage_layers", "recompute_layers")
+        best = [self._evaluation(-1, plan_from_row({a: int(cols[a][k]) for a in keys}), out,
+                                 int(k)) for k in order[:top_k]]
+        return Exhaustive(count=len(order), values=self._vector(self.metric_names[0], out),
+                          best=best)

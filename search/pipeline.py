@@ -1,0 +1,226 @@
+"""One study, end to end: load → validate → enumerate → prune → optimize → rank → export."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+
+from costmodel import Plan
+from search import optimize as opt
+from search.evaluate import Evaluation, Evaluator, Exhaustive
+from search.misses import nearest_misses
+from search.output import PLAN_COLUMNS, write_outputs
+from search.prune import memory_stage
+from search.result import RankedPlan, StudyResult
+from search.space import Layouts, SearchSpace, build_space, enumerate_layouts
+from search.study import ExportSection, Specs, Study, build_specs
+
+ExportHook = Callable[[Path, ExportSection], Any]
+Progress = Callable[[str, int, int], None]  # (task, done, total)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunOptions:
+    """Command-line choices; ``None`` means the study file's setting."""
+
+    out_dir: Path
+    trials: int | None = None
+    workers: int | None = None
+    storage: str | None = None
+    exhaustive: bool = False
+
+
+def run_study(study: Study, options: RunOptions, *, export: ExportHook | None = None,
+              progress: Progress | None = None) -> StudyResult:
+    started = time.perf_counter()
+    specs = build_specs(study)
+    space = build_space(study, specs)
+    layouts = enumerate_layouts(space)
+    headroom = study.objective.memory_headroom_gib
+    stage = memory_stage(specs, space, layouts.columns, headroom)
+    ev = Evaluator(study, specs, stage, np.flatnonzero(stage.feasible))
+    ostudy, search_info = optimize(ev, study, space, options, progress)
+    exhaustive = ev.exhaustive(study.search.top_k) if options.exhaustive and len(ev.feasible) \
+        else None
+    top = rank(ev, ostudy, exhaustive, study.search.top_k)
+    result = StudyResult(
+        study=study.study_name, model=specs.model.name, gpu=specs.cluster.gpu.id,
+        num_gpus=specs.cluster.num_gpus, gpus_per_node=specs.cluster.gpus_per_node,
+        objective={"metric": study.objective.metric, "direction": ev.directions[0],
+                   "second": study.objective.second,
+                   "memory_headroom_gib": headroom},
+        space_size=layouts.space_size, valid_count=len(layouts),
+        feasible_count=len(ev.feasible),
+        pruned_by={**layouts.pruned_by, "memory": int((~stage.feasible).sum())},
+        rules={r.name: r.text for r in space.rules},
+        near_misses=nearest_misses(stage, specs, headroom) if not top else [],
+        cells=cells(layouts, stage.feasible, top),
+        top=top, trials=opt.completed(ostudy) if ostudy else 0, search=search_info,
+        placement={"cpsat_solves": stage.solves,
+                   "uneven_in_top": sum(bool(p.plan.first_stage_layers) for p in top),
+                   "partial_recompute_in_top": sum(bool(p.plan.recompute_layers) for p in top)},
+        elapsed_s=time.perf_counter() - started, output_dir=str(options.out_dir),
+        optimum=optimum(ev, exhaustive, ostudy) if exhaustive else None,
+        notes=notes(study, specs, space, ev))
+    write_outputs(result, specs, trial_rows(ostudy) if ostudy else [], options.out_dir)
+    if export is not None and study.export is not None and result.best is not None:
+        export(options.out_dir, study.export)
+    return result
+
+
+def fingerprint(study: Study, specs: Specs, space: SearchSpace) -> str:
+    """What makes two runs the same study: the resolved model, cluster, training, space,
+    objective and sampler settings (not the trial count, workers or storage)."""
+    doc = {"model": dataclasses.asdict(specs.model), "gpu": dataclasses.asdict(specs.cluster.gpu),
+           "num_gpus": specs.cluster.num_gpus, "gpus_per_node": specs.cluster.gpus_per_node,
+           "training": dataclasses.asdict(specs.training), "domains": space.domains,
+           "flags": [space.uneven_pipeline, space.partial_recompute, space.tp_in_node],
+           "objective": study.objective.model_dump(),
+           "sampler": [study.search.sampler, study.search.seed]}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def optimize(ev: Evaluator, study: Study, space: SearchSpace, options: RunOptions,
+             progress: Progress | None) -> tuple[optuna.Study | None, dict[str, Any]]:
+    s = study.search
+    target = options.trials or s.trials
+    workers = options.workers or s.workers
+    info: dict[str, Any] = {"sampler": s.sampler, "seed": s.seed, "workers": workers,
+                            "study_name": study.study_name, "trials_requested": target}
+    if len(ev.feasible) == 0:
+        return None, {**info, "trials_this_run": 0}
+    spec = opt.StorageSpec.parse(options.storage or s.storage, options.out_dir)
+    ostudy = opt.open_study(ev, spec, study.study_name, fingerprint(study, ev.specs, space))
+    info["storage"] = spec.describe()
+    info["recovered_trials"] = opt.recover(ostudy, spec)
+    kind = s.sampler
+    if target >= ev.units:  # every unit once: the result is exact, more trials add nothing
+        target = ev.units
+        kind = "brute_force" if kind == "auto" else kind
+    if kind == "brute_force":
+        target = ev.units
+        opt.enqueue_all(ev, ostudy)
+    info.update(sampler=kind, trials_target=target, units=ev.units,
+                unit_axes=list(ev.choices))
+    before = opt.completed(ostudy)
+    remaining = max(0, target - before)
+    report = (lambda done, total: progress("trials", done, total)) if progress else None
+    opt.run_workers(ev, ostudy, spec, remaining, workers=workers, sampler=kind, seed=s.seed,
+                    progress=report)
+    info["trials_this_run"] = opt.completed(ostudy) - before
+    info["trial_states"] = opt.summary(ostudy)
+    return ostudy, info
+
+
+def _ranked(evals: list[tuple[Evaluation, str]], directions: list[str], top_k: int
+            ) -> list[RankedPlan]:
+    sign = -1.0 if directions[0] == "maximize" else 1.0
+    seen: set[str] = set()
+    out: list[RankedPlan] = []
+    for e, source in sorted(evals, key=lambda es: sign * es[0].values[0]):
+        key = repr(e.plan)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(RankedPlan(rank=len(out) + 1, plan=e.plan, predicted=e.metrics,
+                              values=e.values, source=source))
+        if len(out) == top_k:
+            break
+    return out
+
+
+def rank(ev: Evaluator, ostudy: optuna.Study | None, exhaustive: Exhaustive | None,
+         top_k: int) -> list[RankedPlan]:
+    """The best distinct plans among feasible trials (and the exhaustive ranking if run)."""
+    evals: list[tuple[Evaluation, str]] = []
+    if ostudy is not None:
+        trials = opt.best_trials(ostudy)
+        if len(ev.directions) > 1:  # Pareto front first, by the primary objective
+            front = {t.number for t in ostudy.best_trials}
+            trials = [t for t in trials if t.number in front]
+        for t in trials:
+            plan = Plan(**t.user_attrs["plan"])
+            judged = Evaluation(unit=int(t.user_attrs.get("unit", -1)), plan=plan,
+                                metrics=t.user_attrs["metrics"], values=tuple(t.values))
+            evals.append((judged, f"trial {t.number}"))
+    if exhaustive is not None:
+        evals += [(e, "exhaustive") for e in exhaustive.best]
+    return _ranked(evals, ev.directions, top_k)
+
+
+def optimum(ev: Evaluator, ex: Exhaustive, ostudy: optuna.Study | None) -> dict[str, Any]:
+    """How close Optuna came to the exhaustive optimum, and after how many trials."""
+    maximize = ev.directions[0] == "maximize"
+    best = ex.best[0]
+    value = best.values[0]
+    trials = sorted(opt.best_trials(ostudy), key=lambda t: t.number) if ostudy else []
+    reach, running = None, None
+    for k, t in enumerate(trials, start=1):
+        v = t.values[0]
+        running = v if running is None else (max(running, v) if maximize else min(running, v))
+        if reach is None and (running >= 0.99 * value if maximize else running <= value / 0.99):
+            reach = k
+    found = running if running is not None else float("nan")
+    regret = (1 - found / value) if maximize else (found / value - 1)
+    return {"metric": ev.metric_names[0], "value": value, "evaluated": ex.count,
+            "plan": dataclasses.asdict(best.plan), "predicted": best.metrics,
+            "optuna_best": found, "regret": regret, "trials_to_99pct": reach}
+
+
+def cells(layouts: Layouts, feasible: np.ndarray, top: list[RankedPlan]) -> list[dict[str, Any]]:
+    """Per (tp, pp): valid and feasible layouts, what pruned the rest, the best plan found."""
+    tp, pp = layouts.columns["tp"], layouts.columns["pp"]
+    keys = set(layouts.cell_pruned) | set(zip(tp.tolist(), pp.tolist(), strict=True))
+    best: dict[tuple[int, int], float] = {}
+    for r in reversed(top):
+        best[(r.plan.tp, r.plan.pp)] = r.values[0]
+    out = []
+    for t, p in sorted(keys):
+        sel = (tp == t) & (pp == p)
+        pruned = dict(layouts.cell_pruned.get((t, p), {}))
+        memory = int((sel & ~feasible).sum())
+        if memory:
+            pruned["memory"] = memory
+        out.append({"tp": t, "pp": p, "valid": int(sel.sum()),
+                    "feasible": int((sel & feasible).sum()), "pruned_by": pruned,
+                    "best_in_top": best.get((t, p))})
+    return out
+
+
+def notes(study: Study, specs: Specs, space: SearchSpace, ev: Evaluator) -> list[str]:
+    from search.presets import APPROXIMATIONS
+
+    out = []
+    if study.model.preset in APPROXIMATIONS:
+        out.append(APPROXIMATIONS[study.model.preset])
+    if len(ev.feasible) == 0:
+        out.append("no layout fits in memory: see near_misses")
+    return out
+
+
+def trial_rows(ostudy: optuna.Study) -> list[dict[str, Any]]:
+    """One CSV row per trial: the plan's knobs, its predicted metrics, the trial state."""
+    rows = []
+    for t in ostudy.get_trials(deepcopy=False):
+        plan = t.user_attrs.get("plan", {})
+        metrics = t.user_attrs.get("metrics", {})
+        row: dict[str, Any] = {"number": t.number, "state": t.state.name.lower()}
+        for k, v in enumerate(t.values or []):
+            row[f"value_{k}"] = v
+        row.update({k: plan.get(k, "") for k in PLAN_COLUMNS})
+        row.update(metrics)
+        row.update({f"constraint_{k}": v for k, v in t.constraints.items()})
+        row.update(t.user_attrs.get("search", {}))
+        row["duration_s"] = t.duration.total_seconds() if t.duration else ""
+        row["error"] = t.user_attrs.get("error", "")
+        rows.append(row)
+    return rows

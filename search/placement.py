@@ -1,0 +1,143 @@
+"""The placement problem of one layout, its objective, and a vectorised exact solver for bulk use.
+
+Given a layout (pp stages, recompute mode) and, per stage, ``need[n]``: the fewest fully
+recomputed layers with which the stage fits holding n layers (``> n`` when it cannot), choose
+
+* ``n_first``, ``n_middle``, ``n_last`` with ``n_first + (pp-2)*n_middle + n_last = layers``
+  (Megatron's uneven first/last pipeline stages; all equal when ``shift`` is off), and
+* ``r``, the layers per stage fully recomputed (Megatron's ``--recompute-num-layers``; each stage
+  recomputes ``min(r, n_stage)``), at least 1 under 'full' recompute and 0 otherwise,
+
+minimising, in this order: the slowest stage's work ``4*(3*n + min(r, n)) + head`` (forward 1,
+backward 2, recompute 1 per layer, in quarter-layer units; the LM head on the last stage), then
+``r``, then ``|n_first - n_middle| + |n_last - n_middle|``, then preferring more layers on the
+first and then the middle stage. The order makes the optimum unique.
+
+``search.prune.solve_placement`` states this model in CP-SAT; :func:`solve_many` enumerates it
+with numpy for thousands of layouts at once. Tests check they agree on every subproblem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+STAGE_NAMES = ("first", "middle", "last")
+
+
+def stages_of(pp: int) -> tuple[str, ...]:
+    """Stages that differ: one with pp=1; first and last with pp=2 (a 'middle' stage of a
+    2-stage pipeline holds no more than the first)."""
+    return ("first",) if pp == 1 else ("first", "last") if pp == 2 else STAGE_NAMES
+
+
+@dataclass(frozen=True, slots=True)
+class Subproblem:
+    layers: int
+    pp: int
+    full: bool  # recompute 'full': r >= 1
+    shift: bool  # uneven first/last stages allowed (vpp == 1 and the study allows it)
+    partial: bool  # fewer than all layers may be recomputed
+    head_units: int
+    need: tuple[tuple[int, ...], ...]  # per stage of stages_of(pp), for n = 0..layers
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    n_first: int
+    n_middle: int
+    n_last: int
+    recomputed: int
+
+    def plan_fields(self, layers: int, pp: int, full: bool) -> dict[str, int]:
+        """The ``Plan`` fields: 0 means an even split / all layers recomputed."""
+        f = plan_fields(layers, np.asarray(pp), np.asarray(full), np.asarray([
+            [self.n_first, self.n_middle, self.n_last, self.recomputed]]))
+        return {k: int(v[0]) for k, v in f.items()}
+
+
+def plan_fields(layers: int, pp: np.ndarray, full: np.ndarray, rows: np.ndarray
+                ) -> dict[str, np.ndarray]:
+    """Placements ``(n_first, n_middle, n_last, r)`` as ``Plan`` columns, where 0 means an even
+    split (first/last stage layers) and all layers (recompute_layers)."""
+    nf, nm, nl, r = rows.T
+    even = (layers % pp == 0) & (nf == layers // pp) & (nl == layers // pp)
+    uneven = (pp > 1) & ~even
+    most = np.maximum(np.maximum(nf, np.where(pp > 2, nm, 0)), np.where(pp > 1, nl, 0))
+    return {"first_stage_layers": np.where(uneven, nf, 0),
+            "last_stage_layers": np.where(uneven, nl, 0),
+            "recompute_layers": np.where(full & (r < most), r, 0)}
+
+
+def objective_weights(layers: int) -> tuple[int, int, int, int]:
+    """Multipliers that fold the lexicographic objective into one integer:
+    ``(((longest*R + r)*S + spread)*F + (L - n_first))*F + (L - n_middle)``."""
+    L = layers
+    return L + 1, 2 * L + 1, L + 1, L + 1
+
+
+def objective_key(layers: int, longest: np.ndarray | int, r: np.ndarray | int,
+                  spread: np.ndarray | int, n_first: np.ndarray | int,
+                  n_middle: np.ndarray | int) -> np.ndarray | int:
+    R, S, F, M = objective_weights(layers)
+    return ((((longest * R + r) * S + spread) * F + (layers - n_first)) * M
+            + (layers - n_middle))
+
+
+def candidates(layers: int, pp: int, shift: bool) -> np.ndarray:
+    """All placements (n_first, n_middle, n_last) of ``layers`` on ``pp`` stages, as rows."""
+    L = layers
+    if pp == 1:
+        return np.array([[L, L, L]])
+    if not shift:
+        return np.array([[L // pp] * 3]) if L % pp == 0 else np.zeros((0, 3), dtype=int)
+    if pp == 2:
+        nf = np.arange(1, L)
+        return np.stack([nf, nf, L - nf], axis=1)
+    nm = np.arange(1, (L - 2) // (pp - 2) + 1)
+    rest = L - (pp - 2) * nm
+    rows = [np.stack([np.arange(1, r), np.full(r - 1, m), r - np.arange(1, r)], axis=1)
+            for m, r in zip(nm, rest, strict=True) if r >= 2]
+    return np.concatenate(rows) if rows else np.zeros((0, 3), dtype=int)
+
+
+def solve_many(need: dict[str, np.ndarray], pp: int, full: np.ndarray, shift: bool,
+               partial: bool, layers: int, head_units: int,
+               max_cells: int = 2_000_000) -> tuple[np.ndarray, np.ndarray]:
+    """Optimal placements of many layouts sharing ``pp`` and ``shift``.
+
+    ``need[stage]`` is (layouts x layers+1). Returns ``(rows, ok)``: rows of
+    ``(n_first, n_middle, n_last, r)`` and whether any placement fits.
+    """
+    L = layers
+    cand = candidates(L, pp, shift)
+    k = next(iter(need.values())).shape[0]
+    out = np.zeros((k, 4), dtype=np.int64)
+    ok = np.zeros(k, dtype=bool)
+    if len(cand) == 0 or k == 0:
+        return out, ok
+    stages = stages_of(pp)
+    col = {"first": 0, "middle": 1, "last": 2}
+    chunk = max(1, max_cells // len(cand))
+    for lo in range(0, k, chunk):
+        sl = slice(lo, min(k, lo + chunk))
+        n = {s: cand[:, col[s]][None, :] for s in stages}
+        req = {s: need[s][sl][:, cand[:, col[s]]] for s in stages}
+        fits = np.logical_and.reduce([req[s] <= n[s] for s in stages])
+        f = full[sl][:, None]
+        r_needed = np.maximum(np.max(np.stack([req[s] for s in stages]), axis=0), 1)
+        r = np.broadcast_to(np.where(f, r_needed if partial else L, 0), fits.shape)
+        longest = np.max(np.stack([
+            4 * (3 * n[s] + np.minimum(r, n[s])) + (head_units if s == stages[-1] else 0)
+            for s in stages]), axis=0)
+        spread = (np.abs(cand[:, 0] - cand[:, 1]) + np.abs(cand[:, 2] - cand[:, 1])
+                  if pp > 2 and shift else np.zeros(len(cand), dtype=np.int64))[None, :]
+        key = objective_key(L, longest, r, spread, cand[:, 0][None, :], cand[:, 1][None, :])
+        key = np.where(fits, key, np.iinfo(np.int64).max)
+        best = np.argmin(key, axis=1)
+        rows = np.arange(best.shape[0])
+        ok[sl] = fits[rows, best]
+        out[sl, :3] = cand[best]
+        out[sl, 3] = r[rows, best]
+    return out, ok

@@ -1,0 +1,215 @@
+"""Memory first: which valid layouts can be placed so that every pipeline stage fits, and how.
+
+Per layout and stage, ``need[n]`` is the fewest fully recomputed layers with which the stage fits
+holding n layers (``layers + 1`` if it cannot; only 0 or that under recompute other than 'full').
+From it:
+
+* the **screen** (numpy, every valid layout at once) says whether any placement fits: some
+  ``n_first + (pp-2)*n_middle + n_last = layers`` within each stage's capacity;
+* the **placement** (CP-SAT, one solve per distinct subproblem) decides the first/last stage
+  layers and the layers recomputed per stage, the way Megatron's uneven pipeline and
+  ``--recompute-num-layers`` are set by hand today (model and objective: ``search.placement``).
+
+Layouts with identical subproblems (same shape, same ``need`` tables) share one solve.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from costmodel.params import attention_params, dense_mlp_params, expert_params
+from search.placement import (
+    STAGE_NAMES,
+    Placement,
+    Subproblem,
+    objective_weights,
+    solve_many,
+    stages_of,
+)
+from search.space import SearchSpace
+from search.stage_memory import StageTerms, stage_terms
+from search.study import Specs
+
+GIB = 2**30
+_EPS = 1e-9
+
+
+def head_cost_units(specs: Specs) -> int:
+    """The LM head's forward+backward work in quarter-layer-forward units (the placement's proxy
+    for the last stage's extra time): 2*h*V FLOPs per token against a layer's
+    2*params + 4*s*a*d."""
+    m, s = specs.model, specs.training.seq_len
+    mlp = (dense_mlp_params(m) if not m.is_moe
+           else (m.moe_topk + m.moe_shared_experts) * expert_params(m))
+    layer_fwd = 2.0 * (attention_params(m) + mlp) + 4.0 * s * m.heads * m.d_head
+    return int(round(4 * 3 * (2.0 * m.hidden * m.vocab) / layer_fwd))
+
+
+def need_tables(t: StageTerms, recompute: np.ndarray, layers: int, headroom_bytes: float
+                ) -> dict[str, np.ndarray]:
+    """``need[stage][i, n]`` for layouts i and n = 0..layers layers on the stage."""
+    inf = layers + 1
+    n = np.arange(layers + 1, dtype=float)[None, :]
+    usable = t.usable - headroom_bytes
+    full = (recompute == 2)[:, None]
+    out = {}
+    for s in STAGE_NAMES:
+        infl = t.inflight[s][:, None]
+        over = (t.fixed[s][:, None] + n * (t.state[:, None] + infl * t.act[:, None])
+                + t.working[:, None] - usable)
+        saving = infl * (t.act - t.ckpt)[:, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            need = np.ceil(np.where(saving > 0, over / saving, np.inf) - _EPS)
+        need = np.where(over <= 0, 0.0, np.where(full, need, np.inf))
+        opt_ok = t.opt_fixed[s][:, None] + n * t.opt_layer[:, None] <= usable
+        out[s] = np.where(opt_ok & (need <= n), need, inf).astype(np.int32)
+    return out
+
+
+def capacities(need: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Most layers each stage can hold (recomputing as many as needed); 0 if none."""
+    n = np.arange(next(iter(need.values())).shape[1])[None, :]
+    return {s: np.max(np.where(r <= n, n, 0), axis=1) for s, r in need.items()}
+
+
+def screen(cols: dict[str, np.ndarray], cap: dict[str, np.ndarray], layers: int,
+           uneven: bool) -> np.ndarray:
+    """Whether some placement fits, for every layout at once."""
+    L = layers
+    pp, vpp = cols["pp"], cols["vpp"]
+    cf, cm, cl = cap["first"], cap["middle"], cap["last"]
+    even = L // pp
+    fits_even = ((L % pp == 0) & (cf >= even) & ((pp < 3) | (cm >= even))
+                 & ((pp < 2) | (cl >= even)))
+    mid = np.maximum(pp - 2, 1)
+    lo = np.maximum(1, -((cf + cl - L) // mid))  # ceil((L - cf - cl) / (pp - 2))
+    hi = np.minimum(cm, (L - 2) // mid)
+    fits_uneven = np.where(
+        pp == 1, cf >= L,
+        np.where(pp == 2, (cf >= 1) & (cl >= 1) & (cf + cl >= L),
+                 (cf >= 1) & (cl >= 1) & (lo <= hi)))
+    return np.where(uneven & (vpp == 1), fits_uneven, fits_even)
+
+
+def solve_placement(sp: Subproblem) -> Placement | None:
+    """The placement model in CP-SAT; None when no placement fits."""
+    L, pp = sp.layers, sp.pp
+    stages = stages_of(pp)
+    tables = dict(zip(stages, sp.need, strict=True))
+    cap = {s: max((n for n, need in enumerate(t) if need <= n), default=0)
+           for s, t in tables.items()}
+    if min(cap.values()) < 1:
+        return None
+    m = cp_model.CpModel()
+    if sp.shift:
+        n = {s: m.new_int_var(1, cap[s], f"n_{s}") for s in stages}
+        count = {"first": 1, "middle": pp - 2, "last": 1}
+        m.add(sum(count[s] * n[s] for s in stages) == L)
+    else:  # even split only (vpp > 1, or the study keeps stages even)
+        if L % pp or min(cap.values()) < L // pp:
+            return None
+        n = {s: m.new_constant(L // pp) for s in stages}
+    n_first, n_middle = n["first"], n.get("middle", n["first"])
+    # r is shared: each stage recomputes min(r, its layers), so a stage fits when r >= need.
+    r = m.new_int_var(1 if sp.full else 0, L if sp.full else 0, "r")
+    if sp.full and not sp.partial:
+        m.add(r == L)
+    longest = m.new_int_var(0, 16 * L + sp.head_units, "longest")
+    for s in stages:
+        head = sp.head_units if s == stages[-1] else 0
+        if not sp.full:
+            m.add(longest >= 12 * n[s] + head)
+            continue
+        need = m.new_int_var(0, L, f"need_{s}")
+        m.add_element(n[s], list(tables[s][: cap[s] + 1]), need)
+        m.add(r >= need)
+        r_s = m.new_int_var(0, L, f"r_{s}")
+        m.add_min_equality(r_s, [r, n[s]])
+        m.add(longest >= 4 * (3 * n[s] + r_s) + head)
+    spread: list[cp_model.IntVar] = []
+    if pp > 2 and sp.shift:
+        for s in ("first", "last"):
+            d = m.new_int_var(0, L, f"d_{s}")
+            m.add_abs_equality(d, n[s] - n["middle"])
+            spread.append(d)
+    R, S, F, M = objective_weights(L)
+    m.minimize(((longest * R + r) * S + sum(spread)) * F * M
+               + (L - n_first) * M + (L - n_middle))
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.cp_model_probing_level = 0  # tiny models: probing costs more than it saves
+    solver.parameters.symmetry_level = 0
+    solver.parameters.max_time_in_seconds = 30.0
+    if solver.solve(m) != cp_model.OPTIMAL:
+        return None
+    val = {s: int(solver.value(v)) for s, v in n.items()}
+    return Placement(n_first=val["first"], n_middle=val.get("middle", val["first"]),
+                     n_last=val.get("last", val["first"]), recomputed=int(solver.value(r)))
+
+
+def plan_arrays(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Layout columns as cost-model plan columns (interleaved schedule where vpp > 1)."""
+    out = dict(cols)
+    out["pp_schedule"] = np.where(cols["vpp"] > 1, 1, cols["pp_schedule"])
+    return out
+
+
+@dataclass
+class MemoryStage:
+    """The memory-first stage over a space's valid layouts."""
+
+    space: SearchSpace
+    cols: dict[str, np.ndarray]
+    terms: StageTerms
+    need: dict[str, np.ndarray]
+    feasible: np.ndarray  # bool per valid layout
+    head_units: int
+    _cache: dict[Subproblem, Placement | None] = field(default_factory=dict)
+    solves: int = 0
+
+    def subproblem(self, i: int) -> Subproblem:
+        pp = int(self.cols["pp"][i])
+        return Subproblem(
+            layers=self.space.layers, pp=pp, full=bool(self.cols["recompute"][i] == 2),
+            shift=self.space.uneven_pipeline and int(self.cols["vpp"][i]) == 1,
+            partial=self.space.partial_recompute, head_units=self.head_units,
+            need=tuple(tuple(int(x) for x in self.need[s][i]) for s in stages_of(pp)))
+
+    def place(self, i: int) -> Placement | None:
+        """The CP-SAT placement of valid layout ``i`` (cached by subproblem)."""
+        sp = self.subproblem(i)
+        if sp not in self._cache:
+            self.solves += 1
+            self._cache[sp] = solve_placement(sp)
+        return self._cache[sp]
+
+    def place_many(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Placements of many layouts by the vectorised twin of the CP-SAT model (bulk use:
+        ``--exhaustive``). Rows ``(n_first, n_middle, n_last, r)`` and a fits flag."""
+        rows = np.zeros((len(index), 4), dtype=np.int64)
+        ok = np.zeros(len(index), dtype=bool)
+        pp, vpp = self.cols["pp"][index], self.cols["vpp"][index]
+        for p in np.unique(pp):
+            for shift in (False, True):
+                sel = (pp == p) & ((vpp == 1) & self.space.uneven_pipeline == shift)
+                if not sel.any():
+                    continue
+                idx = index[sel]
+                got, fits = solve_many(
+                    {s: self.need[s][idx] for s in stages_of(int(p))}, int(p),
+                    self.cols["recompute"][idx] == 2, shift, self.space.partial_recompute,
+                    self.space.layers, self.head_units)
+                rows[sel], ok[sel] = got, fits
+        return rows, ok
+
+
+def memory_stage(specs: Specs, space: SearchSpace, cols: dict[str, np.ndarray],
+                 headroom_gib: float = 0.0) -> MemoryStage:
+    terms = stage_terms(specs, plan_arrays(cols))
+    need = need_tables(terms, cols["recompute"], space.layers, headroom_gib * GIB)
+    feasible = screen(cols, capacities(need), space.layers, space.uneven_pipeline)
+    return MemoryStage(space=space, cols=cols, terms=terms, need=need, feasible=feasible,
+                       head_units=head_cost_units(specs))

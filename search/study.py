@@ -1,0 +1,419 @@
+"""The study file: what to train, on what, which knobs to search and what to maximise.
+
+A YAML document validated by a pydantic schema (unknown keys rejected). Every error becomes one
+:class:`StudyError` line ``field.path: rule (got value)``. Only ``yaml.safe_load`` reads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    Strict,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from costmodel.specs import ClusterSpec, GpuSpec, ModelSpec, SpecError, Training
+from search.hf_config import HfConfigError, load_hf_config
+from search.presets import get_preset, preset_names
+
+GIB = 2**30
+
+
+class StudyError(ValueError):
+    """A study file breaks a rule; the message is ``field.path: rule (got value)``."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Int = Annotated[int, Strict()]
+Bool = Annotated[bool, Strict()]
+Auto = Literal["auto"]
+
+
+def _domain(allowed: tuple[Any, ...] | None, kind: type) -> Callable[[Any], Any]:
+    """A knob is ``auto``, one value or a non-empty list of values; normalised to ``auto`` or a
+    sorted tuple so that one error line names the knob (pydantic would report each union arm)."""
+
+    def check(raw: Any) -> Any:
+        if raw == "auto":
+            return raw
+        values = raw if isinstance(raw, list) else [raw]
+        if not values:
+            raise ValueError("must be auto, a value or a non-empty list (got [])")
+        for v in values:
+            ok = type(v) is kind and (allowed is None or v in allowed)
+            if kind is int and ok and allowed is None:
+                ok = v > 0
+            if not ok:
+                rule = (f"one of {list(allowed)}" if allowed is not None
+                        else "a positive integer" if kind is int else kind.__name__)
+                raise ValueError(f"values must be {rule}, or auto (got {v!r})")
+        return tuple(sorted(set(values), key=lambda v: (allowed.index(v) if allowed else v)))
+
+    return check
+
+
+IntAxis = Annotated[Auto | tuple[int, ...], BeforeValidator(_domain(None, int))]
+ZeroAxis = Annotated[Auto | tuple[int, ...], BeforeValidator(_domain((0, 1, 2, 3), int))]
+RecomputeAxis = Annotated[Auto | tuple[str, ...],
+                          BeforeValidator(_domain(("none", "selective", "full"), str))]
+BoolAxis = Annotated[Auto | tuple[bool, ...], BeforeValidator(_domain((False, True), bool))]
+ScheduleAxis = Annotated[Auto | tuple[str, ...], BeforeValidator(_domain(("1f1b", "gpipe"), str))]
+
+
+class Moe(_Section):
+    experts: Int = Field(gt=0)
+    topk: Int = Field(gt=0)
+    ffn_hidden: Int = Field(default=0, ge=0)  # 0: the dense ffn_hidden
+    shared_experts: Int = Field(default=0, ge=0)
+    dense_layers: Int = Field(default=0, ge=0)
+
+
+class Architecture(_Section):
+    layers: Int = Field(gt=0)
+    hidden: Int = Field(gt=0)
+    ffn_hidden: Int = Field(gt=0)
+    heads: Int = Field(gt=0)
+    kv_heads: Int | None = Field(default=None, gt=0)  # None: equal to heads (MHA)
+    vocab: Int = Field(gt=0)
+    head_dim: Int = Field(default=0, ge=0)
+    ffn_type: Literal["swiglu", "gelu"] = "swiglu"
+    tied_embeddings: Bool = False
+    moe: Moe | None = None
+
+
+class ModelSection(_Section):
+    """Exactly one of ``preset``, ``architecture`` or ``hf_config`` (a path relative to the
+    study file)."""
+
+    preset: str | None = None
+    architecture: Architecture | None = None
+    hf_config: str | None = None
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSection:
+        given = [k for k in ("preset", "architecture", "hf_config") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of preset, architecture, hf_config (got {given})")
+        return self
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, name: str | None) -> str | None:
+        if name is not None and name not in preset_names():
+            raise ValueError(f"must be one of {', '.join(preset_names())} (got {name!r})")
+        return name
+
+
+class TrainingSection(_Section):
+    seq_len: Int = Field(gt=0)
+    global_batch: Int | None = Field(default=None, gt=0)  # sequences
+    global_batch_tokens: Int | None = Field(default=None, gt=0)
+    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    optimizer: Literal["adam", "sgd"] = "adam"
+    token_budget: float | None = Field(default=None, gt=0)  # tokens: time-to-train, GPU-hours
+    overlap_grad_reduce: Bool = True
+    overlap_param_gather: Bool = True
+    tp_comm_overlap: Bool = False
+    flash_attention: Bool = True
+
+    @model_validator(mode="after")
+    def _one_batch(self) -> TrainingSection:
+        if (self.global_batch is None) == (self.global_batch_tokens is None):
+            raise ValueError("give exactly one of global_batch (sequences) or global_batch_tokens")
+        if self.global_batch_tokens is not None and self.global_batch_tokens % self.seq_len:
+            raise ValueError(f"global_batch_tokens % seq_len == 0 must hold "
+                             f"(got {self.global_batch_tokens} and {self.seq_len})")
+        return self
+
+    @property
+    def sequences(self) -> int:
+        if self.global_batch is not None:
+            return self.global_batch
+        assert self.global_batch_tokens is not None
+        return self.global_batch_tokens // self.seq_len
+
+
+class ClusterSection(_Section):
+    """``gpu`` is a catalog id; ``gpu_spec`` instead defines a device the catalog lacks (e.g. the
+    CPU "cluster" of tiny-cpu.yaml) with the :class:`costmodel.GpuSpec` fields it needs."""
+
+    gpu: str
+    gpus: Int | None = Field(default=None, gt=0)
+    nodes: Int | None = Field(default=None, gt=0)
+    gpus_per_node: Int = Field(default=8, gt=0)
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    gpu_spec: dict[str, Any] | None = None
+    price_per_gpu_hour: float | None = Field(default=None, gt=0)  # for objective: cost
+
+    @model_validator(mode="after")
+    def _size(self) -> ClusterSection:
+        if (self.gpus is None) == (self.nodes is None):
+            raise ValueError("give exactly one of gpus or nodes")
+        n = self.num_gpus
+        if n > self.gpus_per_node and n % self.gpus_per_node:
+            raise ValueError(f"gpus % gpus_per_node == 0 must hold on more than one node "
+                             f"(got gpus={n}, gpus_per_node={self.gpus_per_node})")
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        return self.gpus if self.gpus is not None else (self.nodes or 0) * self.gpus_per_node
+
+
+class SearchSpaceSection(_Section):
+    """Each knob: ``auto`` (a domain derived from the model and cluster), one value (fixed) or a
+    list (searched). ``dp`` is derived from the world size; a value or list restricts it."""
+
+    tp: IntAxis = "auto"
+    pp: IntAxis = "auto"
+    dp: IntAxis = "auto"
+    cp: IntAxis = (1,)
+    ep: IntAxis = "auto"
+    vpp: IntAxis = "auto"
+    zero_stage: ZeroAxis = "auto"
+    micro_batch: IntAxis = "auto"
+    recompute: RecomputeAxis = "auto"
+    sequence_parallel: BoolAxis = "auto"
+    pp_schedule: ScheduleAxis = "auto"
+    uneven_pipeline: Bool = True  # CP-SAT may give the first/last stage other layer counts
+    partial_recompute: Bool = True  # CP-SAT picks how many layers per stage are recomputed
+    tp_in_node: Bool = True  # keep TP inside one NVLink domain
+
+
+class ObjectiveSection(_Section):
+    metric: Literal["tokens_per_s", "mfu", "time_to_train", "cost"] = "tokens_per_s"
+    second: Literal["memory_headroom"] | None = None
+    memory_headroom_gib: float = Field(default=0.0, ge=0)
+
+
+class SearchSection(_Section):
+    trials: Int = Field(default=300, gt=0)
+    sampler: Literal["auto", "tpe", "nsga2", "random", "brute_force"] = "auto"
+    seed: Int = 0
+    storage: str | None = None  # default: a journal file in the output folder
+    study_name: str | None = None  # default: the study's name
+    workers: Int = Field(default=1, gt=0)
+    top_k: Int = Field(default=10, gt=0)
+
+
+class ExportSection(_Section):
+    """Launcher configs written at the end of a study (implemented in ``tcf_search.export``)."""
+
+    formats: list[str] = Field(default_factory=list)
+    rank: Int = Field(default=1, gt=0)
+    output: str | None = None  # folder, relative to the study's output folder
+    force: Bool = False
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class ValidationSection(_Section):
+    """Short real runs of the top plans (implemented in ``tcf_search.validate``)."""
+
+    top: Int = Field(default=3, gt=0)
+    steps: Int = Field(default=3, gt=0)
+    warmup: Int = Field(default=1, ge=0)
+    device: Literal["cpu", "cuda"] = "cpu"
+    timeout_s: float = Field(default=600.0, gt=0)
+    memory_only: Bool = False
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class Study(_Section):
+    name: str | None = None
+    model: ModelSection
+    training: TrainingSection
+    cluster: ClusterSection
+    search_space: SearchSpaceSection = Field(default_factory=SearchSpaceSection)
+    objective: ObjectiveSection = Field(default_factory=ObjectiveSection)
+    search: SearchSection = Field(default_factory=SearchSection)
+    export: ExportSection | None = None
+    validation: ValidationSection | None = None
+    _base_dir: Path = PrivateAttr(default=Path("."))
+
+    @model_validator(mode="after")
+    def _objective_inputs(self) -> Study:
+        metric = self.objective.metric
+        if metric in ("time_to_train", "cost") and self.training.token_budget is None:
+            raise ValueError(f"objective.metric {metric} needs training.token_budget")
+        if metric == "cost" and self.cluster.price_per_gpu_hour is None:
+            raise ValueError("objective.metric cost needs cluster.price_per_gpu_hour")
+        return self
+
+    @property
+    def base_dir(self) -> Path:
+        """The study file's folder: ``hf_config`` paths are relative to it."""
+        return self._base_dir
+
+    @property
+    def study_name(self) -> str:
+        return self.search.study_name or self.name or "study"
+
+
+# ---- loading ---------------------------------------------------------------------------------
+
+def _valid_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys a section accepts, for an "unknown key" message."""
+    cls: Any = Study
+    for part in loc[:-1]:
+        field = getattr(cls, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        cls = next((a for a in getattr(ann, "__args__", (ann,)) if hasattr(a, "model_fields")),
+                   None)
+        if cls is None:
+            return []
+    return sorted(getattr(cls, "model_fields", {}))
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _one_line(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+    path = ".".join(str(p) for p in loc) or "study"
+    kind, msg = err["type"], err["msg"]
+    if kind == "extra_forbidden":
+        return f"{path}: unknown key (valid: {', '.join(_valid_keys(loc))})"
+    if kind == "missing":
+        return f"{path}: required key is missing"
+    if kind == "value_error":
+        return f"{path}: {msg.removeprefix('Value error, ')}"
+    return f"{path}: {msg} (got {_short(err.get('input'))})"
+
+
+def parse_study(text: str, *, name: str = "study", base_dir: Path | str = ".") -> Study:
+    """A study from YAML text. ``name`` (the file stem) is used when the study has none."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StudyError(f"study: not valid YAML ({first})") from None
+    if not isinstance(raw, dict):
+        got = "an empty file" if raw is None else type(raw).__name__
+        raise StudyError(f"study: must be a YAML mapping (got {got})")
+    try:
+        study = Study.model_validate(raw)
+    except ValidationError as exc:
+        raise StudyError(_one_line(exc)) from None
+    if study.name is None:
+        study = study.model_copy(update={"name": name})
+    study._base_dir = Path(base_dir)
+    return study
+
+
+def load_study(path: str | Path) -> Study:
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise StudyError(f"study: cannot read {p} ({exc.strerror})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise StudyError(f"study: {p} is not UTF-8 text") from None
+    return parse_study(text, name=p.stem, base_dir=p.parent)
+
+
+# ---- specs for the cost model --------------------------------------------------------------
+
+def build_model(study: Study) -> ModelSpec:
+    section = study.model
+    try:
+        if section.preset is not None:
+            spec = get_preset(section.preset)
+        elif section.hf_config is not None:
+            spec = load_hf_config(study.base_dir / section.hf_config)
+        else:
+            arch = section.architecture
+            assert arch is not None
+            moe = arch.moe
+            spec = ModelSpec(
+                name=section.name or study.name or "model", layers=arch.layers,
+                hidden=arch.hidden, ffn_hidden=arch.ffn_hidden, heads=arch.heads,
+                kv_heads=arch.kv_heads or arch.heads, vocab=arch.vocab, head_dim=arch.head_dim,
+                ffn_type=arch.ffn_type, tied_embeddings=arch.tied_embeddings,
+                moe_experts=moe.experts if moe else 0, moe_topk=moe.topk if moe else 0,
+                moe_ffn_hidden=moe.ffn_hidden if moe else 0,
+                moe_shared_experts=moe.shared_experts if moe else 0,
+                moe_dense_layers=moe.dense_layers if moe else 0)
+    except HfConfigError as exc:
+        raise StudyError(f"model.hf_config: {exc}") from None
+    except SpecError as exc:
+        raise StudyError(f"model.architecture: {exc}") from None
+    if section.name and spec.name != section.name:
+        spec = dataclasses.replace(spec, name=section.name)
+    return spec
+
+
+def build_gpu(section: ClusterSection) -> GpuSpec:
+    # Imported here so that parsing a study does not load the catalog files.
+    from hardware_catalog import CatalogError, get_gpu, with_overrides
+
+    if section.gpu_spec is not None:
+        fields = {"id": section.gpu, **section.gpu_spec}
+        fields.pop("efficiency", None)
+        try:
+            gpu = GpuSpec(**fields)
+        except TypeError as exc:
+            raise StudyError(f"cluster.gpu_spec: {exc} (valid: "
+                             f"{', '.join(f.name for f in dataclasses.fields(GpuSpec))})") from None
+        except SpecError as exc:
+            raise StudyError(f"cluster.gpu_spec: {exc}") from None
+        efficiency = section.gpu_spec.get("efficiency")
+        overrides = {**section.overrides, **({"efficiency": efficiency} if efficiency else {})}
+    else:
+        try:
+            gpu = get_gpu(section.gpu)
+        except CatalogError as exc:
+            raise StudyError(f"cluster.gpu: {exc}") from None
+        overrides = dict(section.overrides)
+    if not overrides:
+        return gpu
+    try:
+        return with_overrides(gpu, overrides)
+    except CatalogError as exc:
+        raise StudyError(f"cluster.overrides: {exc}") from None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Specs:
+    """What the cost model needs from a study."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: Training
+
+
+def build_specs(study: Study) -> Specs:
+    t = study.training
+    try:
+        training = Training(
+            seq_len=t.seq_len, global_batch=t.sequences, precision=t.precision,
+            optimizer=t.optimizer, overlap_grad_reduce=t.overlap_grad_reduce,
+            overlap_param_gather=t.overlap_param_gather, tp_comm_overlap=t.tp_comm_overlap,
+            flash_attention=t.flash_attention)
+        cluster = ClusterSpec(gpu=build_gpu(study.cluster), num_gpus=study.cluster.num_gpus,
+                              gpus_per_node=study.cluster.gpus_per_node)
+    except SpecError as exc:
+        raise StudyError(f"study: {exc}") from None
+    return Specs(model=build_model(study), cluster=cluster, training=training)

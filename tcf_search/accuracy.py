@@ -1,0 +1,81 @@
+"""Accuracy of the cost model against measured runs, in the figures issue #2 asks for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+GIB = 2**30
+
+
+def _ape(pred: pd.Series, measured: pd.Series) -> pd.Series:
+    return (pred - measured).abs() / measured
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    ra = pd.Series(a).rank().to_numpy()
+    rb = pd.Series(b).rank().to_numpy()
+    if np.std(ra) == 0 or np.std(rb) == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def throughput_rows(frame: pd.DataFrame) -> pd.Series:
+    """Playbook ok rows whose pipeline timing is trusted (pp == 1 or after HF's PP fix)."""
+    pb = frame["source"].eq("playbook") & frame["status"].eq("ok")
+    fixed = frame["after_pp_fix"].astype(str).str.lower().eq("true")
+    return pb & (frame["pp"].eq(1) | fixed)
+
+
+def report(frame: pd.DataFrame, pred: dict[str, np.ndarray],
+           mask: pd.Series | None = None) -> dict[str, Any]:
+    """Figures on the rows of ``mask`` (default all). ``pred`` holds estimate_batch columns
+    aligned with ``frame`` (NaN where a row could not be modelled)."""
+    sel = pd.Series(True, index=frame.index) if mask is None else mask
+    f = frame[sel]
+    tok = pd.Series(pred["tokens_per_s_per_gpu"], index=frame.index)[sel]
+    mem = pd.Series(pred["peak_mem_bytes"], index=frame.index)[sel] / GIB
+    fits = pd.Series(pred["fits"], index=frame.index)[sel]
+    out: dict[str, Any] = {}
+
+    pb = f["source"].eq("playbook") & f["status"].isin(["ok", "oom"]) & mem.notna()
+    ok = f["status"].eq("ok")
+    fits_b = fits.astype(float) > 0.5
+    out["oom_rows"] = int(pb.sum())
+    out["oom_accuracy"] = float((fits_b[pb] == ok[pb]).mean())
+    out["false_fits"] = float((fits_b[pb] & ~ok[pb]).mean())
+    out["false_ooms"] = float((~fits_b[pb] & ok[pb]).mean())
+    memrows = pb & ok & f["peak_mem_gib"].notna()
+    ape_mem = _ape(mem[memrows], f.loc[memrows, "peak_mem_gib"])
+    out["mem_rows"] = int(memrows.sum())
+    out["mem_mape"] = float(ape_mem.mean())
+    out["mem_median_ape"] = float(ape_mem.median())
+
+    thr = throughput_rows(f) & tok.notna()
+    ape = _ape(tok[thr], f.loc[thr, "tokens_per_sec_per_gpu"])
+    out["tput_rows"] = int(thr.sum())
+    out["tput_median_ape"] = float(ape.median())
+    out["tput_mape"] = float(ape.mean())
+    rhos, picks = [], []
+    for _, g in f[thr].groupby(["model_name", "num_gpus"]):
+        if len(g) < 3:
+            continue
+        measured = g["tokens_per_sec_per_gpu"].to_numpy()
+        predicted = tok[g.index].to_numpy()
+        rhos.append(_spearman(measured, predicted))
+        picks.append(measured[int(np.argmax(predicted))] / measured.max())
+    out["groups"] = len(rhos)
+    out["spearman_median"] = float(np.nanmedian(rhos)) if rhos else float("nan")
+    out["spearman_mean"] = float(np.nanmean(rhos)) if rhos else float("nan")
+    out["pick_vs_best_mean"] = float(np.mean(picks)) if picks else float("nan")
+    out["pick_vs_best_min"] = float(np.min(picks)) if picks else float("nan")
+
+    for src in ("megatron-sc21", "llm-foundry"):
+        rows = f["source"].eq(src) & f["status"].eq("ok") & tok.notna()
+        if rows.any():
+            e = _ape(tok[rows], f.loc[rows, "tokens_per_sec_per_gpu"])
+            out[f"{src}_rows"] = int(rows.sum())
+            out[f"{src}_mape"] = float(e.mean())
+    return out

@@ -1,0 +1,190 @@
+"""The ``tcf-search`` command line.
+
+``tcf-search STUDY.yaml`` is ``tcf-search run STUDY.yaml``. Exit codes: 0 done (also when no
+layout fits: the answer then lists the nearest misses), 1 failure, 2 bad input (one line on
+stderr, no traceback), 130 interrupted (rerun the same command to resume).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Annotated, Any
+
+import click
+import typer
+from rich.console import Console
+
+from tcf_search.export.cli import export_cmd
+
+PROJECT_PACKAGES = ("costmodel", "search", "hardware_catalog", "tcf_search")
+DEFAULT_RUNS_DIR = Path("runs")
+
+app = typer.Typer(name="tcf-search", no_args_is_help=True, add_completion=True,
+                  pretty_exceptions_enable=False,
+                  help="For this model, on this cluster, which distributed-training "
+                       "configuration trains fastest — and why?")
+catalog_app = typer.Typer(no_args_is_help=True, help="The hardware catalog.")
+app.add_typer(catalog_app, name="catalog")
+
+
+def version() -> str:
+    try:
+        return metadata.version("tcf-search")
+    except metadata.PackageNotFoundError:
+        return "0.1.0+source"
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"tcf-search {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    show_version: Annotated[bool, typer.Option(
+        "--version", callback=_show_version, is_eager=True,
+        help="Print the version and exit.")] = False,
+) -> None:
+    """For this model, on this cluster, which training configuration is fastest, and why."""
+
+
+@app.command("run")
+def run_cmd(
+    study_file: Annotated[Path, typer.Argument(help="The study YAML.", show_default=False)],
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="Result folder [default: runs/<study file stem>].")] = None,
+    trials: Annotated[int | None, typer.Option(
+        "--trials", min=1, help="COMPLETE trials the study must hold [study: search.trials].")
+    ] = None,
+    workers: Annotated[int | None, typer.Option(
+        "--workers", min=1, help="Worker processes on one storage [study: search.workers].")
+    ] = None,
+    storage: Annotated[str | None, typer.Option(
+        "--storage", help="journal:PATH or an RDB URL [default: <output>/study.journal].")
+    ] = None,
+    exhaustive: Annotated[bool, typer.Option(
+        "--exhaustive", help="Also evaluate every feasible plan; report Optuna's regret.")
+    ] = False,
+    json_out: Annotated[bool, typer.Option(
+        "--json", help="Print the result document as JSON on stdout.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table, no progress.")] = False,
+) -> None:
+    """Run a study (resumes when the output folder already holds it)."""
+    from search.pipeline import RunOptions, run_study
+    from search.study import load_study
+
+    study = load_study(study_file)
+    options = RunOptions(out_dir=output or DEFAULT_RUNS_DIR / study_file.stem, trials=trials,
+                         workers=workers, storage=storage, exhaustive=exhaustive)
+    err = Console(stderr=True)
+    with _progress(err, enabled=not quiet and err.is_terminal) as progress:
+        result = run_study(study, options, export=_export_hook, progress=progress)
+    if json_out:
+        typer.echo(json.dumps(result.to_dict(), indent=2))
+    elif not quiet:
+        from search.output import render
+
+        render(result, Console())
+
+
+def _export_hook(out_dir: Path, section: Any) -> Any:
+    from tcf_search.export.cli import export_for_study
+
+    target = out_dir / section.output if section.output else None
+    return export_for_study(out_dir, section.formats, target, section.force,
+                            dict(section.options), section.rank)
+
+
+class _progress:
+    """A rich progress bar on stderr for long tasks; a no-op when disabled."""
+
+    def __init__(self, console: Console, enabled: bool) -> None:
+        self.enabled = enabled
+        self.console = console
+        self.tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> Any:
+        if not self.enabled:
+            return None
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        self.bar = Progress("[progress.description]{task.description}", BarColumn(),
+                            MofNCompleteColumn(), TimeElapsedColumn(), console=self.console,
+                            transient=True)
+        self.bar.__enter__()
+        return self.update
+
+    def update(self, task: str, done: int, total: int) -> None:
+        if task not in self.tasks:
+            self.tasks[task] = self.bar.add_task(task, total=total)
+        self.bar.update(self.tasks[task], completed=done, total=total)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.bar.__exit__(None, None, None)
+
+
+@catalog_app.command("list")
+def catalog_list(
+    json_out: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """The SKU ids of the hardware catalog."""
+    from hardware_catalog import load_catalog
+
+    gpus = load_catalog()
+    if json_out:
+        typer.echo(json.dumps({i: g.name for i, g in gpus.items()}, indent=2))
+        return
+    for gpu_id, gpu in sorted(gpus.items()):
+        typer.echo(f"{gpu_id:22s} {gpu.name}")
+
+
+@catalog_app.command("show")
+def catalog_show(
+    sku: Annotated[str, typer.Argument(help="A catalog SKU id.", show_default=False)],
+) -> None:
+    """One SKU's numbers, as JSON."""
+    import dataclasses
+
+    from hardware_catalog import get_gpu
+
+    typer.echo(json.dumps(dataclasses.asdict(get_gpu(sku)), indent=2))
+
+
+# Commands of other areas, one line each.
+app.command("export")(export_cmd)
+
+
+def _is_project_error(exc: BaseException) -> bool:
+    """Bad user input: a ValueError raised by one of this project's packages."""
+    return isinstance(exc, ValueError) and type(exc).__module__.split(".")[0] in PROJECT_PACKAGES
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0].endswith((".yaml", ".yml")):
+        args.insert(0, "run")
+    try:
+        code = app(args=args, prog_name="tcf-search", standalone_mode=False)
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        typer.echo("interrupted: rerun the same command to resume from the output folder",
+                   err=True)
+        return 130
+    except Exception as exc:
+        if not _is_project_error(exc):
+            raise
+        typer.echo(f"error: {exc}", err=True)
+        return 2
+    return code if isinstance(code, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Measured runs as batches: rows grouped by everything but the plan, so the cost model can
+evaluate each group's plans in one vectorised call."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from costmodel.estimate import check_plan, estimate_batch
+from costmodel.plans import plans_to_arrays
+from costmodel.specs import ClusterSpec, Efficiency, MemoryModel, ModelSpec, Training
+from tcf_search.measured import CaseError, case_from_row
+
+DEFAULT_CSV = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "measured_runs.csv"
+
+
+def find_measured_csv() -> Path | None:
+    p = DEFAULT_CSV.resolve()
+    return p if p.exists() else None
+
+
+def holdout(key: str, fraction: float = 0.3) -> bool:
+    """Deterministic split by a stable hash of the sweep group: held out from every fit."""
+    return (zlib.crc32(key.encode()) % 1000) < fraction * 1000
+
+
+@dataclass
+class Group:
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: Training
+    index: np.ndarray  # row positions in the frame
+    plans: dict[str, np.ndarray]
+    framework: str = ""
+
+
+def load_groups(frame: pd.DataFrame) -> tuple[list[Group], pd.Series]:
+    """Group rows that share model, cluster and training; rows that cannot be modelled get an
+    error message in the returned series (indexed like ``frame``)."""
+    errors = pd.Series("", index=frame.index, dtype=object)
+    buckets: dict[tuple, tuple[ModelSpec, ClusterSpec, Training, list[int], list, str]] = {}
+    for pos, row in enumerate(frame.to_dict("records")):
+        try:
+            case = case_from_row(row)
+            check_plan(case.model, case.cluster, case.plan, case.training)
+        except (CaseError, ValueError) as e:
+            errors.iloc[pos] = str(e)
+            continue
+        key = (case.model, case.cluster.gpu.id, case.cluster.num_gpus,
+               case.cluster.gpus_per_node, case.training)
+        if key not in buckets:
+            buckets[key] = (case.model, case.cluster, case.training, [], [], case.framework)
+        buckets[key][3].append(pos)
+        buckets[key][4].append(case.plan)
+    groups = [Group(model=m, cluster=c, training=t, index=np.asarray(ix),
+                    plans=plans_to_arrays(plans), framework=fw)
+              for m, c, t, ix, plans, fw in buckets.values()]
+    return groups, errors
+
+
+def predict_groups(groups: list[Group], n_rows: int,
+                   efficiency: dict[str, Efficiency] | None = None,
+                   memory_model: MemoryModel | None = None) -> dict[str, np.ndarray]:
+    """Evaluate every group; ``efficiency`` (by family) and ``memory_model`` override the
+    calibrated values, for fitting."""
+    out: dict[str, np.ndarray] = {}
+    for g in groups:
+        cluster, training = g.cluster, g.training
+        if efficiency and cluster.gpu.family in efficiency:
+            cluster = replace(cluster, gpu=replace(cluster.gpu,
+                                                   efficiency=efficiency[cluster.gpu.family]))
+        if memory_model is not None:
+            training = replace(training, memory_model=memory_model)
+        res = estimate_batch(g.model, cluster, training, g.plans)
+        for k, v in res.items():
+            if k not in out:
+                out[k] = np.full(n_rows, np.nan)
+            out[k][g.index] = v
+    return out
+
+
+def with_training(groups: list[Group], framework: str, **changes: object) -> list[Group]:
+    """The groups of one framework with Training fields changed (for fitting its profile)."""
+    return [replace(g, training=replace(g.training, **changes)) if g.framework == framework
+            else g for g in groups]  # type: ignore[arg-type]

@@ -1,0 +1,71 @@
+"""Hugging Face Accelerate: an FSDP2 config with the ND-parallel ``parallelism_config`` (data
+replicate/shard, TP, CP), plus ``accelerate launch`` on every node.
+
+ZeRO maps to FSDP2 as in ``accelerate/commands/launch.py``: 3 reshards after forward, 1/2 keep
+parameters gathered (``fsdp_reshard_after_forward: false``); 0 is plain multi-GPU DDP.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from tcf_search.planfile import PlanFile
+
+from . import rules
+from .layout import Facts, facts_of
+from .options import ExportOptions
+from .shell import Raw, command, comment_safe, script
+
+CONFIG = "accelerate.yaml"
+MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
+
+
+def config(pf: PlanFile, f: Facts, options: ExportOptions) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "compute_environment": "LOCAL_MACHINE",
+        "distributed_type": "FSDP" if f.zero > 0 else "MULTI_GPU",
+        "mixed_precision": MIXED_PRECISION[f.precision],
+        "num_machines": f.nodes,
+        "num_processes": f.num_gpus,
+        "machine_rank": 0,
+        "main_process_port": options.master_port,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "main_training_function": "main",
+        "use_cpu": False,
+        "debug": False,
+    }
+    if f.zero > 0:
+        cfg["fsdp_config"] = {
+            "fsdp_version": 2,
+            "fsdp_reshard_after_forward": f.zero == 3,
+            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+            "fsdp_activation_checkpointing": f.recompute == "full",
+            "fsdp_state_dict_type": "SHARDED_STATE_DICT",
+            "fsdp_cpu_ram_efficient_loading": True,
+        }
+        cfg["parallelism_config"] = {
+            "parallelism_config_dp_replicate_size": 1,
+            "parallelism_config_dp_shard_size": f.dp,
+            "parallelism_config_tp_size": f.tp,
+            "parallelism_config_cp_size": f.cp,
+        }
+    return cfg
+
+
+def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
+    f = facts_of(pf, options)
+    rules.check("accelerate", rules.ACCELERATE, f)
+    head = (f"# Accelerate config for study {comment_safe(pf.study)}, rank {pf.rank}; "
+            f"per-GPU micro-batch {f.micro_batch}, gradient accumulation {f.microbatches}.\n")
+    text = head + yaml.safe_dump(config(pf, f, options), sort_keys=False)
+    body = command(
+        ["accelerate", "launch", "--config_file", Raw('"$(dirname "$0")/accelerate.yaml"'),
+         "--machine_rank", Raw('"${NODE_RANK:-0}"'),
+         "--main_process_ip", Raw('"${MASTER_ADDR:-localhost}"')],
+        [(options.train_script,),
+         ("--per_device_train_batch_size", f.micro_batch,
+          "--gradient_accumulation_steps", f.microbatches)])
+    return {CONFIG: text, "accelerate.sh": script("accelerate", pf, body)}

@@ -1,0 +1,61 @@
+"""DeepSpeed: a JSON config (batch sizes, ZeRO stage, precision, checkpointing, pipeline, AutoTP,
+AutoEP) plus the ``torchrun`` line that starts the user's script with it.
+
+Batch keys obey DeepSpeed's own identity, checked in ``deepspeed/runtime/config.py``:
+``train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tcf_search.planfile import PlanFile
+
+from . import rules
+from .layout import Facts, facts_of
+from .options import ExportOptions
+from .shell import Raw, command, script, torchrun_head
+
+CONFIG = "deepspeed.json"
+LAUNCHER = "deepspeed.sh"
+
+
+def config(pf: PlanFile, f: Facts) -> dict[str, Any]:
+    t = pf.training
+    cfg: dict[str, Any] = {
+        "train_batch_size": f.global_batch,
+        "train_micro_batch_size_per_gpu": f.micro_batch,
+        "gradient_accumulation_steps": f.microbatches,
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10,
+        "bf16": {"enabled": f.precision == "bf16"},
+        "fp16": {"enabled": f.precision == "fp16"},
+        "zero_optimization": {
+            "stage": f.zero,
+            "overlap_comm": t.overlap_grad_reduce,
+            "contiguous_gradients": True,
+        },
+    }
+    if f.recompute == "full":
+        # The model's layers call deepspeed.checkpointing; these are that API's switches.
+        cfg["activation_checkpointing"] = {"partition_activations": f.tp > 1,
+                                           "contiguous_memory_optimization": False,
+                                           "cpu_checkpointing": False}
+    if f.pp > 1:
+        cfg["pipeline"] = {"stages": f.pp, "partition": "uniform",
+                           "activation_checkpoint_interval": 1 if f.recompute == "full" else 0}
+    if f.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": f.tp}
+    if f.ep > 1:
+        cfg["expert_parallel"] = {"enabled": True, "autoep_size": f.ep}
+    return cfg
+
+
+def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
+    f = facts_of(pf, options)
+    rules.check("deepspeed", rules.DEEPSPEED, f)
+    text = json.dumps(config(pf, f), indent=2) + "\n"
+    body = command([*torchrun_head(f, options.master_port), options.train_script],
+                   [("--deepspeed", "--deepspeed_config", Raw(f'"$(dirname "$0")/{CONFIG}"'))])
+    return {CONFIG: text, LAUNCHER: script("deepspeed", pf, body)}

@@ -1,0 +1,133 @@
+"""The plan seen from a launcher: batch arithmetic and where the layers go.
+
+Every exporter and every rule reads this one flat, derived view (``Facts``) so that a rule is a
+one-line predicate over named numbers and its reason can quote them (``{tp}``, ``{seq_len}``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from tcf_search.planfile import PlanFile
+
+from .options import ExportOptions
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Facts:
+    tp: int
+    pp: int
+    dp: int
+    cp: int
+    ep: int
+    vpp: int
+    zero: int
+    micro_batch: int
+    global_batch: int
+    microbatches: int  # per optimizer step and data-parallel rank (0 when not integral)
+    layers: int
+    heads: int
+    kv_heads: int
+    experts: int
+    seq_len: int
+    first: int  # resolved (see resolve_ends); 0 = even split
+    last: int
+    recompute: str
+    recompute_layers: int  # with full: per stage, 0 = all
+    recompute_all: bool  # full recompute of every layer on every stage
+    sp: bool
+    schedule: str  # 1f1b | interleaved | gpipe
+    precision: str
+    optimizer: str
+    tied: bool
+    tp_comm_overlap: bool
+    world: int
+    num_gpus: int
+    gpus_per_node: int
+    nodes: int
+    nproc_per_node: int
+    stage_layers: tuple[int, ...]  # per pipeline rank; () when the split is not integral
+    middle_layers: int
+    middle_stages: int
+    fsdp_impl: str
+    version: str
+
+    @property
+    def uneven(self) -> bool:
+        return self.pp > 1 and (self.first > 0 or self.last > 0)
+
+    def values(self) -> dict[str, Any]:
+        """Named values for rule reasons; ``str.format`` cannot call properties."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["uneven"] = self.uneven
+        return out
+
+
+def resolve_ends(layers: int, pp: int, first: int, last: int) -> tuple[int, int]:
+    """First/last stage sizes as the cost model reads them (``costmodel/layout.py``): with one
+    end pinned, the other takes ceil (first) or floor (last) of the even share. (0, 0) = even."""
+    if pp == 1 or (first <= 0 and last <= 0):
+        return 0, 0
+    return first if first > 0 else -(-layers // pp), last if last > 0 else layers // pp
+
+
+def _stage_split(layers: int, pp: int, first: int, last: int) -> tuple[tuple[int, ...], int, int]:
+    """Layers per pipeline rank: pinned first/last stages, the rest even over the middle ones
+    (Megatron's uneven split); an even split when neither end is pinned. () = not integral."""
+    if pp == 1:
+        return (layers,), 0, 0
+    if first == 0 and last == 0:
+        even = layers % pp == 0
+        return ((layers // pp,) * pp if even else ()), layers, pp
+    middle_layers, middle_stages = layers - first - last, pp - 2
+    if middle_stages == 0:
+        ok = middle_layers == 0
+    else:
+        ok = middle_layers > 0 and middle_layers % middle_stages == 0
+    if not ok or first <= 0 or last <= 0:
+        return (), middle_layers, middle_stages
+    per = middle_layers // middle_stages if middle_stages else 0
+    return (first, *[per] * middle_stages, last), middle_layers, middle_stages
+
+
+def facts_of(pf: PlanFile, options: ExportOptions, *, default_version: str = "") -> Facts:
+    p, t, m = pf.plan, pf.training, pf.model
+    denominator = p.micro_batch * p.dp
+    microbatches = t.global_batch // denominator if t.global_batch % denominator == 0 else 0
+    first, last = resolve_ends(m.layers, p.pp, p.first_stage_layers, p.last_stage_layers)
+    stages, middle_layers, middle_stages = _stage_split(m.layers, p.pp, first, last)
+    most = max(stages) if stages else m.layers
+    nproc = min(pf.gpus_per_node, pf.num_gpus)
+    return Facts(
+        tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, ep=p.ep, vpp=p.vpp, zero=p.zero_stage,
+        micro_batch=p.micro_batch, global_batch=t.global_batch, microbatches=microbatches,
+        layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, experts=m.moe_experts,
+        seq_len=t.seq_len, first=first, last=last,
+        recompute=p.recompute, recompute_layers=p.recompute_layers,
+        recompute_all=p.recompute == "full" and (p.recompute_layers == 0
+                                                 or p.recompute_layers >= most),
+        sp=p.sequence_parallel, schedule=p.schedule, precision=t.precision,
+        optimizer=t.optimizer, tied=m.tied_embeddings, tp_comm_overlap=t.tp_comm_overlap,
+        world=p.world_size, num_gpus=pf.num_gpus, gpus_per_node=pf.gpus_per_node,
+        nodes=max(1, pf.num_gpus // pf.gpus_per_node), nproc_per_node=nproc,
+        stage_layers=stages, middle_layers=middle_layers, middle_stages=middle_stages,
+        fsdp_impl=options.fsdp_impl, version=options.target_version or default_version,
+    )
+
+
+def virtual_stage_layers(f: Facts) -> list[int]:
+    """Layers of each model chunk in pipeline-stage order (chunk c of rank r is stage c*pp + r),
+    Megatron's interleaved placement; assumes the rules on divisibility by vpp hold."""
+    return [f.stage_layers[rank] // f.vpp for _chunk in range(f.vpp) for rank in range(f.pp)]
+
+
+def virtual_stage_ranges(f: Facts) -> list[range]:
+    """Layer indices of each virtual stage, in stage order."""
+    out: list[range] = []
+    start = 0
+    for n in virtual_stage_layers(f):
+        out.append(range(start, start + n))
+        start += n
+    return out

@@ -1,0 +1,131 @@
+"""Megatron-LM: a ``torchrun … pretrain_gpt.py`` command with the plan's flags.
+
+Flag names follow ``megatron/training/arguments.py`` of the current Megatron-LM (flags generated
+from ``TransformerConfig``/``ModelParallelConfig`` fields plus the hand-written ones). ZeRO maps to
+Megatron's own data-parallel modes: 1 = distributed optimizer, 2/3 = Megatron-FSDP with
+``optim_grads``/``optim_grads_params`` sharding (or torch FSDP2 for 3 when asked).
+"""
+
+from __future__ import annotations
+
+from tcf_search.planfile import PlanFile
+
+from . import rules
+from .layout import Facts, facts_of
+from .options import ExportOptions
+from .shell import Group, command, script, torchrun_head
+
+FILENAME = "megatron.sh"
+
+
+def recompute_args(f: Facts) -> list[Group]:
+    if f.recompute == "selective":
+        return [("--recompute-granularity", "selective")]
+    if f.recompute == "full" and f.recompute_all:
+        # uniform with 1 layer per unit checkpoints the input of every layer: full recompute.
+        return [("--recompute-granularity", "full", "--recompute-method", "uniform",
+                 "--recompute-num-layers", 1)]
+    if f.recompute == "full":
+        # block recomputes the first N layers of each model chunk; vpp chunks share a stage.
+        return [("--recompute-granularity", "full", "--recompute-method", "block",
+                 "--recompute-num-layers", f.recompute_layers // f.vpp)]
+    return []
+
+
+def data_parallel_args(f: Facts, pf: PlanFile) -> list[Group]:
+    t = pf.training
+    out: list[Group] = []
+    if f.zero == 1:
+        out.append(("--use-distributed-optimizer",))
+    elif f.zero == 3 and f.fsdp_impl == "torch":
+        out.append(("--use-torch-fsdp2", "--no-gradient-accumulation-fusion",
+                    "--ckpt-format", "torch_dist"))
+    elif f.zero in (2, 3):
+        strategy = "optim_grads" if f.zero == 2 else "optim_grads_params"
+        out.append(("--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy,
+                    "--ckpt-format", "fsdp_dtensor"))
+    if t.overlap_grad_reduce and f.dp * f.cp > 1:
+        out.append(("--overlap-grad-reduce",))
+        if t.overlap_param_gather and f.zero >= 1:
+            out.append(("--overlap-param-gather",))
+    if t.tp_comm_overlap:
+        out.append(("--tp-comm-overlap",))
+    return out
+
+
+def model_args(pf: PlanFile) -> list[Group]:
+    m, t = pf.model, pf.training
+    out: list[Group] = [
+        ("--num-layers", m.layers, "--hidden-size", m.hidden, "--ffn-hidden-size", m.ffn_hidden),
+        ("--num-attention-heads", m.heads),
+    ]
+    if m.kv_heads != m.heads:
+        out.append(("--group-query-attention", "--num-query-groups", m.kv_heads))
+    if m.head_dim:
+        out.append(("--kv-channels", m.head_dim))
+    out.append(("--seq-length", t.seq_len, "--max-position-embeddings", t.seq_len))
+    out.append(("--position-embedding-type", "rope", "--normalization", "RMSNorm",
+                "--disable-bias-linear"))
+    if m.ffn_type == "swiglu":
+        out.append(("--swiglu",))
+    if not m.tied_embeddings:
+        out.append(("--untie-embeddings-and-output-weights",))
+    if m.is_moe:
+        out.append(("--num-experts", m.moe_experts, "--moe-router-topk", m.moe_topk,
+                    "--moe-ffn-hidden-size", m.expert_ffn_hidden))
+        if m.moe_shared_experts:
+            out.append(("--moe-shared-expert-intermediate-size",
+                        m.moe_shared_experts * m.expert_ffn_hidden))
+        if m.moe_dense_layers:
+            out.append(("--moe-layer-freq",
+                        f"([0]*{m.moe_dense_layers}+[1]*{m.moe_layers})"))
+        out.append(("--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"))
+    return out
+
+
+def parallel_args(f: Facts) -> list[Group]:
+    out: list[Group] = [("--tensor-model-parallel-size", f.tp,
+                         "--pipeline-model-parallel-size", f.pp)]
+    if f.cp > 1:
+        out.append(("--context-parallel-size", f.cp))
+    if f.ep > 1:
+        out.append(("--expert-model-parallel-size", f.ep))
+    if f.vpp > 1:
+        # This flag (not --num-layers-per-virtual-pipeline-stage) also works with uneven stages.
+        out.append(("--num-virtual-stages-per-pipeline-rank", f.vpp))
+    if f.first:
+        out.append(("--decoder-first-pipeline-num-layers", f.first))
+    if f.last:
+        out.append(("--decoder-last-pipeline-num-layers", f.last))
+    if f.sp:
+        out.append(("--sequence-parallel",))
+    return out
+
+
+def precision_args(precision: str) -> Group:
+    return {"bf16": ("--bf16",), "fp16": ("--fp16",),
+            "fp8": ("--bf16", "--fp8-format", "hybrid")}[precision]
+
+
+def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
+    f = facts_of(pf, options)
+    rules.check("megatron", rules.MEGATRON, f)
+    run = options.run_name or pf.study
+    groups: list[Group] = [
+        *parallel_args(f),
+        ("--micro-batch-size", f.micro_batch, "--global-batch-size", f.global_batch),
+        *recompute_args(f),
+        *data_parallel_args(f, pf),
+        precision_args(f.precision),
+        *model_args(pf),
+        ("--optimizer", pf.training.optimizer, "--lr", options.lr, "--min-lr", options.lr / 10,
+         "--lr-decay-style", "cosine", "--train-iters", options.train_iters),
+        # Synthetic data so the command runs as is; swap in --data-path and a real tokenizer.
+        ("--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", pf.model.vocab),
+        ("--save", f"checkpoints/{run}", "--save-interval", options.train_iters),
+        ("--log-interval", 10),
+    ]
+    # Megatron asserts this for TP/CP before Blackwell; FSDP modes assert the opposite.
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (f.tp > 1 or f.cp > 1) and f.zero < 2 else {}
+    body = command([*torchrun_head(f, options.master_port), options.megatron_script], groups)
+    return {FILENAME: script("megatron", pf, body, env)}

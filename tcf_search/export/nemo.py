@@ -1,0 +1,94 @@
+"""NeMo / Megatron-Bridge: ``run_recipe.py --recipe R`` with Hydra-style ``section.key=value``
+overrides. Key names follow Megatron-Bridge's ConfigContainer (``model.*`` is the Megatron-Core
+``TransformerConfig``), per its "Megatron-LM to Megatron-Bridge" mapping table.
+"""
+
+from __future__ import annotations
+
+from tcf_search.planfile import PlanFile
+
+from . import rules
+from .layout import Facts, facts_of
+from .options import ExportOptions
+from .shell import Group, command, script, torchrun_head
+
+FILENAME = "nemo.sh"
+
+MIXED_PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed",
+                   "fp8": "bf16_with_fp8_delayed_scaling_mixed"}
+
+
+def _value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    return str(v)
+
+
+def overrides(pf: PlanFile, f: Facts, options: ExportOptions) -> dict[str, object]:
+    m, t = pf.model, pf.training
+    o: dict[str, object] = {
+        "model.tensor_model_parallel_size": f.tp,
+        "model.pipeline_model_parallel_size": f.pp,
+        "model.virtual_pipeline_model_parallel_size": f.vpp if f.vpp > 1 else None,
+        "model.context_parallel_size": f.cp,
+        "model.expert_model_parallel_size": f.ep,
+        "model.sequence_parallel": f.sp,
+    }
+    if f.first:
+        o["model.num_layers_in_first_pipeline_stage"] = f.first
+    if f.last:
+        o["model.num_layers_in_last_pipeline_stage"] = f.last
+    if f.recompute == "selective":
+        o["model.recompute_granularity"] = "selective"
+    elif f.recompute == "full":
+        o["model.recompute_granularity"] = "full"
+        o["model.recompute_method"] = "uniform" if f.recompute_all else "block"
+        o["model.recompute_num_layers"] = 1 if f.recompute_all else f.recompute_layers // f.vpp
+    o |= {
+        "model.num_layers": m.layers, "model.hidden_size": m.hidden,
+        "model.ffn_hidden_size": m.ffn_hidden, "model.num_attention_heads": m.heads,
+        "model.num_query_groups": m.kv_heads,
+        "model.seq_length": t.seq_len, "dataset.seq_length": t.seq_len,
+        "model.share_embeddings_and_output_weights": m.tied_embeddings,
+    }
+    if m.head_dim:
+        o["model.kv_channels"] = m.head_dim
+    if m.is_moe:
+        o |= {"model.num_moe_experts": m.moe_experts, "model.moe_router_topk": m.moe_topk,
+              "model.moe_ffn_hidden_size": m.expert_ffn_hidden}
+        if m.moe_shared_experts:
+            o["model.moe_shared_expert_intermediate_size"] = (
+                m.moe_shared_experts * m.expert_ffn_hidden)
+        if m.moe_dense_layers:
+            o["model.moe_layer_freq"] = f"[0]*{m.moe_dense_layers}+[1]*{m.moe_layers}"
+    o |= {"train.micro_batch_size": f.micro_batch, "train.global_batch_size": f.global_batch,
+          "train.train_iters": options.train_iters, "optimizer.lr": options.lr,
+          "mixed_precision": MIXED_PRECISION[f.precision]}
+    distributed = f.zero == 1 or (f.zero in (2, 3) and f.fsdp_impl == "megatron")
+    o["ddp.use_distributed_optimizer"] = distributed
+    o["optimizer.use_distributed_optimizer"] = distributed
+    if f.zero == 3 and f.fsdp_impl == "torch":
+        o |= {"dist.use_torch_fsdp2": True, "checkpoint.ckpt_format": "torch_dist"}
+    elif f.zero in (2, 3):
+        o |= {"dist.use_megatron_fsdp": True, "ddp.use_megatron_fsdp": True,
+              "ddp.data_parallel_sharding_strategy":
+                  "optim_grads" if f.zero == 2 else "optim_grads_params",
+              "checkpoint.ckpt_format": "fsdp_dtensor"}
+    o["ddp.overlap_grad_reduce"] = t.overlap_grad_reduce and f.dp * f.cp > 1
+    o["ddp.overlap_param_gather"] = (t.overlap_param_gather and t.overlap_grad_reduce
+                                     and f.zero >= 1 and f.dp * f.cp > 1)
+    o["comm_overlap.tp_comm_overlap"] = t.tp_comm_overlap
+    return o
+
+
+def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
+    f = facts_of(pf, options)
+    rules.check("nemo", rules.NEMO, f)
+    o = overrides(pf, f, options)
+    groups: list[Group] = [("--recipe", options.nemo_recipe)]
+    groups += [(f"{k}={_value(v)}",) for k, v in o.items()]
+    body = command([*torchrun_head(f, options.master_port), options.nemo_script], groups)
+    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (f.tp > 1 or f.cp > 1) and f.zero < 2 else {}
+    return {FILENAME: script("nemo", pf, body, env)}

@@ -1,0 +1,247 @@
+"""Each launcher's own argument checks, as data: (predicate, one-line reason, where it is checked).
+
+A rule *holds* for a plan the launcher runs as the cost model predicted it. The predicates read the
+flat ``Facts`` view; the reasons are ``str.format`` templates over the same names, so a refusal
+quotes the values that broke it. Sources name the launcher file whose check the rule mirrors
+(read in the launchers' current releases; no launcher code is copied here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .layout import Facts
+from .options import ExportRefused
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    holds: Callable[[Facts], bool]
+    reason: str
+    source: str
+
+
+def broken(rules: Sequence[Rule], f: Facts) -> list[str]:
+    values = f.values()
+    return [r.reason.format(**values) for r in rules if not r.holds(f)]
+
+
+def check(fmt: str, rules: Sequence[Rule], f: Facts) -> None:
+    reasons = broken(rules, f)
+    if reasons:
+        raise ExportRefused(fmt, reasons)
+
+
+COMMON: tuple[Rule, ...] = (
+    Rule(lambda f: f.world == f.num_gpus,
+         "tp*pp*cp*dp == num_gpus must hold, but got tp={tp}, pp={pp}, cp={cp}, dp={dp}, "
+         "num_gpus={num_gpus}", "torchrun world size"),
+    Rule(lambda f: f.num_gpus <= f.gpus_per_node or f.num_gpus % f.gpus_per_node == 0,
+         "num_gpus % gpus_per_node == 0 must hold to launch whole nodes, but got "
+         "num_gpus={num_gpus}, gpus_per_node={gpus_per_node}", "torchrun --nproc-per-node"),
+    Rule(lambda f: f.microbatches > 0,
+         "global_batch % (micro_batch*dp) == 0 must hold, but got global_batch={global_batch}, "
+         "micro_batch={micro_batch}, dp={dp}", "every launcher's batch arithmetic"),
+    Rule(lambda f: f.heads % f.tp == 0,
+         "heads % tp == 0 must hold, but got heads={heads}, tp={tp}",
+         "attention heads are split whole across TP ranks"),
+)
+
+# Launchers that take an explicit per-stage layer placement (Megatron's uneven split).
+PIPELINE_SPLIT: tuple[Rule, ...] = (
+    Rule(lambda f: f.pp == 1 or bool(f.stage_layers),
+         "layers must split evenly over the pipeline stages (after the pinned first/last "
+         "stages), but got layers={layers}, first={first}, last={last}, pp={pp}",
+         "megatron/core/transformer/transformer_config.py (uneven PP)"),
+    Rule(lambda f: f.vpp == 1 or all(n % f.vpp == 0 for n in f.stage_layers),
+         "every pipeline stage's layer count must be divisible by vpp, but got "
+         "stages {stage_layers}, vpp={vpp}",
+         "megatron/core/transformer/transformer_config.py (virtual pipeline)"),
+)
+
+MEGATRON: tuple[Rule, ...] = COMMON + PIPELINE_SPLIT + (
+    Rule(lambda f: f.cp == 1 or f.seq_len % (2 * f.cp) == 0,
+         "seq_length % (2*cp) == 0 must hold with context parallelism, but got "
+         "seq_len={seq_len}, cp={cp}", "megatron/training/arguments.py validate_args"),
+    Rule(lambda f: f.kv_heads % f.tp == 0 or f.tp % f.kv_heads == 0,
+         "num_query_groups must be a multiple or a divisor of tp, but got "
+         "kv_heads={kv_heads}, tp={tp}", "megatron/core/transformer/transformer_config.py"),
+    Rule(lambda f: f.ep == 1 or (f.experts > 0 and f.experts % f.ep == 0),
+         "num_experts % ep == 0 must hold (and ep > 1 needs an MoE model), but got "
+         "experts={experts}, ep={ep}", "megatron/training/arguments.py validate_args"),
+    Rule(lambda f: (f.dp * f.cp) % f.ep == 0,
+         "expert parallelism is carved out of dp*cp (expert TP = TP), so (dp*cp) % ep == 0 "
+         "must hold, but got dp={dp}, cp={cp}, ep={ep}",
+         "megatron/core/parallel_state.py expert grid"),
+    Rule(lambda f: not f.sp or f.tp > 1,
+         "sequence parallelism needs tp > 1, but got tp={tp}",
+         "megatron/core/model_parallel_config.py"),
+    Rule(lambda f: not (f.ep > 1 and f.tp > 1) or f.sp,
+         "expert parallelism with tp > 1 requires sequence parallelism, but got "
+         "ep={ep}, tp={tp}, sequence_parallel={sp}", "megatron/core/model_parallel_config.py"),
+    Rule(lambda f: not f.tp_comm_overlap or f.sp,
+         "--tp-comm-overlap requires sequence parallelism, but got sequence_parallel={sp}",
+         "megatron/training/arguments.py validate_args"),
+    Rule(lambda f: f.pp == 1 or f.schedule != "gpipe",
+         "Megatron has no GPipe schedule (1F1B or interleaved 1F1B only), but got "
+         "pp_schedule={schedule}", "megatron/core/pipeline_parallel/schedules.py"),
+    Rule(lambda f: f.vpp == 1 or f.microbatches % f.pp == 0,
+         "the interleaved schedule needs micro-batches % pp == 0, but got "
+         "microbatches={microbatches}, pp={pp}",
+         "megatron/core/pipeline_parallel/schedules.py (micro-batch groups)"),
+    Rule(lambda f: f.recompute != "full" or f.recompute_all or f.recompute_layers % f.vpp == 0,
+         "--recompute-num-layers counts layers per model chunk, so recompute_layers % vpp == 0 "
+         "must hold, but got recompute_layers={recompute_layers}, vpp={vpp}",
+         "megatron/core/transformer/transformer_block.py (block recompute)"),
+    Rule(lambda f: not (f.zero == 3 and f.fsdp_impl == "torch") or f.pp == 1,
+         "--use-torch-fsdp2 is not supported with pipeline parallelism, but got pp={pp}",
+         "megatron/training/arguments.py validate_args"),
+    Rule(lambda f: not (f.zero == 3 and f.fsdp_impl == "torch") or f.ep == 1,
+         "--use-torch-fsdp2 is not supported with expert parallelism, but got ep={ep}",
+         "megatron/training/arguments.py validate_args"),
+    Rule(lambda f: not (f.zero == 3 and f.fsdp_impl == "torch") or f.precision != "fp16",
+         "--use-torch-fsdp2 is not supported with fp16", "megatron/training/arguments.py"),
+    Rule(lambda f: not (f.zero == 3 and f.fsdp_impl == "torch") or not f.tied,
+         "--use-torch-fsdp2 requires untied embeddings, but the model ties them",
+         "megatron/training/arguments.py validate_args"),
+)
+
+# Megatron-Bridge (NeMo) builds the same Megatron-Core configs, so it inherits the same checks.
+NEMO: tuple[Rule, ...] = MEGATRON
+
+DEEPSPEED: tuple[Rule, ...] = COMMON + (
+    Rule(lambda f: f.pp == 1 or f.zero < 2,
+         "the DeepSpeed pipeline engine rejects ZeRO-2/3, but got pp={pp}, zero_stage={zero}",
+         "deepspeed/runtime/pipe/engine.py"),
+    Rule(lambda f: f.cp == 1,
+         "DeepSpeed has no ring context parallelism (Ulysses is all-to-all with other costs), "
+         "but got cp={cp}", "deepspeed/runtime/config.py"),
+    Rule(lambda f: f.vpp == 1,
+         "the DeepSpeed pipeline engine has no interleaved schedule, but got vpp={vpp}",
+         "deepspeed/runtime/pipe/schedule.py"),
+    Rule(lambda f: not f.uneven,
+         "PipelineModule partitions by method (uniform/parameters/type), not by pinned "
+         "first/last stage sizes, but got first={first}, last={last}",
+         "deepspeed/runtime/pipe/module.py"),
+    Rule(lambda f: f.pp == 1 or f.schedule == "1f1b",
+         "the DeepSpeed pipeline engine runs 1F1B only, but got pp_schedule={schedule}",
+         "deepspeed/runtime/pipe/schedule.py"),
+    Rule(lambda f: f.recompute == "none" or f.recompute_all,
+         "DeepSpeed checkpoints whole layers (activation_checkpoint_interval), not selective "
+         "or a per-stage count, but got recompute={recompute}, recompute_layers="
+         "{recompute_layers}", "deepspeed/runtime/activation_checkpointing/config.py"),
+    Rule(lambda f: not f.sp,
+         "DeepSpeed AutoTP has no Megatron-style sequence parallelism, but got "
+         "sequence_parallel={sp}", "deepspeed/runtime/tensor_parallel/config.py"),
+    Rule(lambda f: f.precision != "fp8",
+         "the DeepSpeed config has no FP8 training mode, but got precision=fp8",
+         "deepspeed/runtime/config.py"),
+    Rule(lambda f: f.ep == 1 or (f.experts > 0 and f.experts % f.ep == 0),
+         "num_experts % autoep_size == 0 must hold, but got experts={experts}, ep={ep}",
+         "deepspeed/module_inject/auto_ep_config.py"),
+    Rule(lambda f: f.ep == 1 or f.tp == 1,
+         "AutoEP keeps expert TP at 1 while the plan shards experts over TP, but got "
+         "ep={ep}, tp={tp}", "deepspeed/module_inject/auto_ep_folding.py"),
+    Rule(lambda f: f.ep == 1 or (f.world // f.pp) % f.ep == 0,
+         "autoep_size must divide world/pp, but got world={world}, pp={pp}, ep={ep}",
+         "deepspeed/module_inject/auto_ep_folding.py"),
+)
+
+
+def _dp_shard(f: Facts) -> int:
+    return f.dp if f.zero > 0 else 1
+
+
+TORCHTITAN: tuple[Rule, ...] = COMMON + PIPELINE_SPLIT + (
+    Rule(lambda f: f.kv_heads % f.tp == 0,
+         "kv_heads % tp == 0 must hold (column-sharded wk/wv split whole KV heads), but got "
+         "kv_heads={kv_heads}, tp={tp}", "torchtitan/models/llama3/parallelize.py"),
+    Rule(lambda f: f.cp == 1 or f.seq_len % (2 * f.cp) == 0,
+         "seq_len % (2*cp) == 0 must hold (the head-tail load balancer cuts 2*cp chunks), "
+         "but got seq_len={seq_len}, cp={cp}", "torchtitan/distributed/context_parallel"),
+    Rule(lambda f: f.recompute != "full" or f.recompute_all,
+         "torchtitan's FullAC recomputes every block; a per-stage count is not a knob, but "
+         "got recompute_layers={recompute_layers}",
+         "torchtitan/distributed/activation_checkpoint.py"),
+    Rule(lambda f: f.precision != "fp16",
+         "torchtitan trains in bfloat16 or float32 (mixed_precision_param), not fp16",
+         "torchtitan/config/configs.py"),
+    Rule(lambda f: f.ep == 1 or (f.experts > 0 and f.experts % f.ep == 0),
+         "num_experts % ep == 0 must hold, but got experts={experts}, ep={ep}",
+         "torchtitan MoE expert sharding"),
+    Rule(lambda f: f.ep == 1 or f.version == "0.2" or f.tp == 1,
+         "torchtitan 0.3 folds EP over dp_shard*cp*tp, so routed experts lose TP while the "
+         "plan shards them over tp={tp}", "torchtitan/config/configs.py expert_parallel_degree"),
+    Rule(lambda f: f.ep == 1 or (_dp_shard(f) * f.cp) % f.ep == 0,
+         "EP borrows FSDP ranks, so (dp_shard*cp) % ep == 0 must hold, but got "
+         "dp={dp} (zero_stage={zero}), cp={cp}, ep={ep}",
+         "torchtitan/distributed/parallel_dims.py"),
+    Rule(lambda f: f.version != "0.2" or f.tp == 1 or f.sp,
+         "torchtitan 0.2 always applies sequence parallelism with TP, but the plan has "
+         "tp={tp} without it", "torchtitan 0.2 tensor_parallel"),
+    Rule(lambda f: f.version != "0.2" or f.zero > 0 or f.world == f.dp,
+         "torchtitan 0.2 DDP (zero_stage=0) does not compose with other parallelism, but got "
+         "tp={tp}, pp={pp}, cp={cp}", "torchtitan/models/llama3/infra/parallelize.py"),
+)
+
+NANOTRON: tuple[Rule, ...] = COMMON + (
+    Rule(lambda f: f.zero in (0, 1),
+         "nanotron implements ZeRO-0/1 only, but got zero_stage={zero}",
+         "nanotron/helpers.py (optimizer builder)"),
+    Rule(lambda f: f.ep == 1,
+         "nanotron asserts tp*cp*dp*pp == world while laying EP as a separate grid axis, so "
+         "EP cannot be carved out of DP, but got ep={ep}", "nanotron/parallel/context.py"),
+    Rule(lambda f: f.vpp == 1,
+         "nanotron has no interleaved pipeline engine (1f1b or afab), but got vpp={vpp}",
+         "nanotron/parallel/pipeline_parallel/engine.py"),
+    Rule(lambda f: not f.uneven,
+         "nanotron places pipeline blocks itself; first/last stage sizes are not a knob, but "
+         "got first={first}, last={last}", "nanotron/models"),
+    Rule(lambda f: f.kv_heads >= f.tp,
+         "kv_heads >= tp must hold, but got kv_heads={kv_heads}, tp={tp}",
+         "nanotron/config/config.py"),
+    Rule(lambda f: f.pp == 1 or f.schedule != "1f1b" or f.microbatches >= f.pp - 1,
+         "the 1F1B engine needs micro-batches >= pp-1, but got microbatches={microbatches}, "
+         "pp={pp}", "nanotron/parallel/pipeline_parallel/engine.py"),
+    Rule(lambda f: f.recompute == "none" or (f.recompute_all and f.version != "0.4"),
+         "nanotron recomputes whole layers (recompute_layer, not in 0.4) and nothing selective "
+         "or partial, but got recompute={recompute}, recompute_layers={recompute_layers}",
+         "nanotron/config/parallelism_config.py"),
+    Rule(lambda f: f.cp == 1 or (f.version != "0.4" and f.seq_len % f.cp == 0),
+         "nanotron context parallelism needs seq_len % cp == 0 and a release newer than 0.4, "
+         "but got seq_len={seq_len}, cp={cp}", "nanotron/config/parallelism_config.py"),
+    Rule(lambda f: f.precision != "fp8",
+         "nanotron's config has no FP8 training mode, but got precision=fp8",
+         "nanotron/config/config.py"),
+)
+
+ACCELERATE: tuple[Rule, ...] = COMMON + (
+    Rule(lambda f: f.pp == 1,
+         "Accelerate (FSDP2 + ND-parallel) has no pipeline parallelism, but got pp={pp}",
+         "accelerate/parallelism_config.py"),
+    Rule(lambda f: f.ep == 1,
+         "Accelerate's parallelism config has no expert-parallel axis, but got ep={ep}",
+         "accelerate/parallelism_config.py"),
+    Rule(lambda f: f.zero > 0 or (f.tp == 1 and f.cp == 1),
+         "tensor/context parallelism cannot be used with pure data parallelism (zero_stage=0), "
+         "but got tp={tp}, cp={cp}", "accelerate/parallelism_config.py"),
+    Rule(lambda f: f.recompute == "none" or f.recompute_all,
+         "fsdp_activation_checkpointing wraps every transformer layer; selective or per-stage "
+         "recompute is not a knob, but got recompute={recompute}", "accelerate/commands/launch.py"),
+    Rule(lambda f: not f.sp,
+         "Accelerate TP follows the model's tp_plan with no sequence-parallel switch, but got "
+         "sequence_parallel={sp}", "accelerate/parallelism_config.py"),
+    Rule(lambda f: f.cp == 1 or f.seq_len % (2 * f.cp) == 0,
+         "seq_len % (2*cp) == 0 must hold for load-balanced torch context parallelism, but got "
+         "seq_len={seq_len}, cp={cp}", "torch.distributed.tensor.experimental context_parallel"),
+)
+
+RULES: dict[str, tuple[Rule, ...]] = {
+    "megatron": MEGATRON,
+    "nemo": NEMO,
+    "deepspeed": DEEPSPEED,
+    "torchtitan": TORCHTITAN,
+    "nanotron": NANOTRON,
+    "accelerate": ACCELERATE,
+}

@@ -1,0 +1,211 @@
+"""Calibrate the cost model on measured runs, honestly: few physical parameters, a held-out split.
+
+Run ``python -m tcf_search.fit [--csv PATH] [--write]``. It fits
+
+* per SKU family (here: hopper on the Playbook's H100 runs; ampere on a part of llm-foundry's
+  A100 runs): GEMM peak fraction and half-size, attention peak fraction, memory-bound bandwidth
+  fraction, host (kernel issue) overhead, NVLink and network bus-bandwidth fractions;
+* the memory model of the software stack: activation factor, logits bytes per element,
+  allocator fragmentation fraction and constant (Playbook ok runs' ``max_memory_reserved``);
+
+on the rows whose sweep group (model, GPU count) is *not* held out, and prints the accuracy on
+the held-out groups and on every row. ``--write`` writes ``hardware_catalog/calibration.yaml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+from scipy.optimize import least_squares
+
+from costmodel.specs import Efficiency, MemoryModel
+from tcf_search.accuracy import report, throughput_rows
+from tcf_search.dataset import (
+    find_measured_csv,
+    holdout,
+    load_groups,
+    predict_groups,
+    with_training,
+)
+
+GIB = 2**30
+EFF_PARAMS = ("attention_peak_fraction", "memory_bw_fraction", "collective_overhead_s",
+              "nvlink_bw_fraction", "network_bw_fraction")
+# fitted as part of the nanotron profile (tcf_search/profiles.yaml), not of the GPU
+TRAINING_PARAMS = ("host_overhead_s", "pp_tp_step_overhead_s")
+# Not fitted: the measured runs cannot tell GEMM from attention efficiency apart (one sequence
+# length dominates), so the GEMM roofline keeps its prior from public cuBLAS measurements
+# (large bf16 GEMMs reach about 70% of the dense peak on H100 and A100).
+GEMM_PRIOR = {"gemm_peak_fraction": 0.70, "gemm_half_size": 128.0}
+EFF_BOUNDS = {"gemm_peak_fraction": (0.3, 0.95), "gemm_half_size": (1.0, 4096.0),
+              "attention_peak_fraction": (0.05, 0.9), "memory_bw_fraction": (0.2, 1.0),
+              "host_overhead_s": (1e-6, 5e-4), "collective_overhead_s": (1e-6, 1e-3),
+              "pp_tp_step_overhead_s": (1e-6, 2e-3), "nvlink_bw_fraction": (0.1, 1.0),
+              "network_bw_fraction": (0.05, 1.0)}
+MEM_PARAMS = ("activation_factor", "logits_bytes_per_element", "allocator_fraction",
+              "allocator_const_bytes")
+MEM_BOUNDS = {"activation_factor": (0.5, 4.0), "logits_bytes_per_element": (2.0, 40.0),
+              "allocator_fraction": (0.0, 1.5), "allocator_const_bytes": (0.0, 8 * GIB)}
+
+
+def _covered(groups, rows: pd.Series) -> np.ndarray:
+    """Positions of the selected rows that the cost model can evaluate."""
+    modelled = np.concatenate([g.index for g in groups]) if groups else np.array([], int)
+    return np.intersect1d(np.flatnonzero(rows.to_numpy()), modelled)
+
+
+def split_mask(frame: pd.DataFrame) -> pd.Series:
+    """True for rows held out of every fit (30% of sweep groups, by a stable hash)."""
+    keys = frame["model_name"].astype(str) + "|" + frame["num_gpus"].astype(str)
+    return keys.map(holdout).astype(bool)
+
+
+def _unit(x: np.ndarray, names: tuple[str, ...], bounds: dict[str, tuple[float, float]]) -> dict:
+    """Parameters live in [0, 1] (log scale between bounds) for the optimiser."""
+    out = {}
+    for v, n in zip(x, names, strict=True):
+        lo, hi = bounds[n]
+        lo = max(lo, 1e-9)
+        out[n] = float(np.exp(np.log(lo) + v * (np.log(hi) - np.log(lo))))
+    return out
+
+
+def _to_unit(vals: dict, names: tuple[str, ...],
+             bounds: dict[str, tuple[float, float]]) -> np.ndarray:
+    x = []
+    for n in names:
+        lo, hi = bounds[n]
+        lo = max(lo, 1e-9)
+        v = min(max(vals[n], lo), hi)
+        x.append((np.log(v) - np.log(lo)) / (np.log(hi) - np.log(lo)))
+    return np.asarray(x)
+
+
+def fit_efficiency(frame: pd.DataFrame, groups, rows: pd.Series, family: str,
+                   start: Efficiency, memory_model: MemoryModel | None,
+                   params: tuple[str, ...] = EFF_PARAMS, framework: str = "",
+                   start_training: dict[str, float] | None = None,
+                   ) -> tuple[Efficiency, dict[str, float]]:
+    """Least squares on log throughput (Cauchy loss: a few pathological runs must not steer
+    it). Parameters named in TRAINING_PARAMS belong to ``framework``'s profile."""
+    measured = frame["tokens_per_sec_per_gpu"].to_numpy()
+    idx = _covered(groups, rows)
+    fam_groups = [g for g in groups if g.cluster.gpu.family == family
+                  and np.isin(g.index, idx).any()]
+    values = {**dataclasses.asdict(start), **(start_training or {})}
+
+    def split(x: np.ndarray) -> tuple[Efficiency, list, dict[str, float]]:
+        v = _unit(x, params, EFF_BOUNDS)
+        tr = {k: val for k, val in v.items() if k in TRAINING_PARAMS}
+        eff = replace(start, **{k: val for k, val in v.items() if k not in TRAINING_PARAMS})
+        return eff, with_training(fam_groups, framework, **tr) if tr else fam_groups, tr
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        eff, g, _ = split(x)
+        pred = predict_groups(g, len(frame), {family: eff}, memory_model)
+        return np.log(pred["tokens_per_s_per_gpu"][idx] / measured[idx])
+
+    x0 = _to_unit(values, params, EFF_BOUNDS)
+    sol = least_squares(residuals, x0, bounds=(0.0, 1.0), loss="cauchy", f_scale=0.1,
+                        diff_step=1e-3, max_nfev=int(os.environ.get("TCF_FIT_NFEV", "300")))
+    eff, _, tr = split(sol.x)
+    return eff, tr
+
+
+def fit_memory(frame: pd.DataFrame, groups, rows: pd.Series, start: MemoryModel) -> MemoryModel:
+    measured = frame["peak_mem_gib"].to_numpy() * GIB
+    idx = _covered(groups, rows)
+    used = [g for g in groups if np.isin(g.index, idx).any()]
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        mm = replace(start, **_unit(x, MEM_PARAMS, MEM_BOUNDS))
+        pred = predict_groups(used, len(frame), None, mm)
+        return np.log(pred["peak_mem_bytes"][idx] / measured[idx])
+
+    x0 = _to_unit(dataclasses.asdict(start), MEM_PARAMS, MEM_BOUNDS)
+    sol = least_squares(residuals, x0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=0.05,
+                        diff_step=1e-3, max_nfev=300)
+    return replace(start, **_unit(sol.x, MEM_PARAMS, MEM_BOUNDS))
+
+
+def write_calibration(effs: dict[str, Efficiency], mm: MemoryModel,
+                      nanotron: dict[str, float]) -> None:
+    root = Path(__file__).resolve().parents[1]
+    cal = root / "hardware_catalog" / "calibration.yaml"
+    cal.write_text("# Written by `python -m tcf_search.fit --write`; do not edit by hand.\n"
+                   + yaml.safe_dump({f: dataclasses.asdict(e) for f, e in effs.items()},
+                                    sort_keys=False))
+    prof_path = root / "tcf_search" / "profiles.yaml"
+    text = prof_path.read_text()
+    head, _, _ = text.partition("memory_model:")
+    for key, value in nanotron.items():
+        line = head[head.index(f"{key}:"):].split("\n", 1)[0]
+        head = head.replace(line, f"{key}: {value:.4g}  # fitted")
+    prof_path.write_text(head + "memory_model:\n" + "".join(
+        f"  {k}: {v!r}\n" if k != "source" else f"  {k}: {json.dumps(v)}\n"
+        for k, v in dataclasses.asdict(mm).items()))
+    print("wrote", cal, "and", prof_path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--csv", type=Path, default=None)
+    ap.add_argument("--write", action="store_true",
+                    help="write hardware_catalog/calibration.yaml and tcf_search/profiles.yaml")
+    args = ap.parse_args(argv)
+    csv = args.csv or find_measured_csv()
+    if csv is None:
+        print("measured_runs.csv not found (expected at ../shared/data/); pass --csv")
+        return 2
+    frame = pd.read_csv(csv)
+    groups, _ = load_groups(frame)
+    held = split_mask(frame)
+    train = ~held
+
+    pb_ok = (frame["source"].eq("playbook") & frame["status"].eq("ok")
+             & frame["peak_mem_gib"].notna())
+    mm = fit_memory(frame, groups, pb_ok & train, MemoryModel())
+    mm = replace(mm, source="fitted by python -m tcf_search.fit on Playbook ok runs "
+                 f"(max_memory_reserved, {int((pb_ok & train).sum())} rows of non-held-out groups)")
+    print("memory model:", mm)
+
+    hop_rows = throughput_rows(frame) & train
+    start = replace(Efficiency(), **GEMM_PRIOR)
+    hopper, nanotron = fit_efficiency(
+        frame, groups, hop_rows, "hopper", start, mm, EFF_PARAMS + TRAINING_PARAMS,
+        framework="nanotron", start_training={"host_overhead_s": 5e-5,
+                                              "pp_tp_step_overhead_s": 2e-4})
+    groups = with_training(groups, "nanotron", **nanotron)
+    hopper = replace(hopper, source="fitted by python -m tcf_search.fit on "
+                     f"{int(hop_rows.sum())} Playbook H100 ok runs (pp=1 or after_pp_fix) "
+                     "of non-held-out (model, num_gpus) groups; GEMM roofline from prior")
+    print("hopper:", hopper)
+    print("nanotron profile:", nanotron)
+    a100 = frame["source"].eq("llm-foundry") & frame["gpu"].str.startswith("a100") & train
+    ampere, _ = fit_efficiency(frame, groups, a100, "ampere", replace(hopper, source=""), mm,
+                               ("attention_peak_fraction", "memory_bw_fraction",
+                                "network_bw_fraction"))
+    ampere = replace(ampere, source="fitted by python -m tcf_search.fit on "
+                     f"{int(a100.sum())} llm-foundry A100 runs of non-held-out groups "
+                     "(attention, memory-bound and network fractions; the rest from hopper)")
+    print("ampere:", ampere)
+
+    effs = {"hopper": hopper, "ampere": ampere}
+    pred = predict_groups(groups, len(frame), effs, mm)
+    print("held-out:", json.dumps(report(frame, pred, held), indent=1))
+    print("all rows:", json.dumps(report(frame, pred), indent=1))
+    if args.write:
+        write_calibration(effs, mm, nanotron)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,130 @@
+"""Rows in the schema of ``measured_runs.csv`` (see ../shared/data/README.md) as cost-model
+inputs. Only configuration columns are read; an empty knob cell means *not given*."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from costmodel.specs import ClusterSpec, MemoryModel, ModelSpec, Plan, Training
+from hardware_catalog import get_gpu
+
+PROFILES_FILE = Path(__file__).with_name("profiles.yaml")
+
+KNOBS: tuple[str, ...] = ("micro_batch", "recompute", "zero_stage", "vpp", "sequence_parallel")
+
+
+
+@lru_cache(maxsize=1)
+def load_profiles() -> dict[str, Any]:
+    """Framework profiles (``tcf_search/profiles.yaml``): each framework's switches (data, not
+    fitted) plus the values ``python -m tcf_search.fit`` fitted, and the fitted memory model."""
+    raw = yaml.safe_load(PROFILES_FILE.read_text()) if PROFILES_FILE.exists() else {}
+    return raw or {}
+
+
+def memory_model() -> MemoryModel:
+    """The calibrated memory model of the PyTorch software stack (prior if not fitted)."""
+    mm = load_profiles().get("memory_model")
+    return MemoryModel(**mm) if mm else MemoryModel()
+
+
+def framework_settings(framework: str) -> dict[str, object]:
+    """Training switches of a framework ('' or unknown: the generic Megatron-like profile)."""
+    frameworks = load_profiles().get("frameworks", {})
+    settings = dict(frameworks.get("generic", {}))
+    settings.update(frameworks.get(framework, {}))
+    return settings
+
+
+class CaseError(ValueError):
+    """A row cannot be turned into a plan; the message names the column."""
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    model: ModelSpec
+    cluster: ClusterSpec
+    plan: Plan  # knobs not given hold their defaults
+    training: Training
+    given: frozenset[str]  # knob columns that were given
+    framework: str = ""
+
+
+def _cell(row: Mapping[str, object], key: str) -> str:
+    v = row.get(key)
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    return str(v).strip()
+
+
+def _int(row: Mapping[str, object], key: str, default: int | None = None) -> int:
+    s = _cell(row, key)
+    if not s:
+        if default is None:
+            raise CaseError(f"{key}: required, but the cell is empty")
+        return default
+    try:
+        f = float(s)
+    except ValueError:
+        raise CaseError(f"{key}: must be a whole number, but got {s!r}") from None
+    if not f.is_integer():
+        raise CaseError(f"{key}: must be a whole number, but got {s!r}")
+    return int(f)
+
+
+def _bool(row: Mapping[str, object], key: str, default: bool = False) -> bool:
+    s = _cell(row, key).lower()
+    if not s:
+        return default
+    if s in ("true", "1", "yes"):
+        return True
+    if s in ("false", "0", "no"):
+        return False
+    raise CaseError(f"{key}: must be true or false, but got {s!r}")
+
+
+def case_from_row(row: Mapping[str, object]) -> Case:
+    model = ModelSpec(
+        name=_cell(row, "model_name") or "model",
+        layers=_int(row, "layers"), hidden=_int(row, "hidden"),
+        ffn_hidden=_int(row, "ffn_hidden"), heads=_int(row, "heads"),
+        kv_heads=_int(row, "kv_heads", _int(row, "heads")), vocab=_int(row, "vocab"),
+        ffn_type=(_cell(row, "ffn_type") or "swiglu"),  # type: ignore[arg-type]
+        tied_embeddings=_bool(row, "tied_embeddings"),
+        moe_experts=_int(row, "moe_experts", 0), moe_topk=_int(row, "moe_topk", 0),
+        moe_ffn_hidden=_int(row, "moe_ffn_hidden", 0),
+        moe_shared_experts=_int(row, "moe_shared_experts", 0),
+    )
+    gpu = get_gpu(_cell(row, "gpu"))
+    cluster = ClusterSpec(gpu=gpu, num_gpus=_int(row, "num_gpus"),
+                          gpus_per_node=_int(row, "gpus_per_node", 8))
+    framework = _cell(row, "framework").lower()
+    precision = _cell(row, "precision") or "bf16"
+    training = Training(seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
+                        precision=precision,  # type: ignore[arg-type]
+                        memory_model=memory_model(),
+                        **framework_settings(framework))  # type: ignore[arg-type]
+    given = frozenset(k for k in KNOBS if _cell(row, k))
+    tp = _int(row, "tp", 1)
+    recompute = _cell(row, "recompute") or "none"
+    sp_default = tp > 1
+    plan = Plan(
+        tp=tp, pp=_int(row, "pp", 1), dp=_int(row, "dp", 1), cp=_int(row, "cp", 1),
+        ep=_int(row, "ep", 1), vpp=_int(row, "vpp", 1), zero_stage=_int(row, "zero_stage", 0),
+        micro_batch=_int(row, "micro_batch", 1),
+        recompute=recompute,  # type: ignore[arg-type]
+        sequence_parallel=_bool(row, "sequence_parallel", sp_default) and tp > 1,
+    )
+    return Case(model=model, cluster=cluster, plan=plan, training=training, given=given,
+                framework=framework)
+
+
+def with_training(case: Case, **changes: object) -> Case:
+    return replace(case, training=replace(case.training, **changes))  # type: ignore[arg-type]

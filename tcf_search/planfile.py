@@ -1,0 +1,96 @@
+"""The plan file: one plan with everything needed to run it, as YAML.
+
+A study writes its best plan as ``best_plan.yaml`` and its top plans as ``top/rank-<N>.yaml`` in the
+output folder; ``export`` and ``validate`` read them. Keys are the dataclass fields of
+``costmodel.specs`` so the file round-trips exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from costmodel.specs import ModelSpec, Plan, Training
+
+FORMAT_VERSION = 1
+
+
+class PlanFileError(ValueError):
+    """A plan file is malformed; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanFile:
+    study: str
+    model: ModelSpec
+    gpu: str  # hardware catalog id
+    num_gpus: int
+    gpus_per_node: int
+    training: Training
+    plan: Plan
+    rank: int = 1
+    predicted: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "study": self.study,
+            "rank": self.rank,
+            "cluster": {"gpu": self.gpu, "num_gpus": self.num_gpus,
+                        "gpus_per_node": self.gpus_per_node},
+            "model": dataclasses.asdict(self.model),
+            "training": dataclasses.asdict(self.training),
+            "plan": dataclasses.asdict(self.plan),
+            "predicted": dict(self.predicted),
+        }
+
+
+def dump_plan_file(pf: PlanFile) -> str:
+    return yaml.safe_dump(pf.to_dict(), sort_keys=False)
+
+
+def _build(cls: type, section: str, raw: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise PlanFileError(f"{section}: must be a mapping, but got {type(raw).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise PlanFileError(f"{section}.{unknown[0]}: unknown key (valid: {', '.join(sorted(names))})")
+    try:
+        return cls(**raw)
+    except TypeError as e:
+        raise PlanFileError(f"{section}: {e}") from None
+
+
+def parse_plan_file(text: str) -> PlanFile:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise PlanFileError(f"plan file is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, dict):
+        raise PlanFileError("plan file: must be a YAML mapping")
+    for key in ("study", "cluster", "model", "training", "plan"):
+        if key not in raw:
+            raise PlanFileError(f"{key}: required key is missing")
+    cluster = raw["cluster"]
+    if not isinstance(cluster, dict) or not {"gpu", "num_gpus"} <= set(cluster):
+        raise PlanFileError("cluster: must be a mapping with gpu and num_gpus")
+    return PlanFile(
+        study=str(raw["study"]),
+        rank=int(raw.get("rank", 1)),
+        gpu=str(cluster["gpu"]),
+        num_gpus=int(cluster["num_gpus"]),
+        gpus_per_node=int(cluster.get("gpus_per_node", 8)),
+        model=_build(ModelSpec, "model", raw["model"]),
+        training=_build(Training, "training", raw["training"]),
+        plan=_build(Plan, "plan", raw["plan"]),
+        predicted=dict(raw.get("predicted") or {}),
+    )
+
+
+def load_plan_file(path: str | Path) -> PlanFile:
+    return parse_plan_file(Path(path).read_text())

@@ -1,0 +1,167 @@
+"""``tcf-search predict``: the cost model over a CSV of configurations (measured_runs schema).
+
+Only configuration columns are read. An empty knob cell means *not given*: every valid value is
+evaluated and the fastest plan that fits is chosen (the one with least memory if none fits); the
+choice is reported in ``pred_choice_<knob>``. A row the model cannot handle gets a message in
+``pred_error`` and no crash.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from costmodel.estimate import check_plan, estimate_batch
+from costmodel.plans import plans_to_arrays
+from costmodel.specs import Plan, SpecError
+from tcf_search.measured import KNOBS, Case, CaseError, case_from_row
+
+GIB = 2**30
+OUTPUT_COLUMNS = (
+    "pred_tokens_per_sec_per_gpu", "pred_model_tflops_per_gpu", "pred_mfu", "pred_hfu",
+    "pred_step_time_s", "pred_peak_mem_gib", "pred_usable_mem_gib", "pred_fits",
+    "pred_mem_weights_gib", "pred_mem_grads_gib", "pred_mem_optimizer_gib",
+    "pred_mem_activations_gib", "pred_mem_buffers_gib", "pred_time_compute_s",
+    "pred_time_comm_exposed_s", "pred_time_bubble_s", "pred_time_optimizer_s",
+)
+CHOICE_COLUMNS = tuple(f"pred_choice_{k}" for k in KNOBS)
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def candidates(case: Case) -> list[Plan]:
+    """Every valid plan that agrees with the given knobs."""
+    p, m, tr = case.plan, case.model, case.training
+    given = case.given
+    per_dp = tr.global_batch // p.dp if tr.global_batch % p.dp == 0 else 1
+    axes: dict[str, list[object]] = {
+        "micro_batch": [p.micro_batch] if "micro_batch" in given else _divisors(per_dp, 64),
+        "recompute": [p.recompute] if "recompute" in given else ["none", "selective", "full"],
+        "zero_stage": [p.zero_stage] if "zero_stage" in given else [0, 1, 2, 3],
+        "vpp": ([p.vpp] if "vpp" in given or p.pp == 1
+                else [v for v in (1, 2, 3, 4, 6, 8) if m.layers % (p.pp * v) == 0]),
+        "sequence_parallel": ([p.sequence_parallel] if "sequence_parallel" in given or p.tp == 1
+                              else [False, True]),
+    }
+    plans = []
+    for values in itertools.product(*axes.values()):
+        try:
+            plan = replace(p, **dict(zip(axes, values, strict=True)))  # type: ignore[arg-type]
+            check_plan(m, case.cluster, plan, tr)
+        except (SpecError, ValueError):
+            continue
+        plans.append(plan)
+    return plans
+
+
+def _pick(res: dict[str, np.ndarray]) -> int:
+    fits = res["fits"].astype(bool)
+    if fits.any():
+        tput = np.where(fits, res["tokens_per_s_per_gpu"], -np.inf)
+        return int(np.argmax(tput))
+    return int(np.argmin(res["peak_mem_bytes"]))
+
+
+def predict_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    out = frame.copy()
+    cols: dict[str, list[object]] = {c: [None] * len(frame)
+                                     for c in OUTPUT_COLUMNS + CHOICE_COLUMNS + ("pred_error",)}
+    groups: dict[tuple, list[tuple[int, Case, list[Plan]]]] = {}
+    for i, row in enumerate(frame.to_dict("records")):
+        try:
+            case = case_from_row(row)
+            plans = candidates(case)
+            if not plans:
+                check_plan(case.model, case.cluster, case.plan, case.training)
+                raise SpecError("no valid value for the empty knobs")
+        except (CaseError, SpecError, ValueError) as e:
+            cols["pred_error"][i] = str(e).splitlines()[0]
+            continue
+        key = (case.model, case.cluster, case.training)
+        groups.setdefault(key, []).append((i, case, plans))
+    for (model, cluster, training), items in groups.items():
+        all_plans = [pl for _, _, plans in items for pl in plans]
+        res = estimate_batch(model, cluster, training, plans_to_arrays(all_plans))
+        start = 0
+        for i, case, plans in items:
+            sl = {k: v[start:start + len(plans)] for k, v in res.items()}
+            j = _pick(sl)
+            start += len(plans)
+            chosen = plans[j]
+            values = {
+                "pred_tokens_per_sec_per_gpu": sl["tokens_per_s_per_gpu"][j],
+                "pred_model_tflops_per_gpu": sl["model_tflops_per_gpu"][j],
+                "pred_mfu": sl["mfu"][j], "pred_hfu": sl["hfu"][j],
+                "pred_step_time_s": sl["step_time_s"][j],
+                "pred_peak_mem_gib": sl["peak_mem_bytes"][j] / GIB,
+                "pred_usable_mem_gib": sl["usable_bytes"][j] / GIB,
+                "pred_fits": "true" if sl["fits"][j] else "false",
+                "pred_mem_weights_gib": sl["mem_weights_bytes"][j] / GIB,
+                "pred_mem_grads_gib": sl["mem_grads_bytes"][j] / GIB,
+                "pred_mem_optimizer_gib": sl["mem_optimizer_bytes"][j] / GIB,
+                "pred_mem_activations_gib": sl["mem_activations_bytes"][j] / GIB,
+                "pred_mem_buffers_gib": sl["mem_buffers_bytes"][j] / GIB,
+                "pred_time_compute_s": sl["time_compute_s"][j],
+                "pred_time_comm_exposed_s": sl["time_comm_exposed_s"][j],
+                "pred_time_bubble_s": sl["time_bubble_s"][j],
+                "pred_time_optimizer_s": sl["time_optimizer_s"][j],
+            }
+            for k, v in values.items():
+                cols[k][i] = round(float(v), 6) if not isinstance(v, str) else v
+            for knob in KNOBS:
+                if knob not in case.given:
+                    v = getattr(chosen, knob)
+                    cols[f"pred_choice_{knob}"][i] = (str(v).lower() if isinstance(v, bool)
+                                                      else v)
+    for k, v in cols.items():
+        out[k] = v
+    return out
+
+
+def predict_csv(src: Path, dst: Path) -> pd.DataFrame:
+    frame = pd.read_csv(src, dtype=str, keep_default_na=False)
+    result = predict_frame(frame)
+    tmp = dst.with_name(dst.name + ".tmp")
+    result.to_csv(tmp, index=False)
+    tmp.replace(dst)
+    return result
+
+
+def predict_cmd(
+    cases: Path,
+    output: Path,
+    force: bool = False,
+    json_out: bool = False,
+) -> None:
+    """Predict every row of CASES.csv (measured_runs.csv schema) into OUT.csv."""
+    import json
+    import sys
+
+    import typer
+
+    if not cases.is_file():
+        typer.echo(f"error: CASES.csv: no such file: {cases}", err=True)
+        raise typer.Exit(2)
+    if output.exists() and not force:
+        typer.echo(f"error: -o: {output} exists; pass --force to overwrite", err=True)
+        raise typer.Exit(2)
+    try:
+        result = predict_csv(cases, output)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        typer.echo(f"error: CASES.csv: not a readable CSV ({str(e).splitlines()[0]})", err=True)
+        raise typer.Exit(2) from None
+    missing = [c for c in ("layers", "hidden", "gpu", "num_gpus") if c not in result.columns]
+    errors = int((result["pred_error"].notna() & (result["pred_error"] != "")).sum())
+    summary = {"rows": len(result), "errors": errors, "output": str(output),
+               "missing_columns": missing}
+    if json_out:
+        print(json.dumps(summary))
+    else:
+        print(f"predicted {len(result) - errors} of {len(result)} rows -> {output}"
+              + (f" ({errors} rows with pred_error)" if errors else ""), file=sys.stderr)

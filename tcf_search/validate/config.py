@@ -1,0 +1,153 @@
+"""What one validation run is asked to do, and what it reports. No torch here: the CLI, the
+launcher and the comparison read these without the optional dependency installed."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from costmodel.specs import ModelSpec, Plan, Training
+
+Outcome = Literal["ok", "oom", "crash", "timeout", "unsupported"]
+Fault = Literal["none", "crash", "hang", "oom"]
+Device = Literal["cpu", "cuda"]
+MemorySource = Literal["cuda_max_memory_allocated", "mem_tracker", "fake_mem_tracker"]
+
+
+class ValidationError(ValueError):
+    """A validation request breaks a rule; the message names the field, the rule and the value."""
+
+
+class Unsupported(ValidationError):
+    """The harness cannot run this plan (e.g. MoE, context parallel on CPU); recorded, not fatal."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    """One plan to run for real: the model, the plan, the step's batch, and the run's knobs.
+
+    ``fault`` injects a failure into rank ``world_size - 1`` so tests can check that an OOM, a
+    crash or a hang is recorded as the plan's outcome. ``memory_limit_bytes`` caps each CPU rank's
+    heap (RLIMIT_DATA) so that a CPU run can meet a real out-of-memory error.
+    """
+
+    model: ModelSpec
+    plan: Plan
+    training: Training
+    steps: int = 3
+    warmup: int = 1
+    device: Device = "cpu"
+    seed: int = 0
+    track_memory: bool = True
+    fault: Fault = "none"
+    memory_limit_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise ValidationError(f"steps must be >= 1, but got steps={self.steps}")
+        if self.warmup < 0:
+            raise ValidationError(f"warmup must be >= 0, but got warmup={self.warmup}")
+        check_supported(self.model, self.plan, self.training, self.device)
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.world_size
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> RunConfig:
+        raw = json.loads(text)
+        return cls(**{**raw, "model": ModelSpec(**raw["model"]), "plan": Plan(**raw["plan"]),
+                      "training": Training(**raw["training"])})
+
+
+def micro_batches(plan: Plan, training: Training) -> int:
+    """Micro-batches per optimizer step per data-parallel rank."""
+    per_rank, rest = divmod(training.global_batch, plan.dp * plan.micro_batch)
+    if rest or per_rank < 1:
+        raise ValidationError(
+            "training.global_batch % (plan.dp * plan.micro_batch) == 0 must hold, but got "
+            f"global_batch={training.global_batch}, dp={plan.dp}, micro_batch={plan.micro_batch}")
+    return per_rank
+
+
+def check_supported(model: ModelSpec, plan: Plan, training: Training, device: str) -> None:
+    """Raise ``Unsupported`` for what the harness does not build, ``ValidationError`` for plans
+    that are not valid arithmetic for this model."""
+    if model.is_moe or plan.ep > 1:
+        raise Unsupported("model.moe_experts > 0 / plan.ep > 1: the harness builds dense models")
+    if plan.cp > 1 and device != "cuda":
+        raise Unsupported(f"plan.cp={plan.cp}: context parallel runs on GPU only")
+    if plan.cp > 1:
+        raise Unsupported(f"plan.cp={plan.cp}: context parallel is not wired into the harness yet")
+    if model.kv_heads % plan.tp:
+        raise ValidationError(f"model.kv_heads % plan.tp == 0 must hold for tensor parallel "
+                              f"attention, but got kv_heads={model.kv_heads}, tp={plan.tp}")
+    if model.ffn_hidden % plan.tp:
+        raise ValidationError(f"model.ffn_hidden % plan.tp == 0 must hold, but got "
+                              f"ffn_hidden={model.ffn_hidden}, tp={plan.tp}")
+    if plan.sequence_parallel and training.seq_len % plan.tp:
+        raise ValidationError(f"training.seq_len % plan.tp == 0 must hold with sequence "
+                              f"parallel, but got seq_len={training.seq_len}, tp={plan.tp}")
+    stages = plan.pp * plan.vpp
+    if model.layers < stages:
+        raise ValidationError(f"model.layers >= plan.pp * plan.vpp must hold, but got "
+                              f"layers={model.layers}, pp={plan.pp}, vpp={plan.vpp}")
+    if plan.pp > 1 and model.tied_embeddings:
+        raise Unsupported("model.tied_embeddings with plan.pp > 1: the tie crosses stages")
+    n_micro = micro_batches(plan, training)
+    if plan.pp > 1 and n_micro < plan.pp:
+        raise Unsupported(f"micro-batches >= plan.pp is needed by torch.distributed.pipelining "
+                          f"schedules, but got micro-batches={n_micro}, pp={plan.pp}")
+    if plan.pp > 1 and plan.schedule == "interleaved" and n_micro % plan.pp:
+        raise ValidationError(f"micro-batches % plan.pp == 0 must hold for the interleaved "
+                              f"schedule, but got micro-batches={n_micro}, pp={plan.pp}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RankReport:
+    """What one rank measured."""
+
+    rank: int
+    step_times_s: list[float]
+    losses: list[float]
+    peak_bytes: float  # tensor bytes at the peak (tracker) or max_memory_allocated (GPU)
+    reserved_bytes: float = 0.0  # GPU: max_memory_reserved
+    rss_peak_bytes: float = 0.0  # CPU: process max RSS, runtime included
+    memory_parts: dict[str, float] = field(default_factory=dict)  # tracker categories at peak
+    memory_maxima: dict[str, float] = field(default_factory=dict)  # each category's maximum
+    layer_activation_bytes: float = float("nan")  # see memory.StepMemory
+    memory_source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunResult:
+    """One plan's outcome. ``step_time_s`` is the median over timed steps of the slowest rank."""
+
+    outcome: Outcome
+    step_time_s: float = float("nan")
+    tokens_per_s_per_gpu: float = float("nan")
+    peak_bytes: float = float("nan")  # max over ranks
+    loss_first: float = float("nan")
+    loss_last: float = float("nan")
+    memory_parts: dict[str, float] = field(default_factory=dict)  # of the peak rank
+    memory_maxima: dict[str, float] = field(default_factory=dict)  # of the peak rank
+    layer_activation_bytes: float = float("nan")  # of the peak rank
+    memory_source: str = ""
+    wall_s: float = 0.0
+    error: str = ""
+    notes: list[str] = field(default_factory=list)
+    ranks: list[RankReport] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> RunResult:
+        ranks = [RankReport(**r) for r in raw.get("ranks", [])]
+        return cls(**{**raw, "ranks": ranks})

@@ -1,0 +1,210 @@
+"""Contract tests over every catalog entry, plus the loader's errors and overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import yaml
+
+from costmodel.specs import Efficiency, GpuSpec
+from hardware_catalog import (
+    CATALOG_DIR,
+    CatalogError,
+    UnknownSku,
+    get_gpu,
+    list_ids,
+    load_catalog,
+    with_overrides,
+)
+from hardware_catalog.catalog import NUMERIC_FIELDS, UNCALIBRATED_SOURCE
+
+REQUIRED_IDS = {
+    "a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb", "h100-pcie-80gb", "h100-sxm-96gb-500w",
+    "h200-sxm-141gb", "b200-180gb", "gb200-nvl72", "mi300x", "mi325x", "l40s",
+}
+WITHOUT_FP8 = {"a100-sxm-40gb", "a100-sxm-80gb"}
+GIB = 2**30
+IDS = sorted(REQUIRED_IDS)
+
+
+def _raw(sku_id: str) -> dict:
+    return yaml.safe_load((CATALOG_DIR / f"{sku_id}.yaml").read_text())
+
+
+def test_catalog_holds_every_required_sku() -> None:
+    assert REQUIRED_IDS <= set(list_ids())
+    assert list_ids() == sorted(load_catalog())
+
+
+def test_catalog_is_loaded_once() -> None:
+    assert get_gpu("h100-sxm-80gb") is get_gpu("h100-sxm-80gb")
+
+
+@pytest.mark.parametrize("sku_id", IDS)
+def test_every_number_is_positive_and_cited(sku_id: str) -> None:
+    gpu, raw = get_gpu(sku_id), _raw(sku_id)
+    assert gpu.id == sku_id and gpu.name and gpu.family
+    for field in NUMERIC_FIELDS:
+        assert getattr(gpu, field) > 0, field
+        assert len(raw[field]["source"]) > 20, f"{sku_id}.{field} source is too thin to check"
+
+
+@pytest.mark.parametrize("sku_id", IDS)
+def test_precision_peaks_are_ordered(sku_id: str) -> None:
+    gpu = get_gpu(sku_id)
+    assert gpu.peak_flops_fp16 == gpu.peak_flops_bf16  # same tensor-core rate on all of these
+    if sku_id in WITHOUT_FP8:
+        assert gpu.peak_flops_fp8 == gpu.peak_flops_bf16
+    else:
+        # Dense FP8 is twice dense BF16 on Hopper, Blackwell and CDNA3; L40S prints 733 vs 362.05.
+        assert gpu.peak_flops_fp8 == pytest.approx(2 * gpu.peak_flops_bf16, rel=0.02)
+
+
+@pytest.mark.parametrize("sku_id", IDS)
+def test_values_are_dense_unidirectional_and_in_range(sku_id: str) -> None:
+    gpu = get_gpu(sku_id)
+    # Dense bf16 of every SKU here lies between L40S (362 TF) and GB200 (2.5 PF); a sparse
+    # figure or a TFLOPS-vs-FLOPS slip would fall outside.
+    assert 300e12 <= gpu.peak_flops_bf16 <= 2.5e15
+    assert 1 <= gpu.hbm_bw_bytes_per_s / 1e12 <= 8.0 or gpu.family == "ada"
+    limit = {"ampere": 300e9, "hopper": 450e9, "ada": 32e9, "cdna3": 448e9, "blackwell": 900e9}
+    assert gpu.intra_node_bw_bytes_per_s <= limit[gpu.family]  # unidirectional: half the ads
+    assert gpu.network_bw_bytes_per_s < gpu.intra_node_bw_bytes_per_s or gpu.family == "ada"
+    assert 0 < gpu.intra_node_latency_s < gpu.network_latency_s < 1e-4
+    assert isinstance(gpu.intra_node_domain_size, int)
+
+
+@pytest.mark.parametrize("sku_id", IDS)
+def test_memory_is_reported_capacity_minus_a_reserve(sku_id: str) -> None:
+    gpu = get_gpu(sku_id)
+    assert 0 < gpu.usable_bytes < gpu.hbm_bytes
+    assert 0.5 * GIB <= gpu.memory_reserve_bytes <= 4 * GIB
+    assert 39 * GIB < gpu.hbm_bytes < 256 * GIB
+
+
+def test_worked_examples() -> None:
+    h100 = get_gpu("h100-sxm-80gb")
+    assert h100.intra_node_bw_bytes_per_s == 450e9  # NVLink4 900 GB/s bidirectional / 2
+    assert h100.network_bw_bytes_per_s == 50e9  # 400 Gb/s / 8 bits
+    assert h100.hbm_bytes == pytest.approx(79.11 * GIB)
+    assert h100.usable_bytes == pytest.approx((79.11 - 1.5) * GIB)
+    assert get_gpu("gb200-nvl72").intra_node_domain_size == 72
+    assert get_gpu("b200-180gb").intra_node_domain_size == 8
+
+
+def test_unknown_id_lists_valid_ids() -> None:
+    with pytest.raises(UnknownSku) as err:
+        get_gpu("h100")
+    assert isinstance(err.value, ValueError)
+    assert "'h100'" in str(err.value) and all(i in str(err.value) for i in REQUIRED_IDS)
+
+
+def test_uncalibrated_family_gets_prior() -> None:
+    if (CATALOG_DIR / "calibration.yaml").exists():
+        pytest.skip("the package ships a calibration")
+    assert get_gpu("l40s").efficiency == Efficiency(source=UNCALIBRATED_SOURCE)
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def test_overrides_replace_fields_and_nested_efficiency() -> None:
+    gpu = get_gpu("h100-sxm-96gb-500w")
+    new = with_overrides(gpu, {"peak_flops_bf16": 800e12, "intra_node_domain_size": 8,
+                               "efficiency": {"gemm_peak_fraction": 0.6}})
+    assert new.peak_flops_bf16 == 800e12 and new.intra_node_domain_size == 8
+    assert new.efficiency.gemm_peak_fraction == 0.6
+    assert new.efficiency.memory_bw_fraction == gpu.efficiency.memory_bw_fraction
+    assert "gemm_peak_fraction" in new.efficiency.source
+    assert gpu.peak_flops_bf16 == 989.4e12  # the catalog entry is untouched
+
+
+def test_override_unknown_key_lists_valid_keys() -> None:
+    with pytest.raises(CatalogError, match="peak_flops_bf16") as err:
+        with_overrides(get_gpu("l40s"), {"peak_tflops": 1.0})
+    assert "peak_tflops" in str(err.value)
+    with pytest.raises(CatalogError, match="gemm_peak_fraction"):
+        with_overrides(get_gpu("l40s"), {"efficiency": {"gemm_peak": 0.5}})
+
+
+@pytest.mark.parametrize("overrides", [{"hbm_bytes": 0}, {"network_bw_bytes_per_s": -1.0},
+                                       {"intra_node_domain_size": 2.5}, {"hbm_bytes": True},
+                                       {"id": "other"}])
+def test_override_rejects_bad_values(overrides: dict) -> None:
+    with pytest.raises(CatalogError, match=next(iter(overrides))):
+        with_overrides(get_gpu("mi300x"), overrides)
+
+
+# --------------------------------------------------------------------------- malformed files
+
+
+@pytest.fixture
+def tmp_catalog(tmp_path: Path) -> Path:
+    shutil.copy(CATALOG_DIR / "h100-sxm-80gb.yaml", tmp_path / "h100-sxm-80gb.yaml")
+    return tmp_path
+
+
+def _edit(path: Path, change: Callable[[dict], object]) -> None:
+    doc = yaml.safe_load(path.read_text())
+    change(doc)
+    path.write_text(yaml.safe_dump(doc))
+
+
+def test_directory_argument_loads_that_folder(tmp_catalog: Path) -> None:
+    assert list_ids(tmp_catalog) == ["h100-sxm-80gb"]
+    assert get_gpu("h100-sxm-80gb", tmp_catalog) == get_gpu("h100-sxm-80gb")
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda d: d.pop("hbm_bw_bytes_per_s"), "'hbm_bw_bytes_per_s' is missing"),
+    (lambda d: d["peak_flops_fp8"].pop("source"), r"peak_flops_fp8\.source is required"),
+    (lambda d: d["network_latency_s"].update(value=0), "network_latency_s must be > 0"),
+    (lambda d: d["hbm_bytes"].update(value_gib="lots"), "hbm_bytes.value_gib must be a number"),
+    (lambda d: d.update(family="volta"), "family must be one of"),
+    (lambda d: d.update(id="h100"), "id must equal the file name"),
+    (lambda d: d.update(peak_tflops={"value": 1, "source": "x"}), "unknown fields"),
+    (lambda d: d["intra_node_domain_size"].update(value=7.5), "must be a whole number"),
+])
+def test_malformed_file_names_file_and_field(
+        tmp_catalog: Path, change: Callable[[dict], object], message: str) -> None:
+    _edit(tmp_catalog / "h100-sxm-80gb.yaml", change)
+    with pytest.raises(CatalogError, match=message) as err:
+        load_catalog(tmp_catalog)
+    assert "h100-sxm-80gb.yaml" in str(err.value)
+
+
+def test_exponent_without_sign_is_still_a_number(tmp_catalog: Path) -> None:
+    path = tmp_catalog / "h100-sxm-80gb.yaml"
+    path.write_text(path.read_text().replace("989.4e+12", "989.4e12"))
+    assert load_catalog(tmp_catalog)["h100-sxm-80gb"].peak_flops_bf16 == 989.4e12
+
+
+def test_calibration_file_sets_family_efficiency(tmp_catalog: Path) -> None:
+    (tmp_catalog / "calibration.yaml").write_text(
+        "hopper:\n  gemm_peak_fraction: 0.81\n  source: 'fit on rows 1-40'\n")
+    gpu = load_catalog(tmp_catalog)["h100-sxm-80gb"]
+    assert gpu.efficiency.gemm_peak_fraction == 0.81
+    assert gpu.efficiency.source == "fit on rows 1-40"
+    assert gpu.efficiency.kernel_overhead_s == Efficiency().kernel_overhead_s
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("hoper:\n  gemm_peak_fraction: 0.8\n  source: x\n", "unknown family 'hoper'"),
+    ("hopper:\n  gemm_peak_fraction: 0.8\n", r"hopper\.source is required"),
+    ("hopper:\n  gemm_fraction: 0.8\n  source: x\n", "unknown keys"),
+])
+def test_bad_calibration_names_file_and_field(tmp_catalog: Path, text: str, message: str) -> None:
+    (tmp_catalog / "calibration.yaml").write_text(text)
+    with pytest.raises(CatalogError, match=message) as err:
+        load_catalog(tmp_catalog)
+    assert "calibration.yaml" in str(err.value)
+
+
+def test_specs_are_frozen() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        get_gpu("l40s").hbm_bytes = 1.0  # type: ignore[misc]
+    assert isinstance(get_gpu("l40s"), GpuSpec)

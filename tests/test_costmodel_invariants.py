@@ -1,0 +1,137 @@
+"""Invariants over parametrised grids of plans: what must hold whatever the calibration."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from costmodel import ClusterSpec, ModelSpec, Plan, Training, estimate, estimate_batch
+from costmodel import memory_terms, plans_to_arrays
+
+
+def _state(est) -> float:
+    return est.memory.peak.model_state_bytes
+
+
+@pytest.mark.parametrize("pp,zero", itertools.product([1, 2, 4], [0, 1, 2, 3]))
+def test_more_tp_never_raises_weight_bytes(h100, llama8b, pp: int, zero: int) -> None:
+    tr = Training(seq_len=4096, global_batch=64)
+    prev = float("inf")
+    dp = 4  # held fixed: TP is added on top of the other degrees
+    for tp in (1, 2, 4, 8):
+        cluster = ClusterSpec(gpu=h100, num_gpus=tp * pp * dp)
+        est = estimate(llama8b, cluster, Plan(tp=tp, pp=pp, dp=dp, zero_stage=zero), tr)
+        w = max(s.weights_bytes for s in est.memory.stages)
+        assert w <= prev
+        prev = w
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 1), (2, 1), (1, 4), (4, 2), (8, 1)])
+def test_zero_stages_order_model_states(h100, llama8b, tp: int, pp: int) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=64)
+    tr = Training(seq_len=4096, global_batch=128)
+    dp = 64 // (tp * pp)
+    states = [_state(estimate(llama8b, cluster, Plan(tp=tp, pp=pp, dp=dp, zero_stage=z), tr))
+              for z in (0, 1, 2, 3)]
+    assert states[3] <= states[2] <= states[1] <= states[0]
+    assert states[3] < states[0]
+
+
+@pytest.mark.parametrize("tp,mbs,sp", [(1, 1, False), (2, 2, True), (4, 1, False), (8, 4, True)])
+def test_full_recompute_stores_least(h100, llama8b, tp: int, mbs: int, sp: bool) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    tr = Training(seq_len=8192, global_batch=64)
+    acts = {r: estimate(llama8b, cluster, Plan(tp=tp, dp=8 // tp, micro_batch=mbs, recompute=r,
+                                               sequence_parallel=sp), tr).memory.peak.activations_bytes
+            for r in ("none", "selective", "full")}
+    assert acts["full"] < acts["selective"] <= acts["none"]
+
+
+def test_recompute_costs_compute(h100, llama8b) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    tr = Training(seq_len=4096, global_batch=64)
+    times = {r: estimate(llama8b, cluster, Plan(dp=8, zero_stage=3, recompute=r), tr)
+             for r in ("none", "full")}
+    assert times["full"].compute.time_s > times["none"].compute.time_s
+    assert times["full"].hfu > times["full"].mfu
+
+
+def test_cp1_means_no_cp_traffic(h100, llama8b) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=16)
+    tr = Training(seq_len=32768, global_batch=16)
+    est = estimate(llama8b, cluster, Plan(tp=8, dp=2, sequence_parallel=True), tr)
+    assert not [c for c in est.collectives if c.group == "cp"]
+    est_cp = estimate(llama8b, cluster, Plan(tp=8, cp=2, dp=1, sequence_parallel=True), tr)
+    cp = [c for c in est_cp.collectives if c.group == "cp"]
+    assert cp and cp[0].bytes > 0 and cp[0].tier == "network"
+
+
+def test_time_grows_with_flops(h100) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    tr = Training(seq_len=4096, global_batch=64)
+    prev = 0.0
+    for layers in (8, 16, 32, 64):
+        m = ModelSpec(layers=layers, hidden=4096, ffn_hidden=14336, heads=32, kv_heads=8,
+                      vocab=128256)
+        t = estimate(m, cluster, Plan(dp=8, zero_stage=3), tr).step_time_s
+        assert t > prev
+        prev = t
+
+
+def test_tp_across_nodes_uses_network(h100, llama8b) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=16)
+    tr = Training(seq_len=4096, global_batch=16)
+    inside = estimate(llama8b, cluster, Plan(tp=8, dp=2, sequence_parallel=True), tr)
+    across = estimate(llama8b, cluster, Plan(tp=16, dp=1, sequence_parallel=True), tr)
+    tier = {c.group: c.tier for c in inside.collectives}
+    assert tier["tp"] == "nvlink"
+    assert {c.group: c.tier for c in across.collectives}["tp"] == "network"
+
+
+def test_pipeline_bubble_shrinks_with_interleaving(h100, llama8b) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=64)
+    tr = Training(seq_len=4096, global_batch=64)
+    b1 = estimate(llama8b, cluster, Plan(tp=8, pp=8, dp=1), tr).bubble_time_s
+    b2 = estimate(llama8b, cluster, Plan(tp=8, pp=8, dp=1, vpp=2), tr).bubble_time_s
+    assert 0 < b2 < b1
+    assert estimate(llama8b, cluster, Plan(tp=8, dp=8), tr).bubble_time_s == 0
+
+
+def test_first_stage_holds_most_activations_in_1f1b(h100, llama8b) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=32)
+    est = estimate(llama8b, cluster, Plan(tp=4, pp=8, dp=1), Training(seq_len=4096, global_batch=64))
+    by = {s.stage: s.activations_bytes for s in est.memory.stages}
+    assert by["first"] > by["middle"] > by["last"]
+
+
+def test_batch_equals_scalar(h100, llama8b) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=64)
+    tr = Training(seq_len=4096, global_batch=256)
+    plans = [Plan(tp=tp, pp=pp, dp=64 // (tp * pp), zero_stage=z, micro_batch=mb, recompute=r,
+                  sequence_parallel=tp > 1, vpp=2 if pp == 4 else 1)
+             for tp, pp, z, mb, r in itertools.product((1, 2, 8), (1, 4), (0, 1, 3), (1, 2),
+                                                       ("none", "full"))]
+    batch = estimate_batch(llama8b, cluster, tr, plans_to_arrays(plans))
+    for i, plan in enumerate(plans):
+        est = estimate(llama8b, cluster, plan, tr)
+        assert batch["step_time_s"][i] == pytest.approx(est.step_time_s, rel=1e-9)
+        assert batch["peak_mem_bytes"][i] == pytest.approx(est.memory.peak_bytes, rel=1e-9)
+        assert bool(batch["fits"][i]) == est.memory.fits
+
+
+@pytest.mark.parametrize("pp,recompute,r", [(1, "none", 0), (4, "none", 0), (4, "full", 0),
+                                            (4, "full", 3), (2, "selective", 0)])
+def test_memory_terms_match_estimate(h100, llama8b, pp: int, recompute: str, r: int) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=32)
+    tr = Training(seq_len=8192, global_batch=64)
+    plan = Plan(tp=4, pp=pp, dp=32 // (4 * pp), micro_batch=1, recompute=recompute,  # type: ignore[arg-type]
+                recompute_layers=r, sequence_parallel=True, zero_stage=1)
+    est = estimate(llama8b, cluster, plan, tr)
+    terms = memory_terms(llama8b, cluster, plan, tr)
+    n = llama8b.layers // pp
+    rr = (r or n) if recompute == "full" else 0
+    for st in est.memory.stages:
+        assert terms.stage_bytes(st.stage, n, rr) == pytest.approx(st.total_bytes, rel=1e-9)
+    assert np.isfinite(terms.usable_bytes)

@@ -1,0 +1,83 @@
+"""Worked examples: numbers checked by hand in the comments."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, Training, estimate
+from costmodel.params import active_params, model_flops_per_token, total_params
+
+GIB = 2**30
+
+
+def test_llama3_8b_parameter_count(llama8b: ModelSpec) -> None:
+    # attention: 4096*4096*2 (q, o) + 2*4096*1024 (k, v) = 41.9M; MLP 3*4096*14336 = 176.2M;
+    # norms 8192 -> 218.1M per layer * 32 = 6.98B; embeddings 2*128256*4096 = 1.05B; + final norm
+    assert total_params(llama8b) == 8_030_261_248
+
+
+def test_mixtral_active_params() -> None:
+    m = ModelSpec(layers=32, hidden=4096, ffn_hidden=14336, heads=32, kv_heads=8, vocab=32000,
+                  moe_experts=8, moe_topk=2)
+    assert total_params(m) == pytest.approx(46.7e9, rel=0.01)
+    assert active_params(m) == pytest.approx(12.9e9, rel=0.01)
+
+
+def test_flops_per_token_convention(llama8b: ModelSpec) -> None:
+    # 6 * (N - embedding - norms) + 12 * L * h * s
+    n = total_params(llama8b) - 128256 * 4096 - 4096 - 32 * 8192
+    assert model_flops_per_token(llama8b, 8192) == 6 * n + 12 * 32 * 4096 * 8192
+
+
+def test_weight_bytes_of_8b_on_one_gpu(h100, llama8b: ModelSpec) -> None:
+    # bf16 weights: 8.03e9 * 2 B = 14.96 GiB; fp32 grads 29.9 GiB; Adam + master 12 B/param
+    cluster = ClusterSpec(gpu=h100, num_gpus=1)
+    est = estimate(llama8b, cluster, Plan(), Training(seq_len=1024, global_batch=1))
+    stage = est.memory.stages[0]
+    assert stage.weights_bytes / GIB == pytest.approx(8_030_261_248 * 2 / GIB, rel=1e-6)
+    assert stage.grads_bytes == pytest.approx(2 * stage.weights_bytes)
+    assert stage.optimizer_bytes == pytest.approx(6 * stage.weights_bytes)
+    assert not est.memory.fits  # 8B with Adam on one 80 GB GPU needs ~134 GiB of states
+
+
+def test_zero1_shards_optimizer_by_dp(h100, llama8b: ModelSpec) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    tr = Training(seq_len=4096, global_batch=64)
+    base = estimate(llama8b, cluster, Plan(dp=8), tr).memory.stages[0]
+    z1 = estimate(llama8b, cluster, Plan(dp=8, zero_stage=1), tr).memory.stages[0]
+    assert z1.optimizer_bytes == pytest.approx(base.optimizer_bytes / 8)
+    assert z1.weights_bytes == base.weights_bytes
+
+
+def test_invalid_plan_names_the_rule(h100, llama8b: ModelSpec) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=64)
+    with pytest.raises(SpecError, match=r"tp \* pp \* cp \* dp == num_gpus"):
+        estimate(llama8b, cluster, Plan(tp=8, pp=4, dp=3), Training(seq_len=4096, global_batch=96))
+    with pytest.raises(SpecError, match="heads % tp"):
+        estimate(llama8b, ClusterSpec(gpu=h100, num_gpus=48), Plan(tp=48),
+                 Training(seq_len=4096, global_batch=48))
+
+
+def test_result_adds_up(h100, llama8b: ModelSpec) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=64)
+    plan = Plan(tp=4, pp=4, dp=4, vpp=2, micro_batch=1, sequence_parallel=True, zero_stage=1)
+    est = estimate(llama8b, cluster, plan, Training(seq_len=8192, global_batch=256))
+    parts = (est.compute.time_s + est.comm_exposed_s + est.bubble_time_s
+             + est.compute.optimizer_time_s)
+    assert est.step_time_s == pytest.approx(parts, rel=1e-9)
+    assert est.tokens_per_s_per_gpu == pytest.approx(256 * 8192 / est.step_time_s / 64)
+    assert 0 < est.mfu <= est.hfu < 1
+    d = est.to_dict()
+    assert d["fits"] == est.memory.fits and d["peak_mem_gib"] > 0
+    assert {s.stage for s in est.memory.stages} == {"first", "middle", "last"}
+
+
+def test_costmodel_is_pure() -> None:
+    code = ("import sys, costmodel; "
+            "bad = [m for m in ('optuna','ortools','typer','yaml','pandas','torch','logging') "
+            "if m in sys.modules]; print(','.join(bad))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

@@ -1,0 +1,170 @@
+"""Each launcher's rules: the checks named in the issue refuse the plans that break them, with a
+reason quoting the values; accepted plans stay accepted; every reason template formats."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from costmodel.specs import Plan, Training
+from tcf_search.export import ExportOptions, ExportRefused, render
+from tcf_search.export.layout import Facts, facts_of, virtual_stage_layers
+from tcf_search.export.rules import RULES
+from tcf_search.planfile import PlanFile, load_plan_file
+
+PLANS = Path(__file__).parent / "golden" / "export" / "plans"
+
+
+def example(name: str) -> PlanFile:
+    return load_plan_file(PLANS / f"{name}.yaml")
+
+
+def with_plan(pf: PlanFile, **changes: Any) -> PlanFile:
+    return dataclasses.replace(pf, plan=dataclasses.replace(pf.plan, **changes))
+
+
+def with_training(pf: PlanFile, **changes: Any) -> PlanFile:
+    return dataclasses.replace(pf, training=dataclasses.replace(pf.training, **changes))
+
+
+def with_model(pf: PlanFile, **changes: Any) -> PlanFile:
+    return dataclasses.replace(pf, model=dataclasses.replace(pf.model, **changes))
+
+
+def refusal(fmt: str, pf: PlanFile, options: ExportOptions | None = None) -> str:
+    with pytest.raises(ExportRefused) as info:
+        render(fmt, pf, options)
+    assert info.value.format == fmt and info.value.reasons
+    return str(info.value)
+
+
+@pytest.mark.parametrize("fmt", sorted(RULES))
+def test_every_reason_template_formats(fmt: str) -> None:
+    f = facts_of(example("dense70b"), ExportOptions())
+    for rule in RULES[fmt]:
+        text = rule.reason.format(**f.values())
+        assert "{" not in text and text, rule.reason
+        assert rule.source
+
+
+def test_deepspeed_pipeline_engine_rejects_zero2_and_zero3() -> None:
+    pf = example("pp8b")  # tp4 pp2 dp2, accepted by DeepSpeed at ZeRO-1
+    render("deepspeed", pf)
+    for stage in (2, 3):
+        assert "rejects ZeRO-2/3" in refusal("deepspeed", with_plan(pf, zero_stage=stage))
+
+
+def test_megatron_context_parallel_needs_seq_divisible_by_2cp() -> None:
+    pf = with_plan(example("fsdp8b"), dp=32, cp=2, zero_stage=1, micro_batch=1)
+    render("megatron", pf)
+    text = refusal("megatron", with_training(pf, seq_len=4098))
+    assert "seq_length % (2*cp) == 0" in text and "seq_len=4098, cp=2" in text
+
+
+def test_megatron_experts_must_divide_by_ep() -> None:
+    pf = example("moe_ep")
+    assert "num_experts % ep == 0" in refusal("megatron", with_model(pf, moe_experts=12))
+
+
+def test_megatron_expert_parallel_is_carved_out_of_dp_times_cp() -> None:
+    pf = with_plan(example("moe_ep"), dp=4, tp=16)  # 64 GPUs, but dp*cp=4 < ep=8
+    pf = with_model(pf, heads=32, kv_heads=16)
+    assert "(dp*cp) % ep == 0" in refusal("megatron", pf)
+
+
+def test_megatron_query_groups_and_tp_must_divide_one_way() -> None:
+    pf = with_model(example("pp8b"), heads=24, kv_heads=3)  # tp=4: 3 % 4 and 4 % 3 both fail
+    text = refusal("megatron", pf)
+    assert "num_query_groups must be a multiple or a divisor of tp" in text
+    render("megatron", with_model(example("pp8b"), heads=32, kv_heads=2))  # tp % kv == 0: fine
+
+
+def test_megatron_torch_fsdp2_needs_pp1_and_ep1() -> None:
+    torch_fsdp = ExportOptions(fsdp_impl="torch")
+    render("megatron", example("fsdp8b"), torch_fsdp)
+    pp = with_plan(example("pp8b"), zero_stage=3)
+    assert "not supported with pipeline parallelism" in refusal("megatron", pp, torch_fsdp)
+    ep = with_plan(example("moe_ep"), zero_stage=3)
+    assert "not supported with expert parallelism" in refusal("megatron", ep, torch_fsdp)
+    render("megatron", pp)  # Megatron-FSDP (the default) has no such restriction encoded
+
+
+def test_megatron_has_no_gpipe_and_moe_tp_needs_sequence_parallel() -> None:
+    assert "no GPipe schedule" in refusal("megatron", with_plan(example("pp8b"),
+                                                                  pp_schedule="gpipe"))
+    no_sp = with_plan(example("moe_ep"), sequence_parallel=False)
+    assert "requires sequence parallelism" in refusal("megatron", no_sp)
+
+
+def test_megatron_uneven_stages_must_split_and_divide_by_vpp() -> None:
+    pf = example("dense70b")  # 18 | 22 | 22 | 18 with vpp 2
+    assert "divisible by vpp" in refusal("megatron", with_plan(pf, first_stage_layers=17,
+                                                                last_stage_layers=19))
+    assert "split evenly" in refusal("megatron", with_plan(pf, first_stage_layers=19))
+
+
+def test_interleaved_schedule_needs_microbatches_divisible_by_pp() -> None:
+    pf = with_training(example("dense70b"), global_batch=4 * 66)  # m = 66, pp = 4
+    assert "micro-batches % pp == 0" in refusal("megatron", pf)
+
+
+def test_nanotron_zero_0_1_only_and_lightning_style_targets_have_no_pp() -> None:
+    pf = example("pp8b")
+    render("nanotron", pf)
+    assert "ZeRO-0/1 only" in refusal("nanotron", with_plan(pf, zero_stage=2))
+    assert "no pipeline parallelism" in refusal("accelerate", pf)
+
+
+def test_nanotron_0_4_has_no_recompute_but_main_has_whole_layer_recompute() -> None:
+    pf = with_plan(example("pp8b"), recompute="full")
+    render("nanotron", pf)
+    assert "not in 0.4" in refusal("nanotron", pf, ExportOptions(target_version="0.4"))
+
+
+def test_torchtitan_0_3_refuses_ep_with_tp_but_0_2_maps_etp() -> None:
+    pf = example("moe_ep")
+    assert "folds EP" in refusal("torchtitan", pf)
+    assert "expert_tensor_parallel_degree = 2" in render(
+        "torchtitan", pf, ExportOptions(target_version="0.2"))["torchtitan.toml"]
+
+
+def test_common_world_size_and_batch_rules() -> None:
+    pf = example("pp8b")
+    bad_world = dataclasses.replace(pf, num_gpus=32)
+    bad_batch = with_training(pf, global_batch=65)
+    for fmt in RULES:
+        assert "tp*pp*cp*dp == num_gpus" in refusal(fmt, bad_world)
+        assert "global_batch % (micro_batch*dp) == 0" in refusal(fmt, bad_batch)
+
+
+def test_refusal_lists_every_broken_rule() -> None:
+    pf = with_plan(example("pp8b"), zero_stage=2, sequence_parallel=True)
+    text = refusal("deepspeed", pf)
+    assert "ZeRO-2/3" in text and "sequence parallelism" in text
+
+
+def test_one_end_pinned_takes_the_cost_models_other_end() -> None:
+    # costmodel/layout.py: an unpinned last stage holds floor(layers/pp) layers.
+    pf = with_plan(example("pp8b"), pp=4, dp=1, first_stage_layers=5)
+    f: Facts = facts_of(pf, ExportOptions())
+    # 32 layers: first 5, last floor(32/4) = 8, 19 middle layers over 2 stages does not split.
+    assert f.stage_layers == ()
+    pf = with_plan(pf, first_stage_layers=6)
+    f = facts_of(pf, ExportOptions())
+    assert f.stage_layers == (6, 9, 9, 8) and f.first == 6 and f.last == 8
+
+
+def test_virtual_stages_cover_every_layer_once() -> None:
+    f = facts_of(example("dense70b"), ExportOptions())
+    chunks = virtual_stage_layers(f)
+    assert chunks == [9, 11, 11, 9, 9, 11, 11, 9] and sum(chunks) == 80
+
+
+def test_plan_validity_is_still_the_specs_job() -> None:
+    with pytest.raises(ValueError):
+        Plan(tp=1, sequence_parallel=True)
+    with pytest.raises(ValueError):
+        Training(seq_len=0, global_batch=1)

@@ -1,0 +1,78 @@
+"""`tcf-search predict`: the measured_runs schema in, predictions out, empty knobs chosen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tcf_search.predict import CHOICE_COLUMNS, OUTPUT_COLUMNS, predict_csv
+
+HEADER = ("case_id,model_name,layers,hidden,ffn_hidden,heads,kv_heads,vocab,seq_len,ffn_type,"
+          "tied_embeddings,gpu,gpus_per_node,num_gpus,tp,pp,vpp,cp,ep,dp,zero_stage,micro_batch,"
+          "global_batch,recompute,sequence_parallel,precision,framework,status,"
+          "tokens_per_sec_per_gpu")
+LLAMA8B = "llama,32,4096,14336,32,8,128256,8192,swiglu,false,h100-sxm-80gb,8,64"
+
+
+def _write(tmp_path: Path, rows: list[str]) -> Path:
+    p = tmp_path / "cases.csv"
+    p.write_text(HEADER + "\n" + "\n".join(rows) + "\n")
+    return p
+
+
+def test_given_knobs_predicted_and_measured_columns_ignored(tmp_path: Path) -> None:
+    src = _write(tmp_path, [
+        f"a,{LLAMA8B},4,2,1,1,1,8,1,1,512,none,true,bf16,megatron,ok,123",
+        f"b,{LLAMA8B},4,2,1,1,1,8,1,1,512,none,true,bf16,megatron,oom,",
+    ])
+    out = predict_csv(src, tmp_path / "out.csv")
+    assert set(OUTPUT_COLUMNS) <= set(out.columns)
+    a, b = out.iloc[0], out.iloc[1]
+    assert a["pred_error"] is None or pd.isna(a["pred_error"])
+    assert a["pred_tokens_per_sec_per_gpu"] == b["pred_tokens_per_sec_per_gpu"]  # status ignored
+    assert a["pred_tokens_per_sec_per_gpu"] > 0 and a["pred_fits"] in ("true", "false")
+    assert pd.isna(a["pred_choice_micro_batch"])  # given, so not chosen
+    written = pd.read_csv(tmp_path / "out.csv")
+    assert list(written.columns[:5]) == HEADER.split(",")[:5]
+
+
+def test_empty_knobs_are_chosen_and_reported(tmp_path: Path) -> None:
+    src = _write(tmp_path, [f"c,{LLAMA8B},4,2,,1,1,8,,,512,,,bf16,,,"])
+    row = predict_csv(src, tmp_path / "out.csv").iloc[0]
+    assert pd.isna(row["pred_error"]) or row["pred_error"] is None
+    for col in CHOICE_COLUMNS:
+        assert not pd.isna(row[col]), col
+    assert row["pred_choice_recompute"] in ("none", "selective", "full")
+    assert int(row["pred_choice_micro_batch"]) in (1, 2, 4, 8, 16, 32, 64)
+    assert row["pred_fits"] == "true"  # a fitting choice exists for 8B on 64 H100
+
+
+def test_choice_is_the_fastest_fitting_plan(tmp_path: Path) -> None:
+    base = f"{LLAMA8B},4,2,1,1,1,8,1,{{mb}},512,none,true,bf16,,,"
+    rows = [f"m{mb}," + base.format(mb=mb) for mb in (1, 2, 4, 8)]
+    rows.append("free," + base.format(mb=""))
+    out = predict_csv(_write(tmp_path, rows), tmp_path / "out.csv")
+    fixed = out.iloc[:4]
+    fitting = fixed[fixed["pred_fits"] == "true"]
+    free = out.iloc[4]
+    assert free["pred_tokens_per_sec_per_gpu"] >= fitting["pred_tokens_per_sec_per_gpu"].max() - 1e-6
+
+
+@pytest.mark.parametrize("bad,needle", [
+    ("tp=3", "num_gpus must hold"),
+    ("gpu", "unknown"),
+    ("layers", "layers"),
+])
+def test_bad_rows_get_an_error_not_a_crash(tmp_path: Path, bad: str, needle: str) -> None:
+    good = f"ok,{LLAMA8B},4,2,1,1,1,8,1,1,512,none,true,bf16,,,"
+    if bad == "tp=3":
+        row = f"x,{LLAMA8B},3,2,1,1,1,8,1,1,512,none,true,bf16,,,"
+    elif bad == "gpu":
+        row = "x," + LLAMA8B.replace("h100-sxm-80gb", "h900") + good[len(LLAMA8B) + 3:]
+    else:
+        row = "x," + LLAMA8B.replace("llama,32,", "llama,abc,") + good[len(LLAMA8B) + 3:]
+    out = predict_csv(_write(tmp_path, [good, row]), tmp_path / "out.csv")
+    assert pd.isna(out.iloc[0]["pred_error"]) or out.iloc[0]["pred_error"] is None
+    assert needle in str(out.iloc[1]["pred_error"]).lower()
