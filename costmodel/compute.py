@@ -86,10 +86,13 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     gemm_flops_dense = 2.0 * M * (attention_params(mdl) + (n_up + f) * h) / tp
     gemm_eff = gemm_flops_dense / gemm_fwd_dense / peak
 
-    attn_flops_fwd = 4.0 * M * (s / 2.0) * a * d / tp  # causal: half the keys on average
-    attention_fwd = attn_flops_fwd / (gpu.peak_flops_bf16 * eff.attention_peak_fraction)
-    if not tr.flash_attention:  # the s x s scores are written and read (fp32 softmax)
-        attention_fwd = attention_fwd + 3.0 * 4.0 * M * s * a / tp / hbm
+    if tr.flash_attention:
+        attn_flops_fwd = 4.0 * M * (s / 2.0) * a * d / tp  # causal: half the keys on average
+        attention_fwd = attn_flops_fwd / (gpu.peak_flops_bf16 * eff.attention_peak_fraction)
+    else:  # two batched GEMMs over all s x s scores, and the scores through softmax in HBM
+        attn_flops_fwd = 4.0 * M * s * a * d / tp
+        attention_fwd = (attn_flops_fwd / (gpu.peak_flops_bf16 * eff.gemm_peak_fraction)
+                         + 4.0 * BF16 * M * s * a / tp / hbm)
 
     # elementwise traffic per token, in elements: two norms (read+write) and two residual adds
     # (2 reads + 1 write) act on the full width unless sequence parallel shards them; RoPE and the

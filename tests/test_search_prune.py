@@ -1,0 +1,188 @@
+"""Memory first: the CP-SAT placement stage agrees with brute force over every placement.
+
+A small space on a GPU with little memory makes every part matter: layouts that fit evenly,
+layouts that fit only with uneven first/last stages or with some layers recomputed, and layouts
+that cannot fit at all.
+"""
+
+from __future__ import annotations
+
+import itertools
+from functools import cache
+
+import numpy as np
+import pytest
+
+import costmodel
+from costmodel import Plan, estimate, estimate_batch, plans_to_arrays
+from search.misses import nearest_misses
+from search.placement import Placement, stages_of
+from search.prune import MemoryStage, memory_stage, plan_arrays
+from search.space import AXES, build_space, enumerate_layouts, plan_from_row
+from search.stage_memory import stage_bytes, stage_terms
+from search.study import Specs, build_specs, parse_study
+
+GIB = 2**30
+STUDY = """
+model:
+  architecture: {layers: 7, hidden: 512, ffn_hidden: 1536, heads: 8, kv_heads: 4, vocab: 32000}
+training: {seq_len: 4096, global_batch: 32}
+cluster:
+  gpu: h100-sxm-80gb
+  gpus: 16
+  gpus_per_node: 8
+  overrides: {hbm_bytes: 3.6e+9, memory_reserve_bytes: 1.0e+8}
+search_space:
+  tp: [1, 2]
+  pp: [1, 2, 3, 4]
+  cp: 1
+  vpp: [1, 2]
+  zero_stage: [0, 3]
+  micro_batch: [1, 2, 4]
+  recompute: auto
+  sequence_parallel: false
+"""
+
+
+@cache
+def setup() -> tuple[Specs, MemoryStage]:
+    study = parse_study(STUDY)
+    specs = build_specs(study)
+    space = build_space(study, specs)
+    return specs, memory_stage(specs, space, enumerate_layouts(space).columns)
+
+
+def placements(layers: int, pp: int, vpp: int, full: bool) -> list[dict[str, int]]:
+    """Every placement a Plan can express for one layout (independent of search.placement)."""
+    splits = [(0, 0)] if layers % pp == 0 else []
+    if vpp == 1 and pp == 2:
+        splits += [(f, layers - f) for f in range(1, layers)]
+    elif vpp == 1 and pp > 2:
+        splits += [(f, last) for f in range(1, layers) for last in range(1, layers)
+                   if layers - f - last >= pp - 2 and (layers - f - last) % (pp - 2) == 0]
+    recompute = range(0, layers + 1) if full else [0]
+    return [{"first_stage_layers": f, "last_stage_layers": last, "recompute_layers": r}
+            for (f, last), r in itertools.product(splits, recompute)]
+
+
+def brute_force(specs: Specs, stage: MemoryStage) -> dict[int, list[Plan]]:
+    """Layout index -> every plan of it that the cost model says fits."""
+    rows, plans = [], []
+    for i in range(len(stage.cols["tp"])):
+        row = {a: int(stage.cols[a][i]) for a in AXES}
+        for place in placements(specs.model.layers, row["pp"], row["vpp"],
+                                row["recompute"] == 2):
+            rows.append(i)
+            plans.append(plan_from_row({**row, **place}))
+    out = estimate_batch(specs.model, specs.cluster, specs.training, plans_to_arrays(plans))
+    fitting: dict[int, list[Plan]] = {}
+    for i, plan, fits in zip(rows, plans, out["fits"], strict=True):
+        if fits:
+            fitting.setdefault(i, []).append(plan)
+    return fitting
+
+
+def proxy_key(specs: Specs, stage: MemoryStage, plan: Plan) -> tuple[int, ...]:
+    """The placement objective restated: slowest stage, recomputed layers, spread, -first."""
+    L, pp = specs.model.layers, plan.pp
+    first = plan.first_stage_layers or L // pp
+    last = plan.last_stage_layers or L // pp
+    middle = (L - first - last) // (pp - 2) if pp > 2 else first
+    if pp == 1:
+        first = middle = last = L
+    n = {"first": first, "middle": middle, "last": last}
+    r = 0
+    if plan.recompute == "full":
+        r = plan.recompute_layers or max(n[s] for s in stages_of(pp))
+    stages = stages_of(pp)
+    longest = max(4 * (3 * n[s] + min(r, n[s])) + (stage.head_units if s == stages[-1] else 0)
+                  for s in stages)
+    spread = abs(first - middle) + abs(last - middle) if pp > 2 and plan.vpp == 1 else 0
+    return longest, r, spread, -first, -middle
+
+
+def test_screen_and_cpsat_equal_brute_force_filtering() -> None:
+    specs, stage = setup()
+    fitting = brute_force(specs, stage)
+    n = len(stage.cols["tp"])
+    cpsat = np.array([stage.place(i) is not None for i in range(n)])
+    truth = np.array([i in fitting for i in range(n)])
+    assert 0 < truth.sum() < n, "the space must mix layouts that fit and that do not"
+    assert (stage.feasible == truth).all(), np.flatnonzero(stage.feasible != truth)
+    assert (cpsat == truth).all(), np.flatnonzero(cpsat != truth)
+
+
+def test_cpsat_placement_fits_and_is_optimal() -> None:
+    specs, stage = setup()
+    fitting = brute_force(specs, stage)
+    uneven = partial = 0
+    for i, plans in fitting.items():
+        placement = stage.place(i)
+        assert placement is not None
+        row = {a: int(stage.cols[a][i]) for a in AXES}
+        row.update(placement.plan_fields(specs.model.layers, row["pp"], row["recompute"] == 2))
+        plan = plan_from_row(row)
+        assert estimate(specs.model, specs.cluster, plan, specs.training).memory.fits
+        best = min(proxy_key(specs, stage, p) for p in plans)
+        assert proxy_key(specs, stage, plan) == best, (plan, best)
+        uneven += bool(plan.first_stage_layers)
+        partial += bool(plan.recompute_layers)
+    # the space exercises what CP-SAT decides
+    assert uneven > 0 and partial > 0
+
+
+def test_layouts_that_fit_only_when_cpsat_moves_layers() -> None:
+    specs, stage = setup()
+    fitting = brute_force(specs, stage)
+    only_uneven = [i for i, plans in fitting.items()
+                   if all(p.first_stage_layers for p in plans)]
+    assert only_uneven, "some layouts fit only with uneven first/last stages"
+    for i in only_uneven:
+        assert stage.place(i) is not None and stage.feasible[i]
+
+
+def test_vectorised_twin_equals_cpsat() -> None:
+    specs, stage = setup()
+    index = np.flatnonzero(stage.feasible)
+    rows, ok = stage.place_many(index)
+    assert ok.all()
+    for i, row in zip(index, rows, strict=True):
+        assert stage.place(int(i)) == Placement(*(int(x) for x in row))
+
+
+def test_stage_terms_equal_the_cost_models_memory_terms() -> None:
+    specs, stage = setup()
+    cols = plan_arrays(stage.cols)
+    terms = stage_terms(specs, cols)
+    for i in range(0, len(cols["tp"]), 7):
+        plan = plan_from_row({a: int(stage.cols[a][i]) for a in AXES})
+        ref = costmodel.memory_terms(specs.model, specs.cluster, plan, specs.training)
+        one = terms.take(i)
+        for s in stages_of(plan.pp):
+            for n, r in ((1, 0), (3, 1), (2, 2)):
+                assert float(stage_bytes(one, s, np.asarray(n), np.asarray(r))) == \
+                    pytest.approx(ref.stage_bytes(s, n, r), rel=1e-12)
+
+
+def test_nearest_misses_explain_in_gib() -> None:
+    study = parse_study(STUDY.replace("3.6e+9", "1.0e+9"))
+    specs = build_specs(study)
+    space = build_space(study, specs)
+    stage = memory_stage(specs, space, enumerate_layouts(space).columns)
+    assert not stage.feasible.any()
+    misses = nearest_misses(stage, specs, headroom_gib=0.0, count=3)
+    assert len(misses) == 3
+    ratios = [m["needs_gib"] / m["usable_gib"] for m in misses]
+    assert all(r > 1 for r in ratios)
+    assert misses[0]["reason"].startswith(f"needs {misses[0]['needs_gib']:.1f} GiB of ")
+    assert "activations" in misses[0]["reason"]
+
+
+def test_headroom_shrinks_the_feasible_set() -> None:
+    study = parse_study(STUDY)
+    specs = build_specs(study)
+    space = build_space(study, specs)
+    cols = enumerate_layouts(space).columns
+    loose = memory_stage(specs, space, cols).feasible
+    tight = memory_stage(specs, space, cols, headroom_gib=0.5).feasible
+    assert tight.sum() < loose.sum() and not (tight & ~loose).any()

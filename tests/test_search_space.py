@@ -1,0 +1,137 @@
+"""The search space generates exactly the valid layouts, and the search never emits an invalid
+plan."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import optuna
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodel import Plan, check_plan
+from search.pipeline import RunOptions, run_study
+from search.space import AXES, DERIVED, SearchSpace, build_space, enumerate_layouts, violations
+from search.study import build_specs, parse_study
+
+
+def tiny_study(gpus: int = 16, extra: str = "", layers: int = 6, seq: int = 512,
+               batch: int = 32) -> str:
+    return f"""
+model:
+  architecture: {{layers: {layers}, hidden: 256, ffn_hidden: 512, heads: 8, kv_heads: 4,
+                 vocab: 1000, moe: {{experts: 4, topk: 2}}}}
+training: {{seq_len: {seq}, global_batch: {batch}}}
+cluster: {{gpu: h100-sxm-80gb, gpus: {gpus}, gpus_per_node: 4}}
+search_space:
+  cp: auto
+  vpp: [1, 2, 3]
+  micro_batch: [1, 2, 4]
+  pp_schedule: [1f1b, gpipe]
+{extra}
+"""
+
+
+def valid_by_hand(s: SearchSpace, v: dict[str, int]) -> bool:
+    """The validity rules restated independently of ``search.space``."""
+    tp, pp, cp, ep, vpp = v["tp"], v["pp"], v["cp"], v["ep"], v["vpp"]
+    if s.num_gpus % (tp * pp * cp):
+        return False
+    dp = s.num_gpus // (tp * pp * cp)
+    return all([
+        s.heads % tp == 0 and (s.kv_heads % tp == 0 or tp % s.kv_heads == 0),
+        not s.tp_in_node or s.nvlink_domain % tp == 0,
+        pp <= s.layers and (s.uneven_pipeline or s.layers % pp == 0),
+        cp == 1 or s.seq_len % (2 * cp) == 0,
+        dp in s.domains["dp"],
+        ep == 1 or (s.experts % ep == 0 and (dp * cp) % ep == 0),
+        vpp == 1 or (pp > 1 and s.layers % (pp * vpp) == 0),
+        s.global_batch % (v["micro_batch"] * dp) == 0,
+        v["zero_stage"] == 0 or dp * cp > 1,
+        v["sequence_parallel"] == 0 or tp > 1,
+        v["pp_schedule"] == 0 or (vpp == 1 and pp > 1),
+    ])
+
+
+def brute_force(s: SearchSpace) -> set[tuple[int, ...]]:
+    axes = [a for a in AXES if a != DERIVED]
+    out = set()
+    for combo in itertools.product(*(s.domains[a] for a in axes)):
+        v = dict(zip(axes, combo, strict=True))
+        if valid_by_hand(s, v):
+            v["dp"] = s.num_gpus // (v["tp"] * v["pp"] * v["cp"])
+            out.add(tuple(v[a] for a in AXES))
+    return out
+
+
+def enumerated(s: SearchSpace) -> set[tuple[int, ...]]:
+    layouts = enumerate_layouts(s)
+    rows = set(zip(*(layouts.columns[a].tolist() for a in AXES), strict=True))
+    assert len(rows) == len(layouts), "no layout twice"
+    assert sum(layouts.pruned_by.values()) + len(layouts) == s.size, "every combination counted"
+    return rows
+
+
+def test_enumeration_equals_brute_force_filtering() -> None:
+    study = parse_study(tiny_study(extra="  uneven_pipeline: false"))
+    space = build_space(study, build_specs(study))
+    expected = brute_force(space)
+    assert 0 < len(expected) < space.size
+    assert enumerated(space) == expected
+
+
+@settings(max_examples=25, deadline=None)
+@given(gpus=st.sampled_from([1, 2, 4, 6, 8, 12, 16]), layers=st.integers(1, 12),
+       seq=st.sampled_from([64, 96, 512]), batch=st.sampled_from([6, 8, 16, 24]),
+       in_node=st.booleans(), uneven=st.booleans())
+def test_enumeration_equals_brute_force_on_random_spaces(gpus: int, layers: int, seq: int,
+                                                         batch: int, in_node: bool,
+                                                         uneven: bool) -> None:
+    extra = f"  tp_in_node: {str(in_node).lower()}\n  uneven_pipeline: {str(uneven).lower()}"
+    study = parse_study(tiny_study(gpus=gpus if gpus <= 4 else gpus - gpus % 4, extra=extra,
+                                   layers=layers, seq=seq, batch=batch))
+    space = build_space(study, build_specs(study))
+    got = enumerated(space)
+    assert got == brute_force(space)
+
+
+def test_rules_attribute_pruning_to_tp_pp_cells() -> None:
+    study = parse_study(tiny_study())
+    space = build_space(study, build_specs(study))
+    layouts = enumerate_layouts(space)
+    by_cell = sum(n for cell in layouts.cell_pruned.values() for n in cell.values())
+    assert by_cell == sum(layouts.pruned_by.values())
+
+
+def test_search_never_emits_an_invalid_plan(tmp_path: Path) -> None:
+    study = parse_study(tiny_study(extra="  tp_in_node: false"), name="tiny-space")
+    specs = build_specs(study)
+    space = build_space(study, specs)
+    result = run_study(study, RunOptions(out_dir=tmp_path, trials=40, exhaustive=True))
+    assert result.top, "something fits"
+    stored = optuna.load_study(study_name="tiny-space", storage=_journal(tmp_path))
+    plans = [t.user_attrs["plan"] for t in stored.get_trials()]
+    plans += [r.to_dict()["plan"] for r in result.top]
+    assert len(plans) > 10
+
+    for raw in plans:
+        plan = Plan(**raw)
+        check_plan(specs.model, specs.cluster, plan, specs.training)  # raises if invalid
+        assert violations(space, plan) == [], raw
+    for r in result.top:
+        assert r.predicted["fits"] and r.predicted["peak_mem_gib"] <= r.predicted["usable_mem_gib"]
+
+
+def _journal(path: Path) -> optuna.storages.BaseStorage:
+    from search.optimize import StorageSpec
+
+    return StorageSpec.parse(None, path).open()
+
+
+def test_domains_follow_the_study() -> None:
+    study = parse_study(tiny_study(extra="  tp: [2]\n  zero_stage: 1"))
+    space = build_space(study, build_specs(study))
+    cols = enumerate_layouts(space).columns
+    assert set(np.unique(cols["tp"])) == {2} and set(np.unique(cols["zero_stage"])) == {1}
