@@ -10,7 +10,8 @@ reaches ``gemm_peak_fraction * x / (x + gemm_half_size)`` of peak, and never run
 operands stream from HBM. Flash attention (Dao, 2023) runs at ``attention_peak_fraction`` with
 causal masking halving the work, its backward doing 2.5x the forward's FLOPs. Elementwise kernels
 (norms, residual adds, RoPE, activation functions, casts) are memory bound. Every kernel also
-pays ``kernel_overhead_s``. With fp8, GEMMs run at the fp8 peak and pay a cast of their inputs.
+pays ``kernel_overhead_s``. With fp8, GEMMs run at the fp8 peak and pay the casts of their inputs
+and weights.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     def gemm(n: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
         n_arr, k_arr = np.broadcast_to(n, M.shape), np.broadcast_to(k, M.shape)
         t = _gemm_time(M, n_arr, k_arr, peak, cluster, in_bytes)
-        if fp8:  # quantize the activation input (read bf16, write fp8)
-            t = t + 3.0 * M * k_arr / hbm
+        if fp8:  # quantize the input and the weight (read bf16, write fp8; Transformer Engine
+            # casts weights every micro-batch) plus the amax reductions that pick the scales
+            t = t + 3.0 * (M * k_arr + k_arr * n_arr) / hbm + 2.0 * eff.kernel_overhead_s
         return t
 
     qkv = gemm((a + 2 * g) * d / tp, float(h))

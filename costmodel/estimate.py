@@ -4,13 +4,11 @@ columns in, columns out; and the linear memory terms the CP-SAT stage places lay
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import numpy as np
 
 from costmodel import comm
-from costmodel.layout import STAGES, inflight_micro_batches, micro_batches
-from costmodel.memory import coefficients
+from costmodel.layout import STAGES
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 from costmodel.result import (
     Collective,
@@ -138,81 +136,3 @@ def estimate(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
     check_plan(model, cluster, plan, training)
     p = as_plan_arrays(plans_to_arrays([plan]))
     return _to_result(evaluate(model, cluster, training, p), cluster, plan, training)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MemoryTerms:
-    """Per-GPU bytes of a stage holding n layers, r of them fully recomputed:
-    ``fixed[stage] + n*state_bytes_per_layer + inflight[stage]*((n-r)*act + r*ckpt)
-    + (r > 0 or always)*working`` for the forward/backward peak, and
-    ``opt_fixed[stage] + n*opt_bytes_per_layer`` for the optimizer-step peak. A stage fits when
-    both are ``<= usable_bytes``. ``act_bytes_per_layer`` is for layers that are not fully
-    recomputed (under the plan's recompute mode when it is not 'full', else none at all).
-    """
-
-    fixed_bytes: dict[str, float]
-    inflight: dict[str, float]
-    state_bytes_per_layer: float
-    act_bytes_per_layer: float
-    ckpt_bytes_per_layer: float
-    recompute_working_bytes: float
-    opt_fixed_bytes: dict[str, float]
-    opt_bytes_per_layer: float
-    usable_bytes: float
-
-    def stage_bytes(self, stage: str, n: int, r: int) -> float:
-        fwd_bwd = (self.fixed_bytes[stage] + n * self.state_bytes_per_layer
-                   + self.inflight[stage] * ((n - r) * self.act_bytes_per_layer
-                                             + r * self.ckpt_bytes_per_layer)
-                   + self.recompute_working_bytes)
-        opt = self.opt_fixed_bytes[stage] + n * self.opt_bytes_per_layer
-        return max(fwd_bwd, opt)
-
-
-def memory_terms(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
-                 training: Training) -> MemoryTerms:
-    """Coefficients of per-stage memory, linear in layers placed and layers recomputed.
-
-    Exact: for any placement, :meth:`MemoryTerms.stage_bytes` equals the stage total that
-    :func:`estimate` reports (the allocator overhead is folded into the terms).
-    """
-    p = as_plan_arrays(plans_to_arrays([plan]))
-    co = coefficients(model, cluster, training, p)
-    mm = training.memory_model
-    frag = 1.0 + mm.allocator_fraction
-    m = micro_batches(training.global_batch, p)
-    bpp, bpp_e = co.bytes_per_param, co.expert_bytes_per_param
-    per_param = {k: _scalar(bpp[k]) for k in bpp}
-    per_param_e = {k: _scalar(bpp_e[k]) for k in bpp_e}
-    states = ("weights", "grads", "optimizer", "comm_buffer")
-    state_layer = (_scalar(co.dense_params_per_layer) * sum(per_param[k] for k in states)
-                   + _scalar(co.expert_params_per_layer) * sum(per_param_e[k] for k in states))
-    embed = _scalar(co.embed_params)
-    pp1 = plan.pp == 1
-    head_first = pp1 and not model.tied_embeddings
-    head_last = (not pp1) or not model.tied_embeddings
-    extra = {"first": embed * (1 + head_first), "middle": 0.0, "last": embed * head_last}
-    if pp1:
-        extra["last"] = extra["first"]
-    logits = _scalar(co.logits)
-    has_logits = {"first": pp1, "middle": False, "last": True}
-    gather = _scalar(co.gather_buffer)
-    state_pp = sum(per_param[k] for k in states)
-    fixed = {st: extra[st] * state_pp + frag * (gather + (logits if has_logits[st] else 0.0))
-             + mm.allocator_const_bytes for st in STAGES}
-    opt_fixed = {st: extra[st] * (state_pp + per_param["opt_buffer"])
-                 + mm.allocator_const_bytes for st in STAGES}
-    opt_layer = state_layer + (_scalar(co.dense_params_per_layer) * per_param["opt_buffer"]
-                               + _scalar(co.expert_params_per_layer) * per_param_e["opt_buffer"])
-    act = _scalar(co.working) if plan.recompute == "full" else _scalar(co.act_per_layer)
-    return MemoryTerms(
-        fixed_bytes=fixed,
-        inflight={st: _scalar(inflight_micro_batches(p, m, st)) for st in STAGES},
-        state_bytes_per_layer=state_layer,
-        act_bytes_per_layer=frag * act,
-        ckpt_bytes_per_layer=frag * _scalar(co.ckpt_per_layer),
-        recompute_working_bytes=frag * _scalar(co.working),
-        opt_fixed_bytes=opt_fixed,
-        opt_bytes_per_layer=opt_layer,
-        usable_bytes=cluster.gpu.usable_bytes,
-    )

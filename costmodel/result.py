@@ -128,7 +128,7 @@ class StepEstimate:
             return "memory"
         shares = {"compute": self.compute.time_s + self.compute.optimizer_time_s,
                   "communication": self.comm_exposed_s, "bubble": self.bubble_time_s}
-        return max(shares, key=lambda k: shares[k])  # type: ignore[return-value]
+        return max(shares, key=lambda k: shares[k])  # type: ignore[arg-type, return-value]
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)

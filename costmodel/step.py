@@ -246,7 +246,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
 
     return StepArrays(
         stages=stages, stage_layers={st: layers.of(st) for st in STAGES},
-        usable_bytes=cluster.gpu.usable_bytes, model_flops=model_flops,
+        usable_bytes=cluster.gpu.usable_bytes, model_flops=np.full_like(step, model_flops),
         hardware_flops=hardware_flops, compute_s=compute_s, recompute_s=m * rec_mb,
         optimizer_s=opt_s, bubble_s=bubble, gemm_efficiency=lt.gemm_efficiency,
         collectives=collectives, step_time_s=step, tokens_per_step=tokens, num_gpus=n_gpus,

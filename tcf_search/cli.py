@@ -19,6 +19,7 @@ import typer
 from rich.console import Console
 
 from tcf_search.export.cli import export_cmd
+from tcf_search.predict import predict_cmd
 
 PROJECT_PACKAGES = ("costmodel", "search", "hardware_catalog", "tcf_search")
 DEFAULT_RUNS_DIR = Path("runs")
@@ -158,6 +159,7 @@ def catalog_show(
 
 # Commands of other areas, one line each.
 app.command("export")(export_cmd)
+app.command("predict")(predict_cmd)
 
 
 def _is_project_error(exc: BaseException) -> bool:

@@ -45,7 +45,7 @@ def load_groups(frame: pd.DataFrame) -> tuple[list[Group], pd.Series]:
     buckets: dict[tuple, tuple[ModelSpec, ClusterSpec, Training, list[int], list, str]] = {}
     for pos, row in enumerate(frame.to_dict("records")):
         try:
-            case = case_from_row(row)
+            case = case_from_row({str(k): v for k, v in row.items()})
             check_plan(case.model, case.cluster, case.plan, case.training)
         except (CaseError, ValueError) as e:
             errors.iloc[pos] = str(e)
@@ -85,5 +85,5 @@ def predict_groups(groups: list[Group], n_rows: int,
 
 def with_training(groups: list[Group], framework: str, **changes: object) -> list[Group]:
     """The groups of one framework with Training fields changed (for fitting its profile)."""
-    return [replace(g, training=replace(g.training, **changes)) if g.framework == framework
-            else g for g in groups]  # type: ignore[arg-type]
+    return [replace(g, training=replace(g.training, **changes))  # type: ignore[arg-type]
+            if g.framework == framework else g for g in groups]

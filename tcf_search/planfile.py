@@ -59,7 +59,8 @@ def _build(cls: type, section: str, raw: Any) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - names)
     if unknown:
-        raise PlanFileError(f"{section}.{unknown[0]}: unknown key (valid: {', '.join(sorted(names))})")
+        valid = ", ".join(sorted(names))
+        raise PlanFileError(f"{section}.{unknown[0]}: unknown key (valid: {valid})")
     try:
         return cls(**raw)
     except TypeError as e:

@@ -9,11 +9,15 @@ choice is reported in ``pred_choice_<knob>``. A row the model cannot handle gets
 from __future__ import annotations
 
 import itertools
+import json
+import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Annotated, Any
 
 import numpy as np
 import pandas as pd
+import typer
 
 from costmodel.estimate import check_plan, estimate_batch
 from costmodel.plans import plans_to_arrays
@@ -40,7 +44,7 @@ def candidates(case: Case) -> list[Plan]:
     p, m, tr = case.plan, case.model, case.training
     given = case.given
     per_dp = tr.global_batch // p.dp if tr.global_batch % p.dp == 0 else 1
-    axes: dict[str, list[object]] = {
+    axes: dict[str, list[Any]] = {
         "micro_batch": [p.micro_batch] if "micro_batch" in given else _divisors(per_dp, 64),
         "recompute": [p.recompute] if "recompute" in given else ["none", "selective", "full"],
         "zero_stage": [p.zero_stage] if "zero_stage" in given else [0, 1, 2, 3],
@@ -75,7 +79,7 @@ def predict_frame(frame: pd.DataFrame) -> pd.DataFrame:
     groups: dict[tuple, list[tuple[int, Case, list[Plan]]]] = {}
     for i, row in enumerate(frame.to_dict("records")):
         try:
-            case = case_from_row(row)
+            case = case_from_row({str(k): v for k, v in row.items()})
             plans = candidates(case)
             if not plans:
                 check_plan(case.model, case.cluster, case.plan, case.training)
@@ -120,7 +124,7 @@ def predict_frame(frame: pd.DataFrame) -> pd.DataFrame:
                     cols[f"pred_choice_{knob}"][i] = (str(v).lower() if isinstance(v, bool)
                                                       else v)
     for k, v in cols.items():
-        out[k] = v
+        out[k] = pd.Series(v, index=out.index, dtype=object)
     return out
 
 
@@ -134,17 +138,13 @@ def predict_csv(src: Path, dst: Path) -> pd.DataFrame:
 
 
 def predict_cmd(
-    cases: Path,
-    output: Path,
-    force: bool = False,
-    json_out: bool = False,
+    cases: Annotated[Path, typer.Argument(help="CSV in the measured_runs.csv schema.",
+                                          show_default=False)],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the CSV.")],
+    force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="A JSON summary on stdout.")] = False,
 ) -> None:
     """Predict every row of CASES.csv (measured_runs.csv schema) into OUT.csv."""
-    import json
-    import sys
-
-    import typer
-
     if not cases.is_file():
         typer.echo(f"error: CASES.csv: no such file: {cases}", err=True)
         raise typer.Exit(2)

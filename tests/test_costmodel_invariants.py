@@ -7,8 +7,16 @@ import itertools
 import numpy as np
 import pytest
 
-from costmodel import ClusterSpec, ModelSpec, Plan, Training, estimate, estimate_batch
-from costmodel import memory_terms, plans_to_arrays
+from costmodel import (
+    ClusterSpec,
+    ModelSpec,
+    Plan,
+    Training,
+    estimate,
+    estimate_batch,
+    memory_terms,
+    plans_to_arrays,
+)
 
 
 def _state(est) -> float:
@@ -43,9 +51,11 @@ def test_zero_stages_order_model_states(h100, llama8b, tp: int, pp: int) -> None
 def test_full_recompute_stores_least(h100, llama8b, tp: int, mbs: int, sp: bool) -> None:
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
     tr = Training(seq_len=8192, global_batch=64)
-    acts = {r: estimate(llama8b, cluster, Plan(tp=tp, dp=8 // tp, micro_batch=mbs, recompute=r,
-                                               sequence_parallel=sp), tr).memory.peak.activations_bytes
-            for r in ("none", "selective", "full")}
+    acts = {}
+    for r in ("none", "selective", "full"):
+        plan = Plan(tp=tp, dp=8 // tp, micro_batch=mbs, recompute=r,  # type: ignore[arg-type]
+                    sequence_parallel=sp)
+        acts[r] = estimate(llama8b, cluster, plan, tr).memory.peak.activations_bytes
     assert acts["full"] < acts["selective"] <= acts["none"]
 
 
@@ -101,7 +111,8 @@ def test_pipeline_bubble_shrinks_with_interleaving(h100, llama8b) -> None:
 
 def test_first_stage_holds_most_activations_in_1f1b(h100, llama8b) -> None:
     cluster = ClusterSpec(gpu=h100, num_gpus=32)
-    est = estimate(llama8b, cluster, Plan(tp=4, pp=8, dp=1), Training(seq_len=4096, global_batch=64))
+    tr = Training(seq_len=4096, global_batch=64)
+    est = estimate(llama8b, cluster, Plan(tp=4, pp=8, dp=1), tr)
     by = {s.stage: s.activations_bytes for s in est.memory.stages}
     assert by["first"] > by["middle"] > by["last"]
 

@@ -57,7 +57,8 @@ def test_choice_is_the_fastest_fitting_plan(tmp_path: Path) -> None:
     fixed = out.iloc[:4]
     fitting = fixed[fixed["pred_fits"] == "true"]
     free = out.iloc[4]
-    assert free["pred_tokens_per_sec_per_gpu"] >= fitting["pred_tokens_per_sec_per_gpu"].max() - 1e-6
+    best_fixed = fitting["pred_tokens_per_sec_per_gpu"].max()
+    assert free["pred_tokens_per_sec_per_gpu"] >= best_fixed - 1e-6
 
 
 @pytest.mark.parametrize("bad,needle", [

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
-from tcf_search.validate.config import RunResult
+from tcf_search.validate.config import RunResult, normalized_training
 
 GIB = 2**30
 PARTS = ("weights", "grads", "optimizer", "activations")
@@ -117,7 +117,8 @@ def make_row(rank: int, plan: Plan, predicted: dict[str, Any], result: RunResult
 
 def rank_agreement(rows: Sequence[Row]) -> float:
     """Spearman's rho of predicted against measured step time over the plans that ran."""
-    ok = [r for r in rows if r.outcome == "ok"]
+    ok = [r for r in rows if r.outcome == "ok" and math.isfinite(r.measured_step_time_s)
+          and math.isfinite(r.predicted_step_time_s)]
     return spearman([r.predicted_step_time_s for r in ok], [r.measured_step_time_s for r in ok])
 
 
@@ -129,12 +130,12 @@ def predicted_parts(model: ModelSpec, cluster: ClusterSpec, plan: Plan, training
     module docstring)."""
     from costmodel import estimate
 
-    tr = dataclasses.replace(training, master_weights=False)
+    tr = dataclasses.replace(normalized_training(training), master_weights=False)
     est = estimate(model, cluster, plan, tr)
     mem = next((s for s in est.memory.stages if s.stage == stage), est.memory.peak)
     return {"weights": 2.0 * mem.weights_bytes, "grads": mem.grads_bytes,
             "optimizer": mem.optimizer_bytes, "activations": mem.activations_bytes,
-            "buffers": mem.buffers_bytes, "layers": float(mem.layers)}
+            "buffers": mem.buffers_bytes}
 
 
 def measured_parts(maxima: dict[str, float], layer_activations: float) -> dict[str, float]:

@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from costmodel.specs import ModelSpec, Plan, Training
+from costmodel.specs import MemoryModel, ModelSpec, Plan, Training
 
 Outcome = Literal["ok", "oom", "crash", "timeout", "unsupported"]
 Fault = Literal["none", "crash", "hang", "oom"]
@@ -62,7 +62,15 @@ class RunConfig:
     def from_json(cls, text: str) -> RunConfig:
         raw = json.loads(text)
         return cls(**{**raw, "model": ModelSpec(**raw["model"]), "plan": Plan(**raw["plan"]),
-                      "training": Training(**raw["training"])})
+                      "training": normalized_training(Training(**raw["training"]))})
+
+
+def normalized_training(training: Training) -> Training:
+    """``Training`` with its nested ``memory_model`` rebuilt when a loader left it a mapping."""
+    mm = training.memory_model
+    if isinstance(mm, dict):
+        return dataclasses.replace(training, memory_model=MemoryModel(**mm))
+    return training
 
 
 def micro_batches(plan: Plan, training: Training) -> int:

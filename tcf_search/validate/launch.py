@@ -43,25 +43,21 @@ def _env(rank: int, world: int, port: int) -> dict[str, str]:
     return env
 
 
-def launch(cfg: RunConfig, *, timeout_s: float = 300.0, work_dir: Path | None = None) -> RunResult:
-    """Run ``cfg`` on ``cfg.world_size`` local ranks and wait for all of them, or kill them."""
-    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="tcf-validate-"))
-    work.mkdir(parents=True, exist_ok=True)
-    for stale in [*work.glob("rank-*.json"), *work.glob("failed-*.json")]:
-        stale.unlink()
-    (work / "config.json").write_text(cfg.to_json())
-    world, port = cfg.world_size, free_port()
-    cmd = [sys.executable, "-m", "tcf_search.validate.worker", str(work / "config.json"),
-           str(work)]
+def spawn_ranks(cmd: list[str], world: int, work: Path, timeout_s: float,
+                extra_env: dict[str, str] | None = None) -> tuple[list[int], bool, float]:
+    """Start ``world`` copies of ``cmd`` as ranks of one process group and wait for all of
+    them; the first failure or the timeout kills the whole group. Returns (exit codes,
+    timed out, wall seconds); rank r's output is in ``work/log-<r>.txt``."""
+    port = free_port()
     procs: list[subprocess.Popen[bytes]] = []
     start = time.monotonic()
     for rank in range(world):
         log = (work / f"log-{rank}.txt").open("wb")
-        group = {"process_group": 0 if rank == 0 else procs[0].pid}
-        procs.append(subprocess.Popen(cmd, env=_env(rank, world, port), stdout=log,
-                                      stderr=subprocess.STDOUT, cwd=REPO_ROOT, **group))
+        env = {**_env(rank, world, port), **(extra_env or {})}
+        group = 0 if rank == 0 else procs[0].pid
+        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                      cwd=REPO_ROOT, process_group=group))
         log.close()
-    pgid = procs[0].pid
     timed_out = False
     while True:
         codes = [p.poll() for p in procs]
@@ -71,10 +67,21 @@ def launch(cfg: RunConfig, *, timeout_s: float = 300.0, work_dir: Path | None = 
             timed_out = True
             break
         time.sleep(POLL_S)
-    kill_group(pgid)
-    codes = [p.wait() for p in procs]
-    return collect(work, codes, cfg, timed_out=timed_out, timeout_s=timeout_s,
-                   wall_s=time.monotonic() - start)
+    kill_group(procs[0].pid)
+    return [p.wait() for p in procs], timed_out, time.monotonic() - start
+
+
+def launch(cfg: RunConfig, *, timeout_s: float = 300.0, work_dir: Path | None = None) -> RunResult:
+    """Run ``cfg`` on ``cfg.world_size`` local ranks and wait for all of them, or kill them."""
+    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="tcf-validate-"))
+    work.mkdir(parents=True, exist_ok=True)
+    for stale in [*work.glob("rank-*.json"), *work.glob("failed-*.json")]:
+        stale.unlink()
+    (work / "config.json").write_text(cfg.to_json())
+    cmd = [sys.executable, "-m", "tcf_search.validate.worker", str(work / "config.json"),
+           str(work)]
+    codes, timed_out, wall_s = spawn_ranks(cmd, cfg.world_size, work, timeout_s)
+    return collect(work, codes, cfg, timed_out=timed_out, timeout_s=timeout_s, wall_s=wall_s)
 
 
 def kill_group(pgid: int) -> None:

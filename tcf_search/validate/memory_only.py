@@ -21,12 +21,13 @@ import dataclasses
 import json
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from costmodel.specs import ModelSpec, Plan, Training
-from tcf_search.validate.config import check_supported
+from tcf_search.validate.config import check_supported, normalized_training
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -152,23 +153,29 @@ def measure_memory(model: ModelSpec, plan: Plan, training: Training, *, pp_rank:
     from tcf_search.validate.steps import Stepper
 
     start = time.perf_counter()
+    warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
     rank = rank_for_stage(plan, pp_rank)
     dist.init_process_group("fake", rank=rank, world_size=plan.world_size, store=FakeStore())
     try:
         mesh = build_mesh(plan, "cpu")
         ranges = stage_layers(model.layers, plan)
         low = torch.bfloat16 if training.precision in ("bf16", "fp8") else torch.float16
-        # FSDP2 (fully_shard or replicate) casts parameters itself; plain TP autocasts.
-        sharded = plan.zero_stage >= 2 or plan.dp > 1
 
         def build(stage_id: int) -> Decoder:
             chunk = Decoder(model, training.seq_len)
             return chunk.keep_stage(ranges[stage_id], first=stage_id == 0,
                                     last=stage_id == len(ranges) - 1)
 
-        with FakeTensorMode():
-            par = parallelize(plan, mesh, build, lambda chunk: None, fake=True,
-                              param_dtype=low if sharded else None)
+        mode = FakeTensorMode()
+
+        def build_fake(stage_id: int) -> Decoder:
+            with mode:
+                return build(stage_id)
+
+        # Outside the mode: FSDP2 over a TP mesh builds device meshes from real tensors, while
+        # the fake parameters carry their mode with them.
+        par = parallelize(plan, mesh, build_fake, lambda chunk: None, fake=True, param_dtype=low)
+        with mode:
             stepper: Any
             if plan.pp > 1:
                 stepper = EmulatedPipeline(par=par, plan=plan, training=training, model=model,
@@ -176,7 +183,7 @@ def measure_memory(model: ModelSpec, plan: Plan, training: Training, *, pp_rank:
             else:
                 stepper = Stepper(par=par, plan=plan, training=training, vocab=model.vocab,
                                   device=torch.device("cpu"), seed=0, fake=True,
-                                  autocast_dtype=None if sharded else low)
+                                  autocast_dtype=None)
             for step in range(steps):
                 stepper.step(step)
             mem = measure_step(stepper, par.chunks, par.optimizer, step=steps, track=True)
@@ -196,8 +203,9 @@ def measure_memory(model: ModelSpec, plan: Plan, training: Training, *, pp_rank:
 
 def main(argv: list[str]) -> int:
     raw = json.loads(Path(argv[0]).read_text())
-    result = measure_memory(ModelSpec(**raw["model"]), Plan(**raw["plan"]),
-                            Training(**raw["training"]), pp_rank=int(raw.get("pp_rank", 0)))
+    training = normalized_training(Training(**raw["training"]))
+    result = measure_memory(ModelSpec(**raw["model"]), Plan(**raw["plan"]), training,
+                            pp_rank=int(raw.get("pp_rank", 0)))
     Path(argv[1]).write_text(json.dumps(dataclasses.asdict(result)))
     return 0
 

@@ -15,6 +15,7 @@ import resource
 import sys
 import time
 import traceback
+import warnings
 from datetime import timedelta
 from pathlib import Path
 
@@ -103,11 +104,13 @@ def _inject(cfg: RunConfig, rank: int) -> None:
 def run_rank(cfg: RunConfig, out_dir: Path) -> RankReport:
     rank = int(os.environ["RANK"])
     _inject(cfg, rank)
+    # FSDP2 warns that the root returns a view (the logits); nothing here modifies it in place.
+    warnings.filterwarnings("ignore", message=".*returned a view tensor.*")
     import torch
     import torch.distributed as dist
 
     from tcf_search.validate.memory import measure_step
-    from tcf_search.validate.parallel import build_mesh, parallelize
+    from tcf_search.validate.parallel import build_mesh, parallelize, uses_ddp
     from tcf_search.validate.steps import Stepper
 
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
@@ -126,9 +129,10 @@ def run_rank(cfg: RunConfig, out_dir: Path) -> RankReport:
     dtype = torch.bfloat16 if low_precision else None
     build, materialize = _chunk_builder(cfg, device)
     par = parallelize(cfg.plan, mesh, build, materialize, param_dtype=dtype)
-    fsdp = cfg.plan.zero_stage >= 2 or (cfg.plan.tp > 1 and cfg.plan.dp > 1)
+    # FSDP2 casts parameters itself (MixedPrecisionPolicy); DDP needs autocast.
     stepper = Stepper(par=par, plan=cfg.plan, training=cfg.training, vocab=cfg.model.vocab,
-                      device=device, autocast_dtype=None if fsdp else dtype, seed=cfg.seed)
+                      device=device, autocast_dtype=dtype if uses_ddp(cfg.plan) else None,
+                      seed=cfg.seed)
     _limit_heap(cfg.memory_limit_bytes)
 
     losses = [stepper.step(step) for step in range(cfg.warmup)]

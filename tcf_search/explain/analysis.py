@@ -1,0 +1,111 @@
+"""One plan explained in the framework's order: memory, compute, communication, then a verdict.
+
+Everything here is read off :func:`costmodel.estimate` (one :class:`StepEstimate`) and the
+plan's one-knob neighbours; nothing is re-derived. The result is a plain JSON-ready document so
+that the terminal, ``--json`` and the HTML report show the same numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from costmodel import StepEstimate, estimate
+from tcf_search.explain.neighbours import best_move, neighbours
+from tcf_search.explain.planspec import format_plan
+from tcf_search.explain.source import Subject
+
+GIB = 2**30
+FLOP_CONVENTION = (
+    "MFU counts model FLOPs = 6·N·tokens + 12·L·h·s·tokens (PaLM/Megatron convention: "
+    "attention without causal halving, recomputation not counted) over dense bf16 peak; "
+    "HFU adds the recomputed forward passes.")
+MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "buffers", "overhead")
+
+
+def _memory(e: StepEstimate) -> dict[str, Any]:
+    usable = e.memory.usable_bytes
+    stages = []
+    for st in e.memory.stages:
+        row: dict[str, Any] = {"stage": st.stage, "layers": st.layers}
+        row.update({f"{p}_gib": getattr(st, f"{p}_bytes") / GIB for p in MEMORY_PARTS})
+        row["total_gib"] = st.total_bytes / GIB
+        row["headroom_gib"] = (usable - st.total_bytes) / GIB
+        row["fits"] = st.total_bytes <= usable
+        stages.append(row)
+    return {"usable_gib": usable / GIB, "peak_gib": e.memory.peak_bytes / GIB,
+            "peak_stage": e.memory.peak.stage, "fits": e.memory.fits,
+            "headroom_gib": -e.memory.slack_bytes / GIB, "stages": stages}
+
+
+def _compute(e: StepEstimate) -> dict[str, Any]:
+    c = e.compute
+    return {"model_flops_per_gpu": c.model_flops, "hardware_flops_per_gpu": c.hardware_flops,
+            "peak_tflops_per_gpu": e.peak_flops_per_gpu / 1e12,
+            "gemm_efficiency": c.gemm_efficiency, "time_s": c.time_s,
+            "recompute_time_s": c.recompute_time_s,
+            "recompute_share": c.recompute_time_s / c.time_s if c.time_s else 0.0,
+            "bubble_time_s": e.bubble_time_s,
+            "bubble_share": e.bubble_time_s / e.step_time_s,
+            "optimizer_time_s": c.optimizer_time_s,
+            "model_tflops_per_gpu": e.model_tflops_per_gpu, "mfu": e.mfu, "hfu": e.hfu,
+            "flop_convention": FLOP_CONVENTION}
+
+
+def _communication(e: StepEstimate) -> dict[str, Any]:
+    rows = [{**dataclasses.asdict(c), "gib": c.bytes / GIB, "hidden_s": c.hidden_s}
+            for c in e.collectives]
+    return {"time_s": e.comm_time_s, "exposed_s": e.comm_exposed_s,
+            "hidden_s": e.comm_time_s - e.comm_exposed_s,
+            "bytes": sum(c.bytes for c in e.collectives), "collectives": rows}
+
+
+def step_breakdown(e: StepEstimate) -> dict[str, float]:
+    """Where the step goes; ``other`` is what the parts do not account for (stage imbalance)."""
+    parts = {"compute": e.compute.time_s, "exposed_comm": e.comm_exposed_s,
+             "bubble": e.bubble_time_s, "optimizer": e.compute.optimizer_time_s}
+    parts["other"] = max(e.step_time_s - sum(parts.values()), 0.0)
+    return parts
+
+
+REASONS = {
+    "memory": "the plan does not fit: memory is a hard constraint and binds first",
+    "compute": "compute (kernels, including recompute) is the largest share of the step",
+    "communication": "exposed communication is the largest share of the step after compute "
+                     "overlap",
+    "bubble": "the pipeline bubble is the largest share of the step",
+}
+
+
+def explain(subject: Subject) -> dict[str, Any]:
+    """The explanation document of one plan."""
+    s, plan = subject.specs, subject.plan
+    e = estimate(s.model, s.cluster, plan, s.training)
+    moves = neighbours(plan, s, e.tokens_per_s_per_gpu)
+    best = best_move(moves, e.memory.fits)
+    binding = e.dominant_challenge
+    breakdown = step_breakdown(e)
+    if best is None:
+        advice = "no single-knob change improves tokens/s while fitting: this plan is a local " \
+                 "optimum"
+    elif not e.memory.fits:
+        advice = (f"{best.change} fits ({best.peak_mem_gib:.1f} GiB)" if best.fits else
+                  f"{best.change} needs least memory ({best.peak_mem_gib:.1f} GiB) but still "
+                  f"does not fit")
+    else:
+        advice = f"{best.change}: tokens/s {best.gain:+.1%}"
+    return {
+        "study": subject.name, "origin": subject.origin, "model": s.model.name,
+        "cluster": {"gpu": s.cluster.gpu.id, "num_gpus": s.cluster.num_gpus,
+                    "gpus_per_node": s.cluster.gpus_per_node},
+        "training": {"seq_len": s.training.seq_len, "global_batch": s.training.global_batch,
+                     "precision": s.training.precision},
+        "plan": dataclasses.asdict(plan), "plan_text": format_plan(plan),
+        "memory": _memory(e), "compute": _compute(e), "communication": _communication(e),
+        "step": {"step_time_s": e.step_time_s, "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
+                 "tokens_per_step": e.tokens_per_step, "breakdown": breakdown},
+        "verdict": {"binding": binding, "reason": REASONS[binding],
+                    "best_change": best.to_dict() if best else None, "advice": advice,
+                    "alternatives": [m.to_dict() for m in moves[:5]],
+                    "neighbours_evaluated": len(moves)},
+    }

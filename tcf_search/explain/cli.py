@@ -1,0 +1,63 @@
+"""``tcf-search explain STUDY.yaml --plan "tp=8,pp=4,..."`` (or ``--rank N`` of a finished study).
+
+Exit codes: 0 explained (also a plan that does not fit: that is the explanation), 2 bad input.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+PROJECT_PACKAGES = ("costmodel", "search", "hardware_catalog", "tcf_search")
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Bad input (a ValueError of this project) becomes one line on stderr and exit 2."""
+    try:
+        yield
+    except ValueError as exc:
+        if type(exc).__module__.split(".")[0] not in PROJECT_PACKAGES:
+            raise
+        typer.echo(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
+                   err=True)
+        raise typer.Exit(2) from None
+
+
+def explain_cmd(
+    target: Annotated[Path, typer.Argument(
+        help="A study YAML, a result folder, or a plan file.", show_default=False)],
+    plan: Annotated[str | None, typer.Option(
+        "--plan", help="The plan, e.g. 'tp=8,pp=4,vpp=2,dp=32,mbs=1,recompute=selective,"
+                       "zero=1' (dp defaults to what fills the cluster).")] = None,
+    rank: Annotated[int | None, typer.Option(
+        "--rank", min=1, help="Explain top/rank-N.yaml of a finished study.")] = None,
+    result: Annotated[Path | None, typer.Option(
+        "--result", help="The study's result folder for --rank [default: runs/<study stem>].")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")
+                        ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the verdict line.")
+                     ] = False,
+) -> None:
+    """Why a plan is as fast as it is: memory, compute, communication, and the change that
+    helps most."""
+    from tcf_search.explain.analysis import explain
+    from tcf_search.explain.render import render
+    from tcf_search.explain.source import resolve
+
+    with user_errors():
+        doc = explain(resolve(target, plan, rank, result))
+    if json_out:
+        typer.echo(json.dumps(doc, indent=2))
+    elif quiet:
+        v = doc["verdict"]
+        typer.echo(f"{doc['plan_text']}: bound by {v['binding']}; {v['advice']}")
+    else:
+        render(doc, Console())

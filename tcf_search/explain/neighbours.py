@@ -1,0 +1,116 @@
+"""The single change that helps a plan most, computed rather than guessed.
+
+Every one-knob move of the plan (a parallel degree doubled or halved with dp following to keep the
+world size, another micro-batch, ZeRO stage, recompute mode, virtual stages, sequence parallel,
+an even stage split) is made valid by :func:`apply_change`, judged in one
+:func:`costmodel.estimate_batch` call, and ranked: plans that fit first, then tokens/s per GPU
+(every study objective — tokens/s, MFU, time-to-train, cost — orders plans of one model on one
+cluster alike), or, when nothing fits, least peak memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from costmodel import Plan, estimate_batch, plans_to_arrays
+from search.study import Specs
+from tcf_search.explain.planspec import PlanSpecError, apply_change
+
+GIB = 2**30
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Move:
+    change: str  # what the user would type: "tp=4", "recompute=full"
+    plan: Plan
+    notes: tuple[str, ...]  # knobs moved to keep the plan valid
+    tokens_per_s_per_gpu: float
+    peak_mem_gib: float
+    fits: bool
+    gain: float  # relative tokens/s change against the plan explained
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return {"change": self.change, "adjusted": list(self.notes), "plan": asdict(self.plan),
+                "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+                "peak_mem_gib": self.peak_mem_gib, "fits": self.fits, "gain": self.gain}
+
+
+def _scaled(value: int, *, up: int | None = None) -> list[int]:
+    out = [value * 2]
+    if value > 1:
+        out.append(value // 2)
+    return [v for v in out if up is None or v <= up]
+
+
+def candidate_changes(plan: Plan, specs: Specs) -> list[dict[str, Any]]:
+    """One-knob changes worth trying (some turn out invalid; :func:`neighbours` drops those)."""
+    n = specs.cluster.num_gpus
+    out: list[dict[str, Any]] = []
+    for knob in ("tp", "pp", "cp"):
+        out += [{knob: v} for v in _scaled(getattr(plan, knob), up=n)]
+    if specs.model.is_moe:
+        out += [{"ep": v} for v in _scaled(plan.ep, up=specs.model.moe_experts)]
+    out += [{"micro_batch": v} for v in _scaled(plan.micro_batch)]
+    out += [{"zero_stage": z} for z in range(4) if z != plan.zero_stage]
+    out += [{"recompute": r} for r in ("none", "selective", "full") if r != plan.recompute]
+    if plan.recompute == "full" and plan.recompute_layers:
+        out.append({"recompute_layers": 0})
+    if plan.pp > 1:
+        out += [{"vpp": v} for v in _scaled(plan.vpp)]
+        if plan.first_stage_layers or plan.last_stage_layers:
+            out.append({"first_stage_layers": 0, "last_stage_layers": 0})
+    if plan.tp > 1:
+        out.append({"sequence_parallel": not plan.sequence_parallel})
+    return out
+
+
+def describe(change: dict[str, Any]) -> str:
+    if set(change) == {"first_stage_layers", "last_stage_layers"}:
+        return "even stage split"
+    return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+                    for k, v in change.items())
+
+
+def neighbours(plan: Plan, specs: Specs, base_tokens_per_s: float) -> list[Move]:
+    """Every valid one-knob neighbour of ``plan``, best first."""
+    made: list[tuple[str, Plan, list[str]]] = []
+    seen = {plan}
+    for change in candidate_changes(plan, specs):
+        try:
+            moved, notes = apply_change(plan, change, specs)
+        except PlanSpecError:
+            continue
+        if moved in seen:
+            continue
+        seen.add(moved)
+        made.append((describe(change), moved, notes))
+    if not made:
+        return []
+    out = estimate_batch(specs.model, specs.cluster, specs.training,
+                         plans_to_arrays([p for _, p, _ in made]))
+    moves = [Move(change=c, plan=p, notes=tuple(notes),
+                  tokens_per_s_per_gpu=float(out["tokens_per_s_per_gpu"][k]),
+                  peak_mem_gib=float(out["peak_mem_bytes"][k]) / GIB,
+                  fits=bool(out["fits"][k]),
+                  gain=float(out["tokens_per_s_per_gpu"][k]) / base_tokens_per_s - 1.0)
+             for k, (c, p, notes) in enumerate(made)]
+    return sorted(moves, key=_rank_key)
+
+
+def _rank_key(m: Move) -> tuple[float, float]:
+    return (0.0, -m.tokens_per_s_per_gpu) if m.fits else (1.0, m.peak_mem_gib)
+
+
+def best_move(moves: list[Move], plan_fits: bool) -> Move | None:
+    """The single change that helps most: for a plan that fits, the fitting neighbour with the
+    largest throughput gain (None when none gains); otherwise the best neighbour (fitting, or
+    the one with least memory)."""
+    if not moves:
+        return None
+    top = moves[0]
+    if plan_fits and (not top.fits or top.gain <= 0):
+        return None
+    return top

@@ -1,0 +1,129 @@
+"""The explanation document on a terminal (also recorded to HTML/SVG for the report)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from tcf_search.explain.analysis import MEMORY_PARTS
+
+
+def _gib(x: float) -> str:
+    return f"{x:.1f}"
+
+
+def _bytes(x: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if x >= size:
+            return f"{x / size:.1f} {unit}"
+    return f"{x:.0f} B"
+
+
+def _memory(doc: dict[str, Any], con: Console) -> None:
+    m = doc["memory"]
+    verdict = (f"[green]fits[/green], {m['headroom_gib']:.1f} GiB to spare" if m["fits"] else
+               f"[bold red]does not fit[/bold red]: {-m['headroom_gib']:.1f} GiB over")
+    con.print(f"[bold]1. Memory[/bold] per GPU, peak on the {m['peak_stage']} stage: "
+              f"{m['peak_gib']:.1f} of {m['usable_gib']:.1f} GiB usable — {verdict}")
+    t = Table(show_edge=False, header_style="bold", pad_edge=False)
+    t.add_column("stage")
+    t.add_column("layers", justify="right")
+    for p in MEMORY_PARTS:
+        t.add_column(p, justify="right")
+    t.add_column("total GiB", justify="right")
+    t.add_column("vs usable", justify="right")
+    for st in m["stages"]:
+        room = st["headroom_gib"]
+        t.add_row(st["stage"], str(st["layers"]), *(_gib(st[f"{p}_gib"]) for p in MEMORY_PARTS),
+                  _gib(st["total_gib"]),
+                  f"[green]{room:+.1f}[/green]" if room >= 0 else f"[red]{room:+.1f}[/red]")
+    con.print(t)
+
+
+def _compute(doc: dict[str, Any], con: Console) -> None:
+    c, step = doc["compute"], doc["step"]
+    con.print(f"\n[bold]2. Compute[/bold]: {c['model_flops_per_gpu'] / 1e15:.2f} PFLOP model / "
+              f"{c['hardware_flops_per_gpu'] / 1e15:.2f} PFLOP hardware per GPU per step; "
+              f"GEMMs at {c['gemm_efficiency']:.0%} of {c['peak_tflops_per_gpu']:.0f} TFLOP/s")
+    con.print(f"   kernels {c['time_s']:.2f} s (recompute {c['recompute_time_s']:.2f} s, "
+              f"{c['recompute_share']:.0%}), bubble {c['bubble_time_s']:.2f} s "
+              f"({c['bubble_share']:.1%} of the step), optimizer {c['optimizer_time_s']:.3f} s")
+    con.print(f"   MFU {c['mfu']:.1%}, HFU {c['hfu']:.1%}, {c['model_tflops_per_gpu']:.0f} "
+              f"model TFLOP/s per GPU; {step['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, "
+              f"step {step['step_time_s']:.2f} s")
+    con.print(f"   [dim]{c['flop_convention']}[/dim]")
+
+
+def _communication(doc: dict[str, Any], con: Console) -> None:
+    k = doc["communication"]
+    con.print(f"\n[bold]3. Communication[/bold]: {_bytes(k['bytes'])} per GPU per step, "
+              f"{k['time_s']:.2f} s on the links, {k['exposed_s']:.2f} s exposed, "
+              f"{k['hidden_s']:.2f} s hidden under compute")
+    if not k["collectives"]:
+        con.print("   none (a single GPU)")
+        return
+    t = Table(show_edge=False, header_style="bold", pad_edge=False)
+    for col, just in (("collective", "left"), ("group", "left"), ("size", "right"),
+                      ("tier", "left"), ("bytes", "right"), ("time s", "right"),
+                      ("exposed s", "right"), ("hidden s", "right")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for c in k["collectives"]:
+        t.add_row(c["name"], c["group"], str(c["group_size"]), c["tier"], _bytes(c["bytes"]),
+                  f"{c['time_s']:.2f}", f"{c['exposed_s']:.2f}", f"{c['hidden_s']:.2f}")
+    con.print(t)
+
+
+def _verdict(doc: dict[str, Any], con: Console) -> None:
+    v, step = doc["verdict"], doc["step"]
+    parts = ", ".join(f"{k.replace('_', ' ')} {s / step['step_time_s']:.0%}"
+                      for k, s in step["breakdown"].items() if s > 0)
+    con.print(f"\n[bold]Verdict[/bold]: bound by [bold]{v['binding']}[/bold] — {v['reason']}.")
+    con.print(f"   step: {parts}")
+    best = v["best_change"]
+    if best is None:
+        con.print(f"   best single change: none — {v['advice']} "
+                  f"({v['neighbours_evaluated']} neighbours evaluated)")
+        return
+    adjusted = f" (adjusting {'; '.join(best['adjusted'])})" if best["adjusted"] else ""
+    con.print(f"   best single change: [bold]{v['advice']}[/bold]{adjusted}; "
+              f"{best['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, "
+              f"{best['peak_mem_gib']:.1f} GiB peak — best of {v['neighbours_evaluated']} "
+              f"valid one-knob neighbours")
+
+
+def render(doc: dict[str, Any], con: Console) -> None:
+    c = doc["cluster"]
+    con.print(f"[bold]{doc['study']}[/bold]: {doc['model']} on {c['num_gpus']}× {c['gpu']}, "
+              f"seq {doc['training']['seq_len']}, batch {doc['training']['global_batch']}")
+    con.print(f"plan [bold]{doc['plan_text']}[/bold] ({doc['origin']})\n")
+    _memory(doc, con)
+    _compute(doc, con)
+    _communication(doc, con)
+    _verdict(doc, con)
+
+
+def render_html(doc: dict[str, Any], width: int = 110) -> str:
+    """The same text as an HTML ``<pre>`` fragment with inline colours."""
+    con = Console(record=True, width=width, file=_Null(), force_terminal=True)
+    render(doc, con)
+    return con.export_html(inline_styles=True, code_format=(
+        '<pre class="explain" style="font-family:monospace;font-size:12px;line-height:1.35">'
+        "<code>{code}</code></pre>"))
+
+
+def render_svg(doc: dict[str, Any], title: str = "tcf-search explain", width: int = 110) -> str:
+    con = Console(record=True, width=width, file=_Null(), force_terminal=True)
+    render(doc, con)
+    return con.export_svg(title=title)
+
+
+class _Null:
+    """A file that discards what a recording console writes."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass

@@ -1,0 +1,101 @@
+"""Where a plan to explain comes from: a study file with ``--plan``, or a finished result folder
+(``best_plan.yaml`` or ``top/rank-N.yaml``), or one plan file. Each gives the specs the cost
+model needs, built the way the search builds them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from costmodel import ClusterSpec, Plan
+from search.study import Specs, build_specs, load_study
+from tcf_search.explain.planspec import PlanSpecError, check, parse_plan
+from tcf_search.planfile import PlanFile, load_plan_file
+
+DEFAULT_RUNS_DIR = Path("runs")  # where ``tcf-search run`` writes when -o is not given
+
+
+class SourceError(ValueError):
+    """The study, result folder or plan asked for cannot be found or read."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Subject:
+    """One plan with the model, cluster and training it is judged on."""
+
+    name: str  # the study's name
+    specs: Specs
+    plan: Plan
+    origin: str  # "--plan", "rank 1 of runs/x", a plan file path
+
+
+def specs_from_plan_file(pf: PlanFile) -> Specs:
+    """The specs a plan file records (the GPU by its catalog id)."""
+    from hardware_catalog import get_gpu
+
+    try:
+        gpu = get_gpu(pf.gpu)
+    except ValueError as exc:
+        raise SourceError(f"cluster.gpu: {exc} (a study with gpu_spec needs the study file: "
+                          f"pass STUDY.yaml with --result)") from None
+    return Specs(model=pf.model, cluster=ClusterSpec(gpu=gpu, num_gpus=pf.num_gpus,
+                                                     gpus_per_node=pf.gpus_per_node),
+                 training=pf.training)
+
+
+def is_plan_file(path: Path) -> bool:
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(doc, dict) and "format_version" in doc and "plan" in doc
+
+
+def ranked_plan_path(result: Path, rank: int | None) -> Path:
+    path = result / "best_plan.yaml" if rank is None else result / "top" / f"rank-{rank}.yaml"
+    if not path.is_file():
+        ranks = sorted((p.stem.removeprefix("rank-") for p in (result / "top").glob("rank-*.yaml")),
+                       key=lambda s: int(s) if s.isdigit() else 0)
+        raise SourceError(f"--rank: {path} does not exist "
+                          f"(ranks available: {', '.join(ranks) or 'none'})")
+    return path
+
+
+def resolve(target: Path, plan_text: str | None, rank: int | None,
+            result: Path | None = None) -> Subject:
+    """The subject named on the command line (see the module docstring)."""
+    if plan_text is not None and rank is not None:
+        raise SourceError("give --plan or --rank, not both")
+    if not target.exists():
+        raise SourceError(f"STUDY: no such file or folder: {target}")
+    if target.is_dir() or is_plan_file(target):
+        path = ranked_plan_path(target, rank) if target.is_dir() else target
+        pf = load_plan_file(path)
+        specs = specs_from_plan_file(pf)
+        if plan_text is not None:
+            return Subject(name=pf.study, specs=specs, plan=parse_plan(plan_text, specs),
+                           origin="--plan")
+        check(pf.plan, specs)
+        return Subject(name=pf.study, specs=specs, plan=pf.plan, origin=f"rank {pf.rank} "
+                       f"of {path.parent.parent if target.is_dir() and rank else target}")
+    study = load_study(target)
+    specs = build_specs(study)
+    if plan_text is not None:
+        return Subject(name=study.study_name, specs=specs, plan=parse_plan(plan_text, specs),
+                       origin="--plan")
+    if rank is None:
+        raise SourceError("give the plan to explain: --plan 'tp=8,pp=4,...' or --rank N of a "
+                          "finished study (its result folder with --result)")
+    folder = result or DEFAULT_RUNS_DIR / target.stem
+    if not folder.is_dir():
+        raise SourceError(f"--result: {folder} is not a result folder (run the study first, or "
+                          f"pass --result DIR)")
+    pf = load_plan_file(ranked_plan_path(folder, rank))
+    try:
+        check(pf.plan, specs)
+    except PlanSpecError as exc:
+        raise SourceError(f"rank {rank} of {folder} does not match {target}: {exc}") from None
+    return Subject(name=study.study_name, specs=specs, plan=pf.plan,
+                   origin=f"rank {rank} of {folder}")

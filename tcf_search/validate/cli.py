@@ -1,0 +1,133 @@
+"""``tcf-search validate`` and ``tcf-search calibrate``: typer command functions, registered by
+``tcf_search.cli`` (``app.command("validate")(validate_cmd)``).
+
+torch is an optional extra; without it both commands print how to install it and exit 2.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tcf_search.validate.compare import GIB, Row
+
+INSTALL_HINT = ("needs PyTorch, an optional extra: pip install -e '.[validate]' "
+                "(pins torch==2.13.0)")
+
+
+def require_torch(command: str) -> None:
+    if importlib.util.find_spec("torch") is None:
+        typer.echo(f"tcf-search {command} {INSTALL_HINT}", err=True)
+        raise typer.Exit(2)
+
+
+def _fmt(value: float, spec: str) -> str:
+    return format(value, spec) if math.isfinite(value) else "-"
+
+
+def _row_line(r: Row) -> str:
+    return (f"{r.rank:>4} {r.plan:<34} {r.outcome:<11} "
+            f"{_fmt(r.predicted_step_time_s, '9.3f')} {_fmt(r.measured_step_time_s, '9.3f')} "
+            f"{_fmt(100 * r.time_error, '+7.0f')}% "
+            f"{_fmt(r.predicted_peak_gib, '8.3f')} {_fmt(r.measured_peak_gib, '8.3f')}")
+
+
+HEADER = (f"{'rank':>4} {'plan':<34} {'outcome':<11} {'pred s':>9} {'meas s':>9} {'err':>8} "
+          f"{'pred GiB':>8} {'meas GiB':>8}")
+
+
+def validate_cmd(
+    result: Annotated[Path, typer.Argument(help="A study output folder (with top/rank-N.yaml).",
+                                           show_default=False)],
+    top: Annotated[int, typer.Option("--top", min=1, help="Validate the K best plans.")] = 3,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Timed steps per plan.")] = 3,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Untimed steps first.")] = 1,
+    memory_only: Annotated[bool, typer.Option(
+        "--memory-only", help="No real run: fake tensors + fake process group + memory "
+                              "tracker give one rank's peak memory, on CPU.")] = False,
+    device: Annotated[str, typer.Option("--device", help="cpu (gloo) or cuda (NCCL).")] = "cpu",
+    timeout_s: Annotated[float, typer.Option("--timeout", min=1.0,
+                                             help="Seconds per plan before it is killed.")] = 600.0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Run the top plans of a study for a few steps; print predicted against measured."""
+    require_torch("validate")
+    from tcf_search.validate.config import ValidationError
+    from tcf_search.validate.record import record_in_study, write_csv
+    from tcf_search.validate.runs import Options, validate_folder
+
+    if device not in ("cpu", "cuda"):
+        typer.echo(f"--device must be cpu or cuda, but got {device!r}", err=True)
+        raise typer.Exit(2)
+    opts = Options(top=top, steps=steps, warmup=warmup, device=device,  # type: ignore[arg-type]
+                   timeout_s=timeout_s, memory_only=memory_only)
+    if not json_out:
+        typer.echo(HEADER)
+    try:
+        report = validate_folder(result, opts,
+                                 on_result=None if json_out else lambda r: typer.echo(_row_line(r)))
+    except ValidationError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    csv_path = write_csv(result, report.rows)
+    stored = record_in_study(result, report.rows, report.summary())
+    if json_out:
+        typer.echo(json.dumps({**report.to_dict(), "csv": str(csv_path), "study": stored},
+                              indent=2, default=str))
+        return
+    summary = report.summary()
+    typer.echo(f"mode: {report.mode}; ok {summary['ok']}/{summary['plans']}; "
+               f"Spearman (step time) {_fmt(report.spearman, '.3f')}; "
+               f"mean |time error| {_fmt(100 * summary['mean_abs_time_error'], '.0f')}%")
+    for r in report.rows:
+        if r.error:
+            typer.echo(f"rank {r.rank}: {r.outcome}: {r.error[:300]}")
+    for note in report.notes:
+        typer.echo(f"note: {note}")
+    typer.echo(f"written: {csv_path}; {stored}")
+
+
+def calibrate_cmd(
+    output: Annotated[Path | None, typer.Option(
+        "-o", "--output", help="Write the catalog entry here [default: print it].")] = None,
+    from_result: Annotated[Path | None, typer.Option(
+        "--from", help="Refit the efficiency parameters from this folder's validation.csv "
+                       "and re-rank its plans.")] = None,
+    gpu_file: Annotated[Path | None, typer.Option(
+        "--gpu-file", help="With --from: the catalog entry to refit (default: measure now).")
+    ] = None,
+    ranks: Annotated[int, typer.Option("--ranks", min=1,
+                                       help="Ranks for the collective benchmark.")] = 2,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer shapes and repeats.")] = False,
+) -> None:
+    """Measure this machine and write a catalog entry; with --from, refit and re-rank."""
+    require_torch("calibrate")
+    from tcf_search.validate.calibrate import catalog_yaml, measure_machine
+    from tcf_search.validate.refit import refit_from_folder
+
+    if device not in ("cpu", "cuda"):
+        typer.echo(f"--device must be cpu or cuda, but got {device!r}", err=True)
+        raise typer.Exit(2)
+    if gpu_file is not None and from_result is not None:
+        from tcf_search.validate.calibrate import load_entry
+        entry = load_entry(gpu_file)
+    else:
+        entry = measure_machine(device=device, ranks=ranks, quick=quick)  # type: ignore[arg-type]
+    if from_result is not None:
+        fit = refit_from_folder(from_result, entry)
+        entry = fit.entry
+        typer.echo(fit.describe())
+    text = catalog_yaml(entry)
+    if output is None:
+        typer.echo(text)
+    else:
+        output.write_text(text)
+        typer.echo(f"written: {output} (peak bf16 {entry.gpu.peak_flops_bf16 / 1e9:.1f} GFLOP/s, "
+                   f"memory {entry.gpu.hbm_bw_bytes_per_s / GIB:.1f} GiB/s, "
+                   f"collective {entry.gpu.intra_node_bw_bytes_per_s / GIB:.2f} GiB/s)")
