@@ -127,13 +127,18 @@ class MemoryModel:
     allocator_fraction: caching-allocator fragmentation, as a fraction of the volatile
         (activation and logits) bytes that ``max_memory_reserved`` holds beyond what is allocated.
     allocator_const_bytes: fixed workspace (cuBLAS, NCCL buffers inside the torch allocator).
+    pressure_start / pressure_slowdown: above ``pressure_start`` of usable memory the caching
+        allocator frees cached blocks and retries cudaMalloc, synchronising the device; the
+        step slows by ``pressure_slowdown`` per unit of the remaining headroom consumed.
     source: where the numbers come from.
     """
 
     activation_factor: float = 1.0
-    logits_bytes_per_element: float = 10.0
+    logits_bytes_per_element: float = 6.0
     allocator_fraction: float = 0.1
     allocator_const_bytes: float = 0.5 * 2**30
+    pressure_start: float = 0.9
+    pressure_slowdown: float = 0.0
     source: str = "prior"
 
 

@@ -210,6 +210,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     # ---- step -----------------------------------------------------------------------------
     compute_s = m * comp_mb
     step = compute_s + m * comm_mb + bubble + pp_time + grad_exposed + ag_exposed + opt_s
+    # allocator pressure: cudaMalloc retries near capacity stall the stream (counted as compute)
+    mm = tr.memory_model
+    peak = np.max(np.stack([stages[st].total for st in STAGES]), axis=0)
+    over = np.maximum(peak / cluster.gpu.usable_bytes - mm.pressure_start, 0.0)
+    stall = step * mm.pressure_slowdown * over / max(1.0 - mm.pressure_start, 1e-6)
+    compute_s = compute_s + stall
+    step = step + stall
 
     n_layers_mb = L / pp  # average layers per GPU
     tp_count = m * L / pp * np.where(p.recompute == 2, 3.0, 2.0)

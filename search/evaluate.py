@@ -75,8 +75,9 @@ class Evaluator:
         searched = [k for k in range(len(axes)) if len(np.unique(units[:, k])) > 1]
         self.choices = {axes[k]: [decode(axes[k], int(v)) for v in np.unique(units[:, k])]
                         for k in searched}
-        self._ordinal = np.stack([np.searchsorted(np.unique(units[:, k]), units[:, k])
-                                  for k in searched], axis=1).reshape(len(units), -1)
+        self._ordinal = np.zeros((len(units), len(searched)), dtype=np.int64)
+        for j, k in enumerate(searched):
+            self._ordinal[:, j] = np.searchsorted(np.unique(units[:, k]), units[:, k])
 
     @property
     def metric_names(self) -> list[str]:

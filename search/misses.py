@@ -7,14 +7,12 @@ from typing import Any
 import numpy as np
 
 from costmodel import estimate
-from search.evaluate import plan_from_row
+from costmodel.result import GIB
 from search.placement import STAGE_NAMES, stages_of
 from search.prune import MemoryStage
-from search.space import AXES
+from search.space import AXES, plan_from_row
 from search.stage_memory import stage_bytes
 from search.study import Specs
-
-GIB = 2**30
 
 
 def balanced(layers: int, pp: np.ndarray, vpp: np.ndarray) -> dict[str, np.ndarray]:

@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-GIB = 2**30
+from costmodel.result import GIB
+
 SECONDS_PER_DAY = 86400.0
 
 # study metric name -> (metrics key, direction)

@@ -1,4 +1,4 @@
-"""Optuna over the feasible set: samplers, resumable storage, worker processes.
+"""Optuna over the feasible set: samplers, the objective, exact trial counts, worker processes.
 
 Trial counts are exact: ``trials`` is the number of COMPLETE trials the study must hold. A run
 counts what the storage already holds, fails trials left RUNNING by a killed run, and runs only
@@ -10,75 +10,24 @@ after a kill samples exactly what an uninterrupted one would have.
 from __future__ import annotations
 
 import dataclasses
-import json
 import multiprocessing as mp
+import os
+import signal
 import time
-import warnings
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.storages import BaseStorage, JournalStorage, RDBStorage
-from optuna.storages.journal import JournalFileBackend
+from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
+from costmodel import PLAN_KEYS
 from search.evaluate import Evaluator
+from search.storage import SearchError, StorageSpec, quiet
 
-STORAGE_FILE = "study.journal"
-FINGERPRINT_ATTR = "tcf_search_fingerprint"
 MAX_FAILURES = 20  # trials failing in a row (a bug, not bad luck) before a worker gives up
 
 Progress = Callable[[int, int], None]
-
-
-class SearchError(ValueError):
-    """A search cannot run as asked (storage of another study, bad storage URL, ...)."""
-
-
-@dataclass(frozen=True, slots=True)
-class StorageSpec:
-    """Where trials live: a journal file (default: ``study.journal`` in the output folder) or an
-    RDB URL (``sqlite:///…``, ``postgresql://…``) shared by many hosts."""
-
-    url: str | None = None
-    journal: Path | None = None
-
-    @classmethod
-    def parse(cls, url: str | None, out_dir: Path) -> StorageSpec:
-        if url is None:
-            return cls(journal=out_dir / STORAGE_FILE)
-        if url.startswith("journal:"):
-            return cls(journal=Path(url.removeprefix("journal:")))
-        if "://" not in url:
-            raise SearchError(f"search.storage: must be journal:PATH or an RDB URL such as "
-                              f"sqlite:///study.db or postgresql://host/db (got {url!r})")
-        return cls(url=url)
-
-    def open(self) -> BaseStorage:
-        if self.journal is not None:
-            self.journal.parent.mkdir(parents=True, exist_ok=True)
-            return JournalStorage(JournalFile(str(self.journal)))
-        assert self.url is not None
-        try:
-            # Heartbeats let any host fail the trials of a worker that died on another host.
-            return RDBStorage(self.url, heartbeat_interval=30, grace_period=120)
-        except Exception as exc:  # SQLAlchemy raises many types; the message says what
-            raise SearchError(f"search.storage: cannot open {self.url!r}: "
-                              f"{str(exc).splitlines()[0]}") from None
-
-    def describe(self) -> str:
-        return str(self.journal) if self.journal is not None else _redact(self.url or "")
-
-
-def _redact(url: str) -> str:
-    """An RDB URL without its password, for logs and result files."""
-    head, sep, tail = url.partition("://")
-    if "@" not in tail:
-        return url
-    cred, host = tail.rsplit("@", 1)
-    return f"{head}{sep}{cred.split(':', 1)[0]}:***@{host}"
 
 
 def make_sampler(kind: str, seed: int, objectives: int) -> optuna.samplers.BaseSampler:
@@ -86,8 +35,7 @@ def make_sampler(kind: str, seed: int, objectives: int) -> optuna.samplers.BaseS
         return optuna.samplers.RandomSampler(seed=seed)
     if kind == "nsga2" or (kind == "auto" and objectives > 1):
         return optuna.samplers.NSGAIISampler(seed=seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    with quiet():
         return optuna.samplers.TPESampler(seed=seed, multivariate=True)
 
 
@@ -105,61 +53,13 @@ def reseed(sampler: optuna.samplers.BaseSampler, seed: int) -> None:
             state.rng.seed(seed)
 
 
-class JournalFile(JournalFileBackend):
-    """Optuna's journal file without an fsync per append (~13 appends a trial, milliseconds
-    each here). A killed process loses nothing: its writes are in the page cache. A power loss
-    can drop the last trials; the journal reader skips a torn final line."""
-
-    def append_logs(self, logs: list[dict[str, Any]]) -> None:
-        text = "\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n"
-        self._lock.acquire()
-        try:
-            with open(self._file_path, "ab") as f:
-                f.write(text.encode("utf-8"))
-        finally:
-            self._lock.release()
-
-
 def completed(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
 
 
-def open_study(ev: Evaluator, spec: StorageSpec, name: str, fingerprint: str) -> optuna.Study:
-    """Create or resume the study; refuse storage that holds another study under this name."""
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    storage = spec.open()
-    directions = [optuna.study.StudyDirection[d.upper()] for d in ev.directions]
-    study = optuna.create_study(storage=storage, study_name=name, load_if_exists=True,
-                                directions=directions)
-    held = study.user_attrs.get(FINGERPRINT_ATTR)
-    if held is None:
-        study.set_user_attr(FINGERPRINT_ATTR, fingerprint)
-    elif held != fingerprint:
-        raise SearchError(
-            f"storage {spec.describe()} holds study {name!r} made from a different study "
-            f"definition (fingerprint {held[:12]} vs {fingerprint[:12]}); use another output "
-            f"folder (-o) or storage, or remove it")
-    if [d.name.lower() for d in study.directions] != ev.directions:
-        raise SearchError(f"storage {spec.describe()} holds study {name!r} with directions "
-                          f"{[d.name.lower() for d in study.directions]}, not {ev.directions}")
-    return study
-
-
-def recover(study: optuna.Study, spec: StorageSpec) -> int:
-    """Fail trials left RUNNING by a run that was killed; return how many.
-
-    A journal file has one controller (this command), so every RUNNING trial is stale. An RDB
-    may be shared by live workers on other hosts: only trials whose heartbeat stopped are.
-    """
-    if spec.journal is None:
-        before = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-        optuna.storages.fail_stale_trials(study)
-        return before - len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
-    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING))
-    running = [t for t in stale if t.state == TrialState.RUNNING]
-    for t in running:
-        study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)
-    return len(running)
+def started(study: optuna.Study) -> int:
+    """Trials complete or under way."""
+    return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)))
 
 
 def objective(ev: Evaluator, trial: optuna.trial.BaseTrial,
@@ -186,15 +86,22 @@ def seen_units(study: optuna.Study) -> set[int]:
 
 
 def run_trials(ev: Evaluator, study: optuna.Study, quota: int, *, sampler: str, seed: int,
-               worker: int = 0, progress: Progress | None = None) -> int:
-    """Run ``quota`` COMPLETE trials in this process (ask/tell)."""
+               worker: int = 0, target: int | None = None,
+               progress: Progress | None = None) -> int:
+    """Run ``quota`` COMPLETE trials in this process (ask/tell), stopping early once the study
+    holds ``target`` complete or running trials (other hosts sharing an RDB add theirs)."""
     done = failures = 0
     study.sampler = make_sampler(sampler, seed, len(ev.directions))
-    while done < quota:
+    while done < quota and (target is None or started(study) < target):
         # The seed depends only on the history, so a resumed study samples what an
         # uninterrupted one would have.
         reseed(study.sampler, trial_seed(seed, completed(study), worker))
-        trial = study.ask()
+        with quiet():
+            trial = study.ask()
+        if isinstance(study._storage, RDBStorage):
+            # ask/tell runs no heartbeat thread; one beat lets other hosts fail this trial if
+            # this process dies (trials take milliseconds, far below the grace period).
+            study._storage.record_heartbeat(trial._trial_id)
         try:
             values = objective(ev, trial, seen_units(study))
         except KeyboardInterrupt:
@@ -228,11 +135,11 @@ def enqueue_all(ev: Evaluator, study: optuna.Study) -> None:
 
 
 def _worker(ev: Evaluator, spec: StorageSpec, name: str, quota: int, sampler: str, seed: int,
-            worker: int) -> None:
+            worker: int, target: int) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=name, storage=spec.open())
     try:
-        run_trials(ev, study, quota, sampler=sampler, seed=seed, worker=worker)
+        run_trials(ev, study, quota, sampler=sampler, seed=seed, worker=worker, target=target)
     except KeyboardInterrupt:
         pass
 
@@ -242,19 +149,22 @@ def quotas(remaining: int, workers: int) -> list[int]:
     return [base + (1 if w < extra else 0) for w in range(workers) if base or w < extra]
 
 
-def run_workers(ev: Evaluator, study: optuna.Study, spec: StorageSpec, remaining: int, *,
+def run_workers(ev: Evaluator, study: optuna.Study, spec: StorageSpec, target: int, *,
                 workers: int, sampler: str, seed: int, progress: Progress | None = None,
                 poll_s: float = 0.5) -> None:
-    """Run ``remaining`` trials over ``workers`` processes sharing the storage."""
+    """Bring the study to ``target`` COMPLETE trials over ``workers`` processes sharing the
+    storage: each runs a fixed share of the remainder."""
+    remaining = max(0, target - completed(study))
     shares = quotas(remaining, workers)
     if len(shares) <= 1:
-        run_trials(ev, study, remaining, sampler=sampler, seed=seed, progress=progress)
+        run_trials(ev, study, remaining, sampler=sampler, seed=seed, target=target,
+                   progress=progress)
         return
     # fork: the workers inherit the evaluator (feasible set, CP-SAT cache) without pickling.
     ctx = mp.get_context("fork")
     start = completed(study)
-    procs = [ctx.Process(target=_worker, args=(ev, spec, study.study_name, q, sampler, seed, w),
-                         daemon=False)
+    procs = [ctx.Process(target=_worker, daemon=False,
+                         args=(ev, spec, study.study_name, q, sampler, seed, w, target))
              for w, q in enumerate(shares)]
     for p in procs:
         p.start()
@@ -263,6 +173,13 @@ def run_workers(ev: Evaluator, study: optuna.Study, spec: StorageSpec, remaining
             time.sleep(poll_s)
             if progress is not None:
                 progress(completed(study) - start, remaining)
+    except KeyboardInterrupt:
+        # A terminal's Ctrl-C reaches the workers too; a signal sent to this process alone
+        # must be passed on, or they would run their shares to the end.
+        for p in procs:
+            if p.is_alive() and p.pid is not None:
+                os.kill(p.pid, signal.SIGINT)
+        raise
     finally:
         for p in procs:
             p.join()
@@ -282,3 +199,20 @@ def best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
 def summary(study: optuna.Study) -> dict[str, Any]:
     states = [t.state for t in study.get_trials(deepcopy=False)]
     return {s.name.lower(): states.count(s) for s in TrialState if states.count(s)}
+
+
+def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
+    """One CSV row per trial: the plan's knobs, its predicted metrics, the trial state."""
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        plan = t.user_attrs.get("plan", {})
+        row: dict[str, Any] = {"number": t.number, "state": t.state.name.lower()}
+        row.update({f"value_{k}": v for k, v in enumerate(t.values or [])})
+        row.update({k: plan.get(k, "") for k in PLAN_KEYS})
+        row.update(t.user_attrs.get("metrics", {}))
+        row.update({f"constraint_{k}": v for k, v in t.constraints.items()})
+        row.update(t.user_attrs.get("search", {}))
+        row["duration_s"] = t.duration.total_seconds() if t.duration else ""
+        row["error"] = t.user_attrs.get("error", "")
+        rows.append(row)
+    return rows

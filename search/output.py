@@ -24,10 +24,6 @@ from search.result import RankedPlan, StudyResult
 from search.study import Specs
 from tcf_search.planfile import PlanFile, dump_plan_file
 
-PLAN_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero_stage", "micro_batch", "recompute",
-                "recompute_layers", "sequence_parallel", "pp_schedule", "first_stage_layers",
-                "last_stage_layers")
-
 
 def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -111,19 +107,23 @@ def render(result: StudyResult, console: Console) -> None:
             plan = ", ".join(f"{k}={v}" for k, v in miss["plan"].items())
             console.print(f"  {plan}: {miss['reason']}")
         return
-    table = Table(show_edge=False, header_style="bold")
-    for col in ("#", "tp", "pp", "dp", "cp", "ep", "vpp", "zero", "mbs", "recomp", "sp",
-                "stages", "tok/s/GPU", "MFU", "step s", "mem GiB", "bound by"):
+    plans = [r.to_dict()["plan"] for r in result.top]
+    knobs = [k for k in ("tp", "pp", "dp", "cp", "ep", "vpp") if k in ("tp", "pp", "dp")
+             or any(p[k] > 1 for p in plans)]
+    table = Table(show_edge=False, header_style="bold", pad_edge=False)
+    columns = ["#", "×".join(knobs), "zero", "mbs", "recomp", "sp", "stages", "tok/s/GPU",
+               "MFU", "step s", "mem GiB", "bound by"]
+    for col in columns:
         table.add_column(col, justify="left" if col in ("recomp", "stages", "bound by")
-                         else "right")
-    for r in result.top:
-        p, m = r.to_dict()["plan"], r.predicted
+                         else "right", no_wrap=True)
+    for r, p in zip(result.top, plans, strict=True):
+        m = r.predicted
         table.add_row(
-            str(r.rank), *(str(p[k]) for k in ("tp", "pp", "dp", "cp", "ep", "vpp",
-                                               "zero_stage", "micro_batch")),
-            _recompute_label(p), "y" if p["sequence_parallel"] else "-", _stages_label(p),
-            f"{m['tokens_per_s_per_gpu']:,.0f}", f"{m['mfu']:.1%}", f"{m['step_time_s']:.2f}",
-            f"{m['peak_mem_gib']:.1f}/{m['usable_mem_gib']:.1f}", m["dominant_challenge"])
+            str(r.rank), "×".join(str(p[k]) for k in knobs), str(p["zero_stage"]),
+            str(p["micro_batch"]), _recompute_label(p), "y" if p["sequence_parallel"] else "-",
+            _stages_label(p), f"{m['tokens_per_s_per_gpu']:,.0f}", f"{m['mfu']:.1%}",
+            f"{m['step_time_s']:.2f}", f"{m['peak_mem_gib']:.1f}/{m['usable_mem_gib']:.1f}",
+            m["dominant_challenge"])
     console.print(table)
     if result.optimum is not None:
         o = result.optimum

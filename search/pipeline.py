@@ -18,10 +18,12 @@ from costmodel import Plan
 from search import optimize as opt
 from search.evaluate import Evaluation, Evaluator, Exhaustive
 from search.misses import nearest_misses
-from search.output import PLAN_COLUMNS, write_outputs
+from search.output import write_outputs
+from search.presets import APPROXIMATIONS
 from search.prune import memory_stage
 from search.result import RankedPlan, StudyResult
 from search.space import Layouts, SearchSpace, build_space, enumerate_layouts
+from search.storage import StorageSpec, open_study, recover
 from search.study import ExportSection, Specs, Study, build_specs
 
 ExportHook = Callable[[Path, ExportSection], Any]
@@ -42,39 +44,47 @@ class RunOptions:
 def run_study(study: Study, options: RunOptions, *, export: ExportHook | None = None,
               progress: Progress | None = None) -> StudyResult:
     started = time.perf_counter()
-    specs = build_specs(study)
+    specs = build_specs(study)  # validate: the study's numbers as cost-model inputs
     space = build_space(study, specs)
-    layouts = enumerate_layouts(space)
+    layouts = enumerate_layouts(space)  # only valid layouts, pruning counted per rule
     headroom = study.objective.memory_headroom_gib
-    stage = memory_stage(specs, space, layouts.columns, headroom)
+    stage = memory_stage(specs, space, layouts.columns, headroom)  # memory first
     ev = Evaluator(study, specs, stage, np.flatnonzero(stage.feasible))
     ostudy, search_info = optimize(ev, study, space, options, progress)
-    exhaustive = ev.exhaustive(study.search.top_k) if options.exhaustive and len(ev.feasible) \
-        else None
+    exhaustive = (ev.exhaustive(study.search.top_k)
+                  if options.exhaustive and len(ev.feasible) else None)
     top = rank(ev, ostudy, exhaustive, study.search.top_k)
-    result = StudyResult(
+    result = summarize(study, ev, layouts, top, ostudy, exhaustive, search_info,
+                       elapsed_s=time.perf_counter() - started, out_dir=options.out_dir)
+    write_outputs(result, specs, opt.trial_rows(ostudy) if ostudy else [], options.out_dir)
+    if export is not None and study.export is not None and result.best is not None:
+        export(options.out_dir, study.export)
+    return result
+
+
+def summarize(study: Study, ev: Evaluator, layouts: Layouts, top: list[RankedPlan],
+              ostudy: optuna.Study | None, exhaustive: Exhaustive | None,
+              search_info: dict[str, Any], *, elapsed_s: float, out_dir: Path) -> StudyResult:
+    specs, stage = ev.specs, ev.stage
+    headroom = study.objective.memory_headroom_gib
+    return StudyResult(
         study=study.study_name, model=specs.model.name, gpu=specs.cluster.gpu.id,
         num_gpus=specs.cluster.num_gpus, gpus_per_node=specs.cluster.gpus_per_node,
         objective={"metric": study.objective.metric, "direction": ev.directions[0],
-                   "second": study.objective.second,
-                   "memory_headroom_gib": headroom},
+                   "second": study.objective.second, "memory_headroom_gib": headroom},
         space_size=layouts.space_size, valid_count=len(layouts),
         feasible_count=len(ev.feasible),
         pruned_by={**layouts.pruned_by, "memory": int((~stage.feasible).sum())},
-        rules={r.name: r.text for r in space.rules},
+        rules={r.name: r.text for r in stage.space.rules},
         near_misses=nearest_misses(stage, specs, headroom) if not top else [],
         cells=cells(layouts, stage.feasible, top),
         top=top, trials=opt.completed(ostudy) if ostudy else 0, search=search_info,
         placement={"cpsat_solves": stage.solves,
                    "uneven_in_top": sum(bool(p.plan.first_stage_layers) for p in top),
                    "partial_recompute_in_top": sum(bool(p.plan.recompute_layers) for p in top)},
-        elapsed_s=time.perf_counter() - started, output_dir=str(options.out_dir),
+        elapsed_s=elapsed_s, output_dir=str(out_dir),
         optimum=optimum(ev, exhaustive, ostudy) if exhaustive else None,
-        notes=notes(study, specs, space, ev))
-    write_outputs(result, specs, trial_rows(ostudy) if ostudy else [], options.out_dir)
-    if export is not None and study.export is not None and result.best is not None:
-        export(options.out_dir, study.export)
-    return result
+        notes=notes(study, ev))
 
 
 def fingerprint(study: Study, specs: Specs, space: SearchSpace) -> str:
@@ -98,10 +108,11 @@ def optimize(ev: Evaluator, study: Study, space: SearchSpace, options: RunOption
                             "study_name": study.study_name, "trials_requested": target}
     if len(ev.feasible) == 0:
         return None, {**info, "trials_this_run": 0}
-    spec = opt.StorageSpec.parse(options.storage or s.storage, options.out_dir)
-    ostudy = opt.open_study(ev, spec, study.study_name, fingerprint(study, ev.specs, space))
+    spec = StorageSpec.parse(options.storage or s.storage, options.out_dir)
+    ostudy = open_study(spec, study.study_name, ev.directions,
+                        fingerprint(study, ev.specs, space))
     info["storage"] = spec.describe()
-    info["recovered_trials"] = opt.recover(ostudy, spec)
+    info["recovered_trials"] = recover(ostudy, spec)
     kind = s.sampler
     if target >= ev.units:  # every unit once: the result is exact, more trials add nothing
         target = ev.units
@@ -112,9 +123,8 @@ def optimize(ev: Evaluator, study: Study, space: SearchSpace, options: RunOption
     info.update(sampler=kind, trials_target=target, units=ev.units,
                 unit_axes=list(ev.choices))
     before = opt.completed(ostudy)
-    remaining = max(0, target - before)
     report = (lambda done, total: progress("trials", done, total)) if progress else None
-    opt.run_workers(ev, ostudy, spec, remaining, workers=workers, sampler=kind, seed=s.seed,
+    opt.run_workers(ev, ostudy, spec, target, workers=workers, sampler=kind, seed=s.seed,
                     progress=report)
     info["trials_this_run"] = opt.completed(ostudy) - before
     info["trial_states"] = opt.summary(ostudy)
@@ -196,31 +206,10 @@ def cells(layouts: Layouts, feasible: np.ndarray, top: list[RankedPlan]) -> list
     return out
 
 
-def notes(study: Study, specs: Specs, space: SearchSpace, ev: Evaluator) -> list[str]:
-    from search.presets import APPROXIMATIONS
-
+def notes(study: Study, ev: Evaluator) -> list[str]:
     out = []
     if study.model.preset in APPROXIMATIONS:
         out.append(APPROXIMATIONS[study.model.preset])
     if len(ev.feasible) == 0:
         out.append("no layout fits in memory: see near_misses")
     return out
-
-
-def trial_rows(ostudy: optuna.Study) -> list[dict[str, Any]]:
-    """One CSV row per trial: the plan's knobs, its predicted metrics, the trial state."""
-    rows = []
-    for t in ostudy.get_trials(deepcopy=False):
-        plan = t.user_attrs.get("plan", {})
-        metrics = t.user_attrs.get("metrics", {})
-        row: dict[str, Any] = {"number": t.number, "state": t.state.name.lower()}
-        for k, v in enumerate(t.values or []):
-            row[f"value_{k}"] = v
-        row.update({k: plan.get(k, "") for k in PLAN_COLUMNS})
-        row.update(metrics)
-        row.update({f"constraint_{k}": v for k, v in t.constraints.items()})
-        row.update(t.user_attrs.get("search", {}))
-        row["duration_s"] = t.duration.total_seconds() if t.duration else ""
-        row["error"] = t.user_attrs.get("error", "")
-        rows.append(row)
-    return rows

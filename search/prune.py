@@ -21,6 +21,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from costmodel.params import attention_params, dense_mlp_params, expert_params
+from costmodel.result import GIB
 from search.placement import (
     STAGE_NAMES,
     Placement,
@@ -33,7 +34,6 @@ from search.space import SearchSpace
 from search.stage_memory import StageTerms, stage_terms
 from search.study import Specs
 
-GIB = 2**30
 _EPS = 1e-9
 
 
@@ -142,6 +142,9 @@ def solve_placement(sp: Subproblem) -> Placement | None:
     solver.parameters.num_workers = 1
     solver.parameters.cp_model_probing_level = 0  # tiny models: probing costs more than it saves
     solver.parameters.symmetry_level = 0
+    # CP-SAT's own SIGINT handler leaves SIGINT at SIG_DFL afterwards: Ctrl-C would kill the
+    # process instead of stopping the study cleanly.
+    solver.parameters.catch_sigint_signal = False
     solver.parameters.max_time_in_seconds = 30.0
     if solver.solve(m) != cp_model.OPTIMAL:
         return None

@@ -28,8 +28,6 @@ from costmodel.specs import ClusterSpec, GpuSpec, ModelSpec, SpecError, Training
 from search.hf_config import HfConfigError, load_hf_config
 from search.presets import get_preset, preset_names
 
-GIB = 2**30
-
 
 class StudyError(ValueError):
     """A study file breaks a rule; the message is ``field.path: rule (got value)``."""

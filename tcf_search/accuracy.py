@@ -85,4 +85,7 @@ def report(frame: pd.DataFrame, pred: dict[str, np.ndarray],
             e = _ape(tok[rows], f.loc[rows, "tokens_per_sec_per_gpu"])
             out[f"{src}_rows"] = int(rows.sum())
             out[f"{src}_mape"] = float(e.mean())
+            # every one of these runs ran: the share predicted to fit is an OOM check on
+            # frameworks the memory fit never saw
+            out[f"{src}_predicted_fit"] = float((fits_b[rows]).mean())
     return out

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from tcf_search.export.cli import export_cmd
 from tcf_search.predict import predict_cmd
+from tcf_search.validate.cli import calibrate_cmd, validate_cmd
 
 PROJECT_PACKAGES = ("costmodel", "search", "hardware_catalog", "tcf_search")
 DEFAULT_RUNS_DIR = Path("runs")
@@ -83,14 +84,20 @@ def run_cmd(
     options = RunOptions(out_dir=output or DEFAULT_RUNS_DIR / study_file.stem, trials=trials,
                          workers=workers, storage=storage, exhaustive=exhaustive)
     err = Console(stderr=True)
-    with _progress(err, enabled=not quiet and err.is_terminal) as progress:
-        result = run_study(study, options, export=_export_hook, progress=progress)
+    try:
+        with _progress(err, enabled=not quiet and err.is_terminal) as progress:
+            result = run_study(study, options, export=_export_hook, progress=progress)
+    except KeyboardInterrupt:
+        typer.echo(f"interrupted: run the same command again to resume the study in "
+                   f"{options.out_dir}", err=True)
+        raise typer.Exit(130) from None
     if json_out:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     elif not quiet:
         from search.output import render
 
-        render(result, Console())
+        # A pipe gets the full table rather than one cut to 80 columns.
+        render(result, Console() if sys.stdout.isatty() else Console(width=160))
 
 
 def _export_hook(out_dir: Path, section: Any) -> Any:
@@ -160,6 +167,8 @@ def catalog_show(
 # Commands of other areas, one line each.
 app.command("export")(export_cmd)
 app.command("predict")(predict_cmd)
+app.command("validate")(validate_cmd)
+app.command("calibrate")(calibrate_cmd)
 
 
 def _is_project_error(exc: BaseException) -> bool:

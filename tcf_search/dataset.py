@@ -12,7 +12,7 @@ import pandas as pd
 
 from costmodel.estimate import check_plan, estimate_batch
 from costmodel.plans import plans_to_arrays
-from costmodel.specs import ClusterSpec, Efficiency, MemoryModel, ModelSpec, Training
+from costmodel.specs import ClusterSpec, Efficiency, ModelSpec, Training
 from tcf_search.measured import CaseError, case_from_row
 
 DEFAULT_CSV = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "measured_runs.csv"
@@ -64,17 +64,18 @@ def load_groups(frame: pd.DataFrame) -> tuple[list[Group], pd.Series]:
 
 def predict_groups(groups: list[Group], n_rows: int,
                    efficiency: dict[str, Efficiency] | None = None,
-                   memory_model: MemoryModel | None = None) -> dict[str, np.ndarray]:
-    """Evaluate every group; ``efficiency`` (by family) and ``memory_model`` override the
-    calibrated values, for fitting."""
+                   memory: dict[str, float] | None = None) -> dict[str, np.ndarray]:
+    """Evaluate every group; ``efficiency`` (by family) and ``memory`` (MemoryModel fields, on
+    top of each group's own) override the calibrated values, for fitting."""
     out: dict[str, np.ndarray] = {}
     for g in groups:
         cluster, training = g.cluster, g.training
         if efficiency and cluster.gpu.family in efficiency:
             cluster = replace(cluster, gpu=replace(cluster.gpu,
                                                    efficiency=efficiency[cluster.gpu.family]))
-        if memory_model is not None:
-            training = replace(training, memory_model=memory_model)
+        if memory:
+            mm = replace(training.memory_model, **memory)  # type: ignore[arg-type]
+            training = replace(training, memory_model=mm)
         res = estimate_batch(g.model, cluster, training, g.plans)
         for k, v in res.items():
             if k not in out:
@@ -84,6 +85,13 @@ def predict_groups(groups: list[Group], n_rows: int,
 
 
 def with_training(groups: list[Group], framework: str, **changes: object) -> list[Group]:
-    """The groups of one framework with Training fields changed (for fitting its profile)."""
-    return [replace(g, training=replace(g.training, **changes))  # type: ignore[arg-type]
-            if g.framework == framework else g for g in groups]
+    """The groups of one framework with Training fields changed (for fitting its profile);
+    ``memory_model`` may be a dict of MemoryModel fields to change."""
+    def changed(t: Training) -> Training:
+        ch = dict(changes)
+        if isinstance(ch.get("memory_model"), dict):
+            ch["memory_model"] = replace(t.memory_model, **ch["memory_model"])  # type: ignore[arg-type]
+        return replace(t, **ch)  # type: ignore[arg-type]
+
+    return [replace(g, training=changed(g.training)) if g.framework == framework else g
+            for g in groups]

@@ -30,6 +30,7 @@ from costmodel.specs import Efficiency, MemoryModel
 from hardware_catalog import FAMILIES
 from tcf_search.accuracy import report, throughput_rows
 from tcf_search.dataset import (
+    Group,
     find_measured_csv,
     holdout,
     load_groups,
@@ -42,6 +43,8 @@ EFF_PARAMS = ("attention_peak_fraction", "memory_bw_fraction", "collective_overh
               "nvlink_bw_fraction", "network_bw_fraction")
 # fitted as part of the nanotron profile (tcf_search/profiles.yaml), not of the GPU
 TRAINING_PARAMS = ("host_overhead_s", "pp_tp_step_overhead_s")
+# fitted on throughput but belonging to the memory model (the PyTorch allocator near capacity)
+PRESSURE_PARAMS = ("pressure_start", "pressure_slowdown")
 # Not fitted: the measured runs cannot tell GEMM from attention efficiency apart (one sequence
 # length dominates), so the GEMM roofline keeps its prior from public cuBLAS measurements
 # (large bf16 GEMMs reach about 70% of the dense peak on H100 and A100).
@@ -49,10 +52,13 @@ GEMM_PRIOR = {"gemm_peak_fraction": 0.70, "gemm_half_size": 128.0}
 EFF_BOUNDS = {"gemm_peak_fraction": (0.3, 0.95), "gemm_half_size": (1.0, 4096.0),
               "attention_peak_fraction": (0.05, 0.9), "memory_bw_fraction": (0.2, 1.0),
               "host_overhead_s": (1e-6, 5e-4), "collective_overhead_s": (1e-6, 1e-3),
-              "pp_tp_step_overhead_s": (1e-6, 2e-3), "nvlink_bw_fraction": (0.1, 1.0),
+              "pp_tp_step_overhead_s": (1e-6, 2e-3), "pressure_start": (0.6, 0.99),
+              "pressure_slowdown": (1e-3, 20.0), "nvlink_bw_fraction": (0.1, 1.0),
               "network_bw_fraction": (0.05, 1.0)}
 MEM_PARAMS = ("activation_factor", "logits_bytes_per_element", "allocator_fraction",
               "allocator_const_bytes")
+# the framework's own footprint (nanotron profile) vs the PyTorch allocator's (every framework)
+FRAMEWORK_MEM_PARAMS = ("activation_factor", "logits_bytes_per_element")
 MEM_BOUNDS = {"activation_factor": (0.5, 4.0), "logits_bytes_per_element": (2.0, 40.0),
               "allocator_fraction": (0.0, 1.5), "allocator_const_bytes": (0.0, 8 * GIB)}
 
@@ -90,52 +96,66 @@ def _to_unit(vals: dict, names: tuple[str, ...],
     return np.asarray(x)
 
 
-def fit_efficiency(frame: pd.DataFrame, groups, rows: pd.Series, family: str,
-                   start: Efficiency, memory_model: MemoryModel | None,
-                   params: tuple[str, ...] = EFF_PARAMS, framework: str = "",
-                   start_training: dict[str, float] | None = None,
+def fit_efficiency(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, family: str,
+                   start: Efficiency, params: tuple[str, ...] = EFF_PARAMS,
+                   framework: str = "", start_values: dict[str, float] | None = None,
                    ) -> tuple[Efficiency, dict[str, float]]:
     """Least squares on log throughput (Cauchy loss: a few pathological runs must not steer
-    it). Parameters named in TRAINING_PARAMS belong to ``framework``'s profile."""
+    it). TRAINING_PARAMS belong to ``framework``'s profile, PRESSURE_PARAMS to the allocator."""
     measured = frame["tokens_per_sec_per_gpu"].to_numpy()
     idx = _covered(groups, rows)
     fam_groups = [g for g in groups if g.cluster.gpu.family == family
                   and np.isin(g.index, idx).any()]
-    values = {**dataclasses.asdict(start), **(start_training or {})}
+    values = {**dataclasses.asdict(start), **(start_values or {})}
 
-    def split(x: np.ndarray) -> tuple[Efficiency, list, dict[str, float]]:
+    def split(x: np.ndarray) -> tuple[Efficiency, list[Group], dict[str, float]]:
         v = _unit(x, params, EFF_BOUNDS)
         tr = {k: val for k, val in v.items() if k in TRAINING_PARAMS}
         eff = replace(start, **{k: val for k, val in v.items()  # type: ignore[arg-type]
-                                if k not in TRAINING_PARAMS})
-        return eff, with_training(fam_groups, framework, **tr) if tr else fam_groups, tr
+                                if k not in TRAINING_PARAMS + PRESSURE_PARAMS})
+        return eff, with_training(fam_groups, framework, **tr) if tr else fam_groups, v
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        eff, g, _ = split(x)
-        pred = predict_groups(g, len(frame), {family: eff}, memory_model)
+        eff, g, v = split(x)
+        memory = {k: val for k, val in v.items() if k in PRESSURE_PARAMS}
+        pred = predict_groups(g, len(frame), {family: eff}, memory)
         return np.log(pred["tokens_per_s_per_gpu"][idx] / measured[idx])
 
     x0 = _to_unit(values, params, EFF_BOUNDS)
     sol = least_squares(residuals, x0, bounds=(0.0, 1.0), loss="cauchy", f_scale=0.1,
                         diff_step=1e-3, max_nfev=int(os.environ.get("TCF_FIT_NFEV", "300")))
-    eff, _, tr = split(sol.x)
-    return eff, tr
+    eff, _, v = split(sol.x)
+    return eff, {k: val for k, val in v.items() if k not in dataclasses.asdict(start)}
 
 
-def fit_memory(frame: pd.DataFrame, groups, rows: pd.Series, start: MemoryModel) -> MemoryModel:
+def fit_memory(frame: pd.DataFrame, groups: list[Group], rows: pd.Series) -> dict[str, float]:
     measured = frame["peak_mem_gib"].to_numpy() * GIB
     idx = _covered(groups, rows)
     used = [g for g in groups if np.isin(g.index, idx).any()]
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        mm = replace(start, **_unit(x, MEM_PARAMS, MEM_BOUNDS))
-        pred = predict_groups(used, len(frame), None, mm)
+        pred = predict_groups(used, len(frame), None, _unit(x, MEM_PARAMS, MEM_BOUNDS))
         return np.log(pred["peak_mem_bytes"][idx] / measured[idx])
 
-    x0 = _to_unit(dataclasses.asdict(start), MEM_PARAMS, MEM_BOUNDS)
+    x0 = _to_unit(dataclasses.asdict(MemoryModel()), MEM_PARAMS, MEM_BOUNDS)
     sol = least_squares(residuals, x0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=0.05,
                         diff_step=1e-3, max_nfev=300)
-    return replace(start, **_unit(sol.x, MEM_PARAMS, MEM_BOUNDS))
+    return _unit(sol.x, MEM_PARAMS, MEM_BOUNDS)
+
+
+def nanotron_memory(values: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in values.items() if k in FRAMEWORK_MEM_PARAMS + PRESSURE_PARAMS}
+
+
+def _set_fitted(text: str, key: str, value: float) -> str:
+    """Replace the value on the (first) ``key:`` line marked ``# fitted``."""
+    lines = text.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith(f"{key}:") and "# fitted" in line:
+            indent = line[: len(line) - len(line.lstrip())]
+            lines[i] = f"{indent}{key}: {value:.4g}  # fitted\n"
+            return "".join(lines)
+    raise KeyError(f"profiles.yaml has no fitted line for {key}")
 
 
 def write_calibration(effs: dict[str, Efficiency], mm: MemoryModel,
@@ -146,12 +166,10 @@ def write_calibration(effs: dict[str, Efficiency], mm: MemoryModel,
                    + yaml.safe_dump({f: dataclasses.asdict(e) for f, e in effs.items()},
                                     sort_keys=False))
     prof_path = root / "tcf_search" / "profiles.yaml"
-    text = prof_path.read_text()
-    head, _, _ = text.partition("memory_model:")
+    head, _, _ = prof_path.read_text().partition("\nmemory_model:")
     for key, value in nanotron.items():
-        line = head[head.index(f"{key}:"):].split("\n", 1)[0]
-        head = head.replace(line, f"{key}: {value:.4g}  # fitted")
-    prof_path.write_text(head + "memory_model:\n" + "".join(
+        head = _set_fitted(head, key, value)
+    prof_path.write_text(head + "\nmemory_model:\n" + "".join(
         f"  {k}: {v!r}\n" if k != "source" else f"  {k}: {json.dumps(v)}\n"
         for k, v in dataclasses.asdict(mm).items()))
     print("wrote", cal, "and", prof_path)
@@ -174,25 +192,42 @@ def main(argv: list[str] | None = None) -> int:
 
     pb_ok = (frame["source"].eq("playbook") & frame["status"].eq("ok")
              & frame["peak_mem_gib"].notna())
-    mm = fit_memory(frame, groups, pb_ok & train, MemoryModel())
-    mm = replace(mm, source="fitted by python -m tcf_search.fit on Playbook ok runs "
-                 f"(max_memory_reserved, {int((pb_ok & train).sum())} rows of non-held-out groups)")
-    print("memory model:", mm)
+    memory = fit_memory(frame, groups, pb_ok & train)
+    nanotron = {k: memory.pop(k) for k in FRAMEWORK_MEM_PARAMS}
+    groups = with_training(groups, "nanotron", memory_model=nanotron)
+    print("allocator:", memory, "nanotron memory:", nanotron)
 
     hop_rows = throughput_rows(frame) & train
     start = replace(Efficiency(), **GEMM_PRIOR)  # type: ignore[arg-type]
-    hopper, nanotron = fit_efficiency(
-        frame, groups, hop_rows, "hopper", start, mm, EFF_PARAMS + TRAINING_PARAMS,
-        framework="nanotron", start_training={"host_overhead_s": 5e-5,
-                                              "pp_tp_step_overhead_s": 2e-4})
-    groups = with_training(groups, "nanotron", **nanotron)
+    # the throughput fit sees the pressure parameters through the nanotron groups only
+    assert all(g.framework == "nanotron" for g in groups if g.cluster.gpu.family == "hopper"
+               and np.isin(g.index, _covered(groups, throughput_rows(frame) & train)).any())
+    hopper, fitted = fit_efficiency(
+        frame, [replace(g, training=replace(g.training, memory_model=replace(
+            g.training.memory_model, **memory))) for g in groups],  # type: ignore[arg-type]
+        hop_rows, "hopper", start, EFF_PARAMS + TRAINING_PARAMS + PRESSURE_PARAMS,
+        framework="nanotron",
+        start_values={"host_overhead_s": 5e-5, "pp_tp_step_overhead_s": 2e-4,
+                      "pressure_start": 0.85, "pressure_slowdown": 1.0})
+    mm = replace(MemoryModel(), **memory,  # type: ignore[arg-type]
+                 source="fitted by python -m tcf_search.fit on Playbook ok runs of non-held-out "
+                 f"groups: allocator_* on max_memory_reserved ({int((pb_ok & train).sum())} rows);"
+                 " activation_factor, logits_bytes_per_element and pressure_* are priors here "
+                 "(Korthikanti's count; bf16 logits + fp32 softmax; no slowdown) and fitted for "
+                 "nanotron in its profile")
+    pressure = {k: fitted.pop(k) for k in PRESSURE_PARAMS}
+    nanotron.update(pressure)
+    nanotron.update(fitted)
+    groups = [replace(g, training=replace(g.training, memory_model=replace(
+        g.training.memory_model, **memory))) for g in groups]  # type: ignore[arg-type]
+    groups = with_training(groups, "nanotron", memory_model=nanotron_memory(nanotron), **fitted)
     hopper = replace(hopper, source="fitted by python -m tcf_search.fit on "
                      f"{int(hop_rows.sum())} Playbook H100 ok runs (pp=1 or after_pp_fix) "
                      "of non-held-out (model, num_gpus) groups; GEMM roofline from prior")
     print("hopper:", hopper)
     print("nanotron profile:", nanotron)
     a100 = frame["source"].eq("llm-foundry") & frame["gpu"].str.startswith("a100") & train
-    ampere, _ = fit_efficiency(frame, groups, a100, "ampere", replace(hopper, source=""), mm,
+    ampere, _ = fit_efficiency(frame, groups, a100, "ampere", replace(hopper, source=""),
                                ("attention_peak_fraction", "memory_bw_fraction",
                                 "network_bw_fraction"))
     ampere = replace(ampere, source="fitted by python -m tcf_search.fit on "
@@ -204,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     for family in FAMILIES:  # no measurements: carry the newest fitted family over, say so
         effs.setdefault(family, replace(
             hopper, source=f"transferred from the hopper fit: no measured {family} runs to fit"))
-    pred = predict_groups(groups, len(frame), effs, mm)
+    pred = predict_groups(groups, len(frame), effs)
     print("held-out:", json.dumps(report(frame, pred, held), indent=1))
     print("all rows:", json.dumps(report(frame, pred), indent=1))
     if args.write:

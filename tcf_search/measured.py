@@ -29,17 +29,22 @@ def load_profiles() -> dict[str, Any]:
     return raw or {}
 
 
-def memory_model() -> MemoryModel:
-    """The calibrated memory model of the PyTorch software stack (prior if not fitted)."""
-    mm = load_profiles().get("memory_model")
-    return MemoryModel(**mm) if mm else MemoryModel()
+def memory_model(framework: str = "") -> MemoryModel:
+    """The calibrated memory model: the PyTorch allocator's numbers (``memory_model``) with the
+    framework's own activation/logits footprint (its profile's ``memory_model`` section)."""
+    profiles = load_profiles()
+    mm = MemoryModel(**(profiles.get("memory_model") or {}))
+    own = profiles.get("frameworks", {}).get(framework, {}).get("memory_model")
+    return replace(mm, **own) if own else mm
 
 
 def framework_settings(framework: str) -> dict[str, object]:
-    """Training switches of a framework ('' or unknown: the generic Megatron-like profile)."""
+    """Training switches of a framework ('' or unknown: the generic Megatron-like profile),
+    with its memory model."""
     frameworks = load_profiles().get("frameworks", {})
     settings = dict(frameworks.get("generic", {}))
     settings.update(frameworks.get(framework, {}))
+    settings["memory_model"] = memory_model(framework if framework in frameworks else "generic")
     return settings
 
 
@@ -109,7 +114,6 @@ def case_from_row(row: Mapping[str, object]) -> Case:
     precision = _cell(row, "precision") or "bf16"
     training = Training(seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
                         precision=precision,  # type: ignore[arg-type]
-                        memory_model=memory_model(),
                         **framework_settings(framework))  # type: ignore[arg-type]
     given = frozenset(k for k in KNOBS if _cell(row, k))
     tp = _int(row, "tp", 1)

@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from costmodel.specs import ModelSpec, Plan, Training
+from costmodel.specs import MemoryModel, ModelSpec, Plan, Training
 
 FORMAT_VERSION = 1
 
@@ -67,6 +67,13 @@ def _build(cls: type, section: str, raw: Any) -> Any:
         raise PlanFileError(f"{section}: {e}") from None
 
 
+def _build_training(raw: Any) -> Training:
+    if isinstance(raw, dict) and isinstance(raw.get("memory_model"), dict):
+        raw = {**raw, "memory_model": _build(MemoryModel, "training.memory_model",
+                                             raw["memory_model"])}
+    return _build(Training, "training", raw)  # type: ignore[no-any-return]
+
+
 def parse_plan_file(text: str) -> PlanFile:
     try:
         raw = yaml.safe_load(text)
@@ -87,7 +94,7 @@ def parse_plan_file(text: str) -> PlanFile:
         num_gpus=int(cluster["num_gpus"]),
         gpus_per_node=int(cluster.get("gpus_per_node", 8)),
         model=_build(ModelSpec, "model", raw["model"]),
-        training=_build(Training, "training", raw["training"]),
+        training=_build_training(raw["training"]),
         plan=_build(Plan, "plan", raw["plan"]),
         predicted=dict(raw.get("predicted") or {}),
     )

@@ -156,7 +156,10 @@ def _edit(path: Path, change: Callable[[dict], object]) -> None:
 
 def test_directory_argument_loads_that_folder(tmp_catalog: Path) -> None:
     assert list_ids(tmp_catalog) == ["h100-sxm-80gb"]
-    assert get_gpu("h100-sxm-80gb", tmp_catalog) == get_gpu("h100-sxm-80gb")
+    here, main = get_gpu("h100-sxm-80gb", tmp_catalog), get_gpu("h100-sxm-80gb")
+    # the copy has no calibration.yaml beside it: same numbers, prior efficiency
+    assert dataclasses.replace(here, efficiency=main.efficiency) == main
+    assert here.efficiency.source == "prior (uncalibrated)"
 
 
 @pytest.mark.parametrize(("change", "message"), [

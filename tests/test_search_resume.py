@@ -14,8 +14,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from search.optimize import StorageSpec
 from search.pipeline import RunOptions, run_study
+from search.storage import StorageSpec
 from search.study import load_study
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,16 +95,22 @@ def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path: Path) -> No
 
 
 def test_four_workers_run_exactly_the_requested_trials(tmp_path: Path) -> None:
-    study = study_file(tmp_path)
     out = tmp_path / "workers"
-    run = subprocess.run(cli(study, out, "--workers", "4"), cwd=ROOT, env=env(),
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr
+    result = run_study(load_study(study_file(tmp_path)),
+                       RunOptions(out_dir=out, trials=TRIALS, workers=4))
+    assert result.search["sampler"] == "auto" and result.search["units"] > TRIALS  # TPE
     trials = stored(out).get_trials(deepcopy=False)
-    assert len([t for t in trials if t.state == TrialState.COMPLETE]) == TRIALS
+    assert len([t for t in trials if t.state == TrialState.COMPLETE]) == TRIALS == result.trials
     assert len({t.number for t in trials}) == len(trials)
-    # the same command again finds the study complete and adds nothing
-    again = subprocess.run(cli(study, out, "--workers", "4"), cwd=ROOT, env=env(),
-                           capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stderr
-    assert len(complete(out)) == TRIALS
+    assert result.search["trials_this_run"] == TRIALS
+
+
+def test_rdb_url_is_shared_by_runs_and_workers(tmp_path: Path) -> None:
+    study = load_study(ROOT / "studies" / "llama3-8b-h100x8.yaml")
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    first = run_study(study, RunOptions(out_dir=tmp_path / "a", trials=8, storage=url, workers=2))
+    assert first.trials == 8 and first.search["storage"] == url
+    # another host (here: another output folder) on the same storage extends the same study
+    second = run_study(study, RunOptions(out_dir=tmp_path / "b", trials=12, storage=url))
+    assert second.trials == 12 and second.search["trials_this_run"] == 4
+    assert not (tmp_path / "a" / "study.journal").exists()

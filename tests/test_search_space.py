@@ -125,7 +125,7 @@ def test_search_never_emits_an_invalid_plan(tmp_path: Path) -> None:
 
 
 def _journal(path: Path) -> optuna.storages.BaseStorage:
-    from search.optimize import StorageSpec
+    from search.storage import StorageSpec
 
     return StorageSpec.parse(None, path).open()
 

@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from costmodel import StepEstimate, estimate
-from tcf_search.explain.neighbours import best_move, neighbours
+from tcf_search.explain.neighbours import best_move, improves, neighbours
 from tcf_search.explain.planspec import format_plan
 from tcf_search.explain.source import Subject
 
@@ -82,18 +82,24 @@ def explain(subject: Subject) -> dict[str, Any]:
     s, plan = subject.specs, subject.plan
     e = estimate(s.model, s.cluster, plan, s.training)
     moves = neighbours(plan, s, e.tokens_per_s_per_gpu)
-    best = best_move(moves, e.memory.fits)
+    best = best_move(moves)
+    better = improves(best, e.memory.fits, e.tokens_per_s_per_gpu)
     binding = e.dominant_challenge
     breakdown = step_breakdown(e)
     if best is None:
-        advice = "no single-knob change improves tokens/s while fitting: this plan is a local " \
-                 "optimum"
+        advice = "no valid one-knob neighbour exists"
     elif not e.memory.fits:
-        advice = (f"{best.change} fits ({best.peak_mem_gib:.1f} GiB)" if best.fits else
+        advice = (f"{best.change} makes it fit ({best.peak_mem_gib:.1f} GiB), tokens/s "
+                  f"{best.gain:+.1%}" if best.fits else
                   f"{best.change} needs least memory ({best.peak_mem_gib:.1f} GiB) but still "
                   f"does not fit")
-    else:
+    elif better:
         advice = f"{best.change}: tokens/s {best.gain:+.1%}"
+    else:
+        cost = "ties it" if abs(best.gain) < 5e-4 else f"costs {best.gain:+.1%} tokens/s"
+        advice = (f"none improves it — a local optimum; the closest, {best.change}, {cost}"
+                  if best.fits else
+                  "none improves it — every one-knob neighbour breaks the memory limit")
     return {
         "study": subject.name, "origin": subject.origin, "model": s.model.name,
         "cluster": {"gpu": s.cluster.gpu.id, "num_gpus": s.cluster.num_gpus,
@@ -105,7 +111,8 @@ def explain(subject: Subject) -> dict[str, Any]:
         "step": {"step_time_s": e.step_time_s, "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
                  "tokens_per_step": e.tokens_per_step, "breakdown": breakdown},
         "verdict": {"binding": binding, "reason": REASONS[binding],
-                    "best_change": best.to_dict() if best else None, "advice": advice,
+                    "best_change": best.to_dict() if best else None, "improves": better,
+                    "advice": advice,
                     "alternatives": [m.to_dict() for m in moves[:5]],
                     "neighbours_evaluated": len(moves)},
     }

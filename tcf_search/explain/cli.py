@@ -60,4 +60,5 @@ def explain_cmd(
         v = doc["verdict"]
         typer.echo(f"{doc['plan_text']}: bound by {v['binding']}; {v['advice']}")
     else:
-        render(doc, Console())
+        con = Console(highlight=False)
+        render(doc, con if con.is_terminal else Console(width=120, highlight=False))

@@ -15,7 +15,7 @@ from typing import Any
 
 from costmodel import Plan, estimate_batch, plans_to_arrays
 from search.study import Specs
-from tcf_search.explain.planspec import PlanSpecError, apply_change
+from tcf_search.explain.planspec import SHORT, PlanSpecError, apply_change
 
 GIB = 2**30
 
@@ -70,7 +70,8 @@ def candidate_changes(plan: Plan, specs: Specs) -> list[dict[str, Any]]:
 def describe(change: dict[str, Any]) -> str:
     if set(change) == {"first_stage_layers", "last_stage_layers"}:
         return "even stage split"
-    return ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+    short = dict(SHORT)
+    return ",".join(f"{short.get(k, k)}={str(v).lower() if isinstance(v, bool) else v}"
                     for k, v in change.items())
 
 
@@ -104,13 +105,14 @@ def _rank_key(m: Move) -> tuple[float, float]:
     return (0.0, -m.tokens_per_s_per_gpu) if m.fits else (1.0, m.peak_mem_gib)
 
 
-def best_move(moves: list[Move], plan_fits: bool) -> Move | None:
-    """The single change that helps most: for a plan that fits, the fitting neighbour with the
-    largest throughput gain (None when none gains); otherwise the best neighbour (fitting, or
-    the one with least memory)."""
-    if not moves:
-        return None
-    top = moves[0]
-    if plan_fits and (not top.fits or top.gain <= 0):
-        return None
-    return top
+def best_move(moves: list[Move]) -> Move | None:
+    """The single change that helps most: the best-ranked neighbour (None without any)."""
+    return moves[0] if moves else None
+
+
+def improves(move: Move | None, plan_fits: bool, tokens_per_s: float) -> bool:
+    """Whether the move is an improvement: it fits where the plan did not, or it fits and is
+    faster."""
+    if move is None or not move.fits:
+        return False
+    return not plan_fits or move.tokens_per_s_per_gpu > tokens_per_s

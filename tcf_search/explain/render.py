@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from typing import Any
 
 from rich.console import Console
@@ -82,9 +83,9 @@ def _verdict(doc: dict[str, Any], con: Console) -> None:
     con.print(f"\n[bold]Verdict[/bold]: bound by [bold]{v['binding']}[/bold] — {v['reason']}.")
     con.print(f"   step: {parts}")
     best = v["best_change"]
-    if best is None:
-        con.print(f"   best single change: none — {v['advice']} "
-                  f"({v['neighbours_evaluated']} neighbours evaluated)")
+    if best is None or not v["improves"]:
+        con.print(f"   best single change: {v['advice']} "
+                  f"({v['neighbours_evaluated']} valid one-knob neighbours evaluated)")
         return
     adjusted = f" (adjusting {'; '.join(best['adjusted'])})" if best["adjusted"] else ""
     con.print(f"   best single change: [bold]{v['advice']}[/bold]{adjusted}; "
@@ -106,7 +107,8 @@ def render(doc: dict[str, Any], con: Console) -> None:
 
 def render_html(doc: dict[str, Any], width: int = 110) -> str:
     """The same text as an HTML ``<pre>`` fragment with inline colours."""
-    con = Console(record=True, width=width, file=_Null(), force_terminal=True)
+    con = Console(record=True, width=width, file=io.StringIO(), force_terminal=True,
+                  highlight=False)
     render(doc, con)
     return con.export_html(inline_styles=True, code_format=(
         '<pre class="explain" style="font-family:monospace;font-size:12px;line-height:1.35">'
@@ -114,16 +116,7 @@ def render_html(doc: dict[str, Any], width: int = 110) -> str:
 
 
 def render_svg(doc: dict[str, Any], title: str = "tcf-search explain", width: int = 110) -> str:
-    con = Console(record=True, width=width, file=_Null(), force_terminal=True)
+    con = Console(record=True, width=width, file=io.StringIO(), force_terminal=True,
+                  highlight=False)
     render(doc, con)
     return con.export_svg(title=title)
-
-
-class _Null:
-    """A file that discards what a recording console writes."""
-
-    def write(self, text: str) -> int:
-        return len(text)
-
-    def flush(self) -> None:
-        pass

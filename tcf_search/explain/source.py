@@ -4,12 +4,13 @@ model needs, built the way the search builds them."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from costmodel import ClusterSpec, Plan
+from costmodel import ClusterSpec, MemoryModel, Plan
 from search.study import Specs, build_specs, load_study
 from tcf_search.explain.planspec import PlanSpecError, check, parse_plan
 from tcf_search.planfile import PlanFile, load_plan_file
@@ -40,9 +41,13 @@ def specs_from_plan_file(pf: PlanFile) -> Specs:
     except ValueError as exc:
         raise SourceError(f"cluster.gpu: {exc} (a study with gpu_spec needs the study file: "
                           f"pass STUDY.yaml with --result)") from None
+    training = pf.training
+    if isinstance(training.memory_model, dict):  # planfile leaves nested sections as mappings
+        training = dataclasses.replace(training, memory_model=MemoryModel(
+            **training.memory_model))
     return Specs(model=pf.model, cluster=ClusterSpec(gpu=gpu, num_gpus=pf.num_gpus,
                                                      gpus_per_node=pf.gpus_per_node),
-                 training=pf.training)
+                 training=training)
 
 
 def is_plan_file(path: Path) -> bool:

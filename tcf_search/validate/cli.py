@@ -33,7 +33,7 @@ def _fmt(value: float, spec: str) -> str:
 def _row_line(r: Row) -> str:
     return (f"{r.rank:>4} {r.plan:<34} {r.outcome:<11} "
             f"{_fmt(r.predicted_step_time_s, '9.3f')} {_fmt(r.measured_step_time_s, '9.3f')} "
-            f"{_fmt(100 * r.time_error, '+7.0f')}% "
+            f"{_fmt(100 * r.time_error, '+7.0f') + '%':>8} "
             f"{_fmt(r.predicted_peak_gib, '8.3f')} {_fmt(r.measured_peak_gib, '8.3f')}")
 
 
@@ -83,7 +83,7 @@ def validate_cmd(
     summary = report.summary()
     typer.echo(f"mode: {report.mode}; ok {summary['ok']}/{summary['plans']}; "
                f"Spearman (step time) {_fmt(report.spearman, '.3f')}; "
-               f"mean |time error| {_fmt(100 * summary['mean_abs_time_error'], '.0f')}%")
+               f"mean |time error| {_fmt(100 * summary['mean_abs_time_error'], '.0f')} %")
     for r in report.rows:
         if r.error:
             typer.echo(f"rank {r.rank}: {r.outcome}: {r.error[:300]}")

@@ -58,6 +58,7 @@ def spawn_ranks(cmd: list[str], world: int, work: Path, timeout_s: float,
         procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                       cwd=REPO_ROOT, process_group=group))
         log.close()
+    (work / "pgid").write_text(str(procs[0].pid))  # lets a caller check nothing survived
     timed_out = False
     while True:
         codes = [p.poll() for p in procs]

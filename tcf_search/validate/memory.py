@@ -169,7 +169,8 @@ def measure_step(stepper: Any, chunks: list[nn.Module], optimizer: torch.optim.O
         for handle in handles:
             handle.remove()
     categories = peak_snapshot(tracker)
-    maxima = max(tracker.tcf_maxima.values(), key=lambda m: m.get(TOTAL, 0), default={})
+    maxima: dict[str, float] = max(tracker.tcf_maxima.values(),
+                                   key=lambda m: m.get(TOTAL, 0), default={})
     layer_act = max(tracker.tcf_layer_act.values(), default=float("nan"))
     return StepMemory(loss=loss, peak_bytes=categories.get(TOTAL, float("nan")),
                       parts=categories, maxima={k: float(v) for k, v in maxima.items()},

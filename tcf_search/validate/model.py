@@ -19,7 +19,6 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch import nn
-
 from torch.utils.checkpoint import (
     CheckpointPolicy,
     checkpoint,
@@ -67,10 +66,9 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, -1, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        if self.rep > 1:
-            k = k.repeat_interleave(self.rep, dim=1)
-            v = v.repeat_interleave(self.rep, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # enable_gqa: query head i reads KV head i // rep without materialising repeated K/V,
+        # as flash attention does.
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.rep > 1)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -135,6 +133,9 @@ class Block(nn.Module):
 
 class Decoder(nn.Module):
     """Token ids in, logits out; a pipeline stage maps hidden states to hidden states."""
+
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
 
     def __init__(self, m: ModelSpec, seq_len: int) -> None:
         super().__init__()

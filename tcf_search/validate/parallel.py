@@ -87,6 +87,11 @@ def rank_stage_ids(pp_rank: int, plan: Plan) -> list[int]:
     return [pp_rank + k * plan.pp for k in range(plan.vpp)]
 
 
+def blocks(model: nn.Module) -> list[nn.Module]:
+    """The transformer layers of a decoder chunk, in order."""
+    return list(model.get_submodule("layers").children())
+
+
 def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
     """Megatron's layout in DTensor terms (Shoeybi et al., 2019; Korthikanti et al., 2022):
     QKV and gate/up column-parallel, output and down projections row-parallel; with sequence
@@ -104,7 +109,7 @@ def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, sequence_parallel
     if model.output is not None:
         top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
     parallelize_module(model, tp_mesh, top)  # type: ignore[arg-type]
-    for block in model.layers.values():
+    for block in blocks(model):
         plan: dict[str, object] = {
             "attention": PrepareModuleInput(input_layouts=(seq, None, None),
                                             desired_input_layouts=(Replicate(), None, None)),
@@ -117,7 +122,7 @@ def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, sequence_parallel
             "feed_forward.w1": ColwiseParallel(),
             "feed_forward.w2": RowwiseParallel(output_layouts=seq),
         }
-        if block.feed_forward.w3 is not None:
+        if block.feed_forward.w3 is not None:  # type: ignore[union-attr]
             plan["feed_forward.w3"] = ColwiseParallel()
         if sequence_parallel:
             plan["attention_norm"] = SequenceParallel()
@@ -127,13 +132,13 @@ def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, sequence_parallel
 
 def apply_recompute(model: Decoder, plan: Plan) -> None:
     """Full recompute of the first ``recompute_layers`` layers of the stage (0 = all)."""
-    blocks: list[Block] = [b for b in model.layers.values() if isinstance(b, Block)]
+    layers = [b for b in blocks(model) if isinstance(b, Block)]
     if plan.recompute == "full":
-        n = plan.recompute_layers or len(blocks)
-        for block in blocks[:n]:
+        n = plan.recompute_layers or len(layers)
+        for block in layers[:n]:
             block.recompute = "full"
     elif plan.recompute == "selective":
-        for block in blocks:
+        for block in layers:
             block.recompute = "selective"
 
 
@@ -148,7 +153,7 @@ def apply_data_parallel(model: nn.Module, dp_mesh: DeviceMesh, plan: Plan,
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     if plan.zero_stage >= 2:
         reshard = plan.zero_stage == 3
-        for block in model.layers.values():  # type: ignore[union-attr]
+        for block in blocks(model):
             fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=mp)
         # The root unit (embedding, norm, head) stays gathered after forward, as torchtitan does:
         # backward needs it first.
@@ -160,7 +165,7 @@ def apply_data_parallel(model: nn.Module, dp_mesh: DeviceMesh, plan: Plan,
         # A one-rank FSDP2 unit is PyTorch's mixed-precision wrapper: fp32 parameters, bf16
         # copies made per layer for compute. Autocast would instead keep a bf16 copy of every
         # weight alive from forward to backward.
-        for block in model.layers.values():  # type: ignore[union-attr]
+        for block in blocks(model):
             fully_shard(block, mesh=dp_mesh, mp_policy=mp)
         fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, mp_policy=mp)
         return model
@@ -170,7 +175,7 @@ def apply_data_parallel(model: nn.Module, dp_mesh: DeviceMesh, plan: Plan,
     from torch.distributed._composable.replicate_with_fsdp import replicate
     if plan.zero_stage == 1:
         notes.append("zero_stage=1 runs as FSDP2 replicate here (optimizer not sharded)")
-    for block in model.layers.values():  # type: ignore[union-attr]
+    for block in blocks(model):
         replicate(block, mesh=dp_mesh, mp_policy=mp)
     replicate(model, mesh=dp_mesh, mp_policy=mp)
     return model
@@ -183,9 +188,11 @@ def build_optimizer(params: list[nn.Parameter], plan: Plan, dp_mesh: DeviceMesh,
         from torch.distributed.optim import ZeroRedundancyOptimizer
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.AdamW,
                                        process_group=dp_mesh.get_group(), lr=lr)
-    # Without sequence parallel the norm weights stay plain tensors next to DTensors, which the
-    # multi-tensor (foreach) kernels refuse to mix.
+    # Without sequence parallel (and without FSDP) the norm weights stay plain tensors next to
+    # DTensors, which the fused and multi-tensor kernels refuse to mix.
     mixed = plan.tp > 1 and not plan.sequence_parallel
+    if mixed:
+        return torch.optim.AdamW(params, lr=lr, foreach=False)
     return torch.optim.AdamW(params, lr=lr, fused=True)
 
 

@@ -24,6 +24,7 @@ from tcf_search.planfile import PlanFile, load_plan_file
 from tcf_search.validate.compare import Row, make_row, rank_agreement
 from tcf_search.validate.config import (
     Device,
+    Outcome,
     RunConfig,
     RunResult,
     Unsupported,
@@ -122,7 +123,8 @@ def run_memory_only(cfg: RunConfig, *, timeout_s: float, work_dir: Path) -> RunR
     wall = time.monotonic() - start
     if code != 0 or not out.exists():
         text = log_path.read_text(errors="replace")
-        outcome = "oom" if "MemoryError" in text or "OutOfMemoryError" in text else "crash"
+        outcome: Outcome = "oom" if "MemoryError" in text or "OutOfMemoryError" in text \
+            else "crash"
         return RunResult(outcome=outcome, wall_s=wall,
                          error=f"memory-only exited {code}: {_tail(log_path)}")
     raw = json.loads(out.read_text())

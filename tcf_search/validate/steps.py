@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -53,7 +54,7 @@ class Stepper:
         )
         pp_group = self.par.mesh["pp"].get_group()
         n_stages = self.plan.pp * self.plan.vpp
-        stages = [PipelineStage(chunk, stage_id, n_stages, self.device, group=pp_group)
+        stages: list[Any] = [PipelineStage(chunk, stage_id, n_stages, self.device, group=pp_group)
                   for chunk, stage_id in zip(self.par.chunks, self.par.stage_ids, strict=True)]
         n_micro = micro_batches(self.plan, self.training)
         if self.plan.schedule == "interleaved":

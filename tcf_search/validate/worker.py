@@ -18,7 +18,6 @@ import traceback
 import warnings
 from datetime import timedelta
 from pathlib import Path
-
 from typing import TYPE_CHECKING, Any
 
 from tcf_search.validate.config import RankReport, RunConfig

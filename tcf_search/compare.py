@@ -1,0 +1,183 @@
+"""``tcf-search compare STUDY.yaml --base PLAN --with recompute=full --with tp=8 ...``
+
+The framework's trade-off table computed for one model and cluster: for each technique (one or
+more knobs changed from the base plan), the change in every challenge — memory by component on
+the peak stage, compute time and utilisation, communication volume and exposed time, the bubble,
+and tokens/s. A technique that breaks validity is repaired the way ``explain`` repairs its
+neighbours (dp keeps the world size, ...) and the table says what moved.
+
+Exit codes: 0 compared, 2 bad input (one line on stderr).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from costmodel import Plan, StepEstimate, estimate
+from search.study import Specs, build_specs, load_study
+from tcf_search.explain.cli import user_errors
+from tcf_search.explain.planspec import (
+    PlanSpecError,
+    apply_change,
+    format_plan,
+    parse_assignments,
+    parse_plan,
+)
+
+GIB = 2**30
+MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "buffers")
+
+
+def measures(e: StepEstimate) -> dict[str, float]:
+    """What the table compares, for one plan (memory on its peak stage)."""
+    peak = e.memory.peak
+    out = {f"mem_{p}_gib": getattr(peak, f"{p}_bytes") / GIB for p in MEMORY_PARTS[:-1]}
+    out["mem_buffers_gib"] = (peak.buffers_bytes + peak.overhead_bytes) / GIB
+    out.update(peak_mem_gib=e.memory.peak_bytes / GIB, compute_s=e.compute.time_s,
+               mfu=e.mfu, hfu=e.hfu, comm_gib=sum(c.bytes for c in e.collectives) / GIB,
+               comm_exposed_s=e.comm_exposed_s, bubble_s=e.bubble_time_s,
+               step_time_s=e.step_time_s, tokens_per_s_per_gpu=e.tokens_per_s_per_gpu)
+    return out
+
+
+def _relative(new: float, old: float) -> float | None:
+    if old == 0:
+        return None if new == 0 else float("inf")
+    return new / old - 1.0
+
+
+# (measure, label in the summary sentence); utilisation differences are in points, not %
+SENTENCE = (("mem_activations_gib", "activations"), ("mem_weights_gib", "weights"),
+            ("mem_optimizer_gib", "optimizer states"), ("mem_grads_gib", "gradients"),
+            ("peak_mem_gib", "peak memory"), ("compute_s", "compute"),
+            ("comm_gib", "comm volume"), ("comm_exposed_s", "exposed comm"),
+            ("bubble_s", "bubble"), ("tokens_per_s_per_gpu", "tokens/s"))
+
+
+def _sentence(label: str, deltas: dict[str, dict[str, Any]]) -> str:
+    parts = []
+    for key, name in SENTENCE:
+        rel = deltas[key]["relative"]
+        if rel is None or abs(deltas[key]["absolute"]) < 1e-9:
+            continue
+        if rel == float("inf"):
+            parts.append(f"{name} appears")
+        elif abs(rel) >= 0.005 or key == "tokens_per_s_per_gpu":
+            parts.append(f"{name} {rel:+.0%}".replace("-", "−"))
+    return f"{label}: " + ", ".join(parts)
+
+
+def compare(specs: Specs, base: Plan, techniques: list[str]) -> dict[str, Any]:
+    """The comparison document: the base, then one row per technique."""
+    e0 = estimate(specs.model, specs.cluster, base, specs.training)
+    m0 = measures(e0)
+    rows = []
+    for text in techniques:
+        change = parse_assignments(text)
+        try:
+            plan, notes = apply_change(base, change, specs)
+        except PlanSpecError as exc:
+            raise PlanSpecError(f"--with {text}: {exc}") from None
+        e = estimate(specs.model, specs.cluster, plan, specs.training)
+        m = measures(e)
+        deltas = {k: {"value": m[k], "absolute": m[k] - m0[k], "relative": _relative(m[k], m0[k])}
+                  for k in m}
+        rows.append({"technique": text, "plan": dataclasses.asdict(plan),
+                     "plan_text": format_plan(plan), "adjusted": notes,
+                     "fits": e.memory.fits, "binding": e.dominant_challenge,
+                     "deltas": deltas, "summary": _sentence(text, deltas)})
+    return {"model": specs.model.name, "gpu": specs.cluster.gpu.id,
+            "num_gpus": specs.cluster.num_gpus, "usable_gib": e0.memory.usable_bytes / GIB,
+            "base": {"plan": dataclasses.asdict(base), "plan_text": format_plan(base),
+                     "fits": e0.memory.fits, "binding": e0.dominant_challenge, "values": m0},
+            "techniques": rows}
+
+
+COLUMNS = (("weights", "mem_weights_gib"), ("grads", "mem_grads_gib"),
+           ("optim", "mem_optimizer_gib"), ("activ", "mem_activations_gib"),
+           ("buffers", "mem_buffers_gib"), ("peak mem", "peak_mem_gib"),
+           ("compute", "compute_s"), ("MFU", "mfu"), ("comm vol", "comm_gib"),
+           ("exposed", "comm_exposed_s"), ("bubble", "bubble_s"),
+           ("tokens/s", "tokens_per_s_per_gpu"))
+# Lower is better for these; the rest (MFU, tokens/s) higher is better. Colours only.
+LOWER_BETTER = {"mem_weights_gib", "mem_grads_gib", "mem_optimizer_gib", "mem_activations_gib",
+                "mem_buffers_gib", "peak_mem_gib", "compute_s", "comm_gib", "comm_exposed_s",
+                "bubble_s"}
+
+
+def _cell(key: str, d: dict[str, Any]) -> str:
+    if key == "mfu":
+        text = f"{d['absolute'] * 100:+.1f} pt"
+    elif d["relative"] is None or abs(d["absolute"]) < 1e-9:
+        return "[dim]·[/dim]"
+    elif d["relative"] == float("inf"):
+        text = "new"
+    else:
+        text = f"{d['relative']:+.0%}"
+    if abs(d["absolute"]) < 1e-9:
+        return "[dim]·[/dim]"
+    good = (d["absolute"] < 0) == (key in LOWER_BETTER)
+    return f"[green]{text}[/green]" if good else f"[red]{text}[/red]"
+
+
+def render(doc: dict[str, Any], con: Console) -> None:
+    b = doc["base"]["values"]
+    con.print(f"[bold]compare[/bold] on {doc['model']}, {doc['num_gpus']}× {doc['gpu']} "
+              f"({doc['usable_gib']:.1f} GiB usable)")
+    con.print(f"base [bold]{doc['base']['plan_text']}[/bold]: {b['tokens_per_s_per_gpu']:,.0f} "
+              f"tokens/s/GPU, peak {b['peak_mem_gib']:.1f} GiB, MFU {b['mfu']:.1%}, "
+              f"compute {b['compute_s']:.1f} s, comm {b['comm_gib']:.0f} GiB "
+              f"({b['comm_exposed_s']:.1f} s exposed), bubble {b['bubble_s']:.1f} s")
+    t = Table(show_edge=False, header_style="bold", pad_edge=False,
+              title="change vs base (memory on the peak stage, per GPU per step)")
+    t.add_column("technique")
+    for label, _ in COLUMNS:
+        t.add_column(label, justify="right")
+    t.add_column("fits")
+    for row in doc["techniques"]:
+        t.add_row(row["technique"], *(_cell(k, row["deltas"][k]) for _, k in COLUMNS),
+                  "yes" if row["fits"] else "[red]no[/red]")
+    con.print(t)
+    for row in doc["techniques"]:
+        con.print(f"  {row['summary']}")
+        if row["adjusted"]:
+            con.print(f"    [dim]to stay valid: {'; '.join(row['adjusted'])} → "
+                      f"{row['plan_text']}[/dim]")
+
+
+def compare_cmd(
+    study_file: Annotated[Path, typer.Argument(help="The study YAML.", show_default=False)],
+    base: Annotated[str, typer.Option(
+        "--base", help="The base plan, e.g. 'tp=4,pp=4,mbs=1,recompute=selective,zero=1'.",
+        show_default=False)],
+    techniques: Annotated[list[str], typer.Option(
+        "--with", help="A technique: knob=value[,knob=value]; repeat for more.",
+        show_default=False)],
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")
+                        ] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the summary lines.")
+                     ] = False,
+) -> None:
+    """The trade-off table: what each technique does to memory, compute and communication."""
+    with user_errors():
+        specs = build_specs(load_study(study_file))
+        doc = compare(specs, parse_plan(base, specs), list(techniques))
+    if json_out:
+        typer.echo(json.dumps(doc, indent=2, default=_json_default))
+    elif quiet:
+        for row in doc["techniques"]:
+            typer.echo(row["summary"])
+    else:
+        con = Console(highlight=False)
+        render(doc, con if con.is_terminal else Console(width=140, highlight=False))
+
+
+def _json_default(x: Any) -> Any:
+    return str(x)

@@ -1,0 +1,67 @@
+"""From a result folder to ``report.html`` (and PNGs): load, draw, explain, write."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tcf_search.report.data import ReportError, load_result
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReportFiles:
+    html: Path
+    pngs: list[Path] = field(default_factory=list)
+    figures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"html": str(self.html), "pngs": [str(p) for p in self.pngs],
+                "figures": list(self.figures), "notes": list(self.notes)}
+
+
+def _explain_best(folder: Path, study: Path | None) -> tuple[str | None, str | None]:
+    """The explain text of the best plan as HTML, or why there is none."""
+    from tcf_search.explain.analysis import explain
+    from tcf_search.explain.render import render_html
+    from tcf_search.explain.source import resolve
+
+    if not (folder / "best_plan.yaml").is_file():
+        return None, None
+    try:
+        subject = (resolve(study, None, 1, folder) if study is not None
+                   else resolve(folder, None, None))
+        return render_html(explain(subject)), None
+    except ValueError as exc:
+        return None, f"explain of the best plan unavailable: {exc}"
+
+
+def build_report(folder: Path, out_html: Path, png_dir: Path | None = None,
+                 study: Path | None = None) -> ReportFiles:
+    try:
+        from tcf_search.report import plots
+    except ImportError as exc:  # matplotlib is the ``report`` extra
+        raise ReportError(f"report needs matplotlib: pip install 'tcf-search[report]' "
+                          f"({exc})") from None
+    from tcf_search.report.html import page
+
+    data = load_result(folder)
+    figures: dict[str, str] = {}
+    pngs: list[Path] = []
+    for name, draw in plots.FIGURES:
+        fig = draw(data)
+        if fig is None:
+            continue
+        png = plots.png_bytes(fig)
+        figures[name] = plots.img_tag(png, name.replace("_", " "))
+        if png_dir is not None:
+            png_dir.mkdir(parents=True, exist_ok=True)
+            (png_dir / f"{name}.png").write_bytes(png)
+            pngs.append(png_dir / f"{name}.png")
+    explain_html, note = _explain_best(folder, study)
+    notes = [note] if note else []
+    out_html.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_html.with_name(f".{out_html.name}.tmp")
+    tmp.write_text(page(data, figures, explain_html, notes), encoding="utf-8")
+    tmp.replace(out_html)
+    return ReportFiles(html=out_html, pngs=pngs, figures=list(figures), notes=notes)

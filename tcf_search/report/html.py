@@ -1,0 +1,84 @@
+"""One self-contained HTML page: figures as inline PNG data, inline CSS, no script, nothing
+fetched."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from tcf_search.report.data import ResultData
+
+CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1100px;
+color:#222;padding:0 16px}
+h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
+.sub{color:#666;font-size:13px} table{border-collapse:collapse;font-size:12px;margin:8px 0}
+th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right} th{background:#f6f6f6}
+td.l,th.l{text-align:left} figure{margin:12px 0} figure img{max-width:100%;height:auto}
+figcaption{font-size:12px;color:#555} .note{background:#fff6e0;padding:6px 10px;font-size:13px}
+pre.explain{background:#fafafa;border:1px solid #eee;padding:10px;overflow-x:auto}
+"""
+
+CAPTIONS = {
+    "memory": "Per-GPU memory of the top plans on their peak pipeline stage, by component, "
+              "against usable HBM (memory is the hard constraint).",
+    "step_time": "Step time of the top plans: compute kernels (with recompute), communication "
+                 "not hidden under compute, the pipeline bubble and the optimizer.",
+    "throughput_vs_memory": "Every completed trial: predicted tokens/s per GPU against peak "
+                            "memory, with the Pareto front of the two.",
+    "convergence": "The objective of each trial and the best found so far.",
+    "layout_heatmap": "Feasible layouts over (tp, pp), coloured by the best tokens/s a trial "
+                      "found there; grey cells had no layout left, labelled by the constraint "
+                      "that removed them.",
+}
+
+
+def _esc(x: Any) -> str:
+    return html.escape(str(x))
+
+
+def _top_table(data: ResultData) -> str:
+    cols = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero_stage", "micro_batch", "recompute",
+            "sequence_parallel")
+    head = "".join(f"<th>{c.replace('_', ' ')}</th>" for c in ("#", *cols))
+    head += "<th>tok/s/GPU</th><th>MFU</th><th>step s</th><th>mem GiB</th><th class=l>bound by</th>"
+    rows = []
+    for r in data.top:
+        p, m = r["plan"], r["predicted"]
+        cells = "".join(f"<td>{_esc(p[c])}</td>" for c in cols)
+        rows.append(f"<tr><td>{r['rank']}</td>{cells}<td>{m['tokens_per_s_per_gpu']:,.0f}</td>"
+                    f"<td>{m['mfu']:.1%}</td><td>{m['step_time_s']:.2f}</td>"
+                    f"<td>{m['peak_mem_gib']:.1f}/{m['usable_mem_gib']:.1f}</td>"
+                    f"<td class=l>{_esc(m['dominant_challenge'])}</td></tr>")
+    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+
+
+def page(data: ResultData, figures: dict[str, str], explain_html: str | None,
+         notes: list[str]) -> str:
+    r = data.result
+    c = r["cluster"]
+    pruned = ", ".join(f"{_esc(k)} {v:,}" for k, v in r.get("pruned_by", {}).items() if v)
+    parts = [
+        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+        f"<title>tcf-search report: {_esc(r['study'])}</title><style>{CSS}</style></head><body>",
+        f"<h1>{_esc(r['study'])}</h1>",
+        f"<div class=sub>{_esc(r['model'])} on {c['num_gpus']}× {_esc(c['gpu'])} — "
+        f"{r['space_size']:,} layouts, {r['valid_count']:,} valid, {r['feasible_count']:,} fit "
+        f"in memory; {r['trials']} trials; objective {_esc(r['objective']['metric'])} "
+        f"({_esc(r['objective']['direction'])})</div>",
+        f"<div class=sub>pruned: {pruned or 'nothing'}</div>",
+    ]
+    parts += [f"<p class=note>{_esc(n)}</p>" for n in [*r.get("notes", []), *notes]]
+    if data.top:
+        parts += ["<h2>Top plans</h2>", _top_table(data)]
+    else:
+        misses = "".join(f"<li>{_esc(m.get('reason', m))}</li>" for m in r.get("near_misses", []))
+        parts += ["<h2>No layout fits</h2>", f"<ul>{misses}</ul>"]
+    if explain_html:
+        parts += ["<h2>Why the best plan is fast: memory, compute, communication</h2>",
+                  explain_html]
+    for name, img in figures.items():
+        parts.append(f"<h2>{_esc(name.replace('_', ' ').capitalize())}</h2><figure id={name}>"
+                     f"{img}<figcaption>{_esc(CAPTIONS.get(name, ''))}</figcaption></figure>")
+    parts.append(f"<p class=sub>result folder: {_esc(data.folder)}</p></body></html>")
+    return "\n".join(parts)

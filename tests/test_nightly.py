@@ -1,0 +1,102 @@
+"""``tcf-search nightly``: a dated table, a summary, and regressions found between nights."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from tcf_search.nightly import diff, nightly_cmd, previous_rows
+
+STUDY = Path(__file__).resolve().parents[1] / "studies" / "llama3-8b-h100x8.yaml"
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    app.command("nightly")(nightly_cmd)
+    app.command("noop")(lambda: None)
+    return app
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    got = CliRunner().invoke(_app(), ["nightly", *args])
+    return got.exit_code, got.stdout, got.stderr
+
+
+def studies_dir(tmp_path: Path, reserve_gib: float | None = None) -> Path:
+    doc = yaml.safe_load(STUDY.read_text())
+    if reserve_gib is not None:  # e.g. a driver that now reserves more HBM
+        doc["cluster"]["overrides"] = {"memory_reserve_bytes": reserve_gib * 2**30}
+    folder = tmp_path / "studies"
+    folder.mkdir(exist_ok=True)
+    (folder / "llama3-8b-h100x8.yaml").write_text(yaml.safe_dump(doc))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def two_nights(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list, list]:
+    tmp = tmp_path_factory.mktemp("nightly")
+    hist = tmp / "history"
+    common = ["--sku", "h100-sxm-80gb", "-o", str(hist), "--trials", "4", "--no-report", "--json"]
+    code1, out1, err1 = run(str(studies_dir(tmp)), "--date", "2025-01-01", *common)
+    assert code1 == 0, err1
+    # night 2: 20 GiB reserved: the first night's best plan (~68 GiB) cannot fit any more
+    code2, out2, err2 = run(str(studies_dir(tmp, reserve_gib=20)), "--date", "2025-01-02",
+                            *common)
+    return hist, [code1, json.loads(out1)], [code2, json.loads(out2)]
+
+
+def test_first_night_has_nothing_to_compare(two_nights: tuple[Path, list, list]) -> None:
+    _, (_, night1), _ = two_nights
+    assert night1["findings"] == [] and night1["runs"][0]["status"] == "ok"
+
+
+def test_second_night_detects_the_regression(two_nights: tuple[Path, list, list]) -> None:
+    hist, (_, night1), (code2, night2) = two_nights
+    assert code2 == 1
+    kinds = {f["kind"] for f in night2["findings"]}
+    assert "no_longer_fits" in kinds and "best_plan_changed" in kinds
+    assert night2["previous_dates"] == ["2025-01-01"]
+    summary = (hist / "2025-01-02" / "summary.md").read_text()
+    assert "REGRESSION" in summary and night1["runs"][0]["best_plan"] in summary
+
+
+def test_results_table_holds_both_dates(two_nights: tuple[Path, list, list]) -> None:
+    hist, _, _ = two_nights
+    with (hist / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["date"] for r in rows] == ["2025-01-01", "2025-01-02"]
+    assert {r["sku"] for r in rows} == {"h100-sxm-80gb"}
+    assert (hist / "optuna.journal").is_file()  # one storage for every night's studies
+
+
+def test_throughput_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    prev = {"date": "d0", "study": "s", "sku": "k", "status": "ok", "best_plan": "tp=1",
+            "tokens_per_s_per_gpu": "1000"}
+    row = {"study": "s", "sku": "k", "status": "ok", "best_plan": "tp=1",
+           "tokens_per_s_per_gpu": 940.0}
+    monkeypatch.setattr("tcf_search.nightly.refit", lambda *_: None)  # the plan still fits
+    down = diff(None, row, prev, threshold=0.05)  # -6%
+    same = diff(None, {**row, "tokens_per_s_per_gpu": 960.0}, prev, threshold=0.05)  # -4%
+    assert [(f.kind, f.regression) for f in down] == [("throughput_down", True)]
+    assert same == []
+
+
+def test_previous_night_is_the_latest_earlier_date() -> None:
+    rows = [{"date": d, "study": "s", "sku": "k"} for d in ("2025-01-03", "2025-01-01",
+                                                            "2025-01-02")]
+    assert previous_rows(rows, "2025-01-03")[("s", "k")]["date"] == "2025-01-02"
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--date", "yesterday"], "--date must be YYYY-MM-DD"),
+    (["--sku", "h900"], "h900"),
+])
+def test_bad_input_exits_2(tmp_path: Path, args: list[str], words: str) -> None:
+    code, out, err = run(str(studies_dir(tmp_path)), "-o", str(tmp_path / "h"), *args)
+    assert code == 2 and out == "" and words in err and err.count("\n") == 1
