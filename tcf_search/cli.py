@@ -18,8 +18,12 @@ import click
 import typer
 from rich.console import Console
 
+from tcf_search.compare import compare_cmd
+from tcf_search.explain import explain_cmd
 from tcf_search.export.cli import export_cmd
+from tcf_search.nightly import nightly_cmd
 from tcf_search.predict import predict_cmd
+from tcf_search.report import report_cmd
 from tcf_search.validate.cli import calibrate_cmd, validate_cmd
 
 PROJECT_PACKAGES = ("costmodel", "search", "hardware_catalog", "tcf_search")
@@ -169,6 +173,26 @@ app.command("export")(export_cmd)
 app.command("predict")(predict_cmd)
 app.command("validate")(validate_cmd)
 app.command("calibrate")(calibrate_cmd)
+app.command("explain")(explain_cmd)
+app.command("compare")(compare_cmd)
+app.command("report")(report_cmd)
+app.command("nightly")(nightly_cmd)
+
+
+def _click_classes(name: str) -> tuple[type[BaseException], ...]:
+    """``name`` from click and from the copy of click that newer typer releases vendor."""
+    found: list[type[BaseException]] = [getattr(click.exceptions, name)]
+    try:
+        from typer._click import exceptions as vendored  # typer >= 0.2x ships its own click
+    except ImportError:
+        vendored = None  # type: ignore[assignment]
+    if vendored is not None and hasattr(vendored, name):
+        found.append(getattr(vendored, name))
+    return tuple(found)
+
+
+_CLICK_ERRORS = _click_classes("ClickException")
+_ABORTS = _click_classes("Abort")
 
 
 def _is_project_error(exc: BaseException) -> bool:
@@ -182,10 +206,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.insert(0, "run")
     try:
         code = app(args=args, prog_name="tcf-search", standalone_mode=False)
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except _CLICK_ERRORS as exc:
+        exc.show()  # type: ignore[attr-defined]
+        return int(exc.exit_code)  # type: ignore[attr-defined]
+    except (*_ABORTS, KeyboardInterrupt):  # type: ignore[misc]
         typer.echo("interrupted: rerun the same command to resume from the output folder",
                    err=True)
         return 130
