@@ -34,12 +34,18 @@ class StageLayers:
 def stage_layers(num_layers: int, p: PlanArrays) -> StageLayers:
     """Layers held by the first, a middle and the last pipeline stage (floats for averages)."""
     L, pp = float(num_layers), p.pp.astype(float)
+    f_set, l_set = p.first_stage_layers > 0, p.last_stage_layers > 0
+    # layers left for the stages whose count is not given, split evenly among them
+    free = pp - f_set - l_set
+    rest = (L - p.first_stage_layers - p.last_stage_layers) / np.maximum(free, 1)
     even = L / pp
-    # a split that does not divide (nanotron allows it) gives the first stages one layer more
-    first = np.where(p.first_stage_layers > 0, p.first_stage_layers, np.ceil(even))
-    last = np.where(p.last_stage_layers > 0, p.last_stage_layers, np.floor(even))
+    # with no uneven split given, a count that does not divide (nanotron allows it) gives the
+    # first stages one layer more
+    first = np.where(f_set, p.first_stage_layers, np.where(l_set, rest, np.ceil(even)))
+    last = np.where(l_set, p.last_stage_layers, np.where(f_set, rest, np.floor(even)))
     last = np.where(pp == 1, first, last)
-    middle = np.where(pp > 2, (L - first - last) / np.maximum(pp - 2, 1), first)
+    unset_middle = (L - first - last) / np.maximum(pp - 2, 1)
+    middle = np.where(pp > 2, np.where(f_set | l_set, rest, unset_middle), first)
     return StageLayers(first=first, middle=middle, last=last)
 
 
@@ -55,7 +61,9 @@ def inflight_micro_batches(p: PlanArrays, m: np.ndarray, stage: str) -> np.ndarr
     2(p - r - 1) + (v - 1)p + 1 chunk-micro-batches, each 1/v of the stage. GPipe holds all m.
     """
     pp, v = p.pp.astype(float), p.vpp.astype(float)
-    rank = {"first": 0.0, "middle": np.floor(pp / 2), "last": pp - 1}[stage]
+    # "middle" is the most loaded middle stage, rank 1: it holds one micro-batch fewer than the
+    # first stage but may hold more layers when the first stage is shortened
+    rank = {"first": 0.0, "middle": np.minimum(1.0, pp - 1), "last": pp - 1}[stage]
     one_f_one_b = np.minimum(m, pp - rank)
     interleaved = np.minimum(m * v, 2 * (pp - rank - 1) + (v - 1) * pp + 1) / v
     held = np.where(p.vpp > 1, interleaved, one_f_one_b)

@@ -125,10 +125,22 @@ class TrainingSection(_Section):
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     optimizer: Literal["adam", "sgd"] = "adam"
     token_budget: float | None = Field(default=None, gt=0)  # tokens: time-to-train, GPU-hours
-    overlap_grad_reduce: Bool = True
-    overlap_param_gather: Bool = True
-    tp_comm_overlap: Bool = False
-    flash_attention: Bool = True
+    # the framework's behaviour and calibrated memory footprint (tcf_search/profiles.yaml);
+    # the switches below, when given, override its defaults
+    framework: str = "generic"
+    overlap_grad_reduce: Bool | None = None
+    overlap_param_gather: Bool | None = None
+    tp_comm_overlap: Bool | None = None
+    flash_attention: Bool | None = None
+
+    @field_validator("framework")
+    @classmethod
+    def _known_framework(cls, value: str) -> str:
+        from tcf_search.profiles import frameworks
+
+        if value not in frameworks():
+            raise ValueError(f"must be one of {', '.join(frameworks())} (got {value!r})")
+        return value
 
     @model_validator(mode="after")
     def _one_batch(self) -> TrainingSection:
@@ -403,13 +415,16 @@ class Specs:
 
 
 def build_specs(study: Study) -> Specs:
+    from tcf_search.profiles import framework_settings
+
     t = study.training
     try:
-        training = Training(
-            seq_len=t.seq_len, global_batch=t.sequences, precision=t.precision,
-            optimizer=t.optimizer, overlap_grad_reduce=t.overlap_grad_reduce,
-            overlap_param_gather=t.overlap_param_gather, tp_comm_overlap=t.tp_comm_overlap,
-            flash_attention=t.flash_attention)
+        switches: dict[str, Any] = framework_settings(t.framework)
+        switches.update({k: getattr(t, k) for k in ("overlap_grad_reduce",
+                         "overlap_param_gather", "tp_comm_overlap", "flash_attention")
+                         if getattr(t, k) is not None})
+        training = Training(seq_len=t.seq_len, global_batch=t.sequences,
+                            precision=t.precision, optimizer=t.optimizer, **switches)
         cluster = ClusterSpec(gpu=build_gpu(study.cluster), num_gpus=study.cluster.num_gpus,
                               gpus_per_node=study.cluster.gpus_per_node)
     except SpecError as exc:

@@ -63,15 +63,15 @@ def _root(
 def run_cmd(
     study_file: Annotated[Path, typer.Argument(help="The study YAML.", show_default=False)],
     output: Annotated[Path | None, typer.Option(
-        "--output", "-o", help="Result folder [default: runs/<study file stem>].")] = None,
+        "--output", "-o", help="Result folder (default: runs/<study file stem>).")] = None,
     trials: Annotated[int | None, typer.Option(
-        "--trials", min=1, help="COMPLETE trials the study must hold [study: search.trials].")
-    ] = None,
+        "--trials", min=1,
+        help="COMPLETE trials the study must hold (default: search.trials).")] = None,
     workers: Annotated[int | None, typer.Option(
-        "--workers", min=1, help="Worker processes on one storage [study: search.workers].")
+        "--workers", min=1, help="Worker processes on one storage (default: search.workers).")
     ] = None,
     storage: Annotated[str | None, typer.Option(
-        "--storage", help="journal:PATH or an RDB URL [default: <output>/study.journal].")
+        "--storage", help="journal:PATH or an RDB URL (default: <output>/study.journal).")
     ] = None,
     exhaustive: Annotated[bool, typer.Option(
         "--exhaustive", help="Also evaluate every feasible plan; report Optuna's regret.")

@@ -6,46 +6,16 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from functools import lru_cache
-from pathlib import Path
-from typing import Any
 
-import yaml
-
-from costmodel.specs import ClusterSpec, MemoryModel, ModelSpec, Plan, Training
+from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
 from hardware_catalog import get_gpu
+from tcf_search.profiles import framework_settings, load_profiles, memory_model
 
-PROFILES_FILE = Path(__file__).with_name("profiles.yaml")
+__all__ = ["Case", "CaseError", "case_from_row", "framework_settings", "load_profiles",
+           "memory_model"]
 
 KNOBS: tuple[str, ...] = ("micro_batch", "recompute", "zero_stage", "vpp", "sequence_parallel")
 
-
-
-@lru_cache(maxsize=1)
-def load_profiles() -> dict[str, Any]:
-    """Framework profiles (``tcf_search/profiles.yaml``): each framework's switches (data, not
-    fitted) plus the values ``python -m tcf_search.fit`` fitted, and the fitted memory model."""
-    raw = yaml.safe_load(PROFILES_FILE.read_text()) if PROFILES_FILE.exists() else {}
-    return raw or {}
-
-
-def memory_model(framework: str = "") -> MemoryModel:
-    """The calibrated memory model: the PyTorch allocator's numbers (``memory_model``) with the
-    framework's own activation/logits footprint (its profile's ``memory_model`` section)."""
-    profiles = load_profiles()
-    mm = MemoryModel(**(profiles.get("memory_model") or {}))
-    own = profiles.get("frameworks", {}).get(framework, {}).get("memory_model")
-    return replace(mm, **own) if own else mm
-
-
-def framework_settings(framework: str) -> dict[str, object]:
-    """Training switches of a framework ('' or unknown: the generic Megatron-like profile),
-    with its memory model."""
-    frameworks = load_profiles().get("frameworks", {})
-    settings = dict(frameworks.get("generic", {}))
-    settings.update(frameworks.get(framework, {}))
-    settings["memory_model"] = memory_model(framework if framework in frameworks else "generic")
-    return settings
 
 
 class CaseError(ValueError):

@@ -146,3 +146,16 @@ def test_memory_terms_match_estimate(h100, llama8b, pp: int, recompute: str, r: 
     for st in est.memory.stages:
         assert terms.stage_bytes(st.stage, n, rr) == pytest.approx(st.total_bytes, rel=1e-9)
     assert np.isfinite(terms.usable_bytes)
+
+
+@pytest.mark.parametrize("first,last", [(5, 0), (0, 5), (6, 10), (10, 6)])
+def test_uneven_stages_hold_the_layers_they_are_given(h100, llama8b, first: int, last: int) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    plan = Plan(pp=4, dp=2, first_stage_layers=first, last_stage_layers=last)
+    est = estimate(llama8b, cluster, plan, Training(seq_len=4096, global_batch=64))
+    by = {s.stage: s.layers for s in est.memory.stages}
+    free = 4 - (first > 0) - (last > 0)
+    rest = (32 - first - last) // free
+    assert by["first"] == (first or rest) and by["last"] == (last or rest)
+    assert by["middle"] == rest
+    assert by["first"] + 2 * by["middle"] + by["last"] == 32

@@ -1,0 +1,51 @@
+"""Framework profiles (``profiles.yaml`` beside this file): how each training framework
+behaves, as cost-model ``Training`` switches, and the calibrated memory model.
+
+Switches are facts about the frameworks (their defaults); values marked ``# fitted`` and the
+``memory_model`` section are written by ``python -m tcf_search.fit --write``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from costmodel.specs import MemoryModel
+
+PROFILES_FILE = Path(__file__).with_name("profiles.yaml")
+
+
+@lru_cache(maxsize=1)
+def load_profiles() -> dict[str, Any]:
+    """Framework profiles (``tcf_search/profiles.yaml``): each framework's switches (data, not
+    fitted) plus the values ``python -m tcf_search.fit`` fitted, and the fitted memory model."""
+    raw = yaml.safe_load(PROFILES_FILE.read_text()) if PROFILES_FILE.exists() else {}
+    return raw or {}
+
+
+def memory_model(framework: str = "") -> MemoryModel:
+    """The calibrated memory model: the PyTorch allocator's numbers (``memory_model``) with the
+    framework's own activation/logits footprint (its profile's ``memory_model`` section)."""
+    profiles = load_profiles()
+    mm = MemoryModel(**(profiles.get("memory_model") or {}))
+    own = profiles.get("frameworks", {}).get(framework, {}).get("memory_model")
+    return replace(mm, **own) if own else mm
+
+
+def framework_settings(framework: str) -> dict[str, object]:
+    """Training switches of a framework ('' or unknown: the generic Megatron-like profile),
+    with its memory model."""
+    frameworks = load_profiles().get("frameworks", {})
+    settings = dict(frameworks.get("generic", {}))
+    settings.update(frameworks.get(framework, {}))
+    settings["memory_model"] = memory_model(framework if framework in frameworks else "generic")
+    return settings
+
+
+def frameworks() -> list[str]:
+    """Names of the known framework profiles."""
+    return sorted(load_profiles().get("frameworks", {}))
