@@ -19,7 +19,10 @@ from costmodel.specs import Efficiency, GpuSpec, SpecError
 
 CATALOG_DIR = Path(__file__).resolve().parent
 CALIBRATION_FILE = "calibration.yaml"
-FAMILIES = ("ampere", "hopper", "blackwell", "ada", "cdna3")
+FAMILIES = ("ampere", "hopper", "blackwell", "ada", "cdna3", "cpu")
+# optional blocks of an entry written by `tcf-search calibrate`: its own measured efficiency
+# (used instead of the family's) and the raw measurements behind it (kept, not read)
+_MEASURED_BLOCKS = ("efficiency", "measurements")
 UNCALIBRATED_SOURCE = "prior (uncalibrated)"
 GIB = 2**30
 
@@ -96,7 +99,7 @@ def _numeric_entry(path: Path, field: str, entry: object) -> float:
 
 def _parse_sku(path: Path, efficiency: dict[str, Efficiency]) -> GpuSpec:
     doc = _read_yaml(path)
-    unknown = sorted(set(doc) - set(_TEXT_FIELDS) - set(NUMERIC_FIELDS))
+    unknown = sorted(set(doc) - set(_TEXT_FIELDS) - set(NUMERIC_FIELDS) - set(_MEASURED_BLOCKS))
     if unknown:
         raise CatalogError(f"{path.name}: unknown fields {unknown}; "
                            f"allowed: {sorted((*_TEXT_FIELDS, *NUMERIC_FIELDS))}")
@@ -117,6 +120,11 @@ def _parse_sku(path: Path, efficiency: dict[str, Efficiency]) -> GpuSpec:
     for field in _INT_FIELDS:
         numbers[field] = int(numbers[field])
     eff = efficiency.get(doc["family"], Efficiency(source=UNCALIBRATED_SOURCE))
+    if "efficiency" in doc:
+        own = doc["efficiency"]
+        if not isinstance(own, dict) or "source" not in own:
+            raise CatalogError(f"{path.name}: efficiency.source is required (how it was measured)")
+        eff = efficiency_from_mapping(f"{path.name}: efficiency", Efficiency(), own)
     try:
         return GpuSpec(id=doc["id"], name=doc["name"], family=doc["family"], efficiency=eff,
                        **numbers)

@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     print("ampere:", ampere)
 
     effs = {"hopper": hopper, "ampere": ampere}
-    for family in FAMILIES:  # no measurements: carry the newest fitted family over, say so
+    for family in (f for f in FAMILIES if f != "cpu"):
+        # no measurements: carry the newest fitted family over, and say so
         effs.setdefault(family, replace(
             hopper, source=f"transferred from the hopper fit: no measured {family} runs to fit"))
     pred = predict_groups(groups, len(frame), effs)
