@@ -7,6 +7,8 @@ read like the papers they cite.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -26,8 +28,11 @@ class SpecError(ValueError):
 
 def _positive(owner: str, **values: int | float) -> None:
     for name, value in values.items():
-        if not value > 0:
-            raise SpecError(f"{owner}.{name} must be > 0, but got {name}={value}")
+        # a number (not text, not a bool), finite: inf would make times 0 and rates infinite
+        if (not isinstance(value, numbers.Real) or isinstance(value, bool)
+                or not 0 < value < math.inf):
+            raise SpecError(f"{owner}.{name} must be a finite number > 0, but got "
+                            f"{name}={value!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,10 +169,20 @@ class GpuSpec:
 
     def __post_init__(self) -> None:
         _positive(f"gpu[{self.id}]", peak_flops_bf16=self.peak_flops_bf16,
+                  peak_flops_fp16=self.peak_flops_fp16, peak_flops_fp8=self.peak_flops_fp8,
                   hbm_bytes=self.hbm_bytes, hbm_bw_bytes_per_s=self.hbm_bw_bytes_per_s,
                   intra_node_bw_bytes_per_s=self.intra_node_bw_bytes_per_s,
                   intra_node_domain_size=self.intra_node_domain_size,
-                  network_bw_bytes_per_s=self.network_bw_bytes_per_s)
+                  network_bw_bytes_per_s=self.network_bw_bytes_per_s,
+                  intra_node_latency_s=self.intra_node_latency_s,
+                  network_latency_s=self.network_latency_s)
+        for key in ("id", "name", "family"):  # a study's gpu_spec may hold anything
+            if not isinstance(getattr(self, key), str):
+                raise SpecError(f"gpu.{key} must be text, but got {getattr(self, key)!r}")
+        reserve = self.memory_reserve_bytes
+        if not (isinstance(reserve, numbers.Real) and 0 <= reserve < self.hbm_bytes):
+            raise SpecError(f"gpu[{self.id}].memory_reserve_bytes must be in [0, hbm_bytes), "
+                            f"but got memory_reserve_bytes={reserve!r}, hbm_bytes={self.hbm_bytes}")
 
     def peak_flops(self, precision: str) -> float:
         return {"bf16": self.peak_flops_bf16, "fp16": self.peak_flops_fp16,

@@ -146,7 +146,7 @@ class Evaluator:
             OBJECTIVES[name][0], out, num_gpus=self.specs.cluster.num_gpus,
             token_budget=self.study.training.token_budget,
             price_per_gpu_hour=self.study.cluster.price_per_gpu_hour,
-            headroom_gib=self.study.objective.memory_headroom_gib)
+            headroom_gib=self.specs.headroom_gib)
 
     def _rank(self, out: dict[str, np.ndarray]) -> np.ndarray:
         """Positions sorted best first by the primary objective (stable: ties keep order)."""
@@ -158,7 +158,7 @@ class Evaluator:
                     candidates: int = 1) -> Evaluation:
         t, c = self.study.training, self.study.cluster
         m = metrics_from_batch(out, k, num_gpus=self.specs.cluster.num_gpus,
-                               headroom_gib=self.study.objective.memory_headroom_gib,
+                               headroom_gib=self.specs.headroom_gib,
                                token_budget=t.token_budget, price_per_gpu_hour=c.price_per_gpu_hour)
         values = tuple(float(m[OBJECTIVES[name][0]]) for name in self.metric_names)
         return Evaluation(unit=unit, plan=plan, metrics=m, values=values, candidates=candidates)

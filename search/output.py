@@ -106,6 +106,8 @@ def render(result: StudyResult, console: Console) -> None:
         for miss in result.near_misses:
             plan = ", ".join(f"{k}={v}" for k, v in miss["plan"].items())
             console.print(f"  {plan}: {miss['reason']}")
+        for note in result.notes:
+            console.print(f"note: {note}")
         return
     plans = [r.to_dict()["plan"] for r in result.top]
     knobs = [k for k in ("tp", "pp", "dp", "cp", "ep", "vpp") if k in ("tp", "pp", "dp")

@@ -47,7 +47,7 @@ def run_study(study: Study, options: RunOptions, *, export: ExportHook | None = 
     specs = build_specs(study)  # validate: the study's numbers as cost-model inputs
     space = build_space(study, specs)
     layouts = enumerate_layouts(space)  # only valid layouts, pruning counted per rule
-    headroom = study.objective.memory_headroom_gib
+    headroom = specs.headroom_gib
     stage = memory_stage(specs, space, layouts.columns, headroom)  # memory first
     ev = Evaluator(study, specs, stage, np.flatnonzero(stage.feasible))
     ostudy, search_info = optimize(ev, study, space, options, progress)
@@ -66,7 +66,7 @@ def summarize(study: Study, ev: Evaluator, layouts: Layouts, top: list[RankedPla
               ostudy: optuna.Study | None, exhaustive: Exhaustive | None,
               search_info: dict[str, Any], *, elapsed_s: float, out_dir: Path) -> StudyResult:
     specs, stage = ev.specs, ev.stage
-    headroom = study.objective.memory_headroom_gib
+    headroom = specs.headroom_gib
     return StudyResult(
         study=study.study_name, model=specs.model.name, gpu=specs.cluster.gpu.id,
         num_gpus=specs.cluster.num_gpus, gpus_per_node=specs.cluster.gpus_per_node,
@@ -210,6 +210,8 @@ def notes(study: Study, ev: Evaluator) -> list[str]:
     out = []
     if study.model.preset in APPROXIMATIONS:
         out.append(APPROXIMATIONS[study.model.preset])
-    if len(ev.feasible) == 0:
+    if len(ev.stage.feasible) == 0:
+        out.append("no valid layout: every combination breaks a rule (see pruned_by)")
+    elif len(ev.feasible) == 0:
         out.append("no layout fits in memory: see near_misses")
     return out

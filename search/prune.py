@@ -210,7 +210,10 @@ class MemoryStage:
 
 
 def memory_stage(specs: Specs, space: SearchSpace, cols: dict[str, np.ndarray],
-                 headroom_gib: float = 0.0) -> MemoryStage:
+                 headroom_gib: float | None = None) -> MemoryStage:
+    """The memory screen; ``headroom_gib`` defaults to the study's (``specs.headroom_gib``)."""
+    if headroom_gib is None:
+        headroom_gib = specs.headroom_gib
     terms = stage_terms(specs, plan_arrays(cols))
     need = need_tables(terms, cols["recompute"], space.layers, headroom_gib * GIB)
     feasible = screen(cols, capacities(need), space.layers, space.uneven_pipeline)

@@ -60,7 +60,10 @@ def stage_terms(specs: Specs, plans: Columns) -> StageTerms:
         inflight={s: col(f"inflight_{s}") for s in STAGES},
         state=col("state_per_layer"), act=col("act_per_layer"), ckpt=col("ckpt_per_layer"),
         working=col("working"), opt_fixed={s: col(f"opt_fixed_{s}") for s in STAGES},
-        opt_layer=col("opt_per_layer"), usable=float(np.asarray(t["usable"]).reshape(-1)[0]))
+        opt_layer=col("opt_per_layer"),
+        # no valid layout (a study that rules out every one) still gets an answer
+        usable=float(np.asarray(t["usable"]).reshape(-1)[0]) if n else
+        float(specs.cluster.gpu.usable_bytes))
 
 
 def stage_bytes(t: StageTerms, stage: str, n: np.ndarray, r: np.ndarray) -> np.ndarray:

@@ -74,8 +74,12 @@ class StorageSpec:
 
     def open(self) -> BaseStorage:
         if self.journal is not None:
-            self.journal.parent.mkdir(parents=True, exist_ok=True)
-            return JournalStorage(JournalFile(str(self.journal)))
+            try:
+                self.journal.parent.mkdir(parents=True, exist_ok=True)
+                return JournalStorage(JournalFile(str(self.journal)))
+            except OSError as exc:  # a folder, a file in the way, no permission
+                raise SearchError(f"search.storage: cannot use journal file {self.journal} "
+                                  f"({exc.strerror or exc})") from None
         assert self.url is not None
         try:
             # Heartbeats let any host fail the trials of a worker that died on another host.

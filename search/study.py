@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 import yaml
@@ -34,12 +34,17 @@ class StudyError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf and nan are never a count, a size, a rate or a price.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 Int = Annotated[int, Strict()]
 Bool = Annotated[bool, Strict()]
 Auto = Literal["auto"]
+# Beyond these the enumeration (divisors of the world size, layer splits) would not finish:
+# more GPUs than any cluster holds, more layers than any model has.
+MAX_GPUS = 2**20
+MAX_LAYERS = 4096
 
 
 def _domain(allowed: tuple[Any, ...] | None, kind: type) -> Callable[[Any], Any]:
@@ -60,6 +65,8 @@ def _domain(allowed: tuple[Any, ...] | None, kind: type) -> Callable[[Any], Any]
                 rule = (f"one of {list(allowed)}" if allowed is not None
                         else "a positive integer" if kind is int else kind.__name__)
                 raise ValueError(f"values must be {rule}, or auto (got {v!r})")
+            if kind is int and allowed is None and v > MAX_GPUS:
+                raise ValueError(f"values must be at most {MAX_GPUS} (got {v})")
         return tuple(sorted(set(values), key=lambda v: (allowed.index(v) if allowed else v)))
 
     return check
@@ -176,6 +183,9 @@ class ClusterSection(_Section):
         if (self.gpus is None) == (self.nodes is None):
             raise ValueError("give exactly one of gpus or nodes")
         n = self.num_gpus
+        if max(n, self.gpus_per_node) > MAX_GPUS:
+            raise ValueError(f"gpus <= {MAX_GPUS} and gpus_per_node <= {MAX_GPUS} must hold "
+                             f"(got gpus={n}, gpus_per_node={self.gpus_per_node})")
         if n > self.gpus_per_node and n % self.gpus_per_node:
             raise ValueError(f"gpus % gpus_per_node == 0 must hold on more than one node "
                              f"(got gpus={n}, gpus_per_node={self.gpus_per_node})")
@@ -209,13 +219,17 @@ class SearchSpaceSection(_Section):
 class ObjectiveSection(_Section):
     metric: Literal["tokens_per_s", "mfu", "time_to_train", "cost"] = "tokens_per_s"
     second: Literal["memory_headroom"] | None = None
-    memory_headroom_gib: float = Field(default=0.0, ge=0)
+    # memory kept free on every GPU: an absolute figure, or else a fraction of usable memory.
+    # Default 10%: Playbook runs predicted above 90% of usable memory ran 22% slower (median)
+    # as the caching allocator frees and retries (issue #2's closing note).
+    memory_headroom_gib: float | None = Field(default=None, ge=0)
+    memory_headroom_fraction: float = Field(default=0.1, ge=0, lt=1)
 
 
 class SearchSection(_Section):
     trials: Int = Field(default=300, gt=0)
     sampler: Literal["auto", "tpe", "nsga2", "random", "brute_force"] = "auto"
-    seed: Int = 0
+    seed: Int = Field(default=0, ge=0, lt=2**32)  # numpy's seed range
     storage: str | None = None  # default: a journal file in the output folder
     study_name: str | None = None  # default: the study's name
     workers: Int = Field(default=1, gt=0)
@@ -230,6 +244,26 @@ class ExportSection(_Section):
     output: str | None = None  # folder, relative to the study's output folder
     force: Bool = False
     options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("formats")
+    @classmethod
+    def _known_formats(cls, names: list[str]) -> list[str]:
+        from tcf_search.export import FORMATS  # checked now, not after the whole search
+
+        unknown = [n for n in names if n != "all" and n not in FORMATS]
+        if unknown:
+            raise ValueError(f"must be among {', '.join(FORMATS)}, all (got {unknown[0]!r})")
+        return names
+
+    @field_validator("output")
+    @classmethod
+    def _inside_output(cls, output: str | None) -> str | None:
+        # A study file may not make the exporter write outside the result folder.
+        rel = PurePosixPath(output or ".")
+        if rel.is_absolute() or ".." in rel.parts or "\\" in (output or ""):
+            raise ValueError(f"must be a folder inside the output folder, without .. "
+                             f"(got {output!r})")
+        return output
 
 
 class ValidationSection(_Section):
@@ -318,6 +352,8 @@ def parse_study(text: str, *, name: str = "study", base_dir: Path | str = ".") -
     except yaml.YAMLError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StudyError(f"study: not valid YAML ({first})") from None
+    except RecursionError:
+        raise StudyError("study: not valid YAML (nested too deeply)") from None
     if not isinstance(raw, dict):
         got = "an empty file" if raw is None else type(raw).__name__
         raise StudyError(f"study: must be a YAML mapping (got {got})")
@@ -370,6 +406,8 @@ def build_model(study: Study) -> ModelSpec:
         raise StudyError(f"model.hf_config: {exc}") from None
     except SpecError as exc:
         raise StudyError(f"model.architecture: {exc}") from None
+    if spec.layers > MAX_LAYERS:
+        raise StudyError(f"model: layers <= {MAX_LAYERS} must hold (got {spec.layers})")
     if section.name and spec.name != section.name:
         spec = dataclasses.replace(spec, name=section.name)
     return spec
@@ -412,6 +450,7 @@ class Specs:
     model: ModelSpec
     cluster: ClusterSpec
     training: Training
+    headroom_gib: float = 0.0  # memory kept free per GPU (objective.memory_headroom_*)
 
 
 def build_specs(study: Study) -> Specs:
@@ -429,4 +468,8 @@ def build_specs(study: Study) -> Specs:
                               gpus_per_node=study.cluster.gpus_per_node)
     except SpecError as exc:
         raise StudyError(f"study: {exc}") from None
-    return Specs(model=build_model(study), cluster=cluster, training=training)
+    o = study.objective
+    headroom = (o.memory_headroom_gib if o.memory_headroom_gib is not None
+                else o.memory_headroom_fraction * cluster.gpu.usable_bytes / 2**30)
+    return Specs(model=build_model(study), cluster=cluster, training=training,
+                 headroom_gib=headroom)

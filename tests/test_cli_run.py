@@ -37,7 +37,7 @@ def test_json_document_and_result_folder(tmp_path: Path, capsys: pytest.CaptureF
     assert json.loads((tmp_path / "result.json").read_text()) == doc
 
     best = load_plan_file(tmp_path / "best_plan.yaml")
-    assert best.rank == 1 and best.gpu == "cpu" and best.num_gpus == 2
+    assert best.rank == 1 and best.gpu == "cpu-local" and best.num_gpus == 2
     assert {k: getattr(best.plan, k) for k in doc["best"]["plan"]} == doc["best"]["plan"]
     assert best.predicted["tokens_per_s_per_gpu"] == doc["best"]["predicted"][
         "tokens_per_s_per_gpu"]
@@ -77,7 +77,8 @@ def test_table_and_default_output_folder(tmp_path: Path, monkeypatch: pytest.Mon
 def test_no_feasible_layout_answers_with_nearest_misses(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     study = tmp_path / "full.yaml"
-    study.write_text(TINY.read_text().replace("hbm_bytes: 4294967296", "hbm_bytes: 4.0e+6"))
+    study.write_text(TINY.read_text().replace(
+        "gpus_per_node: 2\n", "gpus_per_node: 2\n  overrides: {hbm_bytes: 4.0e+6}\n"))
     code, out, _ = run(capsys, str(study), "-o", str(tmp_path / "out"), "--json")
     doc = json.loads(out)
     assert code == 0 and doc["best"] is None and doc["feasible_count"] == 0

@@ -83,8 +83,16 @@ def _limit_heap(limit_bytes: int) -> None:
     meets a real allocation failure, as a GPU would at its HBM size."""
     if limit_bytes <= 0:
         return
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    resource.setrlimit(resource.RLIMIT_DATA, (rss + limit_bytes, resource.RLIM_INFINITY))
+    # RLIMIT_DATA counts the data segment and private mappings (VmData), not the RSS
+    used = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmData:"):
+                    used = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    resource.setrlimit(resource.RLIMIT_DATA, (used + limit_bytes, resource.RLIM_INFINITY))
 
 
 def _inject(cfg: RunConfig, rank: int) -> None:
