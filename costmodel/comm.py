@@ -59,7 +59,7 @@ def bucketed_gather_time(x_bytes: np.ndarray, n: np.ndarray, k: np.ndarray, link
     nv, net = _phases(n, k)
     buckets = np.maximum(np.ceil(x_bytes / bucket_bytes), 1.0)
     step_lat = np.where(k < n, link.network_latency_s, link.nvlink_latency_s)
-    lat = buckets * ((n - 1) * step_lat + link.call_overhead_s)
+    lat = buckets * (np.log2(np.maximum(n, 2)) * step_lat + link.call_overhead_s)
     t = x_bytes * (nv / link.nvlink_bw + net / link.network_bw) + lat
     return np.where(n > 1, t, 0.0)
 

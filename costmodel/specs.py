@@ -179,10 +179,10 @@ class GpuSpec:
         for key in ("id", "name", "family"):  # a study's gpu_spec may hold anything
             if not isinstance(getattr(self, key), str):
                 raise SpecError(f"gpu.{key} must be text, but got {getattr(self, key)!r}")
-        reserve = self.memory_reserve_bytes
-        if not (isinstance(reserve, numbers.Real) and 0 <= reserve < self.hbm_bytes):
-            raise SpecError(f"gpu[{self.id}].memory_reserve_bytes must be in [0, hbm_bytes), "
-                            f"but got memory_reserve_bytes={reserve!r}, hbm_bytes={self.hbm_bytes}")
+        reserve = self.memory_reserve_bytes  # reserve >= hbm is legal: then nothing fits
+        if not (isinstance(reserve, numbers.Real) and 0 <= reserve < math.inf):
+            raise SpecError(f"gpu[{self.id}].memory_reserve_bytes must be a finite number >= 0, "
+                            f"but got memory_reserve_bytes={reserve!r}")
 
     def peak_flops(self, precision: str) -> float:
         return {"bf16": self.peak_flops_bf16, "fp16": self.peak_flops_fp16,
