@@ -279,6 +279,9 @@ class Training:
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
     flash_attention: bool = True
+    # whether ZeRO-1/2's gradient reduce-scatter runs during backward (Megatron's distributed
+    # optimizer with --overlap-grad-reduce) or after it (nanotron's ZeRO-1)
+    overlap_grad_reduce_sharded: bool = True
     separate_grad_comm_buffer: bool = False  # nanotron copies grads into a reduce buffer
     dp_bucket_bytes: float = 25 * 2**20  # gradient bucket (torch DDP's default 25 MiB)
     # Extra seconds per TP ring step when a pipeline engine interleaves its point-to-point

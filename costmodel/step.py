@@ -193,7 +193,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     z3_ag_share = param_ag / np.maximum(bwd_mix, 1e-30)
     grad_time = np.where(z == 0, 2.0 * grad_rs, np.where(z3, m * grad_rs, grad_rs))
     grad_exposed = np.where(z3, m * z3_bwd_exposed * (1 - z3_ag_share),
-                            hide(grad_time, bwd_window, tr.overlap_grad_reduce))
+                            np.where(z == 0, hide(grad_time, bwd_window, tr.overlap_grad_reduce),
+                                     hide(grad_time, bwd_window,
+                                          tr.overlap_grad_reduce_sharded)))
     ag_time = np.where(z3, 2.0 * m * param_ag, np.where(z >= 1, param_ag, 0.0))
     ag_exposed = np.where(
         z3, m * (hide(param_ag, fwd_window, True) + z3_bwd_exposed * z3_ag_share),

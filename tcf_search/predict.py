@@ -132,8 +132,12 @@ def predict_csv(src: Path, dst: Path) -> pd.DataFrame:
     frame = pd.read_csv(src, dtype=str, keep_default_na=False)
     result = predict_frame(frame)
     tmp = dst.with_name(dst.name + ".tmp")
-    result.to_csv(tmp, index=False)
-    tmp.replace(dst)
+    try:
+        result.to_csv(tmp, index=False)
+        tmp.replace(dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # never leave half a file behind
+        raise
     return result
 
 
@@ -151,10 +155,16 @@ def predict_cmd(
     if output.exists() and not force:
         typer.echo(f"error: -o: {output} exists; pass --force to overwrite", err=True)
         raise typer.Exit(2)
+    if output.is_dir() or not output.parent.is_dir():
+        typer.echo(f"error: -o: must be a file in an existing folder (got {output})", err=True)
+        raise typer.Exit(2)
     try:
         result = predict_csv(cases, output)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         typer.echo(f"error: CASES.csv: not a readable CSV ({str(e).splitlines()[0]})", err=True)
+        raise typer.Exit(2) from None
+    except OSError as e:  # unreadable input, unwritable output
+        typer.echo(f"error: {e.filename or output}: {e.strerror or e}", err=True)
         raise typer.Exit(2) from None
     missing = [c for c in ("layers", "hidden", "gpu", "num_gpus") if c not in result.columns]
     errors = int((result["pred_error"].notna() & (result["pred_error"] != "")).sum())
