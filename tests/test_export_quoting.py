@@ -9,10 +9,10 @@ import os
 import shutil
 import stat
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 
 from tcf_search.export import FORMATS, ExportError, ExportOptions, ExportRefused, render

@@ -8,11 +8,11 @@ import ast
 import dataclasses
 import json
 import shlex
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 import yaml
 
 from tcf_search.export import ExportOptions, ExportRefused, render
