@@ -14,7 +14,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Annotated, Any
 
-import click
 import typer
 from rich.console import Console
 
@@ -180,14 +179,16 @@ app.command("nightly")(nightly_cmd)
 
 
 def _click_classes(name: str) -> tuple[type[BaseException], ...]:
-    """``name`` from click and from the copy of click that newer typer releases vendor."""
-    found: list[type[BaseException]] = [getattr(click.exceptions, name)]
-    try:
-        from typer._click import exceptions as vendored  # typer >= 0.2x ships its own click
-    except ImportError:
-        vendored = None  # type: ignore[assignment]
-    if vendored is not None and hasattr(vendored, name):
-        found.append(getattr(vendored, name))
+    """``name`` from click and from the copy of click that newer typer releases vendor (click
+    itself is then not installed)."""
+    import importlib
+
+    found: list[type[BaseException]] = []
+    for module in ("click.exceptions", "typer._click.exceptions"):
+        try:
+            found.append(getattr(importlib.import_module(module), name))
+        except (ImportError, AttributeError):
+            continue
     return tuple(found)
 
 
