@@ -28,11 +28,13 @@ class SpecError(ValueError):
 
 def _positive(owner: str, **values: int | float) -> None:
     for name, value in values.items():
-        # a number (not text, not a bool), finite: inf would make times 0 and rates infinite
+        # A number (not text, not a bool), finite: inf would make times 0 and rates infinite.
+        # Integers stay below 2**53 (exact as floats; numpy's int64 cannot hold 10**30).
+        limit = 2**53 if isinstance(value, numbers.Integral) else math.inf
         if (not isinstance(value, numbers.Real) or isinstance(value, bool)
-                or not 0 < value < math.inf):
-            raise SpecError(f"{owner}.{name} must be a finite number > 0, but got "
-                            f"{name}={value!r}")
+                or not 0 < value < limit):
+            raise SpecError(f"{owner}.{name} must be a finite number > 0 (integers < 2**53), "
+                            f"but got {name}={value!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,7 +69,12 @@ class ModelSpec:
                             f"heads={self.heads}, kv_heads={self.kv_heads}")
         if self.ffn_type not in ("swiglu", "gelu"):
             raise SpecError(f"model.ffn_type must be 'swiglu' or 'gelu', but got {self.ffn_type!r}")
-        if self.moe_experts < 0 or self.moe_topk < 0 or self.moe_shared_experts < 0:
+        if self.head_dim < 0 or self.d_head < 1:  # else attention sizes are 0: NaN times
+            raise SpecError(f"model.head_dim, or hidden // heads when it is 0, must be >= 1, but "
+                            f"got head_dim={self.head_dim}, hidden={self.hidden}, "
+                            f"heads={self.heads}")
+        if (self.moe_experts < 0 or self.moe_topk < 0 or self.moe_shared_experts < 0
+                or self.moe_ffn_hidden < 0):
             raise SpecError("model.moe_* counts must be >= 0")
         if self.moe_experts and not 0 < self.moe_topk <= self.moe_experts:
             raise SpecError(f"model.moe_topk must be in 1..moe_experts={self.moe_experts}, "

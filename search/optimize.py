@@ -9,10 +9,12 @@ after a kill samples exactly what an uninterrupted one would have.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import multiprocessing as mp
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable, Collection
 from typing import Any
@@ -28,6 +30,12 @@ from search.storage import SearchError, StorageSpec, quiet
 MAX_FAILURES = 20  # trials failing in a row (a bug, not bad luck) before a worker gives up
 
 Progress = Callable[[int, int], None]
+_stop = False  # a worker process got SIGINT: it ends the trial under way, then stops
+
+
+def _stop_after_trial(signum: int, frame: object) -> None:
+    global _stop
+    _stop = True
 
 
 def make_sampler(kind: str, seed: int, objectives: int) -> optuna.samplers.BaseSampler:
@@ -92,7 +100,7 @@ def run_trials(ev: Evaluator, study: optuna.Study, quota: int, *, sampler: str, 
     holds ``target`` complete or running trials (other hosts sharing an RDB add theirs)."""
     done = failures = 0
     study.sampler = make_sampler(sampler, seed, len(ev.directions))
-    while done < quota and (target is None or started(study) < target):
+    while done < quota and not _stop and (target is None or started(study) < target):
         # The seed depends only on the history, so a resumed study samples what an
         # uninterrupted one would have.
         reseed(study.sampler, trial_seed(seed, completed(study), worker))
@@ -136,6 +144,13 @@ def enqueue_all(ev: Evaluator, study: optuna.Study) -> None:
 
 def _worker(ev: Evaluator, spec: StorageSpec, name: str, quota: int, sampler: str, seed: int,
             worker: int, target: int) -> None:
+    if sys.platform.startswith("linux"):
+        # Die with the command (even a SIGKILLed one): a worker left running would go on
+        # writing trials that the resumed command has failed as stale.
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    # Ctrl-C must not land inside a journal append (it would leave Optuna's lock held and the
+    # trial RUNNING): the worker finishes its trial and stops.
+    signal.signal(signal.SIGINT, _stop_after_trial)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=name, storage=spec.open())
     try:
@@ -146,7 +161,7 @@ def _worker(ev: Evaluator, spec: StorageSpec, name: str, quota: int, sampler: st
 
 def quotas(remaining: int, workers: int) -> list[int]:
     base, extra = divmod(remaining, workers)
-    return [base + (1 if w < extra else 0) for w in range(workers) if base or w < extra]
+    return [base + (1 if w < extra else 0) for w in range(min(workers, remaining))]
 
 
 def run_workers(ev: Evaluator, study: optuna.Study, spec: StorageSpec, target: int, *,

@@ -23,7 +23,7 @@ from search.presets import APPROXIMATIONS
 from search.prune import memory_stage
 from search.result import RankedPlan, StudyResult
 from search.space import Layouts, SearchSpace, build_space, enumerate_layouts
-from search.storage import StorageSpec, open_study, recover
+from search.storage import StorageSpec, open_study, recover, unlock_journal
 from search.study import ExportSection, Specs, Study, build_specs
 
 ExportHook = Callable[[Path, ExportSection], Any]
@@ -126,6 +126,7 @@ def optimize(ev: Evaluator, study: Study, space: SearchSpace, options: RunOption
     report = (lambda done, total: progress("trials", done, total)) if progress else None
     opt.run_workers(ev, ostudy, spec, target, workers=workers, sampler=kind, seed=s.seed,
                     progress=report)
+    unlock_journal(spec)
     info["trials_this_run"] = opt.completed(ostudy) - before
     info["trial_states"] = opt.summary(ostudy)
     return ostudy, info

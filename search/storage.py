@@ -102,10 +102,44 @@ def _redact(url: str) -> str:
     return f"{head}{sep}{cred.split(':', 1)[0]}:***@{host}"
 
 
+_HELD: dict[Path, Any] = {}  # journal file -> its open lock file, while this process runs it
+
+
+def lock_journal(journal: Path) -> None:
+    """One command at a time per journal file: a second one would take the first one's running
+    trials for stale and fail them under it. The lock (``flock``, shared with forked workers) is
+    dropped by :func:`unlock_journal`, or by the kernel once every holder has exited."""
+    import fcntl
+
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    key = journal.resolve()
+    if key in _HELD:
+        return
+    # Not ``<journal>.lock``: Optuna's own append lock takes that name.
+    f = open(key.with_name(key.name + ".run-lock"), "a")  # noqa: SIM115 - held past this call
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise SearchError(f"search.storage: another tcf-search run is using {journal}; rerun "
+                          f"the command once it has ended to resume") from None
+    _HELD[key] = f
+    # Optuna's append lock, if a killed command left it: no one else can hold it now, and
+    # Optuna would wait 30 s before breaking it.
+    key.with_name(key.name + ".lock").unlink(missing_ok=True)
+
+
+def unlock_journal(spec: StorageSpec) -> None:
+    if spec.journal is not None and (f := _HELD.pop(spec.journal.resolve(), None)) is not None:
+        f.close()
+
+
 def open_study(spec: StorageSpec, name: str, directions: list[str],
                fingerprint: str) -> optuna.Study:
     """Create or resume the study; refuse storage that holds another study under this name."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if spec.journal is not None:
+        lock_journal(spec.journal)
     storage = spec.open()
     study = optuna.create_study(
         storage=storage, study_name=name, load_if_exists=True,
@@ -114,11 +148,13 @@ def open_study(spec: StorageSpec, name: str, directions: list[str],
     if held is None:
         study.set_user_attr(FINGERPRINT_ATTR, fingerprint)
     elif held != fingerprint:
+        unlock_journal(spec)  # the folder is not this study's: leave it to its own
         raise SearchError(
             f"storage {spec.describe()} holds study {name!r} made from a different study "
             f"definition or hardware numbers (fingerprint {held[:12]}, now {fingerprint[:12]}); "
             f"use another output folder (-o) or storage, or remove it")
     if [d.name.lower() for d in study.directions] != directions:
+        unlock_journal(spec)
         raise SearchError(f"storage {spec.describe()} holds study {name!r} with directions "
                           f"{[d.name.lower() for d in study.directions]}, not {directions}")
     return study

@@ -73,8 +73,16 @@ class Outcome:
     out_dir: Path
 
 
+def count_input(kind: str) -> None:
+    """One line per fuzzed input in $TCF_FUZZ_COUNT (benchmarks/bench_robustness.py counts)."""
+    if path := os.environ.get("TCF_FUZZ_COUNT"):
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(kind + "\n")
+
+
 def run_cli(text: str | bytes, *extra: str) -> Outcome:
     """``tcf-search run`` on a study file holding ``text``, in this process."""
+    count_input("study")
     with tempfile.TemporaryDirectory(prefix="tcf-fuzz-") as tmp:
         study = Path(tmp) / "fuzzed.yaml"
         if isinstance(text, bytes):

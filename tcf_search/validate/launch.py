@@ -38,7 +38,8 @@ def _env(rank: int, world: int, port: int) -> dict[str, str]:
     threads = max(1, (os.cpu_count() or 1) // world)
     env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-               OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1")
+               OMP_NUM_THREADS=str(threads), PYTHONUNBUFFERED="1",
+               TCF_LAUNCHER_PID=str(os.getpid()))  # a rank outliving it exits (worker.main)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     return env
 
@@ -60,15 +61,18 @@ def spawn_ranks(cmd: list[str], world: int, work: Path, timeout_s: float,
         log.close()
     (work / "pgid").write_text(str(procs[0].pid))  # lets a caller check nothing survived
     timed_out = False
-    while True:
-        codes = [p.poll() for p in procs]
-        if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
-            break
-        if time.monotonic() - start > timeout_s:
-            timed_out = True
-            break
-        time.sleep(POLL_S)
-    kill_group(procs[0].pid)
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c is not None for c in codes) or any(c not in (None, 0) for c in codes):
+                break
+            if time.monotonic() - start > timeout_s:
+                timed_out = True
+                break
+            time.sleep(POLL_S)
+    finally:
+        # Also on Ctrl-C: the ranks' own process group does not get the terminal's SIGINT.
+        kill_group(procs[0].pid)
     return [p.wait() for p in procs], timed_out, time.monotonic() - start
 
 

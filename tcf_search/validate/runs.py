@@ -120,6 +120,10 @@ def run_memory_only(cfg: RunConfig, *, timeout_s: float, work_dir: Path) -> RunR
             proc.wait()
             return RunResult(outcome="timeout", wall_s=time.monotonic() - start,
                              error=f"no result within timeout_s={timeout_s:g}")
+        except BaseException:  # Ctrl-C: the group of its own would outlive this process
+            kill_group(proc.pid)
+            proc.wait()
+            raise
     wall = time.monotonic() - start
     if code != 0 or not out.exists():
         text = log_path.read_text(errors="replace")

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import resource
+import signal
 import sys
 import time
 import traceback
@@ -187,6 +188,13 @@ def _is_oom(exc: BaseException) -> bool:
 
 
 def main(argv: list[str]) -> int:
+    if sys.platform.startswith("linux"):
+        # A rank dies with its launcher, even a SIGKILLed one: no orphan holds a port or a core.
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != int(os.environ.get("TCF_LAUNCHER_PID", os.getppid())):
+            return 1  # the launcher died before this rank got here
     cfg_path, out_dir = Path(argv[0]), Path(argv[1])
     rank = int(os.environ.get("RANK", "0"))
     try:

@@ -1,0 +1,150 @@
+"""Figures for robustness (issue 7): run ``python benchmarks/bench_robustness.py [--quick]``.
+
+1. Inputs fuzzed: study files (``tcf-search run``), CSVs (``tcf-search predict``) and export
+   option text (rendered, written and run with stub launchers) — fresh random examples of the
+   properties in tests/test_robust_fuzz_*.py and tests/test_robust_output.py, counted per kind,
+   with the number of properties that failed (must be 0).
+2. Kills survived: ``tcf-search run`` SIGKILLed at random moments and resumed from its folder;
+   completed trials lost and duplicated (must be 0), and whether the final best and the trial
+   sequence equal an uninterrupted run with the same seed.
+3. Worker kills: the controlling process of a 4-worker run killed alone; workers left running
+   (must be 0) and the exact trial count after resuming.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from search.pipeline import RunOptions, run_study  # noqa: E402
+from search.study import load_study  # noqa: E402
+
+FUZZ_FILES = ["tests/test_robust_fuzz_study.py", "tests/test_robust_fuzz_csv.py",
+              "tests/test_robust_output.py"]
+
+
+def heading(text: str) -> None:
+    print(f"\n## {text}\n")
+
+
+def interrupt_helpers() -> ModuleType:
+    """tests/test_robust_interrupt.py's kill loop and storage readers (one code path)."""
+    spec = importlib.util.spec_from_file_location(
+        "robust_interrupt", ROOT / "tests" / "test_robust_interrupt.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fuzz(examples: int) -> None:
+    heading(f"Inputs fuzzed ({examples} fresh examples per property)")
+    with tempfile.TemporaryDirectory() as tmp:
+        counts = Path(tmp) / "counts.txt"
+        env = {**os.environ, "TCF_FUZZ_EXAMPLES": str(examples), "TCF_FUZZ_COUNT": str(counts),
+               "PYTHONPATH": str(ROOT)}
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "-W", "ignore::DeprecationWarning", *FUZZ_FILES],
+                              cwd=ROOT, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - t0
+        kinds = Counter(counts.read_text().split()) if counts.exists() else Counter()
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr[-300:]
+    for kind, label in [("study", "study files through `tcf-search run`"),
+                        ("csv", "CSVs through `tcf-search predict`"),
+                        ("export", "export option texts rendered, written and run")]:
+        print(f"- {kinds[kind]:,} {label}")
+    print(f"- {sum(kinds.values()):,} inputs in all, {wall:.0f} s; pytest: {summary}")
+    if done.returncode != 0:
+        failed = [ln for ln in done.stdout.splitlines() if ln.startswith("FAILED")]
+        print("- FAILED properties:\n  " + "\n  ".join(failed or [done.stdout[-2000:]]))
+
+
+def kills(count: int) -> None:
+    heading(f"SIGKILL at random moments, {count} times, resumed each time")
+    h = interrupt_helpers()
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        study = h.study_file(folder)
+        out = folder / "killed"
+        t0 = time.perf_counter()
+        log = h.kill_and_resume(study, out, count, seed=int(time.time()))
+        subprocess.run(h.command(study, out), cwd=ROOT, env=h.env(), check=True,
+                       capture_output=True)
+        final = h.completed(out)
+        lost = sum(1 for n, v in log.seen.items() if final.get(n) != v)
+        numbers = [t.number for t in h.trials(out)]
+        units = [final[n][0] for n in sorted(final)]
+        reference = run_study(load_study(study), RunOptions(out_dir=folder / "whole",
+                                                            trials=h.TRIALS))
+        ref = h.completed(folder / "whole")
+        same_sequence = units == [ref[n][0] for n in sorted(ref)]
+        best = max(v for _, v in final.values())
+        assert reference.best is not None
+        wall = time.perf_counter() - t0
+    print(f"- kills survived: {log.kills} (the command had already ended {log.finished_early} "
+          f"times); {len(log.seen)} of {h.TRIALS} trials done before the last resume")
+    print(f"- trials lost: {lost}; duplicated trial numbers: {len(numbers) - len(set(numbers))}; "
+          f"layouts judged twice: {len(units) - len(set(units))}; final complete: {len(final)}")
+    print(f"- same trial sequence as an uninterrupted run: {same_sequence}; same best: "
+          f"{best == reference.best.values[0]} ({best:,.1f} tok/s/GPU); {wall:.0f} s")
+
+
+def worker_kills(rounds: int, workers: int = 4, target: int = 200) -> None:
+    import psutil
+
+    heading(f"The controller of a {workers}-worker run SIGKILLed alone, {rounds} times")
+    h = interrupt_helpers()
+    orphans = lost = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        study = h.study_file(folder)
+        out = folder / "workers"
+        cmd = h.command(study, out, target, "--workers", str(workers))
+        for _ in range(rounds):
+            before = h.completed(out)
+            proc = subprocess.Popen(cmd, cwd=ROOT, env=h.env(), stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+            deadline = time.monotonic() + 60
+            kids: list[psutil.Process] = []
+            while len(kids) < workers and proc.poll() is None and time.monotonic() < deadline:
+                kids = psutil.Process(proc.pid).children(recursive=True)
+                time.sleep(0.02)
+            time.sleep(0.5)
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            time.sleep(0.5)
+            orphans += sum(1 for k in kids if k.is_running()
+                           and k.status() != psutil.STATUS_ZOMBIE)
+            now = h.completed(out)
+            lost += sum(1 for n, v in before.items() if now.get(n) != v)
+        subprocess.run(cmd, cwd=ROOT, env=h.env(), check=True, capture_output=True)
+        final = h.completed(out)
+    print(f"- workers left running after their controller died: {orphans}")
+    print(f"- trials lost: {lost}; complete after resuming: {len(final)} of {target}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer examples and kills")
+    args = parser.parse_args()
+    print("# Robustness figures")
+    fuzz(100 if args.quick else 400)
+    kills(10 if args.quick else 20)
+    worker_kills(2 if args.quick else 5)
+
+
+if __name__ == "__main__":
+    main()
