@@ -45,6 +45,7 @@ def interrupt_helpers() -> ModuleType:
         "robust_interrupt", ROOT / "tests" / "test_robust_interrupt.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 

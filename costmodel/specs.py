@@ -7,7 +7,6 @@ read like the papers they cite.
 
 from __future__ import annotations
 
-import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Literal
@@ -28,12 +27,12 @@ class SpecError(ValueError):
 
 def _positive(owner: str, **values: int | float) -> None:
     for name, value in values.items():
-        # A number (not text, not a bool), finite: inf would make times 0 and rates infinite.
-        # Integers stay below 2**53 (exact as floats; numpy's int64 cannot hold 10**30).
-        limit = 2**53 if isinstance(value, numbers.Integral) else math.inf
+        # A number (not text, not a bool), and far from overflow: times and rates multiply a
+        # few of these, and inf or nan would rank as best. Integers stay exact as floats.
+        limit = 2**53 if isinstance(value, numbers.Integral) else 1e30
         if (not isinstance(value, numbers.Real) or isinstance(value, bool)
                 or not 0 < value < limit):
-            raise SpecError(f"{owner}.{name} must be a finite number > 0 (integers < 2**53), "
+            raise SpecError(f"{owner}.{name} must be a number in (0, 1e30) (integers < 2**53), "
                             f"but got {name}={value!r}")
 
 
@@ -187,8 +186,9 @@ class GpuSpec:
             if not isinstance(getattr(self, key), str):
                 raise SpecError(f"gpu.{key} must be text, but got {getattr(self, key)!r}")
         reserve = self.memory_reserve_bytes  # reserve >= hbm is legal: then nothing fits
-        if not (isinstance(reserve, numbers.Real) and 0 <= reserve < math.inf):
-            raise SpecError(f"gpu[{self.id}].memory_reserve_bytes must be a finite number >= 0, "
+        if (not isinstance(reserve, numbers.Real) or isinstance(reserve, bool)
+                or not 0 <= reserve < 1e30):
+            raise SpecError(f"gpu[{self.id}].memory_reserve_bytes must be a number in [0, 1e30), "
                             f"but got memory_reserve_bytes={reserve!r}")
 
     def peak_flops(self, precision: str) -> float:

@@ -38,7 +38,14 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):  # pydantic would read true as 1.0
+        raise ValueError(f"must be a number, not true or false (got {value!r})")
+    return value
+
+
 Int = Annotated[int, Strict()]
+Float = Annotated[float, BeforeValidator(_not_bool)]
 Bool = Annotated[bool, Strict()]
 Auto = Literal["auto"]
 # Beyond these the enumeration (divisors of the world size, layer splits) would not finish:
@@ -131,7 +138,7 @@ class TrainingSection(_Section):
     global_batch_tokens: Int | None = Field(default=None, gt=0)
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     optimizer: Literal["adam", "sgd"] = "adam"
-    token_budget: float | None = Field(default=None, gt=0)  # tokens: time-to-train, GPU-hours
+    token_budget: Float | None = Field(default=None, gt=0)  # tokens: time-to-train, GPU-hours
     # the framework's behaviour and calibrated memory footprint (tcf_search/profiles.yaml);
     # the switches below, when given, override its defaults
     framework: str = "generic"
@@ -176,7 +183,7 @@ class ClusterSection(_Section):
     gpus_per_node: Int = Field(default=8, gt=0)
     overrides: dict[str, Any] = Field(default_factory=dict)
     gpu_spec: dict[str, Any] | None = None
-    price_per_gpu_hour: float | None = Field(default=None, gt=0)  # for objective: cost
+    price_per_gpu_hour: Float | None = Field(default=None, gt=0)  # for objective: cost
 
     @model_validator(mode="after")
     def _size(self) -> ClusterSection:
@@ -222,8 +229,8 @@ class ObjectiveSection(_Section):
     # memory kept free on every GPU: an absolute figure, or else a fraction of usable memory.
     # Default 10%: Playbook runs predicted above 90% of usable memory ran 22% slower (median)
     # as the caching allocator frees and retries (issue #2's closing note).
-    memory_headroom_gib: float | None = Field(default=None, ge=0)
-    memory_headroom_fraction: float = Field(default=0.1, ge=0, lt=1)
+    memory_headroom_gib: Float | None = Field(default=None, ge=0)
+    memory_headroom_fraction: Float = Field(default=0.1, ge=0, lt=1)
 
 
 class SearchSection(_Section):
@@ -273,7 +280,7 @@ class ValidationSection(_Section):
     steps: Int = Field(default=3, gt=0)
     warmup: Int = Field(default=1, ge=0)
     device: Literal["cpu", "cuda"] = "cpu"
-    timeout_s: float = Field(default=600.0, gt=0)
+    timeout_s: Float = Field(default=600.0, gt=0)
     memory_only: Bool = False
     options: dict[str, Any] = Field(default_factory=dict)
 
