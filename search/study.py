@@ -138,7 +138,8 @@ class TrainingSection(_Section):
     global_batch_tokens: Int | None = Field(default=None, gt=0)
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     optimizer: Literal["adam", "sgd"] = "adam"
-    token_budget: Float | None = Field(default=None, gt=0)  # tokens: time-to-train, GPU-hours
+    # tokens, for time-to-train and GPU-hours
+    token_budget: Float | None = Field(default=None, gt=0, lt=1e30)
     # the framework's behaviour and calibrated memory footprint (tcf_search/profiles.yaml);
     # the switches below, when given, override its defaults
     framework: str = "generic"
@@ -183,7 +184,7 @@ class ClusterSection(_Section):
     gpus_per_node: Int = Field(default=8, gt=0)
     overrides: dict[str, Any] = Field(default_factory=dict)
     gpu_spec: dict[str, Any] | None = None
-    price_per_gpu_hour: Float | None = Field(default=None, gt=0)  # for objective: cost
+    price_per_gpu_hour: Float | None = Field(default=None, gt=0, lt=1e30)  # for objective: cost
 
     @model_validator(mode="after")
     def _size(self) -> ClusterSection:

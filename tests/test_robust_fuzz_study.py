@@ -117,7 +117,8 @@ def check_ending(r: Outcome) -> None:
         assert doc["feasible_count"] == 0 and doc["notes"]
         assert doc["near_misses"] or doc["valid_count"] == 0
         assert not (r.out_dir / "best_plan.yaml").exists()
-    else:
+    else:  # an answer is a number: inf or nan would rank anything first
+        assert all(math.isfinite(v) for v in doc["best"]["objective_values"]), doc["best"]
         assert (r.out_dir / "best_plan.yaml").is_file()
 
 
