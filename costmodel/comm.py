@@ -29,8 +29,10 @@ class Link:
 
 def link_of(cluster: ClusterSpec) -> Link:
     g, eff = cluster.gpu, cluster.gpu.efficiency
+    net = (eff.network_bw_fraction if cluster.network_bw_fraction is None
+           else cluster.network_bw_fraction)
     return Link(nvlink_bw=g.intra_node_bw_bytes_per_s * eff.nvlink_bw_fraction,
-                network_bw=g.network_bw_bytes_per_s * eff.network_bw_fraction,
+                network_bw=g.network_bw_bytes_per_s * net,
                 nvlink_latency_s=g.intra_node_latency_s, network_latency_s=g.network_latency_s,
                 call_overhead_s=eff.collective_overhead_s, domain=cluster.nvlink_domain)
 

@@ -205,9 +205,17 @@ class ClusterSpec:
     gpu: GpuSpec
     num_gpus: int
     gpus_per_node: int = 8
+    # The inter-node fabric when known (hardware_catalog/fabrics.yaml) and the collective bus
+    # bandwidth it reaches, as a fraction of the NIC's; None keeps the GPU family's calibrated
+    # network_bw_fraction (a fabric is a property of the cluster, not of the GPU).
+    fabric: str = ""
+    network_bw_fraction: float | None = None
 
     def __post_init__(self) -> None:
         _positive("cluster", num_gpus=self.num_gpus, gpus_per_node=self.gpus_per_node)
+        f = self.network_bw_fraction
+        if f is not None and not 0.0 < f <= 1.0:
+            raise SpecError(f"cluster.network_bw_fraction must be in (0, 1], but got {f}")
 
     @property
     def nvlink_domain(self) -> int:
@@ -295,6 +303,11 @@ class Training:
     # transfers with TP collectives on one stream (seen in nanotron's eager PP engine; 0 for
     # engines that keep them on separate streams, e.g. Megatron-LM).
     pp_tp_step_overhead_s: float = 0.0
+    # Megatron-LM's scatter/gather of pipeline activations (Narayanan et al., SC21, sec. 4.1):
+    # each TP rank sends 1/tp of a stage boundary's activation over its own NIC and the
+    # receiving stage all-gathers it over NVLink. Only matters without sequence parallel, which
+    # shards those activations anyway.
+    pp_scatter_gather: bool = False
     # CPU time to issue one kernel or collective: a layer cannot run faster than the host issues
     # its work (eager PyTorch with Python-level modules; ~10-20 us for lean stacks).
     host_overhead_s: float = 15e-6

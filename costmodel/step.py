@@ -157,7 +157,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     sp_div = np.where(p.sequence_parallel > 0, tp, 1.0)
     x_pp = M * h * BF16 / sp_div
     pp_cross = (p.tp * p.cp * p.dp) >= D
-    pp_hop = comm.p2p_time(x_pp, pp_cross, link)
+    scatter = (tr.pp_scatter_gather & (p.sequence_parallel == 0) & (tp > 1) & pp_cross
+               & (k_tp >= tp))
+    pp_hop = np.where(scatter,
+                      comm.p2p_time(x_pp / tp, pp_cross, link) + comm.gather_time(x_pp, tp, k_tp,
+                                                                                   link),
+                      comm.p2p_time(x_pp, pp_cross, link))
     pp_time = np.where(pp > 1, 2.0 * m * v * pp_hop, 0.0)
 
     # ---- data parallel: gradients and parameters -----------------------------------------
@@ -235,7 +240,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
                          comm.tier(ep, k_ep), m * n_layers_mb * moe_frac * 2 * ep_layer_fwd,
                          m * n_layers_mb * moe_frac * 2 * ep_layer_fwd),
         CollectiveArrays("pp_activation_send_recv", "pp", "send_recv", p.pp,
-                         np.where(pp > 1, 2.0 * m * v * x_pp, 0.0),
+                         np.where(pp > 1, 2.0 * m * v * np.where(scatter, x_pp / tp, x_pp), 0.0),
                          np.where(pp > 1, np.where(pp_cross, 2, 1), 0), pp_time, pp_time),
         CollectiveArrays("dp_grad_reduce", "dp", "reduce_scatter", p.dp * p.cp,
                          np.where(dpcp > 1, dp_bytes, 0.0), comm.tier(dpcp, k_dp), grad_time,

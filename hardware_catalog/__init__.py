@@ -17,6 +17,13 @@ from hardware_catalog.catalog import (
     load_calibration,
     load_catalog,
 )
+from hardware_catalog.fabrics import (
+    Fabric,
+    UnknownFabric,
+    fabric_fraction,
+    get_fabric,
+    load_fabrics,
+)
 from hardware_catalog.overrides import OVERRIDABLE_FIELDS, with_overrides
 
 __all__ = [
@@ -24,10 +31,15 @@ __all__ = [
     "FAMILIES",
     "OVERRIDABLE_FIELDS",
     "CatalogError",
+    "Fabric",
+    "UnknownFabric",
     "UnknownSku",
+    "fabric_fraction",
+    "get_fabric",
     "get_gpu",
     "list_ids",
     "load_calibration",
     "load_catalog",
+    "load_fabrics",
     "with_overrides",
 ]

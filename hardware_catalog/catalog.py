@@ -19,6 +19,7 @@ from costmodel.specs import Efficiency, GpuSpec, SpecError
 
 CATALOG_DIR = Path(__file__).resolve().parent
 CALIBRATION_FILE = "calibration.yaml"
+DATA_FILES = frozenset({CALIBRATION_FILE, "fabrics.yaml"})  # not SKUs
 FAMILIES = ("ampere", "hopper", "blackwell", "ada", "cdna3", "cpu")
 # optional blocks of an entry written by `tcf-search calibrate`: its own measured efficiency
 # (used instead of the family's) and the raw measurements behind it (kept, not read)
@@ -175,7 +176,7 @@ def _load(directory: Path) -> dict[str, GpuSpec]:
     if not directory.is_dir():
         raise CatalogError(f"catalog directory {str(directory)!r} does not exist")
     efficiency = load_calibration(directory)
-    paths = sorted(p for p in directory.glob("*.yaml") if p.name != CALIBRATION_FILE)
+    paths = sorted(p for p in directory.glob("*.yaml") if p.name not in DATA_FILES)
     if not paths:
         raise CatalogError(f"catalog directory {str(directory)!r} holds no <id>.yaml files")
     return {p.stem: _parse_sku(p, efficiency) for p in paths}

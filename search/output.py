@@ -52,7 +52,8 @@ def trials_csv(rows: Iterable[dict[str, Any]]) -> str:
 def plan_file(result: StudyResult, specs: Specs, ranked: RankedPlan) -> str:
     return dump_plan_file(PlanFile(
         study=result.study, model=specs.model, gpu=result.gpu, num_gpus=result.num_gpus,
-        gpus_per_node=result.gpus_per_node, training=specs.training, plan=ranked.plan,
+        gpus_per_node=result.gpus_per_node, fabric=specs.cluster.fabric,
+        training=specs.training, plan=ranked.plan,
         rank=ranked.rank, predicted={**ranked.predicted, "source": ranked.source}))
 
 

@@ -182,9 +182,21 @@ class ClusterSection(_Section):
     gpus: Int | None = Field(default=None, gt=0)
     nodes: Int | None = Field(default=None, gt=0)
     gpus_per_node: Int = Field(default=8, gt=0)
+    # the inter-node fabric (hardware_catalog/fabrics.yaml): sets the network efficiency
+    fabric: str | None = None
     overrides: dict[str, Any] = Field(default_factory=dict)
     gpu_spec: dict[str, Any] | None = None
     price_per_gpu_hour: Float | None = Field(default=None, gt=0, lt=1e30)  # for objective: cost
+
+    @field_validator("fabric")
+    @classmethod
+    def _known_fabric(cls, value: str | None) -> str | None:
+        from hardware_catalog import load_fabrics
+
+        if value is not None and value not in load_fabrics():
+            raise ValueError(f"must be one of {', '.join(sorted(load_fabrics()))} "
+                             f"(got {value!r})")
+        return value
 
     @model_validator(mode="after")
     def _size(self) -> ClusterSection:
@@ -461,19 +473,27 @@ class Specs:
     headroom_gib: float = 0.0  # memory kept free per GPU (objective.memory_headroom_*)
 
 
+def cluster_spec(gpu: GpuSpec, num_gpus: int, gpus_per_node: int, fabric: str) -> ClusterSpec:
+    """The cluster, with its fabric's network efficiency when the fabric is named."""
+    from hardware_catalog import fabric_fraction
+
+    return ClusterSpec(gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node, fabric=fabric,
+                       network_bw_fraction=fabric_fraction(fabric))
+
+
 def build_specs(study: Study) -> Specs:
     from tcf_search.profiles import framework_settings
 
     t = study.training
     try:
-        switches: dict[str, Any] = framework_settings(t.framework)
+        switches: dict[str, Any] = framework_settings(t.framework, t.precision)
         switches.update({k: getattr(t, k) for k in ("overlap_grad_reduce",
                          "overlap_param_gather", "tp_comm_overlap", "flash_attention")
                          if getattr(t, k) is not None})
         training = Training(seq_len=t.seq_len, global_batch=t.sequences,
                             precision=t.precision, optimizer=t.optimizer, **switches)
-        cluster = ClusterSpec(gpu=build_gpu(study.cluster), num_gpus=study.cluster.num_gpus,
-                              gpus_per_node=study.cluster.gpus_per_node)
+        cluster = cluster_spec(build_gpu(study.cluster), study.cluster.num_gpus,
+                               study.cluster.gpus_per_node, study.cluster.fabric or "")
     except SpecError as exc:
         raise StudyError(f"study: {exc}") from None
     o = study.objective

@@ -37,6 +37,7 @@ from tcf_search.dataset import (
     predict_groups,
     with_training,
 )
+from tcf_search.measured import row_fabric
 
 GIB = 2**30
 EFF_PARAMS = ("attention_peak_fraction", "memory_bw_fraction", "collective_overhead_s",
@@ -55,6 +56,7 @@ EFF_BOUNDS = {"gemm_peak_fraction": (0.3, 0.95), "gemm_half_size": (1.0, 4096.0)
               "pp_tp_step_overhead_s": (1e-6, 2e-3), "pressure_start": (0.6, 0.99),
               "pressure_slowdown": (1e-3, 20.0), "nvlink_bw_fraction": (0.1, 1.0),
               "network_bw_fraction": (0.05, 1.0)}
+FABRIC_PREFIX = "fabric:"  # a fitted parameter that is a fabric's network fraction
 MEM_PARAMS = ("activation_factor", "logits_bytes_per_element", "allocator_fraction",
               "allocator_const_bytes")
 # the framework's own footprint (nanotron profile) vs the PyTorch allocator's (every framework)
@@ -96,24 +98,40 @@ def _to_unit(vals: dict, names: tuple[str, ...],
     return np.asarray(x)
 
 
+def _with_fabrics(groups: list[Group], fractions: dict[str, float]) -> list[Group]:
+    """Groups on a fabric of ``fractions`` get that network fraction."""
+    return [replace(g, cluster=replace(g.cluster, network_bw_fraction=fractions[
+        g.cluster.fabric])) if g.cluster.fabric in fractions else g for g in groups]
+
+
 def fit_efficiency(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, family: str,
                    start: Efficiency, params: tuple[str, ...] = EFF_PARAMS,
                    framework: str = "", start_values: dict[str, float] | None = None,
                    ) -> tuple[Efficiency, dict[str, float]]:
     """Least squares on log throughput (Cauchy loss: a few pathological runs must not steer
-    it). TRAINING_PARAMS belong to ``framework``'s profile, PRESSURE_PARAMS to the allocator."""
+    it). TRAINING_PARAMS belong to ``framework``'s profile, PRESSURE_PARAMS to the allocator,
+    ``fabric:<id>`` to that fabric's network fraction (hardware_catalog/fabrics.yaml)."""
     measured = frame["tokens_per_sec_per_gpu"].to_numpy()
     idx = _covered(groups, rows)
     fam_groups = [g for g in groups if g.cluster.gpu.family == family
                   and np.isin(g.index, idx).any()]
     values = {**dataclasses.asdict(start), **(start_values or {})}
+    for name in params:
+        if name.startswith(FABRIC_PREFIX):
+            values.setdefault(name, start.network_bw_fraction)
+    bounds = {**EFF_BOUNDS, **{n: EFF_BOUNDS["network_bw_fraction"] for n in params
+                               if n.startswith(FABRIC_PREFIX)}}
+    own = TRAINING_PARAMS + PRESSURE_PARAMS
 
     def split(x: np.ndarray) -> tuple[Efficiency, list[Group], dict[str, float]]:
-        v = _unit(x, params, EFF_BOUNDS)
+        v = _unit(x, params, bounds)
         tr = {k: val for k, val in v.items() if k in TRAINING_PARAMS}
+        fabrics = {k.removeprefix(FABRIC_PREFIX): val for k, val in v.items()
+                   if k.startswith(FABRIC_PREFIX)}
         eff = replace(start, **{k: val for k, val in v.items()  # type: ignore[arg-type]
-                                if k not in TRAINING_PARAMS + PRESSURE_PARAMS})
-        return eff, with_training(fam_groups, framework, **tr) if tr else fam_groups, v
+                                if k not in own and not k.startswith(FABRIC_PREFIX)})
+        g = with_training(fam_groups, framework, **tr) if tr else fam_groups
+        return eff, _with_fabrics(g, fabrics), v
 
     def residuals(x: np.ndarray) -> np.ndarray:
         eff, g, v = split(x)
@@ -121,7 +139,7 @@ def fit_efficiency(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, fa
         pred = predict_groups(g, len(frame), {family: eff}, memory)
         return np.log(pred["tokens_per_s_per_gpu"][idx] / measured[idx])
 
-    x0 = _to_unit(values, params, EFF_BOUNDS)
+    x0 = _to_unit(values, params, bounds)
     sol = least_squares(residuals, x0, bounds=(0.0, 1.0), loss="cauchy", f_scale=0.1,
                         diff_step=1e-3, max_nfev=int(os.environ.get("TCF_FIT_NFEV", "300")))
     eff, _, v = split(sol.x)
@@ -175,6 +193,44 @@ def write_calibration(effs: dict[str, Efficiency], mm: MemoryModel,
     print("wrote", cal, "and", prof_path)
 
 
+def fit_ampere(frame: pd.DataFrame, groups: list[Group], train: pd.Series, hopper: Efficiency,
+               ) -> tuple[Efficiency, dict[str, float], pd.Series]:
+    """A100: llm-foundry's FSDP runs (flash attention, RoCE) and Megatron SC21's (GEMM-bound:
+    wide layers, full recompute, HDR InfiniBand) together tell GEMM, attention and memory-bound
+    efficiency apart, and the two fabrics' network fractions."""
+    a100 = ((frame["source"].eq("llm-foundry") & frame["gpu"].str.startswith("a100"))
+            | frame["source"].eq("megatron-sc21")) & frame["status"].eq("ok") & train
+    ampere, fitted = fit_efficiency(
+        frame, groups, a100, "ampere", replace(hopper, source=""),
+        ("gemm_peak_fraction", "attention_peak_fraction", "memory_bw_fraction",
+         FABRIC_PREFIX + "roce", FABRIC_PREFIX + "infiniband"))
+    n_sc21 = int((a100 & frame["source"].eq("megatron-sc21")).sum())
+    ampere = replace(ampere, source="fitted by python -m tcf_search.fit on "
+                     f"{int(a100.sum()) - n_sc21} llm-foundry A100 and {n_sc21} Megatron SC21 "
+                     "runs of non-held-out groups (GEMM, attention and memory-bound fractions; "
+                     "the rest, and the network fraction of clusters whose fabric is not given, "
+                     "from hopper)")
+    fabrics = {k.removeprefix(FABRIC_PREFIX): v for k, v in fitted.items()}
+    return ampere, fabrics, a100
+
+
+def write_fabrics(fabrics: dict[str, float], frame: pd.DataFrame, rows: pd.Series) -> None:
+    path = Path(__file__).resolve().parents[1] / "hardware_catalog" / "fabrics.yaml"
+    text = path.read_text()
+    head, _, _ = text.partition("\ninfiniband:")
+    doc = yaml.safe_load(text)
+    on = pd.Series([row_fabric({str(k): v for k, v in r.items()})
+                    for r in frame.to_dict("records")], index=frame.index, dtype=object)
+    for fid, value in fabrics.items():
+        doc[fid]["network_bw_fraction"] = round(value, 4)
+        n = int((rows & on.eq(fid)).sum())
+        doc[fid]["source"] = (f"fitted by python -m tcf_search.fit on {n} non-held-out A100 "
+                              f"runs on {fid}, with the ampere parameters on {int(rows.sum())} "
+                              "(see calibration.yaml)")
+    path.write_text(head + "\n" + yaml.safe_dump(doc, sort_keys=False, width=100))
+    print("wrote", path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=None)
@@ -226,14 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                      "of non-held-out (model, num_gpus) groups; GEMM roofline from prior")
     print("hopper:", hopper)
     print("nanotron profile:", nanotron)
-    a100 = frame["source"].eq("llm-foundry") & frame["gpu"].str.startswith("a100") & train
-    ampere, _ = fit_efficiency(frame, groups, a100, "ampere", replace(hopper, source=""),
-                               ("attention_peak_fraction", "memory_bw_fraction",
-                                "network_bw_fraction"))
-    ampere = replace(ampere, source="fitted by python -m tcf_search.fit on "
-                     f"{int(a100.sum())} llm-foundry A100 runs of non-held-out groups "
-                     "(attention, memory-bound and network fractions; the rest from hopper)")
-    print("ampere:", ampere)
+    ampere, fabrics, a100 = fit_ampere(frame, groups, train, hopper)
+    print("ampere:", ampere, "fabrics:", fabrics)
 
     effs = {"hopper": hopper, "ampere": ampere}
     for family in (f for f in FAMILIES if f != "cpu"):
@@ -245,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     print("all rows:", json.dumps(report(frame, pred), indent=1))
     if args.write:
         write_calibration(effs, mm, nanotron)
+        write_fabrics(fabrics, frame, a100)
     return 0
 
 

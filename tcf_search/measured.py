@@ -8,13 +8,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
-from hardware_catalog import get_gpu
+from hardware_catalog import CatalogError, fabric_fraction, get_gpu
 from tcf_search.profiles import framework_settings, load_profiles, memory_model
 
 __all__ = ["Case", "CaseError", "case_from_row", "framework_settings", "load_profiles",
            "memory_model"]
 
 KNOBS: tuple[str, ...] = ("micro_batch", "recompute", "zero_stage", "vpp", "sequence_parallel")
+# The schema gives the interconnect only inside `notes` ("gpu as published: A100 80GB (1600Gbps
+# RoCE)"); words there that name a fabric of hardware_catalog/fabrics.yaml. Selene is NVIDIA's
+# DGX SuperPOD on HDR InfiniBand (Narayanan et al., SC21, sec. 5.1). A `fabric` column wins.
+FABRIC_WORDS: tuple[tuple[str, str], ...] = (("roce", "roce"), ("infiniband", "infiniband"),
+                                             ("selene", "infiniband"))
 
 
 
@@ -65,6 +70,17 @@ def _bool(row: Mapping[str, object], key: str, default: bool = False) -> bool:
     raise CaseError(f"{key}: must be true or false, but got {s!r}")
 
 
+def row_fabric(row: Mapping[str, object]) -> str:
+    """The row's fabric id: its `fabric` cell, else one named in the published hardware string
+    of `notes`, else "" (unknown: the GPU family's calibrated network efficiency applies)."""
+    given = _cell(row, "fabric").lower()
+    if given:
+        return given
+    notes = _cell(row, "notes").lower()
+    hardware = notes.partition("gpu as published:")[2].partition(";")[0]
+    return next((fid for word, fid in FABRIC_WORDS if word in hardware), "")
+
+
 def case_from_row(row: Mapping[str, object]) -> Case:
     model = ModelSpec(
         name=_cell(row, "model_name") or "model",
@@ -78,13 +94,19 @@ def case_from_row(row: Mapping[str, object]) -> Case:
         moe_shared_experts=_int(row, "moe_shared_experts", 0),
     )
     gpu = get_gpu(_cell(row, "gpu"))
+    fabric = row_fabric(row)
+    try:
+        fraction = fabric_fraction(fabric)
+    except CatalogError as e:
+        raise CaseError(f"fabric: {e}") from None
     cluster = ClusterSpec(gpu=gpu, num_gpus=_int(row, "num_gpus"),
-                          gpus_per_node=_int(row, "gpus_per_node", 8))
+                          gpus_per_node=_int(row, "gpus_per_node", 8), fabric=fabric,
+                          network_bw_fraction=fraction)
     framework = _cell(row, "framework").lower()
     precision = _cell(row, "precision") or "bf16"
     training = Training(seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
                         precision=precision,  # type: ignore[arg-type]
-                        **framework_settings(framework))  # type: ignore[arg-type]
+                        **framework_settings(framework, precision))  # type: ignore[arg-type]
     given = frozenset(k for k in KNOBS if _cell(row, k))
     tp = _int(row, "tp", 1)
     recompute = _cell(row, "recompute") or "none"

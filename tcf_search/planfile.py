@@ -31,6 +31,7 @@ class PlanFile:
     num_gpus: int
     gpus_per_node: int
     training: Training
+    fabric: str = ""  # hardware_catalog/fabrics.yaml id; "" = not given
     plan: Plan
     rank: int = 1
     predicted: dict[str, Any] = field(default_factory=dict)
@@ -41,7 +42,8 @@ class PlanFile:
             "study": self.study,
             "rank": self.rank,
             "cluster": {"gpu": self.gpu, "num_gpus": self.num_gpus,
-                        "gpus_per_node": self.gpus_per_node},
+                        "gpus_per_node": self.gpus_per_node,
+                        **({"fabric": self.fabric} if self.fabric else {})},
             "model": dataclasses.asdict(self.model),
             "training": dataclasses.asdict(self.training),
             "plan": dataclasses.asdict(self.plan),
@@ -93,6 +95,7 @@ def parse_plan_file(text: str) -> PlanFile:
         gpu=str(cluster["gpu"]),
         num_gpus=int(cluster["num_gpus"]),
         gpus_per_node=int(cluster.get("gpus_per_node", 8)),
+        fabric=str(cluster.get("fabric") or ""),
         model=_build(ModelSpec, "model", raw["model"]),
         training=_build_training(raw["training"]),
         plan=_build(Plan, "plan", raw["plan"]),

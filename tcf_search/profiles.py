@@ -19,6 +19,9 @@ from costmodel.specs import MemoryModel
 PROFILES_FILE = Path(__file__).with_name("profiles.yaml")
 
 
+PRECISIONS = ("bf16", "fp16", "fp8")
+
+
 @lru_cache(maxsize=1)
 def load_profiles() -> dict[str, Any]:
     """Framework profiles (``tcf_search/profiles.yaml``): each framework's switches (data, not
@@ -36,12 +39,17 @@ def memory_model(framework: str = "") -> MemoryModel:
     return replace(mm, **own) if own else mm
 
 
-def framework_settings(framework: str) -> dict[str, object]:
+def framework_settings(framework: str, precision: str = "bf16") -> dict[str, object]:
     """Training switches of a framework ('' or unknown: the generic Megatron-like profile),
-    with its memory model."""
+    with its memory model. ``<switch>_<precision>`` entries apply at that precision only."""
     frameworks = load_profiles().get("frameworks", {})
     settings = dict(frameworks.get("generic", {}))
     settings.update(frameworks.get(framework, {}))
+    for key in [k for k in settings if k.rsplit("_", 1)[-1] in PRECISIONS]:
+        value = settings.pop(key)
+        base, _, prec = key.rpartition("_")
+        if prec == precision:
+            settings[base] = value
     settings["memory_model"] = memory_model(framework if framework in frameworks else "generic")
     return settings
 

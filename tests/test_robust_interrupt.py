@@ -42,6 +42,7 @@ search: {seed: 11}
 TRIALS = 120
 KILLS = 12
 LONG = 200  # trials of a run that must still be going when the test acts on it
+ENDLESS = 100_000  # trials of a run that is only ever interrupted
 
 
 def study_file(folder: Path) -> Path:
@@ -192,7 +193,7 @@ def _children(pid: int, at_least: int, limit_s: float = 60) -> list[psutil.Proce
 def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path: Path, workers: int) -> None:
     study = study_file(tmp_path)
     out = tmp_path / "out"
-    proc = _start(command(study, out, LONG, "--workers", str(workers)))
+    proc = _start(command(study, out, ENDLESS, "--workers", str(workers)))
     kids = _children(proc.pid, workers) if workers > 1 else []
     assert wait_for_growth(out / "study.journal", 0, 60, proc)  # type: ignore[arg-type]
     time.sleep(0.3)
@@ -209,7 +210,7 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path: Path, workers: in
     assert len(running) <= workers
     before = completed(out)
 
-    target = LONG if workers > 1 else len(before) + 5
+    target = len(before) + 5 * workers
     done = subprocess.run([*command(study, out, target, "--workers", str(workers)), "--json"],
                           cwd=ROOT, env=env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from costmodel import ClusterSpec, MemoryModel, Plan
-from search.study import Specs, build_specs, load_study
+from costmodel import MemoryModel, Plan
+from search.study import Specs, build_specs, cluster_spec, load_study
 from tcf_search.explain.planspec import PlanSpecError, check, parse_plan
 from tcf_search.planfile import PlanFile, load_plan_file
 
@@ -45,9 +45,11 @@ def specs_from_plan_file(pf: PlanFile) -> Specs:
     if isinstance(training.memory_model, dict):  # planfile leaves nested sections as mappings
         training = dataclasses.replace(training, memory_model=MemoryModel(
             **training.memory_model))
-    return Specs(model=pf.model, cluster=ClusterSpec(gpu=gpu, num_gpus=pf.num_gpus,
-                                                     gpus_per_node=pf.gpus_per_node),
-                 training=training)
+    try:
+        cluster = cluster_spec(gpu, pf.num_gpus, pf.gpus_per_node, pf.fabric)
+    except ValueError as exc:
+        raise SourceError(f"cluster.fabric: {exc}") from None
+    return Specs(model=pf.model, cluster=cluster, training=training)
 
 
 def is_plan_file(path: Path) -> bool:

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from costmodel import estimate
-from costmodel.specs import ClusterSpec, Efficiency
+from costmodel.specs import Efficiency
+from search.study import cluster_spec
 from tcf_search.planfile import PlanFile
 from tcf_search.validate.calibrate import Entry, stamp
 from tcf_search.validate.compare import plan_label, spearman
@@ -59,7 +60,7 @@ def _predict(plans: list[PlanFile], entry: Entry, eff: Efficiency) -> np.ndarray
     gpu = dataclasses.replace(entry.gpu, efficiency=eff)
     out = []
     for pf in plans:
-        cluster = ClusterSpec(gpu=gpu, num_gpus=pf.num_gpus, gpus_per_node=pf.gpus_per_node)
+        cluster = cluster_spec(gpu, pf.num_gpus, pf.gpus_per_node, pf.fabric)
         out.append(estimate(pf.model, cluster, pf.plan, normalized_training(pf.training))
                    .step_time_s)
     return np.asarray(out, float)

@@ -1,0 +1,69 @@
+"""Inter-node fabrics (``fabrics.yaml``): how much of the NICs' bandwidth collectives reach.
+
+The network efficiency of a cluster depends on its fabric (InfiniBand, RoCE, EFA, ...), its
+topology and its NCCL plugin, not on the GPU. A study or a measured row may name its fabric;
+without one the GPU family's calibrated ``network_bw_fraction`` applies.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+from hardware_catalog.catalog import CATALOG_DIR, CatalogError, _read_yaml, as_number
+
+FABRICS_FILE = "fabrics.yaml"
+_KEYS = frozenset({"description", "network_bw_fraction", "source"})
+
+
+@dataclass(frozen=True, slots=True)
+class Fabric:
+    id: str
+    description: str
+    network_bw_fraction: float
+    source: str
+
+
+class UnknownFabric(CatalogError):
+    """No fabric has the requested id; the message lists the valid ids."""
+
+
+@functools.lru_cache(maxsize=4)
+def _load(directory: Path) -> dict[str, Fabric]:
+    path = directory / FABRICS_FILE
+    if not path.exists():
+        return {}
+    out: dict[str, Fabric] = {}
+    for fid, entry in _read_yaml(path).items():
+        where = f"{path.name}: {fid}"
+        if not isinstance(entry, dict) or not {"network_bw_fraction", "source"} <= set(entry):
+            raise CatalogError(f"{where}: needs network_bw_fraction and source")
+        unknown = sorted(set(entry) - _KEYS)
+        if unknown:
+            raise CatalogError(f"{where}.{unknown[0]}: unknown key (valid: {sorted(_KEYS)})")
+        frac = as_number(f"{where}.network_bw_fraction", entry["network_bw_fraction"])
+        if not 0.0 < frac <= 1.0:
+            raise CatalogError(f"{where}.network_bw_fraction must be in (0, 1], but got {frac}")
+        out[str(fid)] = Fabric(id=str(fid), description=str(entry.get("description", "")),
+                               network_bw_fraction=frac, source=str(entry["source"]))
+    return out
+
+
+def load_fabrics(directory: Path | str | None = None) -> dict[str, Fabric]:
+    root = CATALOG_DIR if directory is None else Path(directory).resolve()
+    return dict(_load(root))
+
+
+def get_fabric(fabric_id: str, directory: Path | str | None = None) -> Fabric:
+    fabrics = load_fabrics(directory)
+    try:
+        return fabrics[fabric_id]
+    except KeyError:
+        raise UnknownFabric(f"unknown fabric {fabric_id!r}; valid ids: "
+                            f"{', '.join(sorted(fabrics)) or '(none)'}") from None
+
+
+def fabric_fraction(fabric_id: str, directory: Path | str | None = None) -> float | None:
+    """The fabric's network fraction; None for "" (fabric not given)."""
+    return get_fabric(fabric_id, directory).network_bw_fraction if fabric_id else None

@@ -1,0 +1,139 @@
+"""Inter-node fabrics: the catalog's fabrics.yaml, a cluster's network efficiency, how rows and
+studies name their fabric, and Megatron's scatter/gather of pipeline activations."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, Training, estimate
+from costmodel.specs import GpuSpec
+from hardware_catalog import UnknownFabric, get_fabric, load_fabrics
+from search.study import StudyError, build_specs, parse_study
+from tcf_search.measured import CaseError, case_from_row, row_fabric
+from tcf_search.planfile import PlanFile, dump_plan_file, parse_plan_file
+from tcf_search.profiles import framework_settings
+
+
+def _collective(est, name: str):  # noqa: ANN001, ANN202 - test helper
+    return next(c for c in est.collectives if c.name == name)
+
+
+def test_every_fabric_is_cited_and_physical() -> None:
+    fabrics = load_fabrics()
+    assert {"infiniband", "roce"} <= set(fabrics)
+    for fabric in fabrics.values():
+        assert 0.0 < fabric.network_bw_fraction <= 1.0, fabric.id
+        assert fabric.source and fabric.description, fabric.id
+
+
+def test_unknown_fabric_lists_the_valid_ids() -> None:
+    with pytest.raises(UnknownFabric, match="unknown fabric 'ethernet'; valid ids: infiniband"):
+        get_fabric("ethernet")
+
+
+def test_cluster_rejects_an_impossible_network_fraction(h100: GpuSpec) -> None:
+    for bad in (0.0, 1.5):
+        with pytest.raises(SpecError, match="cluster.network_bw_fraction must be in"):
+            ClusterSpec(gpu=h100, num_gpus=16, network_bw_fraction=bad)
+
+
+def test_fabric_efficiency_scales_network_collectives_only(h100: GpuSpec,
+                                                           llama8b: ModelSpec) -> None:
+    tr = Training(seq_len=4096, global_batch=64)
+    slow = ClusterSpec(gpu=h100, num_gpus=16, network_bw_fraction=0.25)
+    fast = ClusterSpec(gpu=h100, num_gpus=16, network_bw_fraction=1.0)
+    across = Plan(tp=8, dp=2, sequence_parallel=True)  # DP spans the two nodes, TP stays inside
+    dp_slow = _collective(estimate(llama8b, slow, across, tr), "dp_grad_reduce").time_s
+    dp_fast = _collective(estimate(llama8b, fast, across, tr), "dp_grad_reduce").time_s
+    # 4x the bus bandwidth: up to 4x faster (the per-bucket latency terms are unchanged)
+    assert 3.0 < dp_slow / dp_fast < 4.0
+    tp_slow = _collective(estimate(llama8b, slow, across, tr), "tp_activation_allreduce")
+    tp_fast = _collective(estimate(llama8b, fast, across, tr), "tp_activation_allreduce")
+    assert tp_slow.time_s == tp_fast.time_s  # NVLink only
+
+
+def test_no_fabric_keeps_the_family_calibration(h100: GpuSpec, llama8b: ModelSpec) -> None:
+    tr = Training(seq_len=4096, global_batch=64)
+    plan = Plan(tp=8, dp=2, sequence_parallel=True)
+    family = ClusterSpec(gpu=h100, num_gpus=16)
+    same = ClusterSpec(gpu=h100, num_gpus=16,
+                       network_bw_fraction=h100.efficiency.network_bw_fraction)
+    assert estimate(llama8b, family, plan, tr) == estimate(llama8b, same, plan, tr)
+
+
+@pytest.mark.parametrize(("row", "fabric"), [
+    ({"notes": "x=1; gpu as published: A100 80GB (1600Gbps RoCE); other"}, "roce"),
+    ({"notes": "gpu as published: A100 80GB SXM (Selene); sharding as published: none"},
+     "infiniband"),
+    ({"notes": "gpu as published: H100 80GB SXM; HFU=55%"}, ""),
+    ({"notes": "nothing about the hardware mentions RoCE here"}, ""),  # only the hardware string
+    ({"fabric": "infiniband", "notes": "gpu as published: A100 (1600Gbps RoCE)"}, "infiniband"),
+    ({}, ""),
+])
+def test_row_fabric_reads_the_published_hardware_string(row: dict, fabric: str) -> None:
+    assert row_fabric(row) == fabric
+
+
+ROW = {"model_name": "m", "layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 8,
+       "vocab": 32000, "seq_len": 2048, "gpu": "a100-sxm-80gb", "num_gpus": 16,
+       "global_batch": 64, "tp": 8, "dp": 2, "framework": "megatron", "precision": "fp16"}
+
+
+def test_a_row_on_a_known_fabric_gets_its_efficiency() -> None:
+    case = case_from_row({**ROW, "fabric": "roce"})
+    assert case.cluster.fabric == "roce"
+    assert case.cluster.network_bw_fraction == get_fabric("roce").network_bw_fraction
+    assert case_from_row(ROW).cluster.network_bw_fraction is None
+
+
+def test_a_row_on_an_unknown_fabric_is_a_row_error() -> None:
+    with pytest.raises(CaseError, match="^fabric: unknown fabric 'token-ring'"):
+        case_from_row({**ROW, "fabric": "token-ring"})
+
+
+GOOD = """
+model: {preset: llama3-8b}
+training: {seq_len: 8192, global_batch: 256}
+cluster: {gpu: a100-sxm-80gb, gpus: 64%s}
+"""
+
+
+def test_a_study_names_its_fabric_and_the_plan_file_keeps_it() -> None:
+    specs = build_specs(parse_study(GOOD % ", fabric: infiniband"))
+    assert specs.cluster.network_bw_fraction == get_fabric("infiniband").network_bw_fraction
+    assert build_specs(parse_study(GOOD % "")).cluster.network_bw_fraction is None
+    pf = PlanFile(study="s", model=specs.model, gpu="a100-sxm-80gb", num_gpus=64,
+                  gpus_per_node=8, fabric="infiniband", training=specs.training,
+                  plan=Plan(tp=8, dp=8))
+    assert parse_plan_file(dump_plan_file(pf)).fabric == "infiniband"
+    assert parse_plan_file(dump_plan_file(dataclasses.replace(pf, fabric=""))).fabric == ""
+
+
+def test_a_study_with_an_unknown_fabric_names_the_field() -> None:
+    with pytest.raises(StudyError, match=r"^cluster\.fabric: must be one of infiniband, roce"):
+        parse_study(GOOD % ", fabric: myrinet")
+
+
+def test_scatter_gather_splits_cross_node_stage_activations_over_tp(h100: GpuSpec,
+                                                                    llama8b: ModelSpec) -> None:
+    # tp=8 fills a node, so consecutive pipeline stages sit on different nodes
+    cluster = ClusterSpec(gpu=h100, num_gpus=16)
+    plain = Training(seq_len=4096, global_batch=64)
+    sg = dataclasses.replace(plain, pp_scatter_gather=True)
+    no_sp = Plan(tp=8, pp=2)
+    p2p_plain = _collective(estimate(llama8b, cluster, no_sp, plain), "pp_activation_send_recv")
+    p2p_sg = _collective(estimate(llama8b, cluster, no_sp, sg), "pp_activation_send_recv")
+    assert p2p_sg.bytes == pytest.approx(p2p_plain.bytes / 8)
+    assert p2p_sg.time_s < p2p_plain.time_s / 4  # an NVLink all-gather replaces 7/8 of the NIC
+    with_sp = Plan(tp=8, pp=2, sequence_parallel=True)  # already sharded: nothing changes
+    assert (estimate(llama8b, cluster, with_sp, sg).step_time_s
+            == estimate(llama8b, cluster, with_sp, plain).step_time_s)
+
+
+def test_profile_switches_can_depend_on_precision() -> None:
+    # Megatron all-reduces fp16 gradients in fp16 unless told otherwise; bf16 forces fp32
+    assert framework_settings("megatron", "fp16")["grad_dtype_bytes"] == 2
+    assert "grad_dtype_bytes" not in framework_settings("megatron", "bf16")
+    assert not any(k.endswith("_fp16") for k in framework_settings("megatron", "fp16"))
