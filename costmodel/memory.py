@@ -79,6 +79,8 @@ def activation_bytes_per_layer(model: ModelSpec, tr: Training,
     M = p.micro_batch * tr.seq_len / p.cp  # tokens of a micro-batch on this GPU
     # norm inputs and outputs (2 per block) live outside the TP regions
     outside = 8.0 * M * h / sp_div
+    if tr.sp_saves_gathered_input:  # the two norm outputs also kept whole, as gathered
+        outside = outside + 4.0 * M * h * (1.0 - 1.0 / sp_div)
     attention = (2.0 * M * (a + 2 * g) * d + 2.0 * M * a * d) / tp + 4.0 * M * a / tp
     if not tr.flash_attention:  # fp16 scores, fp32 softmax output (Korthikanti: 5as/h terms)
         attention = attention + 5.0 * M * tr.seq_len * a / tp

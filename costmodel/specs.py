@@ -308,6 +308,10 @@ class Training:
     # receiving stage all-gathers it over NVLink. Only matters without sequence parallel, which
     # shards those activations anyway.
     pp_scatter_gather: bool = False
+    # What sequence parallel keeps for the backward of the QKV and MLP-in projections: Megatron
+    # keeps the sequence-sharded norm output and all-gathers it again in backward (Korthikanti
+    # et al., 2022, sec. 4.2.2); PyTorch DTensor's ColwiseParallel keeps the gathered one.
+    sp_saves_gathered_input: bool = False
     # CPU time to issue one kernel or collective: a layer cannot run faster than the host issues
     # its work (eager PyTorch with Python-level modules; ~10-20 us for lean stacks).
     host_overhead_s: float = 15e-6

@@ -81,3 +81,21 @@ def test_costmodel_is_pure() -> None:
             "if m in sys.modules]; print(','.join(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_dtensor_sequence_parallel_keeps_the_gathered_projection_inputs(h100) -> None:
+    # Llama 3 70B shape, TP8 + SP, seq 8192, full recompute: only the layer being recomputed
+    # holds the norm outputs, and DTensor keeps both whole (gathered) instead of 1/8 of them:
+    # 2 tensors * 2 B * 8192 tokens * 8192 * (1 - 1/8) = 234,881,024 bytes more.
+    model = ModelSpec(layers=80, hidden=8192, ffn_hidden=28672, heads=64, kv_heads=8,
+                      vocab=128256)
+    cluster = ClusterSpec(gpu=h100, num_gpus=32)
+    plan = Plan(tp=8, pp=4, sequence_parallel=True, recompute="full")
+    megatron = Training(seq_len=8192, global_batch=4)
+    dtensor = Training(seq_len=8192, global_batch=4, sp_saves_gathered_input=True)
+    act = [estimate(model, cluster, plan, t).memory.stages[0].activations_bytes
+           for t in (megatron, dtensor)]
+    assert act[1] - act[0] == pytest.approx(234_881_024)
+    no_sp = Plan(tp=8, pp=4, recompute="full")  # without SP every copy is whole anyway
+    assert (estimate(model, cluster, no_sp, megatron).memory.stages[0].activations_bytes
+            == estimate(model, cluster, no_sp, dtensor).memory.stages[0].activations_bytes)

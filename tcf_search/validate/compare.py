@@ -6,7 +6,9 @@ Memory parts are compared in PyTorch's layout. The cost model counts Megatron's:
 mixed precision (FSDP2's ``MixedPrecisionPolicy``) keeps the parameters themselves in fp32 — they
 are the master copy — and makes bf16 copies per layer only while computing. So the prediction
 is taken with ``master_weights=False`` and its weights at 4 B/param (twice its bf16 bytes);
-gradients (fp32) and Adam's two moments (fp32) mean the same thing in both.
+gradients (fp32) and Adam's two moments (fp32) mean the same thing in both. The harness's
+sequence parallel is DTensor's, which keeps the gathered inputs of the column-parallel
+projections for backward (``Training.sp_saves_gathered_input``).
 """
 
 from __future__ import annotations
@@ -130,7 +132,8 @@ def predicted_parts(model: ModelSpec, cluster: ClusterSpec, plan: Plan, training
     module docstring)."""
     from costmodel import estimate
 
-    tr = dataclasses.replace(normalized_training(training), master_weights=False)
+    tr = dataclasses.replace(normalized_training(training), master_weights=False,
+                             sp_saves_gathered_input=True)
     est = estimate(model, cluster, plan, tr)
     mem = next((s for s in est.memory.stages if s.stage == stage), est.memory.peak)
     return {"weights": 2.0 * mem.weights_bytes, "grads": mem.grads_bytes,
