@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import optuna
@@ -45,12 +49,33 @@ class JournalFile(JournalFileBackend):
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
         text = "\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n"
-        self._lock.acquire()
-        try:
-            with open(self._file_path, "ab") as f:
-                f.write(text.encode("utf-8"))
-        finally:
-            self._lock.release()
+        with _sigint_deferred():  # Ctrl-C inside the lock's release leaves a stale lock file
+            self._lock.acquire()
+            try:
+                with open(self._file_path, "ab") as f:
+                    f.write(text.encode("utf-8"))
+            finally:
+                self._lock.release()
+
+
+@contextlib.contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Hold a SIGINT that arrives inside the block and deliver it to the handler in place once
+    the block is done (main thread only: Python handles signals there)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[tuple[int, FrameType | None]] = []
+    previous = signal.signal(signal.SIGINT, lambda sig, frame: pending.append((sig, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if pending:
+            if callable(previous):
+                previous(*pending[0])
+            elif previous == signal.SIG_DFL:
+                os.kill(os.getpid(), signal.SIGINT)
 
 
 @dataclass(frozen=True, slots=True)

@@ -266,3 +266,28 @@ def test_a_second_command_on_a_folder_in_use_is_refused(tmp_path: Path) -> None:
     complete = [t for t in trials(out) if t.state == TrialState.COMPLETE]
     assert len(complete) == LONG
     assert not [t for t in trials(out) if t.state == TrialState.FAIL]
+
+
+def test_ctrl_c_during_a_journal_append_waits_for_the_append() -> None:
+    # Ctrl-C inside the journal lock's release once left Optuna's rename-lock half removed and
+    # turned the interrupt into a FileNotFoundError traceback.
+    from search.storage import _sigint_deferred
+
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with _sigint_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the signal arrives here and is held
+            done.append("appended")
+    assert done == ["appended"]
+    seen = []
+    previous = signal.signal(signal.SIGINT, lambda sig, frame: seen.append(sig))
+    try:
+        with _sigint_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            assert seen == []
+        assert seen == [signal.SIGINT]  # delivered once, to the handler in place
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert signal.getsignal(signal.SIGINT) is previous
