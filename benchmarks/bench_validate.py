@@ -86,7 +86,20 @@ def real_runs(entry: Entry, steps: int) -> None:
     print(f"after refit (gemm_peak_fraction={eff.gemm_peak_fraction:.3g}, kernel_overhead_s="
           f"{eff.kernel_overhead_s:.3g}, collective_overhead_s={eff.collective_overhead_s:.3g}):"
           f" Spearman {spearman(after, meas):+.3f}, mean |log error| "
-          f"{sum(errors) / len(errors):.3f}")
+          f"{sum(errors) / len(errors):.3f} (in-sample: fitted on these runs)")
+    if len(meas) < 3:
+        return
+    # out of sample: each plan predicted by a refit on the other runs only
+    loo = []
+    for i, pf in enumerate(plan_files):
+        rest = [j for j in range(len(plan_files)) if j != i]
+        e_i = fit_efficiency([plan_files[j] for j in rest], np.asarray(meas)[rest], entry)
+        gpu_i = __import__("dataclasses").replace(entry.gpu, efficiency=e_i)
+        loo.append(estimate(pf.model, ClusterSpec(gpu=gpu_i, num_gpus=2, gpus_per_node=2),
+                            pf.plan, training).step_time_s)
+    loo_err = [abs(math.log(a / m)) for a, m in zip(loo, meas, strict=True)]
+    print(f"leave-one-out refit: Spearman {spearman(loo, meas):+.3f}, mean |log error| "
+          f"{sum(loo_err) / len(loo_err):.3f}")
 
 
 LLAMA3_8B = ModelSpec(name="llama3-8b", layers=32, hidden=4096, ffn_hidden=14336, heads=32,

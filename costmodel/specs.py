@@ -199,6 +199,12 @@ class GpuSpec:
     def usable_bytes(self) -> float:
         return self.hbm_bytes - self.memory_reserve_bytes
 
+    @property
+    def synchronous(self) -> bool:
+        """A CPU rank runs each kernel on the thread that issues it and its collectives (gloo)
+        on the same cores: host time, kernels and communication add up, nothing overlaps."""
+        return self.family == "cpu"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterSpec:

@@ -104,7 +104,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     host_tp = tp_calls * (tr.host_overhead_s
                           + np.where(pp > 1, (tp - 1) * tr.pp_tp_step_overhead_s, 0.0))
     host_fwd = (1 - moe_frac) * lt.host_fwd_dense_s + moe_frac * lt.host_fwd_moe_s + host_tp
-    if tr.tp_comm_overlap:
+    sync = cluster.gpu.synchronous
+    if tr.tp_comm_overlap and not sync:
         tp_layer_exposed = np.maximum(tp_layer_fwd - lt.gemm_fwd_dense_s, 0.0)
     else:
         tp_layer_exposed = tp_layer_fwd
@@ -112,8 +113,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     x_kv = 2.0 * M * model.kv_heads * model.d_head * BF16
     cp_hop = comm.p2p_time(x_kv, k_cp < cp, link)
     cp_layer_fwd = np.where(cp > 1, (cp - 1) * cp_hop, 0.0)
-    cp_layer_exposed_fwd = np.maximum(cp_layer_fwd - lt.attention_fwd_s, 0.0)
-    cp_layer_exposed_bwd = np.maximum(2 * cp_layer_fwd - 2.5 * lt.attention_fwd_s, 0.0)
+    cp_hidden_fwd, cp_hidden_bwd = (0.0, 0.0) if sync else (lt.attention_fwd_s,
+                                                           2.5 * lt.attention_fwd_s)
+    cp_layer_exposed_fwd = np.maximum(cp_layer_fwd - cp_hidden_fwd, 0.0)
+    cp_layer_exposed_bwd = np.maximum(2 * cp_layer_fwd - cp_hidden_bwd, 0.0)
     k_ep = members_per_domain(p.ep, strides["ep"], D)
     x_tok = M * max(model.moe_topk, 1) * h * BF16
     moe_on = 1.0 if model.is_moe else 0.0
@@ -136,8 +139,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
             comp = comp + np.where(pp == 1, head, 0.0)
         comm_mb = n * (per_layer_comm_fwd + per_layer_comm_bwd) + r * per_layer_comm_fwd
         host = (n * (1.0 + BWD_HOST_FACTOR) + r) * host_fwd
-        # a host-bound stage waits for its kernels to be issued: count the wait as compute
-        comp = comp + np.maximum(host - comp - comm_mb, 0.0)
+        # a host-bound stage waits for its kernels to be issued: count the wait as compute;
+        # on a synchronous device issuing is part of every kernel's time
+        comp = comp + (host if sync else np.maximum(host - comp - comm_mb, 0.0))
         return comp, comm_mb, rec
 
     per_stage = {st: stage_mb_time(st) for st in STAGES}
@@ -188,7 +192,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     first_bucket = 1.0 / np.maximum(n_big, 1.0)
 
     def hide(t: np.ndarray, window: np.ndarray, enabled: bool) -> np.ndarray:
-        return np.maximum(t - window, t * first_bucket) if enabled else t
+        return np.maximum(t - window, t * first_bucket) if enabled and not sync else t
 
     # ZeRO-0 all-reduces (2 passes), 1-2 reduce-scatter once per step; 3 every micro-batch,
     # gathering the weights again in forward and backward (FSDP FULL_SHARD).

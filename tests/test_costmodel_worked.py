@@ -99,3 +99,20 @@ def test_dtensor_sequence_parallel_keeps_the_gathered_projection_inputs(h100) ->
     no_sp = Plan(tp=8, pp=4, recompute="full")  # without SP every copy is whole anyway
     assert (estimate(model, cluster, no_sp, megatron).memory.stages[0].activations_bytes
             == estimate(model, cluster, no_sp, dtensor).memory.stages[0].activations_bytes)
+
+
+def test_a_cpu_rank_overlaps_nothing(h100) -> None:
+    # The same numbers on a "cpu" family device: communication and host time add to the step.
+    import dataclasses
+
+    model = ModelSpec(layers=4, hidden=256, ffn_hidden=768, heads=8, kv_heads=4, vocab=4096)
+    tr = Training(seq_len=256, global_batch=16)
+    gpu = ClusterSpec(gpu=h100, num_gpus=2, gpus_per_node=2)
+    cpu = ClusterSpec(gpu=dataclasses.replace(h100, family="cpu"), num_gpus=2, gpus_per_node=2)
+    assert cpu.gpu.synchronous and not gpu.gpu.synchronous
+    for plan in (Plan(dp=2, micro_batch=4), Plan(dp=2, zero_stage=3, micro_batch=4)):
+        on_gpu, on_cpu = estimate(model, gpu, plan, tr), estimate(model, cpu, plan, tr)
+        assert on_gpu.comm_exposed_s < on_gpu.comm_time_s  # hidden behind backward on a GPU
+        assert on_cpu.comm_exposed_s == pytest.approx(on_cpu.comm_time_s)
+        # host issue time (15 us a kernel) no longer hides behind the kernels
+        assert on_cpu.compute.time_s > on_gpu.compute.time_s
