@@ -24,6 +24,7 @@ from costmodel import ClusterSpec, ModelSpec, Plan, Training, estimate  # noqa: 
 from hardware_catalog import get_gpu  # noqa: E402
 from search.presets import get_preset  # noqa: E402
 from tcf_search.planfile import PlanFile  # noqa: E402
+from tcf_search.profiles import framework_settings  # noqa: E402
 from tcf_search.validate.calibrate import Entry, load_entry, measure_machine  # noqa: E402
 from tcf_search.validate.compare import (  # noqa: E402
     PARTS,
@@ -46,7 +47,10 @@ TINY_PLANS = {
 
 
 def real_runs(entry: Entry, steps: int) -> None:
-    model, training = get_preset("tiny"), Training(seq_len=256, global_batch=16)
+    # the harness is PyTorch-native (FSDP2, DTensor TP/SP, pipelining): the torchtitan profile
+    model = get_preset("tiny")
+    training = Training(seq_len=256, global_batch=16,
+                        **framework_settings("torchtitan"))  # type: ignore[arg-type]
     cluster = ClusterSpec(gpu=entry.gpu, num_gpus=2, gpus_per_node=2)
     print(f"\n== tiny CPU study: {model.name}, seq 256, 16 sequences/step, 2 gloo ranks, "
           f"{steps} timed steps (fp32 on CPU) ==")

@@ -124,6 +124,9 @@ class Efficiency:
     collective_overhead_s: float = 20e-6
     nvlink_bw_fraction: float = 0.8
     network_bw_fraction: float = 0.8
+    # host time one op on a TP-sharded DTensor costs beyond a plain op (sharding propagation,
+    # redistribute bookkeeping in Python): measured by `tcf-search calibrate`, 0 where not
+    dtensor_op_overhead_s: float = 0.0
     source: str = "prior"
 
 
@@ -318,6 +321,9 @@ class Training:
     # keeps the sequence-sharded norm output and all-gathers it again in backward (Korthikanti
     # et al., 2022, sec. 4.2.2); PyTorch DTensor's ColwiseParallel keeps the gathered one.
     sp_saves_gathered_input: bool = False
+    # TP runs on PyTorch DTensors (torchtitan, the validation harness): every op of a TP layer
+    # pays the host's ``dtensor_op_overhead_s`` on top of ``host_overhead_s``
+    dtensor_tp: bool = False
     # CPU time to issue one kernel or collective: a layer cannot run faster than the host issues
     # its work (eager PyTorch with Python-level modules; ~10-20 us for lean stacks).
     host_overhead_s: float = 15e-6

@@ -23,6 +23,10 @@ from costmodel.specs import ClusterSpec, ModelSpec, Training
 
 BF16 = 2.0
 BWD_HOST_FACTOR = 2.0  # backward issues about twice the forward's kernels
+# Tensor ops of one Llama layer's forward, views included (norms, 4+3 projections, q/k/v views
+# and transposes, RoPE's chunk/neg/cat/mul/add on q and k, attention, reshape, SwiGLU, residual
+# adds): what a DTensor layer dispatches, counted in tcf_search/validate/model.py.
+DTENSOR_OPS_PER_LAYER_FWD = 40.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +107,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     # serialises p2p with TP collectives) a wait per TP ring step
     host_tp = tp_calls * (tr.host_overhead_s
                           + np.where(pp > 1, (tp - 1) * tr.pp_tp_step_overhead_s, 0.0))
+    if tr.dtensor_tp:  # every tensor op of a TP layer dispatches through DTensor
+        dtensor = cluster.gpu.efficiency.dtensor_op_overhead_s
+        host_tp = host_tp + np.where(tp > 1, DTENSOR_OPS_PER_LAYER_FWD * dtensor, 0.0)
     host_fwd = (1 - moe_frac) * lt.host_fwd_dense_s + moe_frac * lt.host_fwd_moe_s + host_tp
     sync = cluster.gpu.synchronous
     if tr.tp_comm_overlap and not sync:

@@ -25,6 +25,7 @@ FAMILIES = ("ampere", "hopper", "blackwell", "ada", "cdna3", "cpu")
 # (used instead of the family's) and the raw measurements behind it (kept, not read)
 _MEASURED_BLOCKS = ("efficiency", "measurements")
 UNCALIBRATED_SOURCE = "prior (uncalibrated)"
+_ZERO_MEANS_UNMEASURED = frozenset({"dtensor_op_overhead_s"})
 GIB = 2**30
 
 _TEXT_FIELDS = ("id", "name", "family", "notes")
@@ -149,7 +150,7 @@ def efficiency_from_mapping(where: str, base: Efficiency, entry: object) -> Effi
             values[key] = raw
             continue
         value = as_number(f"{where}.{key}", raw)
-        if not value > 0:
+        if not (value > 0 or (key in _ZERO_MEANS_UNMEASURED and value == 0)):
             raise CatalogError(f"{where}.{key} must be > 0, but got {value}")
         values[key] = value
     return dataclasses.replace(base, **values)

@@ -199,12 +199,22 @@ def test_calibration_file_sets_family_efficiency(tmp_catalog: Path) -> None:
     ("hoper:\n  gemm_peak_fraction: 0.8\n  source: x\n", "unknown family 'hoper'"),
     ("hopper:\n  gemm_peak_fraction: 0.8\n", r"hopper\.source is required"),
     ("hopper:\n  gemm_fraction: 0.8\n  source: x\n", "unknown keys"),
+    ("hopper:\n  kernel_overhead_s: 0\n  source: x\n", r"kernel_overhead_s must be > 0"),
+    ("hopper:\n  dtensor_op_overhead_s: -1e-5\n  source: x\n",
+     r"dtensor_op_overhead_s must be > 0"),
 ])
 def test_bad_calibration_names_file_and_field(tmp_catalog: Path, text: str, message: str) -> None:
     (tmp_catalog / "calibration.yaml").write_text(text)
     with pytest.raises(CatalogError, match=message) as err:
         load_catalog(tmp_catalog)
     assert "calibration.yaml" in str(err.value)
+
+
+def test_an_unmeasured_dtensor_overhead_may_be_zero(tmp_catalog: Path) -> None:
+    # the fit writes every Efficiency field; this one is 0 where no host was measured
+    (tmp_catalog / "calibration.yaml").write_text(
+        "hopper:\n  dtensor_op_overhead_s: 0.0\n  source: 'fit'\n")
+    assert load_catalog(tmp_catalog)["h100-sxm-80gb"].efficiency.dtensor_op_overhead_s == 0.0
 
 
 def test_specs_are_frozen() -> None:

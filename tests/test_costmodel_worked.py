@@ -116,3 +116,25 @@ def test_a_cpu_rank_overlaps_nothing(h100) -> None:
         assert on_cpu.comm_exposed_s == pytest.approx(on_cpu.comm_time_s)
         # host issue time (15 us a kernel) no longer hides behind the kernels
         assert on_cpu.compute.time_s > on_gpu.compute.time_s
+
+
+def test_dtensor_tp_pays_its_hosts_dispatch_per_op(h100) -> None:
+    # On a synchronous (CPU) device, a TP layer's 40 forward ops each pay the measured DTensor
+    # dispatch: forward, backward (2x) -> 120 ops per layer and micro-batch.
+    import dataclasses
+
+    from costmodel.specs import Efficiency
+
+    eff = Efficiency(dtensor_op_overhead_s=1e-4)
+    cpu = dataclasses.replace(h100, family="cpu", efficiency=eff)
+    cluster = ClusterSpec(gpu=cpu, num_gpus=2, gpus_per_node=2)
+    model = ModelSpec(layers=4, hidden=256, ffn_hidden=768, heads=8, kv_heads=4, vocab=4096)
+    plain = Training(seq_len=256, global_batch=16)
+    dtensor = Training(seq_len=256, global_batch=16, dtensor_tp=True)
+    tp = Plan(tp=2, sequence_parallel=True, micro_batch=4)  # 4 micro-batches of 4 layers
+    extra = (estimate(model, cluster, tp, dtensor).step_time_s
+             - estimate(model, cluster, tp, plain).step_time_s)
+    assert extra == pytest.approx(4 * 4 * 120 * 1e-4)
+    dp = Plan(dp=2, micro_batch=4)  # no TP: no DTensor layers
+    assert (estimate(model, cluster, dp, dtensor).step_time_s
+            == estimate(model, cluster, dp, plain).step_time_s)

@@ -46,3 +46,17 @@ def test_pipeline_first_stage_holds_its_layers_and_the_embedding() -> None:
     assert r.param_count == expected
     assert r.param_bytes == FP32 * expected
     assert norm_params(TINY) == 2 * TINY.hidden
+
+
+def test_a_checkpointed_layer_keeps_only_its_input() -> None:
+    # Full recompute in bf16 (one-rank FSDP2 units): each more layer adds its input, 2 B per
+    # element of (tokens, hidden), and nothing else: the fp32 RoPE tables are shared by the
+    # layers, not copied per call (FSDP2 would cast them per block unless told not to).
+    train = Training(seq_len=512, global_batch=1)
+    acts = []
+    for layers in (2, 4):
+        m = ModelSpec(name="t", layers=layers, hidden=64, ffn_hidden=128, heads=4, kv_heads=2,
+                      vocab=256)
+        r = measure_memory(m, Plan(micro_batch=1, recompute="full"), train)
+        acts.append(r.layer_activations)
+    assert acts[1] - acts[0] == 2 * 2 * 512 * 64  # two layers' bf16 inputs

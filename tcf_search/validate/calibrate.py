@@ -14,6 +14,8 @@ What is measured, and which field it sets:
   ``nvlink_bw_fraction`` = 1), ``intra_node_latency_s`` from a small send/recv, and
   ``collective_overhead_s`` = what of c the ring steps' latency does not explain. One host has
   no network: the network fields repeat the intra-node ones (noted).
+- an elementwise op on a sharded DTensor against the same op on its local tensor:
+  ``dtensor_op_overhead_s`` (the host cost PyTorch-native TP pays per op).
 """
 
 from __future__ import annotations
@@ -157,6 +159,7 @@ def _collective_worker(out_path: str, device: str, quick: bool) -> None:
                 dist.send(small, 0)
 
     p2p_s = _timeit(ping, 3, sync) / (2 * p2p_calls)
+    dtensor_s = _dtensor_op_overhead(dev, sync)
     runtime_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if device == "cuda":
         free, total = torch.cuda.mem_get_info(dev)
@@ -165,8 +168,30 @@ def _collective_worker(out_path: str, device: str, quick: bool) -> None:
     if rank == 0:
         Path(out_path).write_text(json.dumps({
             "all_reduce_s": times, "p2p_s": p2p_s, "runtime_bytes": runtime_bytes,
+            "dtensor_op_overhead_s": dtensor_s,
             "world": dist.get_world_size()}))
     dist.destroy_process_group()
+
+
+def _dtensor_op_overhead(dev: Any, sync: Any) -> float:
+    """Host time of an elementwise op on a sequence-sharded DTensor beyond the same op on its
+    local tensor: DTensor's dispatch (sharding propagation), which every op of a TP layer pays."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = init_device_mesh(dev.type, (int(os.environ["WORLD_SIZE"]),))
+    dt = distribute_tensor(torch.ones(8, 16, device=dev), mesh, [Shard(0)])
+    local = dt.to_local()
+    calls = 200
+
+    def ops(x: Any) -> None:
+        for _ in range(calls):
+            x = x * 1.0
+
+    plain = _timeit(lambda: ops(local), 5, sync)
+    sharded = _timeit(lambda: ops(dt), 5, sync)
+    return max((sharded - plain) / calls, 0.0)
 
 
 def measure_collectives(device: str, ranks: int, quick: bool) -> dict[str, Any]:
@@ -210,7 +235,8 @@ def measure_machine(*, device: str = "cpu", ranks: int = 2, quick: bool = False)
         attention_peak_fraction=min(comp["attention_flops_per_s"] / peak, 1.0),
         memory_bw_fraction=min(comp["add_bytes_per_s"] / comp["copy_bytes_per_s"], 1.0),
         kernel_overhead_s=comp["kernel_overhead_s"], collective_overhead_s=overhead,
-        nvlink_bw_fraction=1.0, network_bw_fraction=1.0, source=where)
+        nvlink_bw_fraction=1.0, network_bw_fraction=1.0,
+        dtensor_op_overhead_s=float(coll.get("dtensor_op_overhead_s", 0.0)), source=where)
     is_cpu = device == "cpu"
     gpu = GpuSpec(
         id="cpu-local" if is_cpu else "cuda-local",
