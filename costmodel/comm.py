@@ -5,7 +5,10 @@ Collective times use the ring/hierarchical bandwidth model of NCCL (Thakur et al
 all-gather or reduce-scatter (n-1)/n·X. When the group spans NVLink domains with k members in
 each, the intra-domain phase runs on NVLink over X and the inter-domain phase on each GPU's NIC
 over X/k (hierarchical algorithm; every GPU has its own NIC, as on DGX/HGX systems). Latency is
-paid per ring step inside a domain and per tree level across domains.
+paid per ring step: a ring of n ranks takes n - 1 steps in lockstep, each waiting on the network
+once the ring leaves the NVLink domain (TP/CP all-gathers and reduce-scatters across nodes pay
+this; the Playbook's tp16/tp32 runs slow down at small micro-batches as it predicts). Bucketed
+gradient collectives pay log2(n) steps per bucket (NCCL's tree for large groups).
 """
 
 from __future__ import annotations
@@ -46,8 +49,8 @@ def _phases(n: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def gather_time(x_bytes: np.ndarray, n: np.ndarray, k: np.ndarray, link: Link) -> np.ndarray:
     """All-gather or reduce-scatter: X is the full (gathered) size."""
     nv, net = _phases(n, k)
-    nodes = np.maximum(n / k, 1.0)
-    lat = ((k - 1) * link.nvlink_latency_s + np.log2(nodes) * link.network_latency_s
+    # a ring of n ranks takes n - 1 steps in lockstep; across domains each waits on the network
+    lat = (np.where(k < n, (n - 1) * link.network_latency_s, (k - 1) * link.nvlink_latency_s)
            + link.call_overhead_s)
     t = x_bytes * (nv / link.nvlink_bw + net / link.network_bw) + lat
     return np.where(n > 1, t, 0.0)
@@ -55,9 +58,10 @@ def gather_time(x_bytes: np.ndarray, n: np.ndarray, k: np.ndarray, link: Link) -
 
 def bucketed_gather_time(x_bytes: np.ndarray, n: np.ndarray, k: np.ndarray, link: Link,
                          bucket_bytes: np.ndarray | float) -> np.ndarray:
-    """Gradient/parameter collectives issued in buckets (DDP, ZeRO, FSDP units): every bucket is
-    a ring pass of n - 1 steps, each paying the slowest link's latency, so latency grows with the
-    data-parallel size (Thakur et al., 2005) while bandwidth does not."""
+    """Gradient/parameter collectives issued in buckets (DDP, ZeRO, FSDP units): every bucket
+    pays log2(n) latency steps of the slowest link (NCCL's tree/pipelined rings on large groups)
+    and the call overhead, so latency grows with the data-parallel size while bandwidth does
+    not."""
     nv, net = _phases(n, k)
     buckets = np.maximum(np.ceil(x_bytes / bucket_bytes), 1.0)
     step_lat = np.where(k < n, link.network_latency_s, link.nvlink_latency_s)

@@ -42,16 +42,18 @@ def test_cluster_rejects_an_impossible_network_fraction(h100: GpuSpec) -> None:
 def test_fabric_efficiency_scales_network_collectives_only(h100: GpuSpec,
                                                            llama8b: ModelSpec) -> None:
     tr = Training(seq_len=4096, global_batch=64)
-    slow = ClusterSpec(gpu=h100, num_gpus=16, network_bw_fraction=0.25)
-    fast = ClusterSpec(gpu=h100, num_gpus=16, network_bw_fraction=1.0)
     across = Plan(tp=8, dp=2, sequence_parallel=True)  # DP spans the two nodes, TP stays inside
-    dp_slow = _collective(estimate(llama8b, slow, across, tr), "dp_grad_reduce").time_s
-    dp_fast = _collective(estimate(llama8b, fast, across, tr), "dp_grad_reduce").time_s
-    # 4x the bus bandwidth: up to 4x faster (the per-bucket latency terms are unchanged)
-    assert 3.0 < dp_slow / dp_fast < 4.0
-    tp_slow = _collective(estimate(llama8b, slow, across, tr), "tp_activation_allreduce")
-    tp_fast = _collective(estimate(llama8b, fast, across, tr), "tp_activation_allreduce")
-    assert tp_slow.time_s == tp_fast.time_s  # NVLink only
+
+    def on(fraction: float):  # noqa: ANN202 - test helper
+        cluster = ClusterSpec(gpu=h100, num_gpus=16, network_bw_fraction=fraction)
+        return estimate(llama8b, cluster, across, tr)
+
+    dp = [_collective(on(f), "dp_grad_reduce").time_s for f in (0.25, 0.5, 1.0)]
+    # time = bytes / (fraction * NIC) + latency: the latency cancels in differences, and the
+    # bandwidth term halves with each doubling of the fraction
+    assert (dp[0] - dp[1]) / (dp[1] - dp[2]) == pytest.approx(2.0)
+    tp = [_collective(on(f), "tp_activation_allreduce").time_s for f in (0.25, 1.0)]
+    assert tp[0] == tp[1]  # NVLink only
 
 
 def test_no_fabric_keeps_the_family_calibration(h100: GpuSpec, llama8b: ModelSpec) -> None:
@@ -126,7 +128,7 @@ def test_scatter_gather_splits_cross_node_stage_activations_over_tp(h100: GpuSpe
     p2p_plain = _collective(estimate(llama8b, cluster, no_sp, plain), "pp_activation_send_recv")
     p2p_sg = _collective(estimate(llama8b, cluster, no_sp, sg), "pp_activation_send_recv")
     assert p2p_sg.bytes == pytest.approx(p2p_plain.bytes / 8)
-    assert p2p_sg.time_s < p2p_plain.time_s / 4  # an NVLink all-gather replaces 7/8 of the NIC
+    assert p2p_sg.time_s < p2p_plain.time_s / 2  # an NVLink all-gather replaces 7/8 of the NIC
     with_sp = Plan(tp=8, pp=2, sequence_parallel=True)  # already sharded: nothing changes
     assert (estimate(llama8b, cluster, with_sp, sg).step_time_s
             == estimate(llama8b, cluster, with_sp, plain).step_time_s)
