@@ -160,9 +160,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
         return np.take_along_axis(vals, slowest[None, :], axis=0)[0]
 
     comp_mb, comm_mb, rec_mb = pick(0), pick(1), pick(2)
-    mean_mb = (total_mb["first"] + total_mb["last"] + np.maximum(pp - 2, 0) * total_mb["middle"])
-    mean_mb = np.where(pp == 1, total_mb["first"], mean_mb / np.maximum(pp, 1))
-    bubble = (pp - 1) / v * mean_mb
+    # One micro-batch crosses every stage, the other m - 1 follow at the slowest stage's pace:
+    # the bubble is the other stages' time for one micro-batch ((p - 1)/m of the step when the
+    # stages are balanced; Narayanan et al., 2021), split v ways when interleaved.
+    all_stages = (total_mb["first"] + total_mb["last"]
+                  + np.maximum(pp - 2, 0) * total_mb["middle"])
+    slowest_mb = np.max(np.stack([total_mb[st] for st in STAGES]), axis=0)
+    bubble = np.where(pp > 1, np.maximum(all_stages - slowest_mb, 0.0) / v, 0.0)
 
     # ---- pipeline point-to-point ---------------------------------------------------------
     sp_div = np.where(p.sequence_parallel > 0, tp, 1.0)

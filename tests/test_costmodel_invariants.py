@@ -159,3 +159,28 @@ def test_uneven_stages_hold_the_layers_they_are_given(h100, llama8b, first: int,
     assert by["first"] == (first or rest) and by["last"] == (last or rest)
     assert by["middle"] == rest
     assert by["first"] + 2 * by["middle"] + by["last"] == 32
+
+
+def test_pipeline_bubble_is_one_micro_batch_through_the_other_stages(h100, llama8b) -> None:
+    # pp=2: the last stage (with the LM head) is the slowest; one micro-batch crosses the first
+    # stage before it starts and after it ends, the other m - 1 follow at its pace. So the
+    # bubble does not grow with m and is less than one micro-batch of the slowest stage.
+    cluster = ClusterSpec(gpu=h100, num_gpus=16)
+    plan = Plan(tp=8, pp=2, sequence_parallel=True)
+    few = estimate(llama8b, cluster, plan, Training(seq_len=4096, global_batch=4))
+    many = estimate(llama8b, cluster, plan, Training(seq_len=4096, global_batch=16))
+    assert few.bubble_time_s == pytest.approx(many.bubble_time_s)
+    # the rest of the step is the 16 micro-batches at the slowest stage's pace (+ p2p, optimizer)
+    assert 0 < many.bubble_time_s < (many.step_time_s - many.bubble_time_s) / 16
+
+
+def test_a_short_first_stage_shortens_the_bubble(h100, llama8b) -> None:
+    # 32 layers on pp=2: 16 + 16 (and the head) or 4 + 28. The bubble is the first stage's
+    # micro-batch (the last is the slowest either way): a quarter of the even split's. Averaging
+    # the stages instead would leave it unchanged.
+    cluster = ClusterSpec(gpu=h100, num_gpus=16)
+    tr = Training(seq_len=4096, global_batch=16)
+    even = estimate(llama8b, cluster, Plan(tp=8, pp=2, sequence_parallel=True), tr)
+    short = estimate(llama8b, cluster, Plan(tp=8, pp=2, sequence_parallel=True,
+                                            first_stage_layers=4), tr)
+    assert short.bubble_time_s == pytest.approx(even.bubble_time_s / 4, rel=0.15)
