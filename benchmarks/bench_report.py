@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from search.pipeline import RunOptions, run_study  # noqa: E402
-from search.study import build_specs, load_study  # noqa: E402
+from search.specs import build_specs  # noqa: E402
+from search.study import load_study  # noqa: E402
 from tcf_search.compare import compare  # noqa: E402
 from tcf_search.compare import render as render_compare  # noqa: E402
 from tcf_search.explain import explain, parse_plan, resolve  # noqa: E402

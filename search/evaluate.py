@@ -26,7 +26,8 @@ from search.objectives import OBJECTIVES, metrics_from_batch, objective_vector
 from search.placement import plan_fields
 from search.prune import MemoryStage, plan_arrays
 from search.space import AXES, DERIVED, decode, plan_from_row
-from search.study import Specs, Study
+from search.specs import Specs
+from search.study import Study
 
 OUTER_AXES = ("tp", "pp", "cp", "ep")
 # How much one ordinal step along an axis costs when repairing a sample: parallel degrees first.

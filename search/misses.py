@@ -11,8 +11,8 @@ from costmodel.result import GIB
 from search.placement import STAGE_NAMES, stages_of
 from search.prune import MemoryStage
 from search.space import AXES, plan_from_row
+from search.specs import Specs
 from search.stage_memory import stage_bytes
-from search.study import Specs
 
 
 def balanced(layers: int, pp: np.ndarray, vpp: np.ndarray) -> dict[str, np.ndarray]:

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from search.result import RankedPlan, StudyResult
-from search.study import Specs
+from search.specs import Specs
 from tcf_search.planfile import PlanFile, dump_plan_file
 
 

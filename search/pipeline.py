@@ -23,8 +23,9 @@ from search.presets import APPROXIMATIONS
 from search.prune import memory_stage
 from search.result import RankedPlan, StudyResult
 from search.space import Layouts, SearchSpace, build_space, enumerate_layouts
+from search.specs import Specs, build_specs
 from search.storage import StorageSpec, open_study, recover, unlock_journal
-from search.study import ExportSection, Specs, Study, build_specs
+from search.study import ExportSection, Study
 
 ExportHook = Callable[[Path, ExportSection], Any]
 Progress = Callable[[str, int, int], None]  # (task, done, total)

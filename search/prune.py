@@ -31,8 +31,8 @@ from search.placement import (
     stages_of,
 )
 from search.space import SearchSpace
+from search.specs import Specs
 from search.stage_memory import StageTerms, stage_terms
-from search.study import Specs
 
 _EPS = 1e-9
 

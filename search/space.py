@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from costmodel.specs import RECOMPUTE_CODES, Plan
-from search.study import Specs, Study
+from search.specs import Specs
+from search.study import Study
 
 Columns = dict[str, np.ndarray]
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from costmodel import memory_terms_batch
 from search.placement import STAGE_NAMES as STAGES
-from search.study import Specs
+from search.specs import Specs
 
 Columns = dict[str, np.ndarray]
 

@@ -21,7 +21,8 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel import Plan, StepEstimate, estimate
-from search.study import Specs, build_specs, load_study
+from search.specs import Specs, build_specs
+from search.study import load_study
 from tcf_search.explain.cli import user_errors
 from tcf_search.explain.planspec import (
     PlanSpecError,

@@ -202,7 +202,7 @@ def diff(study: Any, row: dict[str, Any], prev: dict[str, str] | None,
 def refit(study: Any, plan_text: str) -> str | None:
     """Why the previous best plan fails tonight, or None when it is still valid and fits."""
     from costmodel import estimate
-    from search.study import build_specs
+    from search.specs import build_specs
     from tcf_search.explain.planspec import parse_plan
 
     specs = build_specs(study)

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 
 from costmodel import estimate
 from search.pipeline import RunOptions, run_study
-from search.study import build_specs, load_study
+from search.specs import build_specs
+from search.study import load_study
 from tcf_search.explain import explain_cmd, parse_plan
 
 STUDIES = Path(__file__).resolve().parents[1] / "studies"

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from costmodel import Plan
-from search.study import Specs, build_specs, load_study
+from search.specs import Specs, build_specs
+from search.study import load_study
 from tcf_search.explain.planspec import (
     PlanSpecError,
     apply_change,

@@ -10,7 +10,8 @@ import pytest
 from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, Training, estimate
 from costmodel.specs import GpuSpec
 from hardware_catalog import UnknownFabric, get_fabric, load_fabrics
-from search.study import StudyError, build_specs, parse_study
+from search.specs import build_specs
+from search.study import StudyError, parse_study
 from tcf_search.measured import CaseError, case_from_row, row_fabric
 from tcf_search.planfile import PlanFile, dump_plan_file, parse_plan_file
 from tcf_search.profiles import framework_settings

@@ -13,7 +13,8 @@ from search.evaluate import Evaluator
 from search.optimize import objective
 from search.prune import memory_stage
 from search.space import build_space, enumerate_layouts
-from search.study import build_specs, parse_study
+from search.specs import build_specs
+from search.study import parse_study
 
 STUDY = """
 model: {preset: llama3-8b}

@@ -19,8 +19,9 @@ from search.misses import nearest_misses
 from search.placement import Placement, stages_of
 from search.prune import MemoryStage, memory_stage, plan_arrays
 from search.space import AXES, build_space, enumerate_layouts, plan_from_row
+from search.specs import Specs, build_specs
 from search.stage_memory import stage_bytes, stage_terms
-from search.study import Specs, build_specs, parse_study
+from search.study import parse_study
 
 GIB = 2**30
 STUDY = """

@@ -11,7 +11,8 @@ import pytest
 from costmodel.params import total_params
 from search.hf_config import HfConfigError, load_hf_config
 from search.presets import PRESETS
-from search.study import StudyError, build_specs, load_study, parse_study
+from search.specs import build_specs
+from search.study import StudyError, load_study, parse_study
 
 STUDIES = sorted((Path(__file__).resolve().parents[1] / "studies").glob("*.yaml"))
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from costmodel import Plan, estimate_batch, plans_to_arrays
-from search.study import Specs
+from search.specs import Specs
 from tcf_search.explain.planspec import SHORT, PlanSpecError, apply_change
 
 GIB = 2**30

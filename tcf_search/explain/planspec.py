@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from costmodel import Plan, SpecError, check_plan
-from search.study import Specs
+from search.specs import Specs
 
 ALIASES: dict[str, str] = {"mbs": "micro_batch", "zero": "zero_stage", "sp": "sequence_parallel",
                            "schedule": "pp_schedule", "recompute_n": "recompute_layers"}

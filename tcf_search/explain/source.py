@@ -11,7 +11,8 @@ from pathlib import Path
 import yaml
 
 from costmodel import MemoryModel, Plan
-from search.study import Specs, build_specs, cluster_spec, load_study
+from search.specs import Specs, build_specs, cluster_spec
+from search.study import load_study
 from tcf_search.explain.planspec import PlanSpecError, check, parse_plan
 from tcf_search.planfile import PlanFile, load_plan_file
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from costmodel import estimate
 from costmodel.specs import Efficiency
-from search.study import cluster_spec
+from search.specs import cluster_spec
 from tcf_search.planfile import PlanFile
 from tcf_search.validate.calibrate import Entry, stamp
 from tcf_search.validate.compare import plan_label, spearman

@@ -1,0 +1,113 @@
+"""A parsed study as cost-model inputs: the model, the cluster (GPU, fabric) and the training
+setup with its framework profile (``build_specs``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from costmodel.specs import ClusterSpec, GpuSpec, ModelSpec, SpecError, Training
+from search.hf_config import HfConfigError, load_hf_config
+from search.presets import get_preset
+from search.study import MAX_LAYERS, ClusterSection, Study, StudyError
+
+
+def build_model(study: Study) -> ModelSpec:
+    section = study.model
+    try:
+        if section.preset is not None:
+            spec = get_preset(section.preset)
+        elif section.hf_config is not None:
+            spec = load_hf_config(study.base_dir / section.hf_config)
+        else:
+            arch = section.architecture
+            assert arch is not None
+            moe = arch.moe
+            spec = ModelSpec(
+                name=section.name or study.name or "model", layers=arch.layers,
+                hidden=arch.hidden, ffn_hidden=arch.ffn_hidden, heads=arch.heads,
+                kv_heads=arch.kv_heads or arch.heads, vocab=arch.vocab, head_dim=arch.head_dim,
+                ffn_type=arch.ffn_type, tied_embeddings=arch.tied_embeddings,
+                moe_experts=moe.experts if moe else 0, moe_topk=moe.topk if moe else 0,
+                moe_ffn_hidden=moe.ffn_hidden if moe else 0,
+                moe_shared_experts=moe.shared_experts if moe else 0,
+                moe_dense_layers=moe.dense_layers if moe else 0)
+    except HfConfigError as exc:
+        raise StudyError(f"model.hf_config: {exc}") from None
+    except SpecError as exc:
+        raise StudyError(f"model.architecture: {exc}") from None
+    if spec.layers > MAX_LAYERS:
+        raise StudyError(f"model: layers <= {MAX_LAYERS} must hold (got {spec.layers})")
+    if section.name and spec.name != section.name:
+        spec = dataclasses.replace(spec, name=section.name)
+    return spec
+
+
+def build_gpu(section: ClusterSection) -> GpuSpec:
+    # Imported here so that parsing a study does not load the catalog files.
+    from hardware_catalog import CatalogError, get_gpu, with_overrides
+
+    if section.gpu_spec is not None:
+        fields = {"id": section.gpu, **section.gpu_spec}
+        fields.pop("efficiency", None)
+        try:
+            gpu = GpuSpec(**fields)
+        except TypeError as exc:
+            raise StudyError(f"cluster.gpu_spec: {exc} (valid: "
+                             f"{', '.join(f.name for f in dataclasses.fields(GpuSpec))})") from None
+        except SpecError as exc:
+            raise StudyError(f"cluster.gpu_spec: {exc}") from None
+        efficiency = section.gpu_spec.get("efficiency")
+        overrides = {**section.overrides, **({"efficiency": efficiency} if efficiency else {})}
+    else:
+        try:
+            gpu = get_gpu(section.gpu)
+        except CatalogError as exc:
+            raise StudyError(f"cluster.gpu: {exc}") from None
+        overrides = dict(section.overrides)
+    if not overrides:
+        return gpu
+    try:
+        return with_overrides(gpu, overrides)
+    except CatalogError as exc:
+        raise StudyError(f"cluster.overrides: {exc}") from None
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Specs:
+    """What the cost model needs from a study."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: Training
+    headroom_gib: float = 0.0  # memory kept free per GPU (objective.memory_headroom_*)
+
+
+def cluster_spec(gpu: GpuSpec, num_gpus: int, gpus_per_node: int, fabric: str) -> ClusterSpec:
+    """The cluster, with its fabric's network efficiency when the fabric is named."""
+    from hardware_catalog import fabric_fraction
+
+    return ClusterSpec(gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node, fabric=fabric,
+                       network_bw_fraction=fabric_fraction(fabric))
+
+
+def build_specs(study: Study) -> Specs:
+    from tcf_search.profiles import framework_settings
+
+    t = study.training
+    try:
+        switches: dict[str, Any] = framework_settings(t.framework, t.precision)
+        switches.update({k: getattr(t, k) for k in ("overlap_grad_reduce",
+                         "overlap_param_gather", "tp_comm_overlap", "flash_attention")
+                         if getattr(t, k) is not None})
+        training = Training(seq_len=t.seq_len, global_batch=t.sequences,
+                            precision=t.precision, optimizer=t.optimizer, **switches)
+        cluster = cluster_spec(build_gpu(study.cluster), study.cluster.num_gpus,
+                               study.cluster.gpus_per_node, study.cluster.fabric or "")
+    except SpecError as exc:
+        raise StudyError(f"study: {exc}") from None
+    o = study.objective
+    headroom = (o.memory_headroom_gib if o.memory_headroom_gib is not None
+                else o.memory_headroom_fraction * cluster.gpu.usable_bytes / 2**30)
+    return Specs(model=build_model(study), cluster=cluster, training=training,
+                 headroom_gib=headroom)
