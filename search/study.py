@@ -190,9 +190,9 @@ class ClusterSection(_Section):
     def _known_fabric(cls, value: str | None) -> str | None:
         from hardware_catalog import load_fabrics
 
-        if value is not None and value not in load_fabrics():
-            raise ValueError(f"must be one of {', '.join(sorted(load_fabrics()))} "
-                             f"(got {value!r})")
+        known = sorted(load_fabrics())
+        if value is not None and value not in known:
+            raise ValueError(f"must be one of {', '.join(known)} (got {value!r})")
         return value
 
     @model_validator(mode="after")

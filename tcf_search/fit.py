@@ -37,7 +37,6 @@ from tcf_search.dataset import (
     predict_groups,
     with_training,
 )
-from tcf_search.measured import row_fabric
 
 GIB = 2**30
 EFF_PARAMS = ("attention_peak_fraction", "memory_bw_fraction", "collective_overhead_s",
@@ -194,10 +193,11 @@ def write_calibration(effs: dict[str, Efficiency], mm: MemoryModel,
 
 
 def fit_ampere(frame: pd.DataFrame, groups: list[Group], train: pd.Series, hopper: Efficiency,
-               ) -> tuple[Efficiency, dict[str, float], pd.Series]:
+               ) -> tuple[Efficiency, dict[str, float], dict[str, int]]:
     """A100: llm-foundry's FSDP runs (flash attention, RoCE) and Megatron SC21's (GEMM-bound:
     wide layers, full recompute, HDR InfiniBand) together tell GEMM, attention and memory-bound
-    efficiency apart, and the two fabrics' network fractions."""
+    efficiency apart, and the two fabrics' network fractions. Returns the family's efficiency,
+    the fabrics' fractions and how many fitted rows ran on each fabric."""
     a100 = ((frame["source"].eq("llm-foundry") & frame["gpu"].str.startswith("a100"))
             | frame["source"].eq("megatron-sc21")) & frame["status"].eq("ok") & train
     ampere, fitted = fit_efficiency(
@@ -211,23 +211,24 @@ def fit_ampere(frame: pd.DataFrame, groups: list[Group], train: pd.Series, hoppe
                      "the rest, and the network fraction of clusters whose fabric is not given, "
                      "from hopper)")
     fabrics = {k.removeprefix(FABRIC_PREFIX): v for k, v in fitted.items()}
-    return ampere, fabrics, a100
+    fitted_rows = a100.to_numpy()
+    rows_on = {fid: sum(int(fitted_rows[g.index].sum()) for g in groups
+                        if g.cluster.fabric == fid) for fid in fabrics}
+    return ampere, fabrics, rows_on
 
 
-def write_fabrics(fabrics: dict[str, float], frame: pd.DataFrame, rows: pd.Series) -> None:
+def write_fabrics(fabrics: dict[str, float], rows_on: dict[str, int]) -> None:
+    """Rewrite the fitted fields of fabrics.yaml, keeping its header comment and descriptions."""
     path = Path(__file__).resolve().parents[1] / "hardware_catalog" / "fabrics.yaml"
     text = path.read_text()
-    head, _, _ = text.partition("\ninfiniband:")
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
     doc = yaml.safe_load(text)
-    on = pd.Series([row_fabric({str(k): v for k, v in r.items()})
-                    for r in frame.to_dict("records")], index=frame.index, dtype=object)
     for fid, value in fabrics.items():
         doc[fid]["network_bw_fraction"] = round(value, 4)
-        n = int((rows & on.eq(fid)).sum())
-        doc[fid]["source"] = (f"fitted by python -m tcf_search.fit on {n} non-held-out A100 "
-                              f"runs on {fid}, with the ampere parameters on {int(rows.sum())} "
+        doc[fid]["source"] = (f"fitted by python -m tcf_search.fit on {rows_on[fid]} "
+                              f"non-held-out A100 runs on {fid}, with the ampere parameters "
                               "(see calibration.yaml)")
-    path.write_text(head + "\n" + yaml.safe_dump(doc, sort_keys=False, width=100))
+    path.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=100))
     print("wrote", path)
 
 
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                      "of non-held-out (model, num_gpus) groups; GEMM roofline from prior")
     print("hopper:", hopper)
     print("nanotron profile:", nanotron)
-    ampere, fabrics, a100 = fit_ampere(frame, groups, train, hopper)
+    ampere, fabrics, rows_on = fit_ampere(frame, groups, train, hopper)
     print("ampere:", ampere, "fabrics:", fabrics)
 
     effs = {"hopper": hopper, "ampere": ampere}
@@ -295,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     print("all rows:", json.dumps(report(frame, pred), indent=1))
     if args.write:
         write_calibration(effs, mm, nanotron)
-        write_fabrics(fabrics, frame, a100)
+        write_fabrics(fabrics, rows_on)
     return 0
 
 
