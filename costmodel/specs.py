@@ -317,6 +317,10 @@ class Training:
     # receiving stage all-gathers it over NVLink. Only matters without sequence parallel, which
     # shards those activations anyway.
     pp_scatter_gather: bool = False
+    # Interleaved 1F1B sends a chunk's activation while the next chunk computes (Megatron-LM's
+    # overlap_p2p_comm, on by default with a virtual pipeline; --no-overlap-p2p-communication
+    # turns it off). Without interleaving every framework here waits for its transfers.
+    overlap_p2p_comm: bool = False
     # What sequence parallel keeps for the backward of the QKV and MLP-in projections: Megatron
     # keeps the sequence-sharded norm output and all-gathers it again in backward (Korthikanti
     # et al., 2022, sec. 4.2.2); PyTorch DTensor's ColwiseParallel keeps the gathered one.

@@ -179,9 +179,18 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
                                                                                    link),
                       comm.p2p_time(x_pp, pp_cross, link))
     pp_time = np.where(pp > 1, 2.0 * m * v * pp_hop, 0.0)
+    n_big = layers.largest
+    if tr.overlap_p2p_comm and not sync:
+        # interleaved: a hop hides behind the next chunk's forward (or backward) of one
+        # micro-batch; the pipeline's first receive and last send have nothing to hide behind
+        chunk_fwd, chunk_bwd = n_big * fwd / v, n_big * bwd / v
+        overlapped = (np.maximum(pp_hop - chunk_fwd, 0.0) + np.maximum(pp_hop - chunk_bwd, 0.0))
+        pp_exposed = np.where((pp > 1) & (v > 1),
+                              np.minimum(m * v * overlapped + 2.0 * pp_hop, pp_time), pp_time)
+    else:
+        pp_exposed = pp_time
 
     # ---- data parallel: gradients and parameters -----------------------------------------
-    n_big = layers.largest
     dense_params = n_big * co.dense_params_per_layer + co.embed_params
     expert_params = n_big * co.expert_params_per_layer
     dpcp = dp * cp
@@ -200,6 +209,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
                 + comm.bucketed_gather_time(expert_params * BF16, edp, k_edp, link, bucket))
     fwd_window = n_big * fwd
     bwd_window = n_big * bwd
+    # Interleaved 1F1B finishes a stage's chunks one after another: the deepest chunk's last
+    # backward comes (v-1) groups of p chunk-backwards before the end, so its gradients reduce
+    # while the other chunks still compute (each chunk reduces on its own, as Megatron-LM's
+    # per-chunk DDP does); the forward of the next step gathers parameters chunk by chunk the
+    # same way. Without interleaving the window is one micro-batch's backward (forward).
+    chunk_window = (1.0 + (v - 1.0) * np.minimum(pp, m)) / v
     first_bucket = 1.0 / np.maximum(n_big, 1.0)
 
     def hide(t: np.ndarray, window: np.ndarray, enabled: bool) -> np.ndarray:
@@ -213,13 +228,15 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     z3_ag_share = param_ag / np.maximum(bwd_mix, 1e-30)
     grad_time = np.where(z == 0, 2.0 * grad_rs, np.where(z3, m * grad_rs, grad_rs))
     grad_exposed = np.where(z3, m * z3_bwd_exposed * (1 - z3_ag_share),
-                            np.where(z == 0, hide(grad_time, bwd_window, tr.overlap_grad_reduce),
-                                     hide(grad_time, bwd_window,
+                            np.where(z == 0, hide(grad_time, bwd_window * chunk_window,
+                                                  tr.overlap_grad_reduce),
+                                     hide(grad_time, bwd_window * chunk_window,
                                           tr.overlap_grad_reduce_sharded)))
     ag_time = np.where(z3, 2.0 * m * param_ag, np.where(z >= 1, param_ag, 0.0))
     ag_exposed = np.where(
         z3, m * (hide(param_ag, fwd_window, True) + z3_bwd_exposed * z3_ag_share),
-        np.where(z >= 1, hide(param_ag, fwd_window, tr.overlap_param_gather), 0.0))
+        np.where(z >= 1, hide(param_ag, fwd_window * chunk_window, tr.overlap_param_gather),
+                 0.0))
     state_params = dense_params + expert_params
     dp_bytes = np.where(z3, m, 1.0) * state_params * g_bytes
     ag_bytes = np.where(z3, 2 * m, np.where(z >= 1, 1.0, 0.0)) * state_params * BF16
@@ -231,7 +248,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
 
     # ---- step -----------------------------------------------------------------------------
     compute_s = m * comp_mb
-    step = compute_s + m * comm_mb + bubble + pp_time + grad_exposed + ag_exposed + opt_s
+    step = compute_s + m * comm_mb + bubble + pp_exposed + grad_exposed + ag_exposed + opt_s
     # allocator pressure: cudaMalloc retries near capacity stall the stream (counted as compute)
     mm = tr.memory_model
     peak = np.max(np.stack([stages[st].total for st in STAGES]), axis=0)
@@ -256,7 +273,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
                          m * n_layers_mb * moe_frac * 2 * ep_layer_fwd),
         CollectiveArrays("pp_activation_send_recv", "pp", "send_recv", p.pp,
                          np.where(pp > 1, 2.0 * m * v * np.where(scatter, x_pp / tp, x_pp), 0.0),
-                         np.where(pp > 1, np.where(pp_cross, 2, 1), 0), pp_time, pp_time),
+                         np.where(pp > 1, np.where(pp_cross, 2, 1), 0), pp_time, pp_exposed),
         CollectiveArrays("dp_grad_reduce", "dp", "reduce_scatter", p.dp * p.cp,
                          np.where(dpcp > 1, dp_bytes, 0.0), comm.tier(dpcp, k_dp), grad_time,
                          grad_exposed),

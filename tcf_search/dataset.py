@@ -51,7 +51,8 @@ def load_groups(frame: pd.DataFrame) -> tuple[list[Group], pd.Series]:
             errors.iloc[pos] = str(e)
             continue
         key = (case.model, case.cluster.gpu.id, case.cluster.num_gpus,
-               case.cluster.gpus_per_node, case.training)
+               case.cluster.gpus_per_node, case.cluster.fabric,
+               case.cluster.network_bw_fraction, case.training)
         if key not in buckets:
             buckets[key] = (case.model, case.cluster, case.training, [], [], case.framework)
         buckets[key][3].append(pos)

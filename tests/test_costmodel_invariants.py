@@ -184,3 +184,48 @@ def test_a_short_first_stage_shortens_the_bubble(h100, llama8b) -> None:
     short = estimate(llama8b, cluster, Plan(tp=8, pp=2, sequence_parallel=True,
                                             first_stage_layers=4), tr)
     assert short.bubble_time_s == pytest.approx(even.bubble_time_s / 4, rel=0.15)
+
+
+def _exposed(est, name: str) -> tuple[float, float]:
+    c = next(c for c in est.collectives if c.name == name)
+    return c.time_s, c.exposed_s
+
+
+@pytest.mark.parametrize("v", [2, 4])
+def test_p2p_overlap_hides_interleaved_transfers_only(h100, llama8b, v: int) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=64)
+    plans = {vv: Plan(tp=8, pp=4, dp=2, vpp=vv, micro_batch=1) for vv in (1, v)}
+    on = Training(seq_len=4096, global_batch=64, overlap_p2p_comm=True)
+    off = Training(seq_len=4096, global_batch=64, overlap_p2p_comm=False)
+    total, exposed = _exposed(estimate(llama8b, cluster, plans[v], on), "pp_activation_send_recv")
+    assert 0 < exposed < total
+    # the pipeline's first receive and last send stay on the critical path
+    hops = 2 * (64 // 2) * v  # send/recv pairs per step
+    assert exposed >= 2 * total / hops * 0.999
+    assert _exposed(estimate(llama8b, cluster, plans[v], off), "pp_activation_send_recv") == (
+        total, total)
+    # without interleaving there is no next chunk to hide behind
+    t1, e1 = _exposed(estimate(llama8b, cluster, plans[1], on), "pp_activation_send_recv")
+    assert e1 == t1
+    assert (estimate(llama8b, cluster, plans[v], on).step_time_s
+            <= estimate(llama8b, cluster, plans[v], off).step_time_s)
+
+
+@pytest.mark.parametrize("zero,name", [(0, "dp_grad_reduce"), (1, "dp_grad_reduce"),
+                                       (1, "dp_param_all_gather")])
+def test_interleaving_widens_the_dp_overlap_window(h100, llama8b, zero: int, name: str) -> None:
+    """Chunks finish their backward (start their forward) one after another, so more of the
+    DP traffic hides behind the other chunks' compute; nothing hides without overlap."""
+    cluster = ClusterSpec(gpu=h100, num_gpus=256)
+    tr = Training(seq_len=4096, global_batch=256)
+    exposed = []
+    for v in (1, 2, 4):
+        est = estimate(llama8b, cluster, Plan(tp=2, pp=4, dp=32, vpp=v, zero_stage=zero), tr)
+        exposed.append(_exposed(est, name)[1])
+    assert exposed[2] <= exposed[1] <= exposed[0]
+    assert exposed[2] < exposed[0]
+    serial = Training(seq_len=4096, global_batch=256, overlap_grad_reduce=False,
+                      overlap_grad_reduce_sharded=False, overlap_param_gather=False)
+    est = estimate(llama8b, cluster, Plan(tp=2, pp=4, dp=32, vpp=4, zero_stage=zero), serial)
+    t, e = _exposed(est, name)
+    assert e == t

@@ -91,6 +91,25 @@ def test_a_row_on_a_known_fabric_gets_its_efficiency() -> None:
     assert case_from_row(ROW).cluster.network_bw_fraction is None
 
 
+def test_rows_that_differ_only_in_fabric_are_predicted_apart() -> None:
+    """Rows are evaluated in groups sharing model, cluster and training: a fabric is part of
+    the cluster, so the same plan on two fabrics must not share one group's network."""
+    import pandas as pd
+
+    from tcf_search.dataset import load_groups, predict_groups
+
+    frame = pd.DataFrame([{**ROW, "fabric": "roce"}, {**ROW, "fabric": "infiniband"},
+                          {**ROW, "fabric": "roce"}])
+    groups, errors = load_groups(frame)
+    assert not errors.any()
+    assert sorted(g.cluster.fabric for g in groups) == ["infiniband", "roce"]
+    tok = predict_groups(groups, len(frame))["tokens_per_s_per_gpu"]
+    assert tok[0] == tok[2]
+    assert (tok[1] > tok[0]) == (get_fabric("infiniband").network_bw_fraction
+                                 > get_fabric("roce").network_bw_fraction)
+    assert tok[1] != tok[0]
+
+
 def test_a_row_on_an_unknown_fabric_is_a_row_error() -> None:
     with pytest.raises(CaseError, match="^fabric: unknown fabric 'token-ring'"):
         case_from_row({**ROW, "fabric": "token-ring"})
