@@ -8,7 +8,8 @@ file does not have (16k GPUs, interleaved 1F1B, context parallel at 128k tokens)
 
 Llama 3 405B, Dubey et al. (2024), "The Llama 3 Herd of Models", Table 4: BF16 on H100 SXM
 80 GB, 126 layers with one fewer on the first and the last pipeline stage, TP8 x PP16, global
-batch 16M tokens, model TFLOP/s per GPU as published. The paper uses an interleaved schedule
+batch 16M tokens, model TFLOP/s per GPU as published. Its FSDP shards optimizer states and
+gradients but keeps the parameters after the forward: ZeRO-2 here. It uses an interleaved schedule
 but does not give the number of chunks, so each row is printed for v = 1, 2, 4 and 8; nor does
 it say which activations it recomputes, so the plans recompute nothing and the table reports
 whether the model thinks that fits.
@@ -50,7 +51,7 @@ def main() -> int:
                            **settings)
         cells = []
         for v in CHUNKS:
-            plan = Plan(tp=8, pp=16, cp=cp, dp=dp, vpp=v, micro_batch=1, zero_stage=1,
+            plan = Plan(tp=8, pp=16, cp=cp, dp=dp, vpp=v, micro_batch=1, zero_stage=2,
                         sequence_parallel=True, first_stage_layers=7, last_stage_layers=7)
             est = estimate(model, cluster, plan, training)
             tflops = est.model_tflops_per_gpu

@@ -129,8 +129,25 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     moe_on = 1.0 if model.is_moe else 0.0
     ep_layer_fwd = 2.0 * comm.all_to_all_time(x_tok, ep, k_ep, link) * moe_on
 
+    # The vocabulary-parallel embedding and LM head (Megatron-LM, nanotron, torchtitan) talk
+    # over the TP group once per micro-batch each: the embedding reduces its partial lookups
+    # (an all-reduce, or with SP a reduce-scatter whose backward all-gathers the gradient);
+    # the head's input is all-gathered under SP (its gradient reduce-scattered back) or, without
+    # SP, its gradient all-reduced in backward; the vocabulary-parallel cross-entropy adds three
+    # all-reduces of one fp32 value per token (max, sum of exponentials, target logit).
+    # Nothing overlaps them: the first layer waits for its input, the loss for the logits.
+    vocab_side = np.where(tp > 1, np.where(sp, 2.0 * comm.gather_time(x_act, tp, k_tp, link),
+                                           comm.all_reduce_time(x_act, tp, k_tp, link)), 0.0)
+    embed_mb = vocab_side
+    head_mb = vocab_side + np.where(tp > 1, 3.0 * comm.all_reduce_time(M * 4.0, tp, k_tp, link),
+                                    0.0)
     per_layer_comm_fwd = tp_layer_exposed + cp_layer_exposed_fwd + moe_frac * ep_layer_fwd
     per_layer_comm_bwd = tp_layer_exposed + cp_layer_exposed_bwd + moe_frac * ep_layer_fwd
+
+    def vocab_mb(st: str) -> np.ndarray:
+        if st == "last":
+            return head_mb
+        return embed_mb + np.where(pp == 1, head_mb, 0.0) if st == "first" else 0.0 * head_mb
 
     def stage_mb_time(st: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n = layers.of(st)
@@ -144,7 +161,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
             comp = comp + head
         if st == "first":
             comp = comp + np.where(pp == 1, head, 0.0)
-        comm_mb = n * (per_layer_comm_fwd + per_layer_comm_bwd) + r * per_layer_comm_fwd
+        comm_mb = (n * (per_layer_comm_fwd + per_layer_comm_bwd) + r * per_layer_comm_fwd
+                   + vocab_mb(st))
         host = (n * (1.0 + BWD_HOST_FACTOR) + r) * host_fwd
         # a host-bound stage waits for its kernels to be issued: count the wait as compute;
         # on a synchronous device issuing is part of every kernel's time
@@ -160,6 +178,11 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
         return np.take_along_axis(vals, slowest[None, :], axis=0)[0]
 
     comp_mb, comm_mb, rec_mb = pick(0), pick(1), pick(2)
+    vocab_slowest = np.take_along_axis(np.stack([vocab_mb(st) for st in STAGES]),
+                                       slowest[None, :], axis=0)[0]
+    sides = {"first": 1.0 + (pp == 1), "middle": 0.0 * pp, "last": 1.0 + 0.0 * pp}
+    vocab_sides = np.take_along_axis(np.stack([sides[st] for st in STAGES]),
+                                     slowest[None, :], axis=0)[0]
     # One micro-batch crosses every stage, the other m - 1 follow at the slowest stage's pace:
     # the bubble is the other stages' time for one micro-batch ((p - 1)/m of the step when the
     # stages are balanced; Narayanan et al., 2021), split v ways when interleaved.
@@ -263,6 +286,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
         CollectiveArrays("tp_activation_allreduce" , "tp", "all_reduce", p.tp,
                          tp_count * 2 * x_act, comm.tier(tp, k_tp),
                          tp_count * tp_layer_fwd, tp_count * tp_layer_exposed),
+        CollectiveArrays("tp_vocab_parallel", "tp", "all_reduce", p.tp,
+                         np.where(tp > 1, m * vocab_sides * 2 * x_act, 0.0),
+                         comm.tier(tp, k_tp),
+                         m * vocab_slowest, m * vocab_slowest),
         CollectiveArrays("cp_kv_ring", "cp", "send_recv", p.cp,
                          m * n_layers_mb * 3 * (cp - 1) * x_kv, comm.tier(cp, k_cp),
                          m * n_layers_mb * 3 * cp_layer_fwd,

@@ -138,3 +138,35 @@ def test_dtensor_tp_pays_its_hosts_dispatch_per_op(h100) -> None:
     dp = Plan(dp=2, micro_batch=4)  # no TP: no DTensor layers
     assert (estimate(model, cluster, dp, dtensor).step_time_s
             == estimate(model, cluster, dp, plain).step_time_s)
+
+
+def test_vocab_parallel_embedding_and_head_collectives(h100, llama8b: ModelSpec) -> None:
+    """TP8 with SP on one node, pp=1, 4 micro-batches of 1 x 4096 tokens: per micro-batch the
+    embedding reduce-scatters (and all-gathers its gradient) and the head all-gathers its input
+    (and reduce-scatters the gradient) 4096 x 4096 bf16 = 32 MiB, and the loss all-reduces three
+    4096 x 4 B vectors; all of it exposed."""
+    import numpy as np
+
+    from costmodel import comm
+
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    tr = Training(seq_len=4096, global_batch=4)
+    est = estimate(llama8b, cluster, Plan(tp=8, sequence_parallel=True), tr)
+    vocab = next(c for c in est.collectives if c.name == "tp_vocab_parallel")
+    link = comm.link_of(cluster)
+    one = np.array([8.0])
+    x = 4096 * 4096 * 2.0
+    gather = float(comm.gather_time(np.array([x]), one, one, link)[0])
+    small = float(comm.all_reduce_time(np.array([4096 * 4.0]), one, one, link)[0])
+    assert vocab.bytes == 4 * 2 * (2 * x)  # micro-batches x sides x (forward + backward)
+    assert vocab.time_s == pytest.approx(4 * (2 * 2 * gather + 3 * small), rel=1e-9)
+    assert vocab.exposed_s == vocab.time_s
+    assert vocab.tier == "nvlink"
+    # TP1 has none; a middle stage (here the slowest, which the collectives report) holds
+    # neither the embedding nor the head
+    tr8 = Training(seq_len=4096, global_batch=8)
+    assert all(c.name != "tp_vocab_parallel"
+               for c in estimate(llama8b, cluster, Plan(dp=8), tr8).collectives)
+    three = estimate(llama8b, ClusterSpec(gpu=h100, num_gpus=24),
+                     Plan(tp=8, pp=3, first_stage_layers=2, last_stage_layers=2), tr)
+    assert next(c for c in three.collectives if c.name == "tp_vocab_parallel").time_s == 0
