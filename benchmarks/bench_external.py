@@ -13,6 +13,13 @@ gradients but keeps the parameters after the forward: ZeRO-2 here. It uses an in
 but does not give the number of chunks, so each row is printed for v = 1, 2, 4 and 8; nor does
 it say which activations it recomputes, so the plans recompute nothing and the table reports
 whether the model thinks that fits.
+
+Megatron-LM's FP8 table (NVIDIA/Megatron-LM, examples/llama/README.md, "FP8 Performance"):
+Llama 3 8B, 70B and 405B on H100 at 8k tokens, FP8 (Transformer Engine, hybrid recipe), with the
+layouts it gives (TP, PP, CP, virtual stages, micro-batch 1) and its tokens/s per GPU. The 405B
+layout splits 126 layers over 8 x 8 chunks with the embedding and the loss each counted as a
+layer, so its first and last stages hold 15 layers here. Switches the table does not give
+(TP communication overlap, FP8 parameter gathering) keep the generic profile's defaults.
 """
 
 from __future__ import annotations
@@ -36,6 +43,35 @@ LLAMA3_405B = (
     ("16,384 GPUs, CP16, seq 128k", 16384, 16, 8, 131072, 128, 380.0),
 )
 CHUNKS = (1, 2, 4, 8)
+# (preset, GPUs, sequences per step, tp, pp, cp, vpp, first/last stage layers (0: even),
+#  published tokens/s per GPU)
+MEGATRON_FP8 = (
+    ("llama3-8b", 8, 128, 1, 1, 2, 1, 0, 13812.0),
+    ("llama3-70b", 64, 128, 4, 8, 1, 5, 0, 1621.0),
+    ("llama3.1-405b", 1024, 512, 8, 8, 2, 8, 15, 315.0),
+)
+
+
+def megatron_fp8() -> None:
+    gpu = get_gpu("h100-sxm-80gb")
+    settings = framework_settings("generic", "fp8")
+    print("\nMegatron-LM FP8 table (examples/llama/README.md), generic profile, fp8")
+    print(f"{'run':<28}{'published':>11}{'predicted':>11}{'error':>8}{'peak GiB':>10}")
+    errs = []
+    for preset, gpus, batch, tp, pp, cp, vpp, edge, published in MEGATRON_FP8:
+        training = replace(Training(seq_len=8192, global_batch=batch, precision="fp8"),
+                           **settings)
+        dp = gpus // (tp * pp * cp)
+        plan = Plan(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch=1, zero_stage=1,
+                    sequence_parallel=tp > 1, first_stage_layers=edge, last_stage_layers=edge)
+        est = estimate(PRESETS[preset], ClusterSpec(gpu=gpu, num_gpus=gpus), plan, training)
+        tok = est.tokens_per_s_per_gpu
+        errs.append(abs(tok / published - 1))
+        fits = "" if est.memory.fits else " *"
+        print(f"{f'{preset} on {gpus}':<28}{published:>11,.0f}{tok:>11,.0f}"
+              f"{tok / published - 1:>+8.0%}{est.memory.peak_bytes / 2**30:>10.1f}{fits}")
+    print(f"tokens/s per GPU; mean absolute error {sum(errs) / len(errs):.1%}; * = predicted "
+          "not to fit 80 GB")
 
 
 def main() -> int:
@@ -64,6 +100,7 @@ def main() -> int:
     for v in CHUNKS:
         errs = [abs(e) for c, e in errors if c == v]
         print(f"v={v}: mean absolute error {sum(errs) / len(errs):.1%}")
+    megatron_fp8()
     return 0
 
 

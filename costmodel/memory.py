@@ -93,6 +93,16 @@ def activation_bytes_per_layer(model: ModelSpec, tr: Training,
     gated = model.ffn_type == "swiglu"
     mlp_all = (6.0 if gated else 4.0) * M * width / tp + routing
     mlp_selective = (4.0 if gated else 2.0) * M * width / tp + routing
+    if tr.precision == "fp8" and tr.fp8_saves_cast_inputs:
+        # Transformer Engine keeps the fp8 cast of each GEMM's input for the weight gradient,
+        # 1 byte instead of 2: both norm outputs (QKV and MLP-in inputs), the attention output
+        # (out-projection input) and the MLP's inner activation (down-projection input)
+        outside = outside - 2.0 * M * h / sp_div
+        if tr.sp_saves_gathered_input:
+            outside = outside - 2.0 * M * h * (1.0 - 1.0 / sp_div)
+        attention = attention - M * a * d / tp
+        mlp_all = mlp_all - M * width / tp
+        mlp_selective = mlp_selective - M * width / tp
     full_layer = outside + attention + mlp_all
     stored = np.where(p.recompute == 1, outside + attention + mlp_selective, full_layer)
     ckpt = BF16 * M * h / sp_div

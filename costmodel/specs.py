@@ -303,6 +303,11 @@ class Training:
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
     flash_attention: bool = True
+    # The fused-attention kernel generation: "flash2" is FlashAttention-2 and its peers (the
+    # stacks the calibration measured: nanotron, llm-foundry, PyTorch SDPA); "flash3" is the
+    # Hopper-specific generation (FlashAttention-3, cuDNN fused attention under Transformer
+    # Engine), which Shah et al. (2024) measure 1.5-2.0x faster than FlashAttention-2 on H100.
+    attention_kernel: Literal["flash2", "flash3"] = "flash2"
     # whether ZeRO-1/2's gradient reduce-scatter runs during backward (Megatron's distributed
     # optimizer with --overlap-grad-reduce) or after it (nanotron's ZeRO-1)
     overlap_grad_reduce_sharded: bool = True
@@ -328,6 +333,9 @@ class Training:
     # TP runs on PyTorch DTensors (torchtitan, the validation harness): every op of a TP layer
     # pays the host's ``dtensor_op_overhead_s`` on top of ``host_overhead_s``
     dtensor_tp: bool = False
+    # fp8 training keeps the fp8 casts of the GEMM inputs for backward (Transformer Engine's
+    # Linear/LayerNormLinear); torchao's float8 keeps the bf16 inputs and casts them again
+    fp8_saves_cast_inputs: bool = True
     # CPU time to issue one kernel or collective: a layer cannot run faster than the host issues
     # its work (eager PyTorch with Python-level modules; ~10-20 us for lean stacks).
     host_overhead_s: float = 15e-6
@@ -335,6 +343,9 @@ class Training:
 
     def __post_init__(self) -> None:
         _positive("training", seq_len=self.seq_len, global_batch=self.global_batch)
+        if self.attention_kernel not in ("flash2", "flash3"):
+            raise SpecError("training.attention_kernel must be one of ['flash2', 'flash3'], "
+                            f"but got {self.attention_kernel!r}")
         if self.precision not in PRECISION_CODES:
             raise SpecError(f"training.precision must be one of {sorted(PRECISION_CODES)}, "
                             f"but got {self.precision!r}")

@@ -135,7 +135,9 @@ def fit_efficiency(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, fa
     def residuals(x: np.ndarray) -> np.ndarray:
         eff, g, v = split(x)
         memory = {k: val for k, val in v.items() if k in PRESSURE_PARAMS}
-        pred = predict_groups(g, len(frame), {family: eff}, memory)
+        if memory:  # the allocator-pressure fit belongs to ``framework``'s profile
+            g = with_training(g, framework, memory_model=memory)
+        pred = predict_groups(g, len(frame), {family: eff})
         return np.log(pred["tokens_per_s_per_gpu"][idx] / measured[idx])
 
     x0 = _to_unit(values, params, bounds)
@@ -256,9 +258,6 @@ def main(argv: list[str] | None = None) -> int:
 
     hop_rows = throughput_rows(frame) & train
     start = replace(Efficiency(), **GEMM_PRIOR)  # type: ignore[arg-type]
-    # the throughput fit sees the pressure parameters through the nanotron groups only
-    assert all(g.framework == "nanotron" for g in groups if g.cluster.gpu.family == "hopper"
-               and np.isin(g.index, _covered(groups, throughput_rows(frame) & train)).any())
     hopper, fitted = fit_efficiency(
         frame, [replace(g, training=replace(g.training, memory_model=replace(
             g.training.memory_model, **memory))) for g in groups],  # type: ignore[arg-type]

@@ -229,3 +229,29 @@ def test_interleaving_widens_the_dp_overlap_window(h100, llama8b, zero: int, nam
     est = estimate(llama8b, cluster, Plan(tp=2, pp=4, dp=32, vpp=4, zero_stage=zero), serial)
     t, e = _exposed(est, name)
     assert e == t
+
+
+@pytest.mark.parametrize("gpu_id,faster", [("h100-sxm-80gb", True), ("b200-180gb", True),
+                                           ("a100-sxm-80gb", False), ("mi300x", False)])
+def test_flash3_attention_runs_faster_only_where_it_exists(llama8b, gpu_id: str,
+                                                          faster: bool) -> None:
+    from dataclasses import replace
+
+    from costmodel.compute import FLASH3_OVER_FLASH2
+    from hardware_catalog import get_gpu
+
+    cluster = ClusterSpec(gpu=get_gpu(gpu_id), num_gpus=8)
+    base = Training(seq_len=32768, global_batch=8)
+    plan = Plan(dp=8)
+    times = {k: estimate(llama8b, cluster, plan, replace(base, attention_kernel=k)).step_time_s
+             for k in ("flash2", "flash3")}
+    assert (times["flash3"] < times["flash2"]) == faster
+    if faster:  # only attention speeds up, so the step gains less than the kernel's factor
+        assert times["flash2"] / times["flash3"] < FLASH3_OVER_FLASH2
+
+
+def test_an_unknown_attention_kernel_names_the_field() -> None:
+    from costmodel import SpecError
+
+    with pytest.raises(SpecError, match="training.attention_kernel must be one of"):
+        Training(seq_len=1024, global_batch=8, attention_kernel="flash9")  # type: ignore[arg-type]

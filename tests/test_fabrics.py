@@ -159,3 +159,18 @@ def test_profile_switches_can_depend_on_precision() -> None:
     assert framework_settings("megatron", "fp16")["grad_dtype_bytes"] == 2
     assert "grad_dtype_bytes" not in framework_settings("megatron", "bf16")
     assert not any(k.endswith("_fp16") for k in framework_settings("megatron", "fp16"))
+
+
+@pytest.mark.parametrize("framework,kernel,p2p,fp8_casts", [
+    ("generic", "flash3", True, True),       # Megatron-Core + Transformer Engine defaults
+    ("megatron", "flash3", False, True),     # SC21: no p2p overlap (and no flash attention)
+    ("nanotron", "flash2", True, True),
+    ("llm-foundry", "flash2", True, True),
+    ("torchtitan", "flash2", True, False),   # SDPA's flash backend; torchao float8
+])
+def test_profiles_name_their_kernels_and_overlaps(framework: str, kernel: str, p2p: bool,
+                                                  fp8_casts: bool) -> None:
+    s = framework_settings(framework, "bf16")
+    t = Training(seq_len=1024, global_batch=8, **s)  # type: ignore[arg-type]
+    assert (t.attention_kernel, t.overlap_p2p_comm, t.fp8_saves_cast_inputs) == (
+        kernel, p2p, fp8_casts)
