@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
 from hardware_catalog import CatalogError, fabric_fraction, get_gpu
-from tcf_search.profiles import framework_settings, load_profiles, memory_model
+from tcf_search.profiles import framework_settings, load_profiles, memory_model, resolve_framework
 
 __all__ = ["Case", "CaseError", "case_from_row", "framework_settings", "load_profiles",
            "memory_model"]
@@ -102,7 +102,7 @@ def case_from_row(row: Mapping[str, object]) -> Case:
     cluster = ClusterSpec(gpu=gpu, num_gpus=_int(row, "num_gpus"),
                           gpus_per_node=_int(row, "gpus_per_node", 8), fabric=fabric,
                           network_bw_fraction=fraction)
-    framework = _cell(row, "framework").lower()
+    framework = resolve_framework(_cell(row, "framework"), _cell(row, "source"))
     precision = _cell(row, "precision") or "bf16"
     training = Training(seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
                         precision=precision,  # type: ignore[arg-type]

@@ -39,9 +39,19 @@ def memory_model(framework: str = "") -> MemoryModel:
     return replace(mm, **own) if own else mm
 
 
+def resolve_framework(framework: str, source: str = "") -> str:
+    """The profile a framework name runs: aliases (``megatron-core`` is ``megatron``) and, for
+    a measured row, the release its ``source`` pins (Megatron-LM in the SC21 paper)."""
+    profiles = load_profiles()
+    name = framework.strip().lower()
+    name = (profiles.get("aliases") or {}).get(name, name)
+    return (profiles.get("source_releases") or {}).get(source.strip().lower(), {}).get(name, name)
+
+
 def framework_settings(framework: str, precision: str = "bf16") -> dict[str, object]:
     """Training switches of a framework ('' or unknown: the generic Megatron-like profile),
     with its memory model. ``<switch>_<precision>`` entries apply at that precision only."""
+    framework = resolve_framework(framework)
     frameworks = load_profiles().get("frameworks", {})
     settings = dict(frameworks.get("generic", {}))
     settings.update(frameworks.get(framework, {}))
@@ -55,5 +65,6 @@ def framework_settings(framework: str, precision: str = "bf16") -> dict[str, obj
 
 
 def frameworks() -> list[str]:
-    """Names of the known framework profiles."""
-    return sorted(load_profiles().get("frameworks", {}))
+    """Names of the known framework profiles and their aliases."""
+    profiles = load_profiles()
+    return sorted([*profiles.get("frameworks", {}), *(profiles.get("aliases") or {})])

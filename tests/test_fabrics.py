@@ -163,7 +163,10 @@ def test_profile_switches_can_depend_on_precision() -> None:
 
 @pytest.mark.parametrize("framework,kernel,p2p,fp8_casts", [
     ("generic", "flash3", True, True),       # Megatron-Core + Transformer Engine defaults
-    ("megatron", "flash3", False, True),     # SC21: no p2p overlap (and no flash attention)
+    ("megatron", "flash3", True, True),      # Megatron-Core today; aliases name it too
+    ("megatron-core", "flash3", True, True),
+    ("nemo", "flash3", True, True),
+    ("megatron-sc21", "flash3", False, True),  # SC21: no p2p overlap (and no flash attention)
     ("nanotron", "flash2", True, True),
     ("llm-foundry", "flash2", True, True),
     ("torchtitan", "flash2", True, False),   # SDPA's flash backend; torchao float8
@@ -174,3 +177,13 @@ def test_profiles_name_their_kernels_and_overlaps(framework: str, kernel: str, p
     t = Training(seq_len=1024, global_batch=8, **s)  # type: ignore[arg-type]
     assert (t.attention_kernel, t.overlap_p2p_comm, t.fp8_saves_cast_inputs) == (
         kernel, p2p, fp8_casts)
+
+
+def test_a_row_from_the_sc21_paper_runs_the_sc21_release() -> None:
+    """The framework column says megatron; the row's source pins which Megatron-LM it was."""
+    sc21 = case_from_row({**ROW, "source": "megatron-sc21"})
+    today = case_from_row({**ROW, "source": "someone-else"})
+    assert sc21.framework == "megatron-sc21" and today.framework == "megatron"
+    assert not sc21.training.flash_attention and not sc21.training.overlap_grad_reduce
+    assert today.training.flash_attention and today.training.overlap_grad_reduce
+    assert case_from_row({**ROW, "framework": "Megatron-Core"}).framework == "megatron"
