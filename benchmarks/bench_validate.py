@@ -33,7 +33,7 @@ from tcf_search.validate.compare import (  # noqa: E402
     predicted_parts,
     spearman,
 )
-from tcf_search.validate.config import RunConfig  # noqa: E402
+from tcf_search.validate.config import RunConfig, as_run  # noqa: E402
 from tcf_search.validate.launch import launch  # noqa: E402
 from tcf_search.validate.refit import fit_efficiency  # noqa: E402
 
@@ -49,8 +49,10 @@ TINY_PLANS = {
 def real_runs(entry: Entry, steps: int) -> None:
     # the harness is PyTorch-native (FSDP2, DTensor TP/SP, pipelining): the torchtitan profile
     model = get_preset("tiny")
-    training = Training(seq_len=256, global_batch=16,
-                        **framework_settings("torchtitan"))  # type: ignore[arg-type]
+    # and on CPU it runs without autocast: fp32 activations
+    training = as_run(Training(seq_len=256, global_batch=16,
+                               **framework_settings("torchtitan")),  # type: ignore[arg-type]
+                      "cpu")
     cluster = ClusterSpec(gpu=entry.gpu, num_gpus=2, gpus_per_node=2)
     print(f"\n== tiny CPU study: {model.name}, seq 256, 16 sequences/step, 2 gloo ranks, "
           f"{steps} timed steps (fp32 on CPU) ==")
@@ -59,10 +61,9 @@ def real_runs(entry: Entry, steps: int) -> None:
     pred, meas, plan_files = [], [], []
     for name, plan in TINY_PLANS.items():
         est = estimate(model, cluster, plan, training)
-        # CPU runs hold fp32 activations; the model predicts bf16 ones: compare in fp32 bytes.
-        fp32 = predicted_parts(model, cluster, plan, training)
+        fp32 = predicted_parts(model, cluster, plan, training)  # activations in fp32 already
         pred_mib = (fp32["weights"] + fp32["grads"] + fp32["optimizer"]
-                    + 2 * fp32["activations"]) / MIB
+                    + fp32["activations"]) / MIB
         r = launch(RunConfig(model=model, plan=plan, training=training, steps=steps, warmup=1),
                    timeout_s=600)
         if r.outcome != "ok":

@@ -60,7 +60,7 @@ def _gemm_time(m: np.ndarray, n: np.ndarray, k: np.ndarray, peak: float, c: Clus
     x = np.minimum(np.minimum(m, n), k)
     sat = x / (x + eff.gemm_half_size)
     compute_s = flops / (peak * eff.gemm_peak_fraction * sat)
-    bytes_moved = in_bytes * (m * k + k * n) + BF16 * m * n
+    bytes_moved = in_bytes * (m * k + k * n) + max(in_bytes, BF16) * m * n  # fp8 writes bf16
     return np.maximum(compute_s, bytes_moved / c.gpu.hbm_bw_bytes_per_s) + eff.kernel_overhead_s
 
 
@@ -73,7 +73,8 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     M = p.micro_batch * s / cp  # tokens per micro-batch on this GPU
     fp8 = tr.precision == "fp8"
     peak = gpu.peak_flops(tr.precision)
-    in_bytes = 1.0 if fp8 else BF16
+    act = tr.activation_dtype_bytes
+    in_bytes = 1.0 if fp8 else act
     hbm = gpu.hbm_bw_bytes_per_s * eff.memory_bw_fraction
     sp = p.sequence_parallel.astype(bool)
 
@@ -102,7 +103,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     else:  # two batched GEMMs over all s x s scores, and the scores through softmax in HBM
         attn_flops_fwd = 4.0 * M * s * a * d / tp
         attention_fwd = (attn_flops_fwd / (gpu.peak_flops_bf16 * eff.gemm_peak_fraction)
-                         + 4.0 * BF16 * M * s * a / tp / hbm)
+                         + 4.0 * act * M * s * a / tp / hbm)
 
     # elementwise traffic per token, in elements: two norms (read+write) and two residual adds
     # (2 reads + 1 write) act on the full width unless sequence parallel shards them; RoPE and the
@@ -110,7 +111,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     replicated = 10.0 * h / np.where(sp, tp, 1.0)
     act_elems = 3.0 * f if mdl.ffn_type == "swiglu" else 2.0 * f
     sharded = (2.0 * (a + g) * d + act_elems) / tp
-    elem_fwd = M * (replicated + sharded) * BF16 / hbm
+    elem_fwd = M * (replicated + sharded) * act / hbm
     overhead_fwd = FWD_KERNELS_PER_LAYER * eff.kernel_overhead_s
     fwd_dense = gemm_fwd_dense + attention_fwd + elem_fwd + overhead_fwd
     bwd_dense = (2.0 * gemm_fwd_dense + 2.5 * attention_fwd + 2.0 * elem_fwd
@@ -130,11 +131,11 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         shared = mdl.moe_shared_experts * (gemm(n_up_e / tp, float(h)) + gemm(float(h), fe / tp))
         router = gemm(float(E), float(h))
         # permute/unpermute copies of the routed tokens, and the combine
-        permute = 4.0 * M * topk * h * BF16 / hbm
+        permute = 4.0 * M * topk * h * act / hbm
         moe_mlp = routed + shared + router + permute
         gemm_fwd_moe = qkv + out + moe_mlp
         elem_moe = M * (replicated + (2.0 * (a + g) * d + topk * (act_elems / f) * fe) / tp)
-        elem_moe = elem_moe * BF16 / hbm
+        elem_moe = elem_moe * act / hbm
         kernels = 2.0  # router, permute, grouped GEMMs, unpermute, combine on top of attention
         fwd_moe = gemm_fwd_moe + attention_fwd + elem_moe + overhead_fwd * kernels
         bwd_moe = (2.0 * gemm_fwd_moe + 2.5 * attention_fwd + 2.0 * elem_moe
@@ -143,11 +144,11 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         kernels = 1.0
         fwd_moe, bwd_moe = fwd_dense, bwd_dense
 
-    selective_extra = M * (act_elems / tp) * BF16 / hbm + eff.kernel_overhead_s
+    selective_extra = M * (act_elems / tp) * act / hbm + eff.kernel_overhead_s
 
     head = gemm(V / tp, float(h))
     loss_elems = M * V / tp  # logits -> fp32 softmax -> loss, and its gradient
-    loss_s = loss_elems * (BF16 + 4.0 + 4.0) / hbm
+    loss_s = loss_elems * (act + 4.0 + 4.0) / hbm
     return LayerTimes(
         fwd_dense_s=fwd_dense, fwd_moe_s=fwd_moe, bwd_dense_s=bwd_dense, bwd_moe_s=bwd_moe,
         attention_fwd_s=attention_fwd, gemm_fwd_dense_s=gemm_fwd_dense,

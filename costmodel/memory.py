@@ -107,7 +107,8 @@ def activation_bytes_per_layer(model: ModelSpec, tr: Training,
     stored = np.where(p.recompute == 1, outside + attention + mlp_selective, full_layer)
     ckpt = BF16 * M * h / sp_div
     stored = np.where(p.recompute == 2, ckpt, stored)
-    return stored, ckpt, full_layer
+    wide = tr.activation_dtype_bytes / BF16  # the counts above are in bf16 bytes
+    return stored * wide, ckpt * wide, full_layer * wide
 
 
 def coefficients(model: ModelSpec, cluster: ClusterSpec, tr: Training,

@@ -333,6 +333,10 @@ class Training:
     # TP runs on PyTorch DTensors (torchtitan, the validation harness): every op of a TP layer
     # pays the host's ``dtensor_op_overhead_s`` on top of ``host_overhead_s``
     dtensor_tp: bool = False
+    # Bytes of one activation element, as exchanged between ranks, stored for backward and
+    # streamed by elementwise kernels: 2 under bf16/fp16 autocast (fp8 GEMMs still hand bf16
+    # activations around); 4 for a run without autocast (the CPU validation runs, in fp32).
+    activation_dtype_bytes: float = 2.0
     # fp8 training keeps the fp8 casts of the GEMM inputs for backward (Transformer Engine's
     # Linear/LayerNormLinear); torchao's float8 keeps the bf16 inputs and casts them again
     fp8_saves_cast_inputs: bool = True
@@ -343,6 +347,9 @@ class Training:
 
     def __post_init__(self) -> None:
         _positive("training", seq_len=self.seq_len, global_batch=self.global_batch)
+        if self.activation_dtype_bytes not in (2.0, 4.0):
+            raise SpecError("training.activation_dtype_bytes must be 2 (bf16/fp16) or 4 (fp32), "
+                            f"but got {self.activation_dtype_bytes!r}")
         if self.attention_kernel not in ("flash2", "flash3"):
             raise SpecError("training.attention_kernel must be one of ['flash2', 'flash3'], "
                             f"but got {self.attention_kernel!r}")

@@ -96,7 +96,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
 
     # ---- per-layer, per-micro-batch communication on the critical path ------------------
     k_tp = members_per_domain(p.tp, strides["tp"], D)
-    x_act = M * h * BF16
+    act = tr.activation_dtype_bytes
+    x_act = M * h * act
     # per layer forward: two all-reduces, or with sequence parallel two all-gathers and two
     # reduce-scatters (the same bytes, twice the calls)
     sp = p.sequence_parallel > 0
@@ -117,7 +118,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     else:
         tp_layer_exposed = tp_layer_fwd
     k_cp = members_per_domain(p.cp, strides["cp"], D)
-    x_kv = 2.0 * M * model.kv_heads * model.d_head * BF16
+    x_kv = 2.0 * M * model.kv_heads * model.d_head * act
     cp_hop = comm.p2p_time(x_kv, k_cp < cp, link)
     cp_layer_fwd = np.where(cp > 1, (cp - 1) * cp_hop, 0.0)
     cp_hidden_fwd, cp_hidden_bwd = (0.0, 0.0) if sync else (lt.attention_fwd_s,
@@ -125,7 +126,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     cp_layer_exposed_fwd = np.maximum(cp_layer_fwd - cp_hidden_fwd, 0.0)
     cp_layer_exposed_bwd = np.maximum(2 * cp_layer_fwd - cp_hidden_bwd, 0.0)
     k_ep = members_per_domain(p.ep, strides["ep"], D)
-    x_tok = M * max(model.moe_topk, 1) * h * BF16
+    x_tok = M * max(model.moe_topk, 1) * h * act
     moe_on = 1.0 if model.is_moe else 0.0
     ep_layer_fwd = 2.0 * comm.all_to_all_time(x_tok, ep, k_ep, link) * moe_on
 
@@ -193,7 +194,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
 
     # ---- pipeline point-to-point ---------------------------------------------------------
     sp_div = np.where(p.sequence_parallel > 0, tp, 1.0)
-    x_pp = M * h * BF16 / sp_div
+    x_pp = M * h * act / sp_div
     pp_cross = (p.tp * p.cp * p.dp) >= D
     scatter = (tr.pp_scatter_gather & (p.sequence_parallel == 0) & (tp > 1) & pp_cross
                & (k_tp >= tp))

@@ -255,3 +255,30 @@ def test_an_unknown_attention_kernel_names_the_field() -> None:
 
     with pytest.raises(SpecError, match="training.attention_kernel must be one of"):
         Training(seq_len=1024, global_batch=8, attention_kernel="flash9")  # type: ignore[arg-type]
+
+
+def test_fp32_activations_double_the_activation_bytes(h100, llama8b) -> None:
+    """A run without autocast (the CPU validation runs) moves and keeps 4-byte activations:
+    TP/SP, CP and PP traffic and the stored activations double; model states do not change."""
+    from dataclasses import replace
+
+    cluster = ClusterSpec(gpu=h100, num_gpus=64)
+    plan = Plan(tp=4, pp=2, cp=2, dp=4, sequence_parallel=True)
+    bf16 = Training(seq_len=4096, global_batch=64)
+    fp32 = replace(bf16, activation_dtype_bytes=4.0)
+    a, b = estimate(llama8b, cluster, plan, bf16), estimate(llama8b, cluster, plan, fp32)
+    for name in ("tp_activation_allreduce", "cp_kv_ring", "pp_activation_send_recv"):
+        ca = next(c for c in a.collectives if c.name == name)
+        cb = next(c for c in b.collectives if c.name == name)
+        assert cb.bytes == pytest.approx(2 * ca.bytes)
+    for sa, sb in zip(a.memory.stages, b.memory.stages, strict=True):
+        assert sb.activations_bytes == pytest.approx(2 * sa.activations_bytes)
+        assert sb.model_state_bytes == sa.model_state_bytes
+    assert b.step_time_s > a.step_time_s
+
+
+def test_activation_bytes_are_two_or_four() -> None:
+    from costmodel import SpecError
+
+    with pytest.raises(SpecError, match="training.activation_dtype_bytes must be 2"):
+        Training(seq_len=1024, global_batch=8, activation_dtype_bytes=3.0)

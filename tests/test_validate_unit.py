@@ -151,3 +151,25 @@ def test_row_dict_has_errors() -> None:
     d = _row(1, 2.0, 3.0).to_dict()
     assert d["time_error"] == pytest.approx(0.5)
     assert set(dataclasses.asdict(_row(1, 1, 1))) < set(d)
+
+
+def test_cpu_runs_are_predicted_with_fp32_activations() -> None:
+    """CPU runs have no autocast: validate compares them with the cost model's prediction for
+    fp32 activations, not the study's bf16 one (which it keeps where the catalog has no SKU)."""
+    from costmodel import ClusterSpec, estimate
+    from hardware_catalog import get_gpu
+    from tcf_search.validate.config import as_run
+    from tcf_search.validate.runs import fp32_prediction
+
+    plan = Plan(tp=2, sequence_parallel=True, micro_batch=2)
+    pf = PlanFile(study="s", model=TINY, gpu="cpu-local", num_gpus=2, gpus_per_node=2,
+                  training=TRAIN, plan=plan, predicted={"step_time_s": 1.0, "trial": 3})
+    got = fp32_prediction(pf)
+    cluster = ClusterSpec(gpu=get_gpu("cpu-local"), num_gpus=2, gpus_per_node=2)
+    bf16 = estimate(TINY, cluster, plan, TRAIN)
+    fp32 = estimate(TINY, cluster, plan, as_run(TRAIN, "cpu"))
+    assert got["step_time_s"] == fp32.step_time_s > bf16.step_time_s
+    assert got["trial"] == 3
+    assert as_run(TRAIN, "cuda") == TRAIN
+    unknown = dataclasses.replace(pf, gpu="no-such-gpu")
+    assert fp32_prediction(unknown) == unknown.predicted

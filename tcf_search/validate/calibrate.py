@@ -14,8 +14,11 @@ What is measured, and which field it sets:
   ``nvlink_bw_fraction`` = 1), ``intra_node_latency_s`` from a small send/recv, and
   ``collective_overhead_s`` = what of c the ring steps' latency does not explain. One host has
   no network: the network fields repeat the intra-node ones (noted).
-- an elementwise op on a sharded DTensor against the same op on its local tensor:
-  ``dtensor_op_overhead_s`` (the host cost PyTorch-native TP pays per op).
+- the validation harness's own decoder layers, TP over the ranks with sequence parallel
+  (DTensor), against the same layers unsharded, at a width where compute is negligible: the
+  excess per layer (forward and backward) less the time of its eight small SP collectives is the
+  host cost of DTensor; ``dtensor_op_overhead_s`` spreads it over the layer's tensor ops as the
+  cost model counts them.
 """
 
 from __future__ import annotations
@@ -174,24 +177,47 @@ def _collective_worker(out_path: str, device: str, quick: bool) -> None:
 
 
 def _dtensor_op_overhead(dev: Any, sync: Any) -> float:
-    """Host time of an elementwise op on a sequence-sharded DTensor beyond the same op on its
-    local tensor: DTensor's dispatch (sharding propagation), which every op of a TP layer pays."""
+    """Host time per tensor op that DTensor adds to a TP layer (see the module docstring): the
+    harness's decoder layers with TP+SP over this process group, forward and backward, against
+    the same layers unsharded and against the layers' SP collectives alone."""
     import torch
+    import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
 
-    mesh = init_device_mesh(dev.type, (int(os.environ["WORLD_SIZE"]),))
-    dt = distribute_tensor(torch.ones(8, 16, device=dev), mesh, [Shard(0)])
-    local = dt.to_local()
-    calls = 200
+    from costmodel.specs import ModelSpec
+    from costmodel.step import BWD_HOST_FACTOR, DTENSOR_OPS_PER_LAYER_FWD
+    from tcf_search.validate.model import Decoder
+    from tcf_search.validate.parallel import apply_tensor_parallel
 
-    def ops(x: Any) -> None:
-        for _ in range(calls):
-            x = x * 1.0
+    world = int(os.environ["WORLD_SIZE"])
+    layers, seq, width = 4, 8 * world, 16 * world
+    spec = ModelSpec(name="dtensor-probe", layers=layers, hidden=width, ffn_hidden=2 * width,
+                     heads=world, kv_heads=world, vocab=64)
 
-    plain = _timeit(lambda: ops(local), 5, sync)
-    sharded = _timeit(lambda: ops(dt), 5, sync)
-    return max((sharded - plain) / calls, 0.0)
+    def stack() -> Any:
+        torch.manual_seed(0)
+        return Decoder(spec, seq).keep_stage(range(layers), first=False, last=False).to(dev)
+
+    def step(model: Any, x: Any) -> None:
+        model(x).sum().backward()
+
+    plain = stack()
+    sharded = stack()
+    apply_tensor_parallel(sharded, init_device_mesh(dev.type, (world,)), True)
+    full = torch.randn(1, seq, width, device=dev, requires_grad=True)
+    local = torch.randn(1, seq // world, width, device=dev, requires_grad=True)
+    shard = torch.ones(seq // world * width, device=dev)
+    gathered = [torch.empty_like(shard) for _ in range(world)]
+
+    def collectives() -> None:  # per layer: 2 all-gathers + 2 reduce-scatters each way
+        for _ in range(8 * layers):
+            dist.all_gather(gathered, shard)
+
+    t_plain = _timeit(lambda: step(plain, full), 7, sync)
+    t_tp = _timeit(lambda: step(sharded, local), 7, sync)
+    t_comm = _timeit(collectives, 7, sync)
+    per_layer = max(t_tp - t_plain - t_comm, 0.0) / layers
+    return per_layer / (DTENSOR_OPS_PER_LAYER_FWD * (1.0 + BWD_HOST_FACTOR))
 
 
 def measure_collectives(device: str, ranks: int, quick: bool) -> dict[str, Any]:

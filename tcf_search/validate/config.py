@@ -73,6 +73,15 @@ def normalized_training(training: Training) -> Training:
     return training
 
 
+def as_run(training: Training, device: str) -> Training:
+    """``training`` as the harness runs it on ``device``: CPU runs have no autocast (no fast
+    bf16 on CPU), so their activations are fp32 and the cost model is asked about fp32 ones."""
+    training = normalized_training(training)
+    if device == "cpu":
+        return dataclasses.replace(training, activation_dtype_bytes=4.0)
+    return training
+
+
 def micro_batches(plan: Plan, training: Training) -> int:
     """Micro-batches per optimizer step per data-parallel rank."""
     per_rank, rest = divmod(training.global_batch, plan.dp * plan.micro_batch)

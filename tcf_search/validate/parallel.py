@@ -92,7 +92,15 @@ def blocks(model: nn.Module) -> list[nn.Module]:
     return list(model.get_submodule("layers").children())
 
 
-def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+def loss_parallel_on(plan: Plan) -> bool:
+    """Whether the LM head keeps its logits sharded over the vocabulary and the loss runs on
+    the shards (``loss_parallel``, torchtitan's default with TP). Only without a pipeline: the
+    pipelining stages hand plain tensors to their loss function."""
+    return plan.tp > 1 and plan.pp == 1
+
+
+def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, sequence_parallel: bool,
+                          loss_parallel: bool = False) -> None:
     """Megatron's layout in DTensor terms (Shoeybi et al., 2019; Korthikanti et al., 2022):
     QKV and gate/up column-parallel, output and down projections row-parallel; with sequence
     parallel the norms and residual stream are sharded along the sequence (dim 1).
@@ -107,7 +115,11 @@ def apply_tensor_parallel(model: Decoder, tp_mesh: DeviceMesh, sequence_parallel
     if model.norm is not None and sequence_parallel:
         top["norm"] = SequenceParallel()
     if model.output is not None:
-        top["output"] = ColwiseParallel(input_layouts=seq, output_layouts=Replicate())
+        # vocabulary-parallel loss: logits stay sharded on the vocabulary (a DTensor); else
+        # every rank gathers the full logits
+        top["output"] = (ColwiseParallel(input_layouts=seq, output_layouts=Shard(-1),
+                                         use_local_output=False) if loss_parallel
+                         else ColwiseParallel(input_layouts=seq, output_layouts=Replicate()))
     parallelize_module(model, tp_mesh, top)  # type: ignore[arg-type]
     for block in blocks(model):
         plan: dict[str, object] = {
@@ -221,7 +233,8 @@ def parallelize(plan: Plan, mesh: DeviceMesh, build_chunk: Callable[[int], Decod
     for stage_id in stage_ids:
         chunk = build_chunk(stage_id)
         if plan.tp > 1:
-            apply_tensor_parallel(chunk, mesh["tp"], plan.sequence_parallel)
+            apply_tensor_parallel(chunk, mesh["tp"], plan.sequence_parallel,
+                                  loss_parallel_on(plan))
         apply_recompute(chunk, plan)
         if uses_ddp(plan, fake):
             materialize(chunk)

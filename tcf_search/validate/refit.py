@@ -26,7 +26,7 @@ from search.specs import cluster_spec
 from tcf_search.planfile import PlanFile
 from tcf_search.validate.calibrate import Entry, stamp
 from tcf_search.validate.compare import plan_label, spearman
-from tcf_search.validate.config import ValidationError, normalized_training
+from tcf_search.validate.config import ValidationError, as_run
 from tcf_search.validate.record import read_csv
 from tcf_search.validate.runs import top_plan_files
 
@@ -61,7 +61,8 @@ def _predict(plans: list[PlanFile], entry: Entry, eff: Efficiency) -> np.ndarray
     out = []
     for pf in plans:
         cluster = cluster_spec(gpu, pf.num_gpus, pf.gpus_per_node, pf.fabric)
-        out.append(estimate(pf.model, cluster, pf.plan, normalized_training(pf.training))
+        device = "cpu" if gpu.synchronous else "cuda"
+        out.append(estimate(pf.model, cluster, pf.plan, as_run(pf.training, device))
                    .step_time_s)
     return np.asarray(out, float)
 

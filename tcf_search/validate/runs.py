@@ -29,6 +29,7 @@ from tcf_search.validate.config import (
     RunResult,
     Unsupported,
     ValidationError,
+    as_run,
     normalized_training,
 )
 from tcf_search.validate.launch import REPO_ROOT, _tail, kill_group, launch
@@ -80,6 +81,23 @@ def top_plan_files(folder: Path, k: int) -> list[PlanFile]:
     if not ranked:
         raise ResultFolderError(f"{str(top)!r} holds no rank-<N>.yaml plan files")
     return [load_plan_file(p) for _, p in ranked[:k]]
+
+
+def fp32_prediction(pf: PlanFile) -> dict[str, Any]:
+    """The study's prediction for ``pf`` made again as a CPU run executes it (fp32
+    activations); a plan the catalog cannot place keeps the study's values."""
+    from costmodel import SpecError, estimate
+    from hardware_catalog import CatalogError, get_gpu
+    from search.specs import cluster_spec
+
+    try:
+        cluster = cluster_spec(get_gpu(pf.gpu), pf.num_gpus, pf.gpus_per_node, pf.fabric)
+        est = estimate(pf.model, cluster, pf.plan, as_run(pf.training, "cpu"))
+    except (CatalogError, SpecError):
+        return pf.predicted
+    return {**pf.predicted, "step_time_s": est.step_time_s,
+            "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu,
+            "peak_mem_gib": est.memory.peak_bytes / 2**30}
 
 
 def run_plan(pf: PlanFile, opts: Options, work_dir: Path) -> RunResult:
@@ -150,9 +168,11 @@ def validate_folder(folder: Path, opts: Options,
     work_root = Path(tempfile.mkdtemp(prefix="tcf-validate-"))
     rows: list[Row] = []
     results: list[RunResult] = []
+    cpu_real = opts.device == "cpu" and not opts.memory_only
     for pf in plan_files:
         result = run_plan(pf, opts, work_root / f"rank-{pf.rank}")
-        row = make_row(pf.rank, pf.plan, pf.predicted, result)
+        predicted = fp32_prediction(pf) if cpu_real else pf.predicted
+        row = make_row(pf.rank, pf.plan, predicted, result)
         rows.append(row)
         results.append(result)
         if on_result is not None:
@@ -161,6 +181,7 @@ def validate_folder(folder: Path, opts: Options,
         f"real ({'nccl' if opts.device == 'cuda' else 'gloo'}, {opts.device})"
     notes = sorted({n for r in results for n in r.notes})
     if opts.device == "cpu" and not opts.memory_only:
-        notes.append("CPU runs compute in fp32 (no fast bf16 on CPU); the study predicts bf16")
+        notes.append("CPU runs compute in fp32 (no fast bf16 on CPU): the predictions shown are "
+                     "the cost model's for fp32 activations, not the study's bf16 ones")
     return Report(rows=rows, results=results, spearman=rank_agreement(rows), mode=mode,
                   notes=notes)

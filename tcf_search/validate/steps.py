@@ -11,10 +11,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from costmodel.specs import Plan, Training
 from tcf_search.validate.config import micro_batches
-from tcf_search.validate.parallel import Parallelized
+from tcf_search.validate.parallel import Parallelized, loss_parallel_on
 
 
 def synthetic_batch(training: Training, vocab: int, seed: int, step: int) -> torch.Tensor:
@@ -88,12 +89,15 @@ class Stepper:
         n_micro = micro_batches(self.plan, self.training)
         mb = self.plan.micro_batch
         total = torch.zeros((), device=self.device)
+        sharded_loss = loss_parallel_on(self.plan)
         for i in range(n_micro):
             last = i == n_micro - 1
-            with _no_sync(model, enabled=not last):
+            with _no_sync(model, enabled=not last), _loss_parallel(sharded_loss):
                 loss = cross_entropy(model(inputs[i * mb:(i + 1) * mb]),
                                      labels[i * mb:(i + 1) * mb]) / n_micro
                 loss.backward()
+            if isinstance(loss, DTensor):  # the vocabulary-parallel loss is replicated
+                loss = loss.full_tensor()
             total += loss.detach()
         return total
 
@@ -116,6 +120,15 @@ class Stepper:
         value = value.float().reshape(1).clone()
         dist.all_reduce(value)
         return float(value.item()) / (self.plan.dp * self.plan.tp)
+
+
+def _loss_parallel(enabled: bool) -> contextlib.AbstractContextManager[object]:
+    """Cross-entropy on vocabulary-sharded logits, forward and backward."""
+    if not enabled:
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()  # type: ignore[no-any-return]
 
 
 def _no_sync(model: nn.Module, *, enabled: bool) -> contextlib.AbstractContextManager[object]:
