@@ -171,5 +171,8 @@ def test_cpu_runs_are_predicted_with_fp32_activations() -> None:
     assert got["step_time_s"] == fp32.step_time_s > bf16.step_time_s
     assert got["trial"] == 3
     assert as_run(TRAIN, "cuda") == TRAIN
+    cpu = as_run(TRAIN, "cpu").memory_model  # malloc, not the CUDA caching allocator
+    assert cpu.allocator_fraction == 0.0 and cpu.allocator_const_bytes == 0.0
+    assert got["peak_mem_gib"] < bf16.memory.peak_bytes / 2**30
     unknown = dataclasses.replace(pf, gpu="no-such-gpu")
     assert fp32_prediction(unknown) == unknown.predicted

@@ -75,10 +75,13 @@ def normalized_training(training: Training) -> Training:
 
 def as_run(training: Training, device: str) -> Training:
     """``training`` as the harness runs it on ``device``: CPU runs have no autocast (no fast
-    bf16 on CPU), so their activations are fp32 and the cost model is asked about fp32 ones."""
+    bf16 on CPU), so their activations are fp32, and no CUDA caching allocator, so none of its
+    fragmentation; the cost model is asked about that run."""
     training = normalized_training(training)
     if device == "cpu":
-        return dataclasses.replace(training, activation_dtype_bytes=4.0)
+        mm = dataclasses.replace(training.memory_model, allocator_fraction=0.0,
+                                 allocator_const_bytes=0.0)
+        return dataclasses.replace(training, activation_dtype_bytes=4.0, memory_model=mm)
     return training
 
 

@@ -181,7 +181,8 @@ def validate_folder(folder: Path, opts: Options,
         f"real ({'nccl' if opts.device == 'cuda' else 'gloo'}, {opts.device})"
     notes = sorted({n for r in results for n in r.notes})
     if opts.device == "cpu" and not opts.memory_only:
-        notes.append("CPU runs compute in fp32 (no fast bf16 on CPU): the predictions shown are "
-                     "the cost model's for fp32 activations, not the study's bf16 ones")
+        notes.append("CPU runs compute in fp32 (no fast bf16 on CPU) without a caching "
+                     "allocator: the predictions shown are the cost model's for that run, not "
+                     "the study's (bf16, CUDA allocator)")
     return Report(rows=rows, results=results, spearman=rank_agreement(rows), mode=mode,
                   notes=notes)
