@@ -170,6 +170,7 @@ def test_profile_switches_can_depend_on_precision() -> None:
     ("nanotron", "flash2", True, True),
     ("llm-foundry", "flash2", True, True),
     ("torchtitan", "flash2", True, False),   # SDPA's flash backend; torchao float8
+    ("deepspeed", "flash2", True, True),
 ])
 def test_profiles_name_their_kernels_and_overlaps(framework: str, kernel: str, p2p: bool,
                                                   fp8_casts: bool) -> None:
@@ -187,3 +188,12 @@ def test_a_row_from_the_sc21_paper_runs_the_sc21_release() -> None:
     assert not sc21.training.flash_attention and not sc21.training.overlap_grad_reduce
     assert today.training.flash_attention and today.training.overlap_grad_reduce
     assert case_from_row({**ROW, "framework": "Megatron-Core"}).framework == "megatron"
+
+
+def test_deepspeed_overlaps_only_at_stage_3() -> None:
+    """DeepSpeed's overlap_comm defaults to true at ZeRO-3 only: at stages 0-2 the gradient
+    reduce and the parameter gather are on the critical path."""
+    s = framework_settings("deepspeed", "bf16")
+    t = Training(seq_len=1024, global_batch=8, **s)  # type: ignore[arg-type]
+    assert not (t.overlap_grad_reduce or t.overlap_grad_reduce_sharded
+                or t.overlap_param_gather)
