@@ -176,3 +176,14 @@ def test_cpu_runs_are_predicted_with_fp32_activations() -> None:
     assert got["peak_mem_gib"] < bf16.memory.peak_bytes / 2**30
     unknown = dataclasses.replace(pf, gpu="no-such-gpu")
     assert fp32_prediction(unknown) == unknown.predicted
+
+
+def test_gemm_saturation_fit_recovers_a_curve_and_never_extrapolates_past_it() -> None:
+    from tcf_search.validate.calibrate import fit_saturation
+
+    sizes = [64, 128, 256, 512]
+    a, h = fit_saturation(sizes, [50e9 * x / (x + 100) for x in sizes])
+    assert a == pytest.approx(50e9, rel=1e-6) and h == pytest.approx(100, rel=1e-6)
+    # almost linear timings (an asymptote far beyond 512) hold h at the largest size
+    a, h = fit_saturation(sizes, [10e9, 20e9, 39e9, 77e9])
+    assert h == 512 and 77e9 < a < 2 * 77e9

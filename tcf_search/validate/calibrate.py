@@ -3,7 +3,8 @@ as a catalog entry, every number sourced "measured by tcf-search calibrate on <h
 
 What is measured, and which field it sets:
 
-- GEMM throughput over square sizes x: fitted to ``A * x / (x + h)`` (the cost model's GEMM
+- (on CPU, on every rank at once, as the ranks of a run share the caches and the DRAM)
+  GEMM throughput over square sizes x: fitted to ``A * x / (x + h)`` (the cost model's GEMM
   saturation curve): ``peak_flops_*`` = A (the large-GEMM asymptote, so
   ``gemm_peak_fraction`` = 1) and ``gemm_half_size`` = h. On CPU the dtype is fp32, the one
   CPU validation runs compute in.
@@ -66,7 +67,15 @@ def fit_saturation(sizes: list[float], flops_per_s: list[float]) -> tuple[float,
     slope, intercept = np.polyfit(x, y, 1)
     if intercept <= 0:  # no saturation seen: the largest size is the asymptote
         return float(max(flops_per_s)), 1.0
-    return float(1.0 / intercept), float(max(slope / intercept, 1.0))
+    half = float(max(slope / intercept, 1.0))
+    if half > max(sizes):
+        # a half-saturation size beyond every size measured extrapolates an asymptote that
+        # was never seen (noisy timings make it explode): hold h at the largest size and take
+        # A from the measurements through the curve
+        half = float(max(sizes))
+        f, s = np.asarray(flops_per_s, float), np.asarray(sizes, float)
+        return float(np.median(f * (s + half) / s)), half
+    return float(1.0 / intercept), half
 
 
 def fit_bandwidth(sizes: list[float], seconds: list[float], n: int) -> tuple[float, float]:
@@ -144,6 +153,11 @@ def _collective_worker(out_path: str, device: str, quick: bool) -> None:
     dist.init_process_group("nccl" if device == "cuda" else "gloo")
     dev = torch.device(device, rank) if device == "cuda" else torch.device("cpu")
     sync = (lambda: torch.cuda.synchronize(dev)) if device == "cuda" else (lambda: None)
+    compute = None
+    if device == "cpu":  # every rank at once: the ranks of a run share caches and DRAM
+        dist.barrier()
+        threads = max(1, (os.cpu_count() or 1) // dist.get_world_size())
+        compute = measure_compute(device, threads, quick)
     repeat = 3 if quick else 7
     times = {}
     for size in COLLECTIVE_BYTES:
@@ -171,7 +185,7 @@ def _collective_worker(out_path: str, device: str, quick: bool) -> None:
     if rank == 0:
         Path(out_path).write_text(json.dumps({
             "all_reduce_s": times, "p2p_s": p2p_s, "runtime_bytes": runtime_bytes,
-            "dtensor_op_overhead_s": dtensor_s,
+            "dtensor_op_overhead_s": dtensor_s, "compute": compute,
             "world": dist.get_world_size()}))
     dist.destroy_process_group()
 
@@ -233,6 +247,9 @@ def measure_collectives(device: str, ranks: int, quick: bool) -> dict[str, Any]:
         raise RuntimeError(f"collective benchmark failed (exit codes {codes}): {log}")
     raw = json.loads(out.read_text())
     raw["all_reduce_s"] = {int(k): v for k, v in raw["all_reduce_s"].items()}
+    if raw.get("compute"):
+        raw["compute"]["gemm_flops_per_s"] = {int(k): v for k, v in
+                                              raw["compute"]["gemm_flops_per_s"].items()}
     return dict(raw)
 
 
@@ -246,8 +263,10 @@ def machine_memory_bytes(device: str, ranks: int) -> float:
 def measure_machine(*, device: str = "cpu", ranks: int = 2, quick: bool = False) -> Entry:
     """Run every micro-benchmark and assemble the entry."""
     threads = max(1, (os.cpu_count() or 1) // ranks) if device == "cpu" else 1
-    comp = measure_compute(device, threads, quick)
     coll = measure_collectives(device, ranks, quick)
+    # CPU ranks compute side by side in a run, so they are measured side by side (in the
+    # collective workers); a GPU's own kernels do not contend with the other GPUs'
+    comp = coll.get("compute") or measure_compute(device, threads, quick)
     sizes = sorted(comp["gemm_flops_per_s"])
     peak, half = fit_saturation(sizes, [comp["gemm_flops_per_s"][n] for n in sizes])
     ar_sizes = sorted(coll["all_reduce_s"])
