@@ -22,6 +22,8 @@ LAYOUTS = {
     "tp2-sp": Plan(tp=2, sequence_parallel=True, micro_batch=2),
     "pp2-1f1b": Plan(pp=2, micro_batch=2),
     "fsdp2": Plan(dp=2, zero_stage=3, micro_batch=2),
+    # context parallel: each rank holds half of every sequence and all-gathers K and V
+    "cp2": Plan(cp=2, micro_batch=1),
 }
 
 
@@ -53,7 +55,7 @@ def test_layout_runs_and_reports(layout_results: dict[str, RunResult], name: str
 
 @pytest.mark.slow
 def test_same_seed_same_loss_across_layouts(layout_results: dict[str, RunResult]) -> None:
-    """DP2, TP2+SP, PP2 and FSDP2 start from the same weights and see the same tokens: the
+    """DP2, TP2+SP, PP2, FSDP2 and CP2 start from the same weights and see the same tokens: the
     loss before the first update and after two AdamW steps must agree (fp32 on CPU)."""
     losses = {name: r.ranks[0].losses for name, r in layout_results.items()}
     reference = losses["dp2"]

@@ -90,7 +90,8 @@ def test_run_config_round_trips_through_json() -> None:
 
 
 @pytest.mark.parametrize(("plan", "error", "words"), [
-    (Plan(cp=2), Unsupported, "context parallel"),
+    (Plan(cp=2, tp=2), Unsupported, "context parallel runs beside data parallel only"),
+    (Plan(cp=3), ValidationError, "training.seq_len % plan.cp == 0"),
     (Plan(tp=4), ValidationError, "kv_heads % plan.tp"),
     (Plan(pp=4, micro_batch=2), Unsupported, "micro-batches >= plan.pp"),
     (Plan(dp=3), ValidationError, "global_batch % (plan.dp * plan.micro_batch)"),

@@ -100,10 +100,12 @@ def check_supported(model: ModelSpec, plan: Plan, training: Training, device: st
     that are not valid arithmetic for this model."""
     if model.is_moe or plan.ep > 1:
         raise Unsupported("model.moe_experts > 0 / plan.ep > 1: the harness builds dense models")
-    if plan.cp > 1 and device != "cuda":
-        raise Unsupported(f"plan.cp={plan.cp}: context parallel runs on GPU only")
-    if plan.cp > 1:
-        raise Unsupported(f"plan.cp={plan.cp}: context parallel is not wired into the harness yet")
+    if plan.cp > 1 and (plan.tp > 1 or plan.pp > 1):
+        raise Unsupported(f"plan.cp={plan.cp} with tp={plan.tp}, pp={plan.pp}: the harness's "
+                          "context parallel runs beside data parallel only (tp = pp = 1)")
+    if training.seq_len % plan.cp:
+        raise ValidationError(f"training.seq_len % plan.cp == 0 must hold, but got "
+                              f"seq_len={training.seq_len}, cp={plan.cp}")
     if model.kv_heads % plan.tp:
         raise ValidationError(f"model.kv_heads % plan.tp == 0 must hold for tensor parallel "
                               f"attention, but got kv_heads={model.kv_heads}, tp={plan.tp}")

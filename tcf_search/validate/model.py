@@ -57,6 +57,9 @@ class Attention(nn.Module):
         self.wk = nn.Linear(m.hidden, m.kv_heads * m.d_head, bias=False)
         self.wv = nn.Linear(m.hidden, m.kv_heads * m.d_head, bias=False)
         self.wo = nn.Linear(m.heads * m.d_head, m.hidden, bias=False)
+        # context parallel: this rank holds sequence chunk ``cp_rank`` of ``cp_size``
+        self.cp_group: object | None = None
+        self.cp_rank, self.cp_size = 0, 1
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -65,10 +68,22 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        mask = None
+        if self.cp_size > 1:
+            # all-gather K and V along the sequence (Llama 3's context parallel; the same bytes
+            # as a ring), their gradients reduce-scattered back in backward; the local queries
+            # sit at positions cp_rank*s.. of the whole sequence
+            from torch.distributed.nn.functional import all_gather
+
+            k = torch.cat(all_gather(k.contiguous(), group=self.cp_group), dim=1)
+            v = torch.cat(all_gather(v.contiguous(), group=self.cp_group), dim=1)
+            q_pos = self.cp_rank * s + torch.arange(s, device=x.device)
+            mask = torch.arange(k.shape[1], device=x.device)[None, :] <= q_pos[:, None]
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         # enable_gqa: query head i reads KV head i // rep without materialising repeated K/V,
         # as flash attention does.
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.rep > 1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                             enable_gqa=self.rep > 1)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -152,6 +167,7 @@ class Decoder(nn.Module):
         # Not persistent: derived from the shape, and not counted as model state.
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+        self.cp_rank, self.cp_size = 0, 1
 
     def reset_rope(self) -> None:
         """Recompute the RoPE tables in place (after ``to_empty`` left them uninitialised)."""
@@ -163,8 +179,13 @@ class Decoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+        cos, sin = self.rope_cos, self.rope_sin
+        if self.cp_size > 1:  # this rank's sequence chunk sits at cp_rank * its length
+            s = h.shape[1]
+            cos = cos[self.cp_rank * s:(self.cp_rank + 1) * s]
+            sin = sin[self.cp_rank * s:(self.cp_rank + 1) * s]
         for layer in self.layers.values():
-            h = layer(h, self.rope_cos, self.rope_sin)
+            h = layer(h, cos, sin)
         if self.norm is not None:
             h = self.norm(h)
         return self.output(h) if self.output is not None else h

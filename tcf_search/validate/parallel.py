@@ -32,7 +32,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from costmodel.specs import Plan
-from tcf_search.validate.model import Block, Decoder
+from tcf_search.validate.model import Attention, Block, Decoder
 
 
 @dataclass(slots=True, kw_only=True)
@@ -55,8 +55,28 @@ class Parallelized:
 
 
 def build_mesh(plan: Plan, device_type: str) -> DeviceMesh:
-    return init_device_mesh(device_type, (plan.pp, plan.dp, plan.tp),
-                            mesh_dim_names=("pp", "dp", "tp"))
+    return init_device_mesh(device_type, (plan.pp, plan.dp, plan.cp, plan.tp),
+                            mesh_dim_names=("pp", "dp", "cp", "tp"))
+
+
+def data_mesh(mesh: DeviceMesh, plan: Plan) -> DeviceMesh:
+    """The ranks that average gradients: data parallel, and context parallel on top (each CP
+    rank holds another part of the same sequences)."""
+    if plan.cp == 1:
+        return mesh["dp"]
+    return mesh["dp", "cp"]._flatten("dp_cp")
+
+
+def apply_context_parallel(model: Decoder, cp_mesh: DeviceMesh) -> None:
+    """Each rank of the CP group holds one contiguous chunk of every sequence; attention
+    all-gathers K and V along the sequence (see ``Attention``)."""
+    rank, size = cp_mesh.get_local_rank(), cp_mesh.size()
+    model.cp_rank, model.cp_size = rank, size
+    for block in blocks(model):
+        attention = block.get_submodule("attention")
+        assert isinstance(attention, Attention)
+        attention.cp_group = cp_mesh.get_group()
+        attention.cp_rank, attention.cp_size = rank, size
 
 
 def stage_layers(layers: int, plan: Plan) -> list[range]:
@@ -176,7 +196,7 @@ def apply_data_parallel(model: nn.Module, dp_mesh: DeviceMesh, plan: Plan,
         # backward needs it first.
         fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, mp_policy=mp)
         return model
-    if plan.dp == 1:
+    if plan.dp * plan.cp == 1:
         if param_dtype is None:
             return model
         # A one-rank FSDP2 unit is PyTorch's mixed-precision wrapper: fp32 parameters, bf16
@@ -214,7 +234,7 @@ def build_optimizer(params: list[nn.Parameter], plan: Plan, dp_mesh: DeviceMesh,
 
 
 def uses_ddp(plan: Plan, fake: bool = False) -> bool:
-    return plan.zero_stage < 2 and plan.dp > 1 and plan.tp == 1 and not fake
+    return plan.zero_stage < 2 and plan.dp * plan.cp > 1 and plan.tp == 1 and not fake
 
 
 def parallelize(plan: Plan, mesh: DeviceMesh, build_chunk: Callable[[int], Decoder],
@@ -235,15 +255,17 @@ def parallelize(plan: Plan, mesh: DeviceMesh, build_chunk: Callable[[int], Decod
         if plan.tp > 1:
             apply_tensor_parallel(chunk, mesh["tp"], plan.sequence_parallel,
                                   loss_parallel_on(plan))
+        if plan.cp > 1:
+            apply_context_parallel(chunk, mesh["cp"])
         apply_recompute(chunk, plan)
         if uses_ddp(plan, fake):
             materialize(chunk)
-        wrapped = apply_data_parallel(chunk, mesh["dp"], plan, param_dtype, notes,
+        wrapped = apply_data_parallel(chunk, data_mesh(mesh, plan), plan, param_dtype, notes,
                                       ddp=not fake)
         if not uses_ddp(plan, fake):
             materialize(wrapped)
         chunks.append(wrapped)
     params = [p for c in chunks for p in c.parameters()]
-    optimizer = build_optimizer(params, plan, mesh["dp"], lr, fake)
+    optimizer = build_optimizer(params, plan, data_mesh(mesh, plan), lr, fake)
     return Parallelized(chunks=chunks, stage_ids=stage_ids, optimizer=optimizer, mesh=mesh,
                         notes=notes)

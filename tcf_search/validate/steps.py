@@ -73,7 +73,13 @@ class Stepper:
         dp_rank = self.par.mesh["dp"].get_local_rank()
         per_rank = self.training.global_batch // self.plan.dp
         mine = tokens[dp_rank * per_rank:(dp_rank + 1) * per_rank].to(self.device)
-        return mine[:, :-1].contiguous(), mine[:, 1:].contiguous()
+        inputs, labels = mine[:, :-1], mine[:, 1:]
+        if self.plan.cp > 1:  # this context-parallel rank's chunk of every sequence
+            chunk = self.training.seq_len // self.plan.cp
+            cp_rank = self.par.mesh["cp"].get_local_rank()
+            inputs = inputs[:, cp_rank * chunk:(cp_rank + 1) * chunk]
+            labels = labels[:, cp_rank * chunk:(cp_rank + 1) * chunk]
+        return inputs.contiguous(), labels.contiguous()
 
     def step(self, step: int) -> float:
         inputs, labels = self.local_batch(step)
@@ -113,13 +119,14 @@ class Stepper:
         return torch.stack(losses).mean().detach() if holds_last else None
 
     def _global_mean(self, loss: torch.Tensor | None) -> float:
-        """Ranks that hold the last stage have a loss (dp*tp of them); average over them."""
+        """Ranks that hold the last stage have a loss (dp*cp*tp of them, each over as many
+        tokens); average over them."""
         if self.fake:
             return float("nan")
         value = loss if loss is not None else torch.zeros((), device=self.device)
         value = value.float().reshape(1).clone()
         dist.all_reduce(value)
-        return float(value.item()) / (self.plan.dp * self.plan.tp)
+        return float(value.item()) / (self.plan.dp * self.plan.cp * self.plan.tp)
 
 
 def _loss_parallel(enabled: bool) -> contextlib.AbstractContextManager[object]:
