@@ -250,6 +250,7 @@ def parallelize(plan: Plan, mesh: DeviceMesh, build_chunk: Callable[[int], Decod
     stage_ids = rank_stage_ids(pp_rank, plan)
     notes: list[str] = []
     chunks: list[nn.Module] = []
+    grad_mesh = data_mesh(mesh, plan)
     for stage_id in stage_ids:
         chunk = build_chunk(stage_id)
         if plan.tp > 1:
@@ -260,12 +261,11 @@ def parallelize(plan: Plan, mesh: DeviceMesh, build_chunk: Callable[[int], Decod
         apply_recompute(chunk, plan)
         if uses_ddp(plan, fake):
             materialize(chunk)
-        wrapped = apply_data_parallel(chunk, data_mesh(mesh, plan), plan, param_dtype, notes,
-                                      ddp=not fake)
+        wrapped = apply_data_parallel(chunk, grad_mesh, plan, param_dtype, notes, ddp=not fake)
         if not uses_ddp(plan, fake):
             materialize(wrapped)
         chunks.append(wrapped)
     params = [p for c in chunks for p in c.parameters()]
-    optimizer = build_optimizer(params, plan, data_mesh(mesh, plan), lr, fake)
+    optimizer = build_optimizer(params, plan, grad_mesh, lr, fake)
     return Parallelized(chunks=chunks, stage_ids=stage_ids, optimizer=optimizer, mesh=mesh,
                         notes=notes)

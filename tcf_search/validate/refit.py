@@ -58,10 +58,10 @@ class Fit:
 
 def _predict(plans: list[PlanFile], entry: Entry, eff: Efficiency) -> np.ndarray:
     gpu = dataclasses.replace(entry.gpu, efficiency=eff)
+    device = "cpu" if gpu.synchronous else "cuda"
     out = []
     for pf in plans:
         cluster = cluster_spec(gpu, pf.num_gpus, pf.gpus_per_node, pf.fabric)
-        device = "cpu" if gpu.synchronous else "cuda"
         out.append(estimate(pf.model, cluster, pf.plan, as_run(pf.training, device))
                    .step_time_s)
     return np.asarray(out, float)
