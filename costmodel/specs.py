@@ -311,6 +311,11 @@ class Training:
     # whether ZeRO-1/2's gradient reduce-scatter runs during backward (Megatron's distributed
     # optimizer with --overlap-grad-reduce) or after it (nanotron's ZeRO-1)
     overlap_grad_reduce_sharded: bool = True
+    # ZeRO-1/2 reduce gradients with a full all-reduce (each rank then keeps its shard) instead
+    # of a reduce-scatter: twice the bytes. nanotron's ZeRO-1 with fp32 gradient accumulation
+    # does (its trainer calls sync_gradients_across_dp with reduce_scatter=False, "too memory
+    # hungry" otherwise); Megatron's distributed optimizer and FSDP reduce-scatter.
+    sharded_grad_all_reduce: bool = False
     separate_grad_comm_buffer: bool = False  # nanotron copies grads into a reduce buffer
     dp_bucket_bytes: float = 25 * 2**20  # gradient bucket (torch DDP's default 25 MiB)
     # Extra seconds per TP ring step when a pipeline engine interleaves its point-to-point

@@ -250,7 +250,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     bwd_mix = param_ag + grad_rs
     z3_bwd_exposed = hide(bwd_mix, bwd_window, True)
     z3_ag_share = param_ag / np.maximum(bwd_mix, 1e-30)
-    grad_time = np.where(z == 0, 2.0 * grad_rs, np.where(z3, m * grad_rs, grad_rs))
+    full_reduce = (z == 0) | ((z <= 2) & tr.sharded_grad_all_reduce)
+    grad_time = np.where(full_reduce, 2.0 * grad_rs, np.where(z3, m * grad_rs, grad_rs))
     grad_exposed = np.where(z3, m * z3_bwd_exposed * (1 - z3_ag_share),
                             np.where(z == 0, hide(grad_time, bwd_window * chunk_window,
                                                   tr.overlap_grad_reduce),

@@ -40,12 +40,14 @@ def report(frame: pd.DataFrame, pred: dict[str, np.ndarray],
     sel = pd.Series(True, index=frame.index) if mask is None else mask
     f = frame[sel]
     tok = pd.Series(pred["tokens_per_s_per_gpu"], index=frame.index)[sel]
-    mem = pd.Series(pred["peak_mem_bytes"], index=frame.index)[sel] / GIB
+    # measured peaks are rank 0's, the first pipeline stage's; OOM is any stage's
+    rank0 = pred.get("first_stage_mem_bytes", pred["peak_mem_bytes"])
+    mem = pd.Series(rank0, index=frame.index)[sel] / GIB
     fits = pd.Series(pred["fits"], index=frame.index)[sel]
     mem_frac = pd.Series(pred["peak_mem_bytes"] / pred["usable_bytes"], index=frame.index)[sel]
     out: dict[str, Any] = {}
 
-    pb = f["source"].eq("playbook") & f["status"].isin(["ok", "oom"]) & mem.notna()
+    pb = f["source"].eq("playbook") & f["status"].isin(["ok", "oom"]) & fits.notna() & mem.notna()
     ok = f["status"].eq("ok")
     fits_b = fits.astype(float) > 0.5
     out["oom_rows"] = int(pb.sum())

@@ -154,7 +154,8 @@ def fit_memory(frame: pd.DataFrame, groups: list[Group], rows: pd.Series) -> dic
 
     def residuals(x: np.ndarray) -> np.ndarray:
         pred = predict_groups(used, len(frame), None, _unit(x, MEM_PARAMS, MEM_BOUNDS))
-        return np.log(pred["peak_mem_bytes"][idx] / measured[idx])
+        # max_memory_reserved on rank 0: the first pipeline stage
+        return np.log(pred["first_stage_mem_bytes"][idx] / measured[idx])
 
     x0 = _to_unit(dataclasses.asdict(MemoryModel()), MEM_PARAMS, MEM_BOUNDS)
     sol = least_squares(residuals, x0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=0.05,

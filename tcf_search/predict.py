@@ -27,7 +27,8 @@ from tcf_search.measured import KNOBS, Case, CaseError, case_from_row
 GIB = 2**30
 OUTPUT_COLUMNS = (
     "pred_tokens_per_sec_per_gpu", "pred_model_tflops_per_gpu", "pred_mfu", "pred_hfu",
-    "pred_step_time_s", "pred_peak_mem_gib", "pred_usable_mem_gib", "pred_fits",
+    "pred_step_time_s", "pred_peak_mem_gib", "pred_first_stage_mem_gib", "pred_usable_mem_gib",
+    "pred_fits",
     "pred_mem_weights_gib", "pred_mem_grads_gib", "pred_mem_optimizer_gib",
     "pred_mem_activations_gib", "pred_mem_buffers_gib", "pred_time_compute_s",
     "pred_time_comm_exposed_s", "pred_time_bubble_s", "pred_time_optimizer_s",
@@ -104,6 +105,8 @@ def predict_frame(frame: pd.DataFrame) -> pd.DataFrame:
                 "pred_mfu": sl["mfu"][j], "pred_hfu": sl["hfu"][j],
                 "pred_step_time_s": sl["step_time_s"][j],
                 "pred_peak_mem_gib": sl["peak_mem_bytes"][j] / GIB,
+                # global rank 0's peak, the one a single-rank memory log reports
+                "pred_first_stage_mem_gib": sl["first_stage_mem_bytes"][j] / GIB,
                 "pred_usable_mem_gib": sl["usable_bytes"][j] / GIB,
                 "pred_fits": "true" if sl["fits"][j] else "false",
                 "pred_mem_weights_gib": sl["mem_weights_bytes"][j] / GIB,

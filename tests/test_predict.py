@@ -77,3 +77,17 @@ def test_bad_rows_get_an_error_not_a_crash(tmp_path: Path, bad: str, needle: str
     out = predict_csv(_write(tmp_path, [good, row]), tmp_path / "out.csv")
     assert pd.isna(out.iloc[0]["pred_error"]) or out.iloc[0]["pred_error"] is None
     assert needle in str(out.iloc[1]["pred_error"]).lower()
+
+
+def test_first_stage_memory_is_reported_beside_the_peak(tmp_path: Path) -> None:
+    # the Playbook logs rank 0's max_memory_reserved: the first pipeline stage. With a small
+    # model and a large vocabulary the last stage (LM head, logits) holds the most bytes
+    small = "tiny,8,1024,4096,16,16,131072,4096,swiglu,false,h100-sxm-80gb,8,8"
+    src = _write(tmp_path, [
+        f"a,{small},1,1,1,1,1,8,0,1,64,none,false,bf16,nanotron,ok,",
+        f"b,{small},1,2,1,1,1,4,0,1,64,none,false,bf16,nanotron,ok,",
+    ])
+    out = predict_csv(src, tmp_path / "out.csv")
+    one, two = out.iloc[0], out.iloc[1]
+    assert one["pred_first_stage_mem_gib"] == pytest.approx(one["pred_peak_mem_gib"])
+    assert 0 < two["pred_first_stage_mem_gib"] < 0.8 * two["pred_peak_mem_gib"]
