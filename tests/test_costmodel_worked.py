@@ -192,3 +192,24 @@ def test_fp8_keeps_the_cast_gemm_inputs(h100, llama8b: ModelSpec) -> None:
     act_f = Training(seq_len=4096, global_batch=1).memory_model.activation_factor
     assert acts["bf16", True] - acts["fp8", True] == pytest.approx(act_f * saved, rel=1e-9)
     assert acts["fp8", False] == acts["bf16", True]
+
+
+def test_sharded_gradients_by_full_all_reduce(h100, llama8b: ModelSpec) -> None:
+    """ZeRO-1 normally reduce-scatters the gradients (one pass); a framework that all-reduces
+    them and keeps its shard moves twice the bytes, like ZeRO-0. ZeRO-3 is unaffected."""
+    cluster = ClusterSpec(gpu=h100, num_gpus=16)
+    off = Training(seq_len=4096, global_batch=64, overlap_grad_reduce_sharded=False)
+    on = Training(seq_len=4096, global_batch=64, overlap_grad_reduce_sharded=False,
+                  sharded_grad_all_reduce=True)
+
+    def grad(plan: Plan, tr: Training) -> float:
+        return next(c.time_s for c in estimate(llama8b, cluster, plan, tr).collectives
+                    if c.name == "dp_grad_reduce")
+
+    z1 = Plan(tp=2, dp=8, zero_stage=1)
+    assert grad(z1, on) == pytest.approx(2 * grad(z1, off), rel=1e-9)
+    z0 = Plan(tp=2, dp=8)
+    assert grad(z0, on) == pytest.approx(grad(z0, off), rel=1e-9)
+    assert grad(z0, off) == pytest.approx(grad(z1, on), rel=1e-9)
+    z3 = Plan(tp=2, dp=8, zero_stage=3)
+    assert grad(z3, on) == pytest.approx(grad(z3, off), rel=1e-9)
