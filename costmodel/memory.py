@@ -50,7 +50,9 @@ class MemoryCoefficients:
 
 def _states_per_param(tr: Training, p: PlanArrays, shard: np.ndarray) -> dict[str, np.ndarray]:
     z = p.zero_stage
-    w = BF16 + (1.0 if tr.precision == "fp8" else 0.0)  # fp8 keeps a cast copy of the weights
+    fp8 = tr.precision == "fp8"
+    # fp8 keeps a cast copy of the bf16 weights, or holds them in fp8 only
+    w = (1.0 if tr.fp8_param_gather else BF16 + 1.0) if fp8 else BF16
     g = float(tr.grad_dtype_bytes)
     o = (4.0 if tr.master_weights else 0.0) + (8.0 if tr.optimizer == "adam" else 4.0)
     weights = np.where(z >= 3, w / shard, w)

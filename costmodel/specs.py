@@ -345,6 +345,10 @@ class Training:
     # fp8 training keeps the fp8 casts of the GEMM inputs for backward (Transformer Engine's
     # Linear/LayerNormLinear); torchao's float8 keeps the bf16 inputs and casts them again
     fp8_saves_cast_inputs: bool = True
+    # fp8 training holds the weights in fp8 only (Megatron-LM --fp8-param-gather, Transformer
+    # Engine's fp8 primary weights): 1 byte per weight instead of bf16 plus an fp8 cast, and the
+    # distributed optimizer all-gathers fp8 parameters; fp32 master weights stay in the optimizer
+    fp8_param_gather: bool = False
     # CPU time to issue one kernel or collective: a layer cannot run faster than the host issues
     # its work (eager PyTorch with Python-level modules; ~10-20 us for lean stacks).
     host_overhead_s: float = 15e-6

@@ -218,7 +218,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     dense_params = n_big * co.dense_params_per_layer + co.embed_params
     expert_params = n_big * co.expert_params_per_layer
     dpcp = dp * cp
-    k_dp = members_per_domain(p.dp * p.cp, strides["dp"], D)
+    # gradients reduce over dp x cp together: cp varies fastest after tp, so that group's
+    # neighbours are tp ranks apart (the dp group alone is tp * cp apart)
+    k_dp = members_per_domain(p.dp * p.cp, strides["cp"], D)
     edp = np.maximum(dpcp / ep, 1.0)
     k_edp = members_per_domain(np.maximum(p.dp * p.cp // p.ep, 1), p.tp * p.ep, D)
     g_bytes = float(tr.grad_dtype_bytes)
@@ -229,8 +231,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
                       tr.dp_bucket_bytes)
     grad_rs = (comm.bucketed_gather_time(dense_params * g_bytes, dpcp, k_dp, link, bucket)
                + comm.bucketed_gather_time(expert_params * g_bytes, edp, k_edp, link, bucket))
-    param_ag = (comm.bucketed_gather_time(dense_params * BF16, dpcp, k_dp, link, bucket)
-                + comm.bucketed_gather_time(expert_params * BF16, edp, k_edp, link, bucket))
+    w_bytes = 1.0 if tr.precision == "fp8" and tr.fp8_param_gather else BF16
+    param_ag = (comm.bucketed_gather_time(dense_params * w_bytes, dpcp, k_dp, link, bucket)
+                + comm.bucketed_gather_time(expert_params * w_bytes, edp, k_edp, link, bucket))
     fwd_window = n_big * fwd
     bwd_window = n_big * bwd
     # Interleaved 1F1B finishes a stage's chunks one after another: the deepest chunk's last
@@ -264,7 +267,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
                  0.0))
     state_params = dense_params + expert_params
     dp_bytes = np.where(z3, m, 1.0) * state_params * g_bytes
-    ag_bytes = np.where(z3, 2 * m, np.where(z >= 1, 1.0, 0.0)) * state_params * BF16
+    ag_bytes = np.where(z3, 2 * m, np.where(z >= 1, 1.0, 0.0)) * state_params * w_bytes
 
     # ---- optimizer ------------------------------------------------------------------------
     params_local = dense_params + expert_params

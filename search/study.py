@@ -144,6 +144,10 @@ class TrainingSection(_Section):
     overlap_param_gather: Bool | None = None
     tp_comm_overlap: Bool | None = None
     flash_attention: Bool | None = None
+    # fp8 weights held in fp8 only (Megatron-LM --fp8-param-gather); gradients accumulated and
+    # reduced in bf16 instead of fp32 (--grad-reduce-in-bf16)
+    fp8_param_gather: Bool | None = None
+    grad_reduce_in_bf16: Bool | None = None
 
     @field_validator("framework")
     @classmethod
@@ -153,6 +157,13 @@ class TrainingSection(_Section):
         if value not in frameworks():
             raise ValueError(f"must be one of {', '.join(frameworks())} (got {value!r})")
         return value
+
+    @model_validator(mode="after")
+    def _fp8_only(self) -> TrainingSection:
+        if self.fp8_param_gather and self.precision != "fp8":
+            raise ValueError("fp8_param_gather needs precision: fp8 "
+                             f"(got precision {self.precision!r})")
+        return self
 
     @model_validator(mode="after")
     def _one_batch(self) -> TrainingSection:

@@ -213,3 +213,35 @@ def test_sharded_gradients_by_full_all_reduce(h100, llama8b: ModelSpec) -> None:
     assert grad(z0, off) == pytest.approx(grad(z1, on), rel=1e-9)
     z3 = Plan(tp=2, dp=8, zero_stage=3)
     assert grad(z3, on) == pytest.approx(grad(z3, off), rel=1e-9)
+
+
+def test_dp_times_cp_gradient_group_inside_one_node(h100, llama8b: ModelSpec) -> None:
+    """CP2 x DP4 on one 8-GPU node: the gradient reduce over the 8 dp x cp ranks stays on
+    NVLink (its members are tp = 1 apart, not tp * cp)."""
+    tr = Training(seq_len=8192, global_batch=8)
+    est = estimate(llama8b, ClusterSpec(gpu=h100, num_gpus=8), Plan(cp=2, dp=4), tr)
+    grad = next(c for c in est.collectives if c.name == "dp_grad_reduce")
+    assert grad.tier == "nvlink" and grad.group_size == 8
+    two_nodes = estimate(llama8b, ClusterSpec(gpu=h100, num_gpus=16), Plan(cp=2, dp=8), tr)
+    assert next(c for c in two_nodes.collectives if c.name == "dp_grad_reduce").tier == "network"
+
+
+def test_fp8_param_gather_holds_weights_in_fp8(h100, llama8b: ModelSpec) -> None:
+    """Megatron-LM's --fp8-param-gather: one byte per weight instead of bf16 plus the fp8 cast
+    (three), and the distributed optimizer's parameter all-gather moves fp8 bytes."""
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    plan = Plan(dp=8, zero_stage=1)
+    cast = Training(seq_len=4096, global_batch=8, precision="fp8")
+    fp8 = Training(seq_len=4096, global_batch=8, precision="fp8", fp8_param_gather=True)
+    a, b = estimate(llama8b, cluster, plan, cast), estimate(llama8b, cluster, plan, fp8)
+    wa, wb = a.memory.stages[0].weights_bytes, b.memory.stages[0].weights_bytes
+    assert wb == pytest.approx(wa / 3)
+
+    def gather(e: object) -> float:
+        return next(c.bytes for c in e.collectives if c.name == "dp_param_all_gather")  # type: ignore[attr-defined]
+
+    assert gather(b) == pytest.approx(gather(a) / 2)
+    bf16 = Training(seq_len=4096, global_batch=8, fp8_param_gather=True)  # no effect in bf16
+    assert estimate(llama8b, cluster, plan, bf16).memory.stages[0].weights_bytes == pytest.approx(
+        estimate(llama8b, cluster, plan, Training(seq_len=4096, global_batch=8)
+                 ).memory.stages[0].weights_bytes)

@@ -53,3 +53,16 @@ def test_every_example_plan_exports_somewhere_and_is_refused_somewhere() -> None
     for plan in PLANS:
         refused = ["REFUSED.txt" in _rendered(plan, f, v) for f, v in VARIANTS]
         assert any(refused) and not all(refused), plan.stem
+
+
+def test_megatron_fp8_recipe_switches_become_flags() -> None:
+    import dataclasses
+
+    pf = load_plan_file(GOLDEN / "plans" / "dense70b.yaml")
+    plain = render("megatron", pf, ExportOptions())["megatron.sh"]
+    assert "--fp8-param-gather" not in plain and "--grad-reduce-in-bf16" not in plain
+    fp8 = dataclasses.replace(pf, training=dataclasses.replace(
+        pf.training, precision="fp8", fp8_param_gather=True, grad_dtype_bytes=2))
+    script = render("megatron", fp8, ExportOptions())["megatron.sh"]
+    assert "--fp8-format hybrid" in script
+    assert "--fp8-param-gather" in script and "--grad-reduce-in-bf16" in script

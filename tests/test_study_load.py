@@ -48,6 +48,15 @@ def test_global_batch_in_tokens_becomes_sequences() -> None:
     assert build_specs(parse_study(text)).training.global_batch == 256
 
 
+def test_megatron_fp8_recipe_switches_reach_the_training() -> None:
+    text = GOOD.replace("global_batch: 256", "global_batch: 256, precision: fp8, "
+                        "framework: megatron, fp8_param_gather: true, grad_reduce_in_bf16: true")
+    tr = build_specs(parse_study(text)).training
+    assert tr.fp8_param_gather and tr.grad_dtype_bytes == 2
+    default = build_specs(parse_study(GOOD)).training
+    assert not default.fp8_param_gather and default.grad_dtype_bytes == 4
+
+
 def test_nodes_times_gpus_per_node() -> None:
     text = GOOD.replace("gpus: 8", "nodes: 4, gpus_per_node: 8")
     assert build_specs(parse_study(text)).cluster.num_gpus == 32
@@ -67,6 +76,8 @@ def test_cluster_overrides_reach_the_gpu() -> None:
     (("global_batch: 256", "global_batch: 256, global_batch_tokens: 8192"),
      "training: give exactly one of global_batch"),
     (("gpus: 8", "gpus: 12"), "cluster: gpus % gpus_per_node == 0 must hold"),
+    (("global_batch: 256", "global_batch: 256, fp8_param_gather: true"),
+     "training: fp8_param_gather needs precision: fp8 (got precision 'bf16')"),
 ])
 def test_bad_fields_are_named(edit: tuple[str, str], expected: str) -> None:
     with pytest.raises(StudyError) as err:

@@ -107,6 +107,16 @@ def precision_args(precision: str) -> Group:
             "fp8": ("--bf16", "--fp8-format", "hybrid")}[precision]
 
 
+def weight_and_grad_dtype_args(pf: PlanFile) -> list[Group]:
+    t = pf.training
+    out: list[Group] = []
+    if t.precision == "fp8" and t.fp8_param_gather:
+        out.append(("--fp8-param-gather",))
+    if t.precision in ("bf16", "fp8") and t.grad_dtype_bytes == 2:
+        out.append(("--grad-reduce-in-bf16",))
+    return out
+
+
 def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
     f = facts_of(pf, options)
     rules.check("megatron", rules.MEGATRON, f)
@@ -117,6 +127,7 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
         *recompute_args(f),
         *data_parallel_args(f, pf),
         precision_args(f.precision),
+        *weight_and_grad_dtype_args(pf),
         *model_args(pf),
         ("--optimizer", pf.training.optimizer, "--lr", options.lr, "--min-lr", options.lr / 10,
          "--lr-decay-style", "cosine", "--train-iters", options.train_iters),
