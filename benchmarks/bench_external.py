@@ -18,8 +18,18 @@ Megatron-LM's FP8 table (NVIDIA/Megatron-LM, examples/llama/README.md, "FP8 Perf
 Llama 3 8B, 70B and 405B on H100 at 8k tokens, FP8 (Transformer Engine, hybrid recipe), with the
 layouts it gives (TP, PP, CP, virtual stages, micro-batch 1) and its tokens/s per GPU. The 405B
 layout splits 126 layers over 8 x 8 chunks with the embedding and the loss each counted as a
-layer, so its first and last stages hold 15 layers here. Switches the table does not give
-(TP communication overlap, FP8 parameter gathering) keep the generic profile's defaults.
+layer, so its first and last stages hold 15 layers here. The recipe's script
+(train_llama3_8b_h100_fp8.sh) gives --fp8-param-gather and --grad-reduce-in-bf16; the larger runs
+are taken to use the same switches. TP communication overlap keeps the generic default (off).
+
+torchtitan's H100 benchmark (pytorch/torchtitan, benchmarks/llama3_h100_202412_torchtitan.md,
+Tables 1-6): Llama 3.1 8B, 70B and 405B on 8 to 512 H100 SXM 96 GB HBM2e at 500 W (the catalog's
+h100-sxm-96gb-500w; 8 per host, 400 Gb/s RDMA per GPU), FSDP2, TP, PP and CP, sequence 8192
+unless the table says otherwise, no gradient accumulation (micro-batch = local batch) except
+under PP (micro-batch 1). Interleaved 1F1B is taken as 2 stages per rank (not given), which the
+tool cannot split 126 layers into. torch.compile is modelled as fusing the elementwise ops
+torchtitan runs eagerly. The table's memory is the maximum over all GPUs of the caching
+allocator's reserved bytes.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from costmodel import ClusterSpec, Plan, Training, estimate  # noqa: E402
+from costmodel import ClusterSpec, Plan, SpecError, Training, estimate  # noqa: E402
 from hardware_catalog import get_gpu  # noqa: E402
 from search.presets import PRESETS  # noqa: E402
 from tcf_search.profiles import framework_settings  # noqa: E402
@@ -76,6 +86,85 @@ def megatron_fp8() -> None:
           "not to fit 80 GB")
 
 
+# (table, label, preset, GPUs, seq_len, tp, pp, vpp, cp, fsdp, micro-batch, global batch,
+#  recompute, fp8, compile, published tokens/s per GPU, published GiB)
+TORCHTITAN = (
+    ("1", "8B FSDP8", "llama3-8b", 8, 8192, 1, 1, 1, 1, 8, 2, 16, "selective", False, False,
+     5762.0, 82.4),
+    ("1", "8B FSDP8 +compile", "llama3-8b", 8, 8192, 1, 1, 1, 1, 8, 2, 16, "selective", False,
+     True, 6667.0, 77.0),
+    ("1", "8B FSDP8 +compile+fp8", "llama3-8b", 8, 8192, 1, 1, 1, 1, 8, 2, 16, "selective",
+     True, True, 8532.0, 76.8),
+    ("3", "8B FSDP128", "llama3-8b", 128, 8192, 1, 1, 1, 1, 128, 2, 256, "selective", False,
+     False, 5605.0, 67.0),
+    ("3", "8B FSDP128 +compile+fp8", "llama3-8b", 128, 8192, 1, 1, 1, 1, 128, 2, 256,
+     "selective", True, True, 8380.0, 61.8),
+    ("2", "8B FSDP8 CP1 32k", "llama3-8b", 8, 32768, 1, 1, 1, 1, 8, 1, 8, "full", True, True,
+     3890.0, 83.9),
+    ("2", "8B FSDP4 CP2 64k", "llama3-8b", 8, 65536, 1, 1, 1, 2, 4, 1, 4, "full", True, True,
+     2540.0, 84.2),
+    ("2", "8B FSDP2 CP4 128k", "llama3-8b", 8, 131072, 1, 1, 1, 4, 2, 1, 2, "full", True, True,
+     1071.0, 84.0),
+    ("2", "8B FSDP1 CP8 256k", "llama3-8b", 8, 262144, 1, 1, 1, 8, 1, 1, 1, "full", True, True,
+     548.0, 84.5),
+    ("4", "70B FSDP32 TP8", "llama3-70b", 256, 8192, 8, 1, 1, 1, 32, 16, 512, "full", True,
+     True, 829.0, 71.9),
+    ("5", "405B FSDP8 TP8 PP8 1F1B", "llama3.1-405b", 512, 8192, 8, 8, 1, 1, 8, 1, 256, "full",
+     True, True, 100.0, 82.5),
+    ("5", "405B ... interleaved", "llama3.1-405b", 512, 8192, 8, 8, 2, 1, 8, 1, 256, "full",
+     True, True, 128.0, 72.7),
+    ("6", "405B FSDP8 CP1 32k", "llama3.1-405b", 512, 32768, 8, 8, 1, 1, 8, 1, 64, "full", True,
+     True, 76.0, 75.3),
+    ("6", "405B FSDP4 CP2 64k", "llama3.1-405b", 512, 65536, 8, 8, 1, 2, 4, 1, 32, "full", True,
+     True, 47.0, 75.9),
+    ("6", "405B FSDP2 CP4 128k", "llama3.1-405b", 512, 131072, 8, 8, 1, 4, 2, 1, 16, "full",
+     True, True, 31.0, 77.1),
+    ("6", "405B FSDP1 CP8 256k", "llama3.1-405b", 512, 262144, 8, 8, 1, 8, 1, 1, 8, "full",
+     True, True, 16.0, 84.9),
+)
+
+
+def torchtitan_table() -> None:
+    gpu = get_gpu("h100-sxm-96gb-500w")
+    print("\ntorchtitan H100 benchmark (benchmarks/llama3_h100_202412_torchtitan.md), "
+          "torchtitan profile, h100-sxm-96gb-500w")
+    print(f"{'table':<6}{'run':<28}{'published':>10}{'predicted':>10}{'error':>8}"
+          f"{'GiB pub':>9}{'GiB pred':>10}")
+    eager, compiled, mem = [], [], []
+    for (table, label, preset, gpus, seq, tp, pp, vpp, cp, fsdp, mb, batch, rec, fp8, comp,
+         published, gib) in TORCHTITAN:
+        precision = "fp8" if fp8 else "bf16"
+        settings = framework_settings("torchtitan", precision)
+        if comp:
+            settings["fused_elementwise"] = True  # what torch.compile does to eager norms etc.
+        training = replace(Training(seq_len=seq, global_batch=batch, precision=precision),
+                           **settings)
+        # under PP torchtitan does not reshard after forward and the pipeline schedule defers
+        # gradient sync to the last micro-batch: parameters gathered and gradients reduced once
+        # per step, ZeRO-2's traffic
+        plan = Plan(tp=tp, pp=pp, vpp=vpp, cp=cp, dp=fsdp, micro_batch=mb,
+                    zero_stage=2 if pp > 1 else 3, recompute=rec, sequence_parallel=tp > 1)
+        try:
+            est = estimate(PRESETS[preset], ClusterSpec(gpu=gpu, num_gpus=gpus,
+                                                        gpus_per_node=8), plan, training)
+        except SpecError as e:  # torchtitan splits layers unevenly over interleaved stages
+            print(f"{table:<6}{label:<28}{published:>10,.0f}  not modelled: {e}")
+            continue
+        tok = est.tokens_per_s_per_gpu
+        err = tok / published - 1
+        (compiled if comp else eager).append(abs(err))
+        peak = est.memory.peak_bytes / 2**30
+        mem.append(abs(peak / gib - 1))
+        mark = ""
+        fits = "" if est.memory.fits else " *"
+        print(f"{table:<6}{label:<28}{published:>10,.0f}{tok:>10,.0f}{err:>+8.0%}{gib:>9.1f}"
+              f"{peak:>10.1f}{fits}{mark}")
+    print(f"tokens/s per GPU, mean absolute error: {sum(eager) / len(eager):.1%} on the "
+          f"{len(eager)} eager runs, {sum(compiled) / len(compiled):.1%} on the {len(compiled)} "
+          f"compiled ones, {sum(eager + compiled) / len(eager + compiled):.1%} on all; peak "
+          f"memory, mean absolute error {sum(mem) / len(mem):.1%}; * = predicted not to fit")
+
+
 def main() -> int:
     model = PRESETS["llama3.1-405b"]
     gpu = get_gpu("h100-sxm-80gb")
@@ -103,6 +192,7 @@ def main() -> int:
         errs = [abs(e) for c, e in errors if c == v]
         print(f"v={v}: mean absolute error {sum(errs) / len(errs):.1%}")
     megatron_fp8()
+    torchtitan_table()
     return 0
 
 

@@ -32,6 +32,15 @@ FLASH3_OVER_FLASH2 = 1.5
 FLASH3_FAMILIES = ("hopper", "blackwell")
 FWD_KERNELS_PER_LAYER = 14.0  # norms, GEMMs, RoPE, attention, activation, residual adds
 BWD_KERNEL_FACTOR = 2.0
+# Eager PyTorch composites (no fused kernels, no torch.compile), counted op by op in HBM bytes
+# per element at 2-byte activations; a fused kernel reads and writes once (4 bytes):
+# RMSNorm: to fp32 (2+4), pow (4+4), mean (4), scale (4+4), back to bf16 (4+2), weight (2+2) = 36;
+# complex-multiply RoPE: to fp32 complex (2+4), multiply (4+4), back to bf16 (4+2) = 20;
+# SwiGLU: silu (2+2), multiply (4+2) = 10 (fused: 6). In 2-byte elements: 18, 10 and 5.
+EAGER_NORM_ELEMS, EAGER_ROPE_ELEMS, EAGER_SWIGLU_ELEMS = 18.0, 10.0, 5.0
+# kernels per layer forward when eager: 7 per norm, 4 per RoPE'd tensor, 2 for SwiGLU, plus the
+# GEMMs, attention and residual adds
+EAGER_FWD_KERNELS_PER_LAYER = 34.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +117,19 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     # elementwise traffic per token, in elements: two norms (read+write) and two residual adds
     # (2 reads + 1 write) act on the full width unless sequence parallel shards them; RoPE and the
     # activation function act on TP-sharded tensors.
-    replicated = 10.0 * h / np.where(sp, tp, 1.0)
-    act_elems = 3.0 * f if mdl.ffn_type == "swiglu" else 2.0 * f
-    sharded = (2.0 * (a + g) * d + act_elems) / tp
+    gated = mdl.ffn_type == "swiglu"
+    if tr.fused_elementwise:
+        norm_elems, rope_elems, act_per_f = 2.0, 2.0, 3.0 if gated else 2.0
+        kernels_fwd = FWD_KERNELS_PER_LAYER
+    else:  # eager composites: several passes each (see EAGER_*)
+        norm_elems, rope_elems = EAGER_NORM_ELEMS, EAGER_ROPE_ELEMS
+        act_per_f = EAGER_SWIGLU_ELEMS if gated else 2.0
+        kernels_fwd = EAGER_FWD_KERNELS_PER_LAYER
+    replicated = (2.0 * norm_elems + 6.0) * h / np.where(sp, tp, 1.0)
+    act_elems = act_per_f * f
+    sharded = (rope_elems * (a + g) * d + act_elems) / tp
     elem_fwd = M * (replicated + sharded) * act / hbm
-    overhead_fwd = FWD_KERNELS_PER_LAYER * eff.kernel_overhead_s
+    overhead_fwd = kernels_fwd * eff.kernel_overhead_s
     fwd_dense = gemm_fwd_dense + attention_fwd + elem_fwd + overhead_fwd
     bwd_dense = (2.0 * gemm_fwd_dense + 2.5 * attention_fwd + 2.0 * elem_fwd
                  + BWD_KERNEL_FACTOR * overhead_fwd)
@@ -134,7 +151,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         permute = 4.0 * M * topk * h * act / hbm
         moe_mlp = routed + shared + router + permute
         gemm_fwd_moe = qkv + out + moe_mlp
-        elem_moe = M * (replicated + (2.0 * (a + g) * d + topk * (act_elems / f) * fe) / tp)
+        elem_moe = M * (replicated + (rope_elems * (a + g) * d + topk * (act_elems / f) * fe) / tp)
         elem_moe = elem_moe * act / hbm
         kernels = 2.0  # router, permute, grouped GEMMs, unpermute, combine on top of attention
         fwd_moe = gemm_fwd_moe + attention_fwd + elem_moe + overhead_fwd * kernels
@@ -144,7 +161,15 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         kernels = 1.0
         fwd_moe, bwd_moe = fwd_dense, bwd_dense
 
-    selective_extra = M * (act_elems / tp) * act / hbm + eff.kernel_overhead_s
+    if tr.selective_recompute == "every_other_mm":
+        # op-level selective checkpointing (torchtitan's "op" policy): every elementwise op and
+        # every second GEMM of the layer is recomputed (K of q/k/v, the output projection, and
+        # the MLP's up-gate (SwiGLU) or down projection (GELU))
+        second_mms = (gemm(g * d / tp, float(h)) + out
+                      + (gemm(f / tp, float(h)) if gated else gemm(float(h), f / tp)))
+        selective_extra = elem_fwd + second_mms + overhead_fwd
+    else:  # the activation function alone (and attention's scores without flash attention)
+        selective_extra = M * (act_elems / tp) * act / hbm + eff.kernel_overhead_s
 
     head = gemm(V / tp, float(h))
     loss_elems = M * V / tp  # logits -> fp32 softmax -> loss, and its gradient
@@ -153,8 +178,8 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         fwd_dense_s=fwd_dense, fwd_moe_s=fwd_moe, bwd_dense_s=bwd_dense, bwd_moe_s=bwd_moe,
         attention_fwd_s=attention_fwd, gemm_fwd_dense_s=gemm_fwd_dense,
         selective_extra_s=selective_extra,
-        host_fwd_dense_s=np.full_like(M, FWD_KERNELS_PER_LAYER * tr.host_overhead_s),
-        host_fwd_moe_s=np.full_like(M, FWD_KERNELS_PER_LAYER * kernels * tr.host_overhead_s),
+        host_fwd_dense_s=np.full_like(M, kernels_fwd * tr.host_overhead_s),
+        host_fwd_moe_s=np.full_like(M, kernels_fwd * kernels * tr.host_overhead_s),
         head_fwd_s=head + loss_s,
         head_bwd_s=2.0 * head + loss_s, gemm_efficiency=gemm_eff,
         gemm_flops_fwd_dense=gemm_flops_dense,

@@ -106,7 +106,16 @@ def activation_bytes_per_layer(model: ModelSpec, tr: Training,
         mlp_all = mlp_all - M * width / tp
         mlp_selective = mlp_selective - M * width / tp
     full_layer = outside + attention + mlp_all
-    stored = np.where(p.recompute == 1, outside + attention + mlp_selective, full_layer)
+    if tr.selective_recompute == "every_other_mm":
+        # torchtitan's op-level policy keeps the layer's input, the outputs of the GEMMs it
+        # does not recompute (q, v, the MLP's first and, gated, its last), attention's output
+        # and log-sum-exp, and the TP reduce-scatters' outputs; the rest is recomputed
+        saved_mm = (2.0 * a + g) * d / tp + width / tp + (h if gated else 0.0)
+        rs = np.where(tp > 1, 2.0 * h / sp_div, 0.0)
+        selective = 2.0 * M * (h / sp_div + saved_mm + rs) + 4.0 * M * a / tp + routing
+    else:
+        selective = outside + attention + mlp_selective
+    stored = np.where(p.recompute == 1, selective, full_layer)
     ckpt = BF16 * M * h / sp_div
     stored = np.where(p.recompute == 2, ckpt, stored)
     wide = tr.activation_dtype_bytes / BF16  # the counts above are in bf16 bytes

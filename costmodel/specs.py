@@ -349,6 +349,15 @@ class Training:
     # Engine's fp8 primary weights): 1 byte per weight instead of bf16 plus an fp8 cast, and the
     # distributed optimizer all-gathers fp8 parameters; fp32 master weights stay in the optimizer
     fp8_param_gather: bool = False
+    # Norms, RoPE and the activation function run as fused kernels (custom kernels, as in
+    # nanotron and Transformer Engine, or torch.compile); False: eager PyTorch composites that
+    # pass over HBM several times each (costmodel.compute.EAGER_*)
+    fused_elementwise: bool = True
+    # What recompute="selective" recomputes: "activation" (the MLP's activation function, and
+    # attention's scores without flash attention; Korthikanti et al.'s selective recompute), or
+    # "every_other_mm" (torchtitan's op-level policy: every elementwise op and every second
+    # GEMM of a layer, saving the other GEMMs' and attention's outputs)
+    selective_recompute: Literal["activation", "every_other_mm"] = "activation"
     # CPU time to issue one kernel or collective: a layer cannot run faster than the host issues
     # its work (eager PyTorch with Python-level modules; ~10-20 us for lean stacks).
     host_overhead_s: float = 15e-6
@@ -359,6 +368,9 @@ class Training:
         if self.activation_dtype_bytes not in (2.0, 4.0):
             raise SpecError("training.activation_dtype_bytes must be 2 (bf16/fp16) or 4 (fp32), "
                             f"but got {self.activation_dtype_bytes!r}")
+        if self.selective_recompute not in ("activation", "every_other_mm"):
+            raise SpecError("training.selective_recompute must be one of ['activation', "
+                            f"'every_other_mm'], but got {self.selective_recompute!r}")
         if self.attention_kernel not in ("flash2", "flash3"):
             raise SpecError("training.attention_kernel must be one of ['flash2', 'flash3'], "
                             f"but got {self.attention_kernel!r}")

@@ -321,6 +321,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     rec_fraction = np.where(p.recompute == 2, recomputed(layers.largest) / layers.largest, 0.0)
     # the recomputed forward adds a third of a layer's training FLOPs (forward = 1/3 of 6N)
     hardware_flops = model_flops * (1.0 + rec_fraction / 3.0)
+    if tr.selective_recompute == "every_other_mm":  # every second GEMM's forward again
+        width = (model.moe_topk + model.moe_shared_experts) * model.expert_ffn_hidden \
+            if model.is_moe else model.ffn_hidden
+        second = 2.0 * h * (model.kv_heads * model.d_head + model.heads * model.d_head + width)
+        hardware_flops = hardware_flops + np.where(
+            p.recompute == 1, second * L * tokens / n_gpus, 0.0)
 
     return StepArrays(
         stages=stages, stage_layers={st: layers.of(st) for st in STAGES},

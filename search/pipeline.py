@@ -138,7 +138,13 @@ def _ranked(evals: list[tuple[Evaluation, str]], directions: list[str], top_k: i
     sign = -1.0 if directions[0] == "maximize" else 1.0
     seen: set[str] = set()
     out: list[RankedPlan] = []
-    for e, source in sorted(evals, key=lambda es: sign * es[0].values[0]):
+    # equally good plans (the model often ties layouts that move the same bytes, e.g. dp x cp
+    # splits of one group) rank by memory headroom, then by the plan, whichever trial found them
+    def order(es: tuple[Evaluation, str]) -> tuple[float, float, str]:
+        e = es[0]
+        return (sign * e.values[0], float(e.metrics.get("peak_mem_gib", 0.0)), repr(e.plan))
+
+    for e, source in sorted(evals, key=order):
         key = repr(e.plan)
         if key in seen:
             continue

@@ -100,6 +100,8 @@ def build_specs(study: Study) -> Specs:
         switches.update({k: getattr(t, k) for k in (
             "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "flash_attention",
             "fp8_param_gather") if getattr(t, k) is not None})
+        if t.compile:
+            switches["fused_elementwise"] = True
         if t.grad_reduce_in_bf16 is not None:
             switches["grad_dtype_bytes"] = 2 if t.grad_reduce_in_bf16 else 4
         training = Training(seq_len=t.seq_len, global_batch=t.sequences,

@@ -148,6 +148,8 @@ class TrainingSection(_Section):
     # reduced in bf16 instead of fp32 (--grad-reduce-in-bf16)
     fp8_param_gather: Bool | None = None
     grad_reduce_in_bf16: Bool | None = None
+    # torch.compile: fuses the norms, RoPE and activation functions a framework runs eagerly
+    compile: Bool | None = None
 
     @field_validator("framework")
     @classmethod

@@ -104,9 +104,12 @@ def case_from_row(row: Mapping[str, object]) -> Case:
                           network_bw_fraction=fraction)
     framework = resolve_framework(_cell(row, "framework"), _cell(row, "source"))
     precision = _cell(row, "precision") or "bf16"
+    settings = framework_settings(framework, precision)
+    if _bool(row, "compile"):  # torch.compile fuses what the framework runs eagerly
+        settings["fused_elementwise"] = True
     training = Training(seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
                         precision=precision,  # type: ignore[arg-type]
-                        **framework_settings(framework, precision))  # type: ignore[arg-type]
+                        **settings)  # type: ignore[arg-type]
     given = frozenset(k for k in KNOBS if _cell(row, k))
     tp = _int(row, "tp", 1)
     recompute = _cell(row, "recompute") or "none"

@@ -245,3 +245,54 @@ def test_fp8_param_gather_holds_weights_in_fp8(h100, llama8b: ModelSpec) -> None
     assert estimate(llama8b, cluster, plan, bf16).memory.stages[0].weights_bytes == pytest.approx(
         estimate(llama8b, cluster, plan, Training(seq_len=4096, global_batch=8)
                  ).memory.stages[0].weights_bytes)
+
+
+def test_eager_elementwise_ops_cost_more_than_fused(h100, llama8b: ModelSpec) -> None:
+    """Eager RMSNorm, complex RoPE and SwiGLU pass over HBM several times each: the same plan
+    takes longer, by the extra bytes at HBM speed; GEMMs and memory do not change."""
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    plan = Plan(dp=8, zero_stage=3, micro_batch=1)
+    fused = estimate(llama8b, cluster, plan, Training(seq_len=8192, global_batch=8))
+    eager = estimate(llama8b, cluster, plan, Training(seq_len=8192, global_batch=8,
+                                                      fused_elementwise=False))
+    h, f, ad, gd = 4096, 14336, 32 * 128, 8 * 128
+    extra_elems = (2 * (18 - 2)) * h + (10 - 2) * (ad + gd) + (5 - 3) * f  # per token, layer
+    bw = h100.hbm_bw_bytes_per_s * h100.efficiency.memory_bw_fraction
+    # forward + backward (twice the forward's passes) over 32 layers of 8192 tokens
+    expect = 3 * 32 * 8192 * extra_elems * 2 / bw
+    # and 20 more kernels per layer forward (34 instead of 14), backward twice as many
+    expect += 3 * 32 * (34 - 14) * h100.efficiency.kernel_overhead_s
+    gap = eager.step_time_s - fused.step_time_s
+    assert gap == pytest.approx(expect, rel=1e-6)
+    assert eager.memory.peak_bytes == fused.memory.peak_bytes
+
+
+def test_torchtitan_selective_policy_recomputes_every_second_gemm(h100, llama8b: ModelSpec,
+                                                                  ) -> None:
+    """The per-op policy stores less than selective recompute of the activation function and
+    recomputes the K, output and MLP-gate GEMMs: more time, counted in hardware FLOPs."""
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    plan = Plan(dp=8, zero_stage=3, micro_batch=1, recompute="selective")
+    act = estimate(llama8b, cluster, plan, Training(seq_len=8192, global_batch=8))
+    op = estimate(llama8b, cluster, plan, Training(seq_len=8192, global_batch=8,
+                                                   selective_recompute="every_other_mm"))
+    none = estimate(llama8b, cluster, replace_plan(plan, recompute="none"),
+                    Training(seq_len=8192, global_batch=8))
+    full = estimate(llama8b, cluster, replace_plan(plan, recompute="full"),
+                    Training(seq_len=8192, global_batch=8))
+    acts = [e.memory.stages[0].activations_bytes for e in (full, op, act, none)]
+    assert acts == sorted(acts)  # full < per-op < activation-only < none
+    assert none.step_time_s < act.step_time_s < op.step_time_s < full.step_time_s
+    # hardware FLOPs: + 2 x (kv_dim x h + h x h + ffn x h) per token per layer
+    second = 2 * 4096 * (8 * 128 + 4096 + 14336)
+    extra = second * 32 * 8 * 8192 / 8  # per GPU per step
+    assert (op.hfu - op.mfu) * op.step_time_s * h100.peak_flops_bf16 == pytest.approx(
+        extra, rel=1e-6)
+    with pytest.raises(SpecError, match="selective_recompute must be one of"):
+        Training(seq_len=8, global_batch=1, selective_recompute="most")  # type: ignore[arg-type]
+
+
+def replace_plan(plan: Plan, **changes: object) -> Plan:
+    import dataclasses
+
+    return dataclasses.replace(plan, **changes)  # type: ignore[arg-type]

@@ -91,3 +91,20 @@ def test_first_stage_memory_is_reported_beside_the_peak(tmp_path: Path) -> None:
     one, two = out.iloc[0], out.iloc[1]
     assert one["pred_first_stage_mem_gib"] == pytest.approx(one["pred_peak_mem_gib"])
     assert 0 < two["pred_first_stage_mem_gib"] < 0.8 * two["pred_peak_mem_gib"]
+
+
+def test_compile_column_fuses_an_eager_frameworks_elementwise_ops(tmp_path: Path) -> None:
+    header = HEADER + ",compile"
+    row = f"{LLAMA8B},1,1,1,1,1,64,3,1,512,none,false,bf16,torchtitan,ok,"
+    src = tmp_path / "c.csv"
+    src.write_text(header + "\n" + "\n".join(
+        [f"eager,{row},", f"compiled,{row},true", f"said_no,{row},false"]) + "\n")
+    out = predict_csv(src, tmp_path / "out.csv").set_index("case_id")
+    tok = out["pred_tokens_per_sec_per_gpu"]
+    assert tok["compiled"] > tok["eager"] == tok["said_no"]
+    # nanotron's own fused kernels do not depend on the column
+    nano = tmp_path / "n.csv"
+    nrow = row.replace("torchtitan", "nanotron")
+    nano.write_text(header + "\n" + "\n".join([f"a,{nrow},", f"b,{nrow},true"]) + "\n")
+    n = predict_csv(nano, tmp_path / "n_out.csv")["pred_tokens_per_sec_per_gpu"]
+    assert n.iloc[0] == n.iloc[1]

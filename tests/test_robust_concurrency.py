@@ -61,7 +61,8 @@ def check_trials(study: optuna.Study, result: StudyResult, single: StudyResult) 
     assert sorted(numbers) == list(range(len(held))), "no trial recorded twice or skipped"
     assert result.search["trials_this_run"] == TRIALS
     assert result.best is not None and single.best is not None
-    assert result.best.plan == single.best.plan
+    # the optimum, though not always the same plan: the model ties layouts that move the same
+    # bytes (here dp128 x cp2 x mb1 and dp64 x cp4 x mb2), and 100 trials need not meet both
     assert result.best.values == pytest.approx(single.best.values, rel=1e-12)
 
 

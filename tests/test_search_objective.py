@@ -89,3 +89,18 @@ def test_two_objectives_search_every_knob() -> None:
     m = trial.user_attrs["metrics"]
     assert (tps, headroom) == (m["tokens_per_s_per_gpu"], m["memory_headroom_gib"])
     assert headroom >= 0
+
+
+def test_tied_plans_rank_by_memory_headroom_then_plan() -> None:
+    from search.evaluate import Evaluation
+    from search.pipeline import _ranked
+
+    def ev(plan: Plan, value: float, mem: float) -> tuple[Evaluation, str]:
+        return Evaluation(unit=0, plan=plan, metrics={"peak_mem_gib": mem},
+                          values=(value,)), "trial"
+
+    a, b, c = Plan(dp=8), Plan(tp=2, dp=4), Plan(tp=4, dp=2)
+    found = [ev(a, 100.0, 60.0), ev(b, 100.0, 40.0), ev(c, 120.0, 70.0)]
+    for order in (found, found[::-1]):
+        assert [r.plan for r in _ranked(order, ["maximize"], 3)] == [c, b, a]
+    assert [r.plan for r in _ranked(found, ["minimize"], 3)] == [b, a, c]

@@ -57,6 +57,14 @@ def test_megatron_fp8_recipe_switches_reach_the_training() -> None:
     assert not default.fp8_param_gather and default.grad_dtype_bytes == 4
 
 
+def test_compile_fuses_an_eager_profile() -> None:
+    titan = GOOD.replace("global_batch: 256", "global_batch: 256, framework: torchtitan")
+    assert not build_specs(parse_study(titan)).training.fused_elementwise
+    compiled = titan.replace("framework: torchtitan", "framework: torchtitan, compile: true")
+    assert build_specs(parse_study(compiled)).training.fused_elementwise
+    assert build_specs(parse_study(GOOD)).training.fused_elementwise  # Megatron-like: fused
+
+
 def test_nodes_times_gpus_per_node() -> None:
     text = GOOD.replace("gpus: 8", "nodes: 4, gpus_per_node: 8")
     assert build_specs(parse_study(text)).cluster.num_gpus == 32
