@@ -41,9 +41,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import pandas as pd  # noqa: E402
+
 from costmodel import ClusterSpec, Plan, SpecError, Training, estimate  # noqa: E402
 from hardware_catalog import get_gpu  # noqa: E402
 from search.presets import PRESETS  # noqa: E402
+from tcf_search.predict import CHOICE_COLUMNS, predict_frame  # noqa: E402
 from tcf_search.profiles import framework_settings  # noqa: E402
 
 # (label, GPUs, cp, dp, seq_len, sequences per step, published model TFLOP/s per GPU)
@@ -124,6 +127,51 @@ TORCHTITAN = (
 )
 
 
+# Megatron-LM's H100 weak-scaling table (NVIDIA/Megatron-LM README, images/model_table.png):
+# (label, heads, hidden, layers, tp, pp, dp, GPUs, batch, published model TFLOP/s per GPU)
+MEGATRON_WEAK = (
+    ("1.7B", 16, 2048, 24, 1, 1, 48, 48, 192, 408.8),
+    ("7.1B", 32, 4096, 30, 2, 1, 48, 96, 192, 465.9),
+    ("16B", 48, 6144, 32, 4, 1, 48, 192, 192, 489.1),
+    ("32B", 56, 7168, 48, 8, 1, 48, 384, 192, 459.6),
+    ("70B", 64, 8192, 84, 8, 2, 48, 768, 384, 419.7),
+    ("119B", 80, 10240, 92, 8, 4, 48, 1536, 768, 420.5),
+    ("177B", 96, 12288, 96, 8, 6, 48, 2304, 1152, 432.8),
+    ("314B", 128, 16384, 96, 8, 8, 48, 3072, 1536, 474.4),
+    ("462B", 144, 18432, 112, 8, 16, 48, 6144, 3072, 459.9),
+)
+
+
+def megatron_weak_scaling() -> None:
+    """GPT models (GELU 4h MLP, MHA, vocabulary 131,072, sequence 4,096, bf16) with the table's
+    TP/PP/DP; the knobs it does not give (micro-batch, virtual stages, recompute, ZeRO stage,
+    sequence parallel) are left empty, so ``predict`` picks them as a user's run would. The
+    README says DP, TP and PP communication overlap were on; NVIDIA's H100 clusters are
+    InfiniBand (the fabric's fitted network fraction applies)."""
+    rows = [{"case_id": label, "model_name": f"GPT {label}", "layers": layers, "hidden": h,
+             "ffn_hidden": 4 * h, "heads": heads, "kv_heads": heads, "vocab": 131072,
+             "seq_len": 4096, "ffn_type": "gelu", "tied_embeddings": "true",
+             "gpu": "h100-sxm-80gb", "gpus_per_node": 8, "num_gpus": gpus, "tp": tp, "pp": pp,
+             "cp": 1, "ep": 1, "dp": dp, "global_batch": batch, "precision": "bf16",
+             "framework": "megatron", "fabric": "infiniband", "vpp": "", "zero_stage": "",
+             "micro_batch": "", "recompute": "", "sequence_parallel": ""}
+            for label, heads, h, layers, tp, pp, dp, gpus, batch, _ in MEGATRON_WEAK]
+    out = predict_frame(pd.DataFrame(rows))
+    print("\nMegatron-LM H100 weak scaling (README, images/model_table.png), megatron profile, "
+          "infiniband")
+    print(f"{'model':<8}{'GPUs':>6}{'published':>11}{'predicted':>11}{'error':>8}  chosen knobs")
+    errs = []
+    for (label, *_, gpus, _b, published), (_, r) in zip(MEGATRON_WEAK, out.iterrows(),
+                                                        strict=True):
+        tf = float(r["pred_model_tflops_per_gpu"])
+        errs.append(abs(tf / published - 1))
+        knobs = " ".join(f"{k.removeprefix('pred_choice_')}={r[k]}" for k in CHOICE_COLUMNS
+                         if str(r[k]) not in ("", "nan"))
+        print(f"{label:<8}{gpus:>6}{published:>11.1f}{tf:>11.1f}{tf / published - 1:>+8.0%}"
+              f"  {knobs}")
+    print(f"model TFLOP/s per GPU; mean absolute error {sum(errs) / len(errs):.1%}")
+
+
 def torchtitan_table() -> None:
     gpu = get_gpu("h100-sxm-96gb-500w")
     print("\ntorchtitan H100 benchmark (benchmarks/llama3_h100_202412_torchtitan.md), "
@@ -192,6 +240,7 @@ def main() -> int:
         errs = [abs(e) for c, e in errors if c == v]
         print(f"v={v}: mean absolute error {sum(errs) / len(errs):.1%}")
     megatron_fp8()
+    megatron_weak_scaling()
     torchtitan_table()
     return 0
 

@@ -82,7 +82,7 @@ def _auto_domains(specs: Specs) -> dict[str, tuple[int, ...]]:
         "cp": tuple(d for d in _divisors(n, 64) if t.seq_len // d >= 1024 or d == 1),
         "dp": _divisors(n, n),
         "ep": _divisors(m.moe_experts, 64) if m.is_moe else (1,),
-        "vpp": (1, 2, 3, 4, 5, 6, 8),
+        "vpp": (1, 2, 3, 4, 5, 6, 7, 8),
         "micro_batch": (1, 2, 4, 8),
         "zero_stage": (0, 1, 2, 3),
         "sequence_parallel": (0, 1),

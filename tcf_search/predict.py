@@ -50,7 +50,7 @@ def candidates(case: Case) -> list[Plan]:
         "recompute": [p.recompute] if "recompute" in given else ["none", "selective", "full"],
         "zero_stage": [p.zero_stage] if "zero_stage" in given else [0, 1, 2, 3],
         "vpp": ([p.vpp] if "vpp" in given or p.pp == 1
-                else [v for v in (1, 2, 3, 4, 6, 8) if m.layers % (p.pp * v) == 0]),
+                else [v for v in range(1, 9) if m.layers % (p.pp * v) == 0]),
         "sequence_parallel": ([p.sequence_parallel] if "sequence_parallel" in given or p.tp == 1
                               else [False, True]),
     }
