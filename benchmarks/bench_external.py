@@ -30,6 +30,13 @@ under PP (micro-batch 1). Interleaved 1F1B is taken as 2 stages per rank (not gi
 tool cannot split 126 layers into. torch.compile is modelled as fusing the elementwise ops
 torchtitan runs eagerly. The table's memory is the maximum over all GPUs of the caching
 allocator's reserved bytes.
+
+Megatron-LM's H100 weak-scaling table (README, images/model_table.png): GPT models 1.7B-462B on
+48-6,144 GPUs with their TP, PP and DP; the knobs the table omits are chosen by ``predict``.
+
+These tables guided some of the model's structure (the torchtitan runs: eager elementwise ops,
+the per-op selective policy, FSDP under PP; the fp8 recipes: fp8 parameter gathering), never a
+fitted number: every mechanism comes from the frameworks' code or documentation.
 """
 
 from __future__ import annotations

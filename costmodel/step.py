@@ -118,7 +118,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     else:
         tp_layer_exposed = tp_layer_fwd
     k_cp = members_per_domain(p.cp, strides["cp"], D)
-    x_kv = 2.0 * M * model.kv_heads * model.d_head * act
+    # each TP rank exchanges the K and V of its own KV heads (one replicated head when
+    # tp > kv_heads)
+    x_kv = 2.0 * M * np.maximum(model.kv_heads / tp, 1.0) * model.d_head * act
     cp_hop = comm.p2p_time(x_kv, k_cp < cp, link)
     cp_layer_fwd = np.where(cp > 1, (cp - 1) * cp_hop, 0.0)
     cp_hidden_fwd, cp_hidden_bwd = (0.0, 0.0) if sync else (lt.attention_fwd_s,

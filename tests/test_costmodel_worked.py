@@ -296,3 +296,20 @@ def replace_plan(plan: Plan, **changes: object) -> Plan:
     import dataclasses
 
     return dataclasses.replace(plan, **changes)  # type: ignore[arg-type]
+
+
+def test_context_parallel_exchanges_each_tp_ranks_own_kv_heads(h100, llama8b: ModelSpec) -> None:
+    """Llama 3 8B has 8 KV heads: along the CP ring a TP2 rank exchanges K and V of 4 of them,
+    a TP8 rank of one, and a TP16 rank of one too (KV heads replicated), an eighth of TP1's."""
+    tr = Training(seq_len=16384, global_batch=8)
+
+    def kv_bytes(tp: int) -> float:
+        cluster = ClusterSpec(gpu=h100, num_gpus=2 * tp * 2)
+        plan = Plan(tp=tp, cp=2, dp=2, sequence_parallel=tp > 1)
+        return next(c.bytes for c in estimate(llama8b, cluster, plan, tr).collectives
+                    if c.name == "cp_kv_ring")
+
+    one = kv_bytes(1)
+    assert kv_bytes(2) == pytest.approx(one / 2)
+    assert kv_bytes(8) == pytest.approx(one / 8)
+    assert kv_bytes(16) == pytest.approx(one / 8)
