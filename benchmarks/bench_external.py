@@ -34,6 +34,11 @@ allocator's reserved bytes.
 Megatron-LM's H100 weak-scaling table (README, images/model_table.png): GPT models 1.7B-462B on
 48-6,144 GPUs with their TP, PP and DP; the knobs the table omits are chosen by ``predict``.
 
+Megatron-Bridge's performance summary (NeMo containers 25.09-26.04): Llama 3, Qwen3 MoE and
+DeepSeek-V3 on DGX H100, B200 and GB200 in FP8. The same recipe's MoE throughput moves by up to
+1.8x between container releases (Qwen3-30B-A3B on 16 H100: 5,113 tokens/s in 26.02, 9,058 in
+26.02.01), so these rows bound what a configuration model can say about MoE software.
+
 These tables guided some of the model's structure (the torchtitan runs: eager elementwise ops,
 the per-op selective policy, FSDP under PP; the fp8 recipes: fp8 parameter gathering), never a
 fitted number: every mechanism comes from the frameworks' code or documentation.
@@ -52,6 +57,7 @@ import pandas as pd  # noqa: E402
 
 from costmodel import ClusterSpec, Plan, SpecError, Training, estimate  # noqa: E402
 from hardware_catalog import get_gpu  # noqa: E402
+from hardware_catalog.fabrics import fabric_fraction  # noqa: E402
 from search.presets import PRESETS  # noqa: E402
 from tcf_search.predict import CHOICE_COLUMNS, predict_frame  # noqa: E402
 from tcf_search.profiles import framework_settings  # noqa: E402
@@ -179,6 +185,80 @@ def megatron_weak_scaling() -> None:
     print(f"model TFLOP/s per GPU; mean absolute error {sum(errs) / len(errs):.1%}")
 
 
+# Megatron-Bridge's performance summary (NVIDIA-NeMo/Megatron-Bridge,
+# docs/performance-summary-archive.md; NeMo containers 25.09, 25.11 and 26.04.01), DGX systems,
+# FP8: (release, system, preset, GPUs, global batch, micro-batch, seq, FSDP, tp, pp, cp, vp, ep,
+# published tokens/s per GPU)
+BRIDGE_SYSTEMS = {"DGX-H100": ("h100-sxm-80gb", 8), "DGX-B200": ("b200-180gb", 8),
+                  "DGX-GB200": ("gb200-nvl72", 4)}
+BRIDGE = (
+    ("25.11", "DGX-H100", "llama3-8b", 8, 128, 1, 8192, 8, 1, 1, 1, 1, 1, 14451.0),
+    ("25.11", "DGX-H100", "llama3-70b", 64, 128, 1, 8192, 0, 4, 8, 1, 5, 1, 1602.0),
+    ("25.11", "DGX-H100", "llama3.1-405b", 1024, 512, 1, 8192, 0, 8, 8, 2, 8, 1, 292.0),
+    ("25.11", "DGX-H100", "qwen3-30b-a3b", 16, 512, 2, 4096, 0, 1, 2, 1, 24, 8, 5275.0),
+    ("25.11", "DGX-H100", "qwen3-235b-a22b", 256, 2048, 1, 4096, 0, 2, 8, 1, 4, 32, 1575.0),
+    ("25.09", "DGX-H100", "deepseek-v3", 1024, 8192, 1, 4096, 0, 2, 8, 1, 4, 64, 1297.0),
+    ("26.04.01", "DGX-H100", "qwen3-30b-a3b", 16, 1024, 1, 4096, 0, 1, 1, 1, 1, 16, 8960.0),
+    ("25.09", "DGX-B200", "llama3-8b", 8, 128, 2, 8192, 0, 1, 1, 1, 1, 1, 29994.0),
+    ("25.09", "DGX-B200", "llama3.1-405b", 128, 64, 1, 8192, 0, 4, 8, 2, 8, 1, 664.0),
+    ("25.09", "DGX-B200", "deepseek-v3", 256, 2048, 1, 4096, 0, 1, 16, 1, 1, 8, 2265.0),
+    ("25.09", "DGX-B200", "qwen3-30b-a3b", 8, 512, 1, 4096, 0, 1, 1, 1, 1, 8, 18066.0),
+    ("25.09", "DGX-GB200", "llama3-8b", 8, 128, 2, 8192, 0, 1, 1, 1, 1, 1, 31357.0),
+    ("25.09", "DGX-GB200", "llama3-70b", 64, 128, 2, 8192, 64, 1, 1, 1, 1, 1, 3986.0),
+    ("25.09", "DGX-GB200", "llama3.1-405b", 128, 64, 1, 8192, 64, 2, 1, 1, 1, 1, 729.0),
+    ("25.09", "DGX-GB200", "deepseek-v3", 256, 2048, 1, 4096, 0, 1, 4, 1, 4, 64, 3454.0),
+    ("25.09", "DGX-GB200", "qwen3-30b-a3b", 8, 512, 4, 4096, 0, 1, 1, 1, 1, 8, 22775.0),
+    ("25.09", "DGX-GB200", "qwen3-235b-a22b", 64, 1024, 1, 4096, 0, 2, 1, 1, 1, 64, 4452.0),
+)
+# layers that do not split evenly over pp x vp chunks: Megatron counts the embedding and the loss
+# as layers of the first and last stage (Llama 3.1 405B: 126 + 2 over 64 or 128 chunks), or is
+# given a layout (DeepSeek-V3's 61 layers: taken as 7 / 6 on the first / last of 8 stages and
+# 15 / 14 of 4, so the middle stages split evenly into their chunks)
+BRIDGE_EDGES = {("llama3.1-405b", 8): (15, 15), ("deepseek-v3", 8): (7, 6),
+                ("deepseek-v3", 4): (15, 14)}
+
+
+def megatron_bridge_table() -> None:
+    """MoE (Qwen3, DeepSeek-V3) and Blackwell (B200, GB200 NVL72) runs of Megatron-Core's
+    performance recipes. FP8 with the Megatron FP8 recipe's switches (fp8 parameter gather, bf16
+    gradients), InfiniBand at the fabric's fitted fraction, ZeRO-3 where the table's FSDP column
+    is set and the distributed optimizer otherwise. The tables say MoE tokens are force-balanced
+    over the experts, as the model assumes. Blackwell carries the hopper fit over."""
+    print("\nMegatron-Bridge performance summary (docs/performance-summary-archive.md), megatron "
+          "profile, fp8, infiniband")
+    print(f"{'release':<10}{'system':<11}{'model':<17}{'GPUs':>5}{'published':>11}"
+          f"{'predicted':>11}{'error':>8}")
+    errs: dict[str, list[float]] = {"dense": [], "moe": []}
+    for (release, system, preset, gpus, batch, mb, seq, fsdp, tp, pp, cp, vp, ep,
+         published) in BRIDGE:
+        gpu_id, per_node = BRIDGE_SYSTEMS[system]
+        training = replace(Training(seq_len=seq, global_batch=batch, precision="fp8"),
+                           **framework_settings("megatron", "fp8"), grad_dtype_bytes=2,
+                           fp8_param_gather=True)
+        model = PRESETS[preset]
+        head = f"{release:<10}{system:<11}{preset:<17}{gpus:>5}{published:>11,.0f}"
+        try:
+            cluster = ClusterSpec(gpu=get_gpu(gpu_id), num_gpus=gpus, gpus_per_node=per_node,
+                                  fabric="infiniband",
+                                  network_bw_fraction=fabric_fraction("infiniband"))
+            first, last = BRIDGE_EDGES.get((preset, pp), (0, 0)) if vp > 1 else (0, 0)
+            plan = Plan(tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp), ep=ep, vpp=vp,
+                        micro_batch=mb, zero_stage=3 if fsdp else 1,
+                        sequence_parallel=tp > 1, first_stage_layers=first,
+                        last_stage_layers=last)
+            est = estimate(model, cluster, plan, training)
+        except SpecError as e:
+            print(f"{head}  not modelled: {e}")
+            continue
+        tok = est.tokens_per_s_per_gpu
+        errs["moe" if model.is_moe else "dense"].append(abs(tok / published - 1))
+        fits = "" if est.memory.fits else " *"
+        print(f"{head}{tok:>11,.0f}{tok / published - 1:>+8.0%}{fits}")
+    print("tokens/s per GPU, mean absolute error: " + ", ".join(
+        f"{sum(v) / len(v):.1%} on {len(v)} {k} runs" for k, v in errs.items() if v)
+          + "; * = predicted not to fit")
+
+
 def torchtitan_table() -> None:
     gpu = get_gpu("h100-sxm-96gb-500w")
     print("\ntorchtitan H100 benchmark (benchmarks/llama3_h100_202412_torchtitan.md), "
@@ -248,6 +328,7 @@ def main() -> int:
         print(f"v={v}: mean absolute error {sum(errs) / len(errs):.1%}")
     megatron_fp8()
     megatron_weak_scaling()
+    megatron_bridge_table()
     torchtitan_table()
     return 0
 
