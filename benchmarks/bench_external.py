@@ -227,7 +227,7 @@ def megatron_bridge_table() -> None:
     print("\nMegatron-Bridge performance summary (docs/performance-summary-archive.md), megatron "
           "profile, fp8, infiniband")
     print(f"{'release':<10}{'system':<11}{'model':<17}{'GPUs':>5}{'published':>11}"
-          f"{'predicted':>11}{'error':>8}")
+          f"{'predicted':>11}{'error':>8}  recompute")
     errs: dict[str, list[float]] = {"dense": [], "moe": []}
     for (release, system, preset, gpus, batch, mb, seq, fsdp, tp, pp, cp, vp, ep,
          published) in BRIDGE:
@@ -242,18 +242,26 @@ def megatron_bridge_table() -> None:
                                   fabric="infiniband",
                                   network_bw_fraction=fabric_fraction("infiniband"))
             first, last = BRIDGE_EDGES.get((preset, pp), (0, 0)) if vp > 1 else (0, 0)
-            plan = Plan(tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp), ep=ep, vpp=vp,
-                        micro_batch=mb, zero_stage=3 if fsdp else 1,
-                        sequence_parallel=tp > 1, first_stage_layers=first,
-                        last_stage_layers=last)
-            est = estimate(model, cluster, plan, training)
+            plans = [Plan(tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp), ep=ep, vpp=vp,
+                          micro_batch=mb, zero_stage=3 if fsdp else 1, recompute=rec,
+                          sequence_parallel=tp > 1, first_stage_layers=first,
+                          last_stage_layers=last)
+                     for rec in ("none", "selective", "full")]
+            ests = [estimate(model, cluster, plan, training) for plan in plans]
         except SpecError as e:
             print(f"{head}  not modelled: {e}")
             continue
+        # the table does not say what is recomputed: the fastest mode that fits, as predict
+        # would choose (the least memory when none fits)
+        modes = dict(zip(("none", "selective", "full"), ests, strict=True))
+        fitting = [m for m, e in modes.items() if e.memory.fits]
+        chosen = (max(fitting, key=lambda m: modes[m].tokens_per_s_per_gpu) if fitting
+                  else min(modes, key=lambda m: modes[m].memory.peak_bytes))
+        est = modes[chosen]
         tok = est.tokens_per_s_per_gpu
         errs["moe" if model.is_moe else "dense"].append(abs(tok / published - 1))
         fits = "" if est.memory.fits else " *"
-        print(f"{head}{tok:>11,.0f}{tok / published - 1:>+8.0%}{fits}")
+        print(f"{head}{tok:>11,.0f}{tok / published - 1:>+8.0%}  {chosen}{fits}")
     print("tokens/s per GPU, mean absolute error: " + ", ".join(
         f"{sum(v) / len(v):.1%} on {len(v)} {k} runs" for k, v in errs.items() if v)
           + "; * = predicted not to fit")
