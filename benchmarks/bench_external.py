@@ -211,11 +211,12 @@ BRIDGE = (
     ("25.09", "DGX-GB200", "qwen3-235b-a22b", 64, 1024, 1, 4096, 0, 2, 1, 1, 1, 64, 4452.0),
 )
 # layers that do not split evenly over pp x vp chunks: Megatron counts the embedding and the loss
-# as layers of the first and last stage (Llama 3.1 405B: 126 + 2 over 64 or 128 chunks), or is
+# as layers of the first and last stage (Llama 3.1 405B: 126 + 2 over 64 chunks; Qwen3-235B:
+# 94 + 2 over 32), or is
 # given a layout (DeepSeek-V3's 61 layers: taken as 7 / 6 on the first / last of 8 stages and
 # 15 / 14 of 4, so the middle stages split evenly into their chunks)
-BRIDGE_EDGES = {("llama3.1-405b", 8): (15, 15), ("deepseek-v3", 8): (7, 6),
-                ("deepseek-v3", 4): (15, 14)}
+BRIDGE_EDGES = {("llama3.1-405b", 8): (15, 15), ("qwen3-235b-a22b", 8): (11, 11),
+                ("deepseek-v3", 8): (7, 6), ("deepseek-v3", 4): (15, 14)}
 
 
 def megatron_bridge_table() -> None:

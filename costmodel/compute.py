@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodel.layout import expert_tp
 from costmodel.params import attention_params
 from costmodel.plans import PlanArrays
 from costmodel.specs import ClusterSpec, ModelSpec, Training
@@ -137,18 +138,23 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     if mdl.is_moe:
         fe, topk, E = mdl.expert_ffn_hidden, mdl.moe_topk, mdl.moe_experts
         n_up_e = 2.0 * fe if mdl.ffn_type == "swiglu" else float(fe)
-        tokens_per_expert = M * topk * p.ep / E
+        # experts are tensor-parallel over expert TP ranks; a rank dispatches its tokens: all M
+        # of the TP group when the experts are tensor-parallel (etp = tp), its M / tp sequence
+        # shard when EP folds over the TP ranks (etp = 1)
+        etp = expert_tp(p).astype(float)
+        own = etp / tp  # share of the micro-batch's tokens this rank dispatches
+        tokens_per_expert = M * own * topk * p.ep / E
         m_e = np.maximum(tokens_per_expert, 1.0)
-        expert_one = (_gemm_time(m_e, np.broadcast_to(n_up_e / tp, M.shape),
-                                 np.broadcast_to(float(h), M.shape), peak, cluster, in_bytes)
-                      + _gemm_time(m_e, np.broadcast_to(float(h), M.shape),
-                                   np.broadcast_to(fe / tp, M.shape), peak, cluster, in_bytes))
+        expert_one = (_gemm_time(m_e, n_up_e / etp, np.broadcast_to(float(h), M.shape), peak,
+                                 cluster, in_bytes)
+                      + _gemm_time(m_e, np.broadcast_to(float(h), M.shape), fe / etp, peak,
+                                   cluster, in_bytes))
         experts_local = E / p.ep
         routed = expert_one * experts_local
         shared = mdl.moe_shared_experts * (gemm(n_up_e / tp, float(h)) + gemm(float(h), fe / tp))
         router = gemm(float(E), float(h))
         # permute/unpermute copies of the routed tokens, and the combine
-        permute = 4.0 * M * topk * h * act / hbm
+        permute = 4.0 * M * own * topk * h * act / hbm
         moe_mlp = routed + shared + router + permute
         gemm_fwd_moe = qkv + out + moe_mlp
         elem_moe = M * (replicated + (rope_elems * (a + g) * d + topk * (act_elems / f) * fe) / tp)

@@ -38,8 +38,10 @@ def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan, tr: Training)
          f"seq_len % (2 * cp) == 0 must hold, but got seq_len={tr.seq_len}, cp={plan.cp}"),
         (plan.ep == 1 or (model.is_moe and model.moe_experts % plan.ep == 0),
          f"ep must divide moe_experts, but got ep={plan.ep}, moe_experts={model.moe_experts}"),
-        ((plan.dp * plan.cp) % plan.ep == 0,
-         f"ep must divide dp * cp, but got ep={plan.ep}, dp={plan.dp}, cp={plan.cp}"),
+        ((plan.tp * plan.dp * plan.cp) % plan.ep == 0,
+         f"ep must divide tp * dp * cp (EP spans data-parallel ranks, or folds over "
+         f"tensor-parallel ones with expert TP 1), but got ep={plan.ep}, tp={plan.tp}, "
+         f"dp={plan.dp}, cp={plan.cp}"),
     ]
     first, last = plan.first_stage_layers, plan.last_stage_layers
     if first or last:

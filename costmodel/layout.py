@@ -77,7 +77,26 @@ def members_per_domain(size: np.ndarray, stride: np.ndarray, domain: int) -> np.
     return np.minimum(size, per).astype(float)
 
 
+def ep_folded(p: PlanArrays) -> np.ndarray:
+    """Expert parallelism folded over tensor-parallel ranks (Megatron-Core's "MoE parallel
+    folding"): when ep does not divide dp * cp it spans tp x cp x dp, and the experts run
+    without tensor parallelism (expert TP 1). Otherwise EP is carved out of dp * cp and the
+    experts are tensor-parallel like the dense layers (expert TP = tp)."""
+    return (p.dp * p.cp) % p.ep != 0
+
+
+def expert_tp(p: PlanArrays) -> np.ndarray:
+    return np.where(ep_folded(p), 1, p.tp)
+
+
+def expert_dp(p: PlanArrays) -> np.ndarray:
+    """Replicas of each expert shard: the ranks of a pipeline stage over ep x expert TP."""
+    return p.tp * p.cp * p.dp // (p.ep * expert_tp(p))
+
+
 def group_strides(p: PlanArrays) -> dict[str, np.ndarray]:
-    """Rank distance between neighbours of each group (tp, cp, dp, pp, ep)."""
-    return {"tp": np.ones_like(p.tp), "cp": p.tp, "dp": p.tp * p.cp, "ep": p.tp,
+    """Rank distance between neighbours of each group (tp, cp, dp, pp, ep, expert dp)."""
+    folded = ep_folded(p)
+    return {"tp": np.ones_like(p.tp), "cp": p.tp, "dp": p.tp * p.cp,
+            "ep": np.where(folded, 1, p.tp), "edp": np.where(folded, p.ep, p.tp * p.ep),
             "pp": p.tp * p.cp * p.dp}

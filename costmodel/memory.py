@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.layout import StageLayers, inflight_micro_batches
+from costmodel.layout import StageLayers, expert_dp, expert_tp, inflight_micro_batches
 from costmodel.params import (
     attention_params,
     dense_mlp_params,
@@ -126,15 +126,16 @@ def coefficients(model: ModelSpec, cluster: ClusterSpec, tr: Training,
                  p: PlanArrays) -> MemoryCoefficients:
     mm = tr.memory_model
     tp, ep = p.tp.astype(float), p.ep.astype(float)
+    etp = expert_tp(p).astype(float)
     shard = (p.dp * p.cp).astype(float)
-    expert_shard = np.maximum(shard / ep, 1.0)
+    expert_shard = expert_dp(p).astype(float)
     moe_frac = model.moe_layers / model.layers
     dense = (attention_params(model) / tp + norm_params(model)
              + (1 - moe_frac) * dense_mlp_params(model) / tp)
     if model.is_moe:
         router = model.hidden * model.moe_experts
         shared = model.moe_shared_experts * expert_params(model) / tp + router
-        routed = model.moe_experts / ep * expert_params(model) / tp
+        routed = model.moe_experts / ep * expert_params(model) / etp
         dense = dense + moe_frac * shared
         experts = moe_frac * routed
     else:

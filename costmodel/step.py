@@ -11,6 +11,8 @@ from costmodel import comm
 from costmodel.compute import layer_times, optimizer_time
 from costmodel.layout import (
     STAGES,
+    expert_dp,
+    expert_tp,
     group_strides,
     members_per_domain,
     micro_batches,
@@ -128,7 +130,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     cp_layer_exposed_fwd = np.maximum(cp_layer_fwd - cp_hidden_fwd, 0.0)
     cp_layer_exposed_bwd = np.maximum(2 * cp_layer_fwd - cp_hidden_bwd, 0.0)
     k_ep = members_per_domain(p.ep, strides["ep"], D)
-    x_tok = M * max(model.moe_topk, 1) * h * act
+    # a rank dispatches all M tokens of its TP group, or its M / tp shard when EP folds over TP
+    x_tok = M * expert_tp(p) / tp * max(model.moe_topk, 1) * h * act
     moe_on = 1.0 if model.is_moe else 0.0
     ep_layer_fwd = 2.0 * comm.all_to_all_time(x_tok, ep, k_ep, link) * moe_on
 
@@ -223,8 +226,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     # gradients reduce over dp x cp together: cp varies fastest after tp, so that group's
     # neighbours are tp ranks apart (the dp group alone is tp * cp apart)
     k_dp = members_per_domain(p.dp * p.cp, strides["cp"], D)
-    edp = np.maximum(dpcp / ep, 1.0)
-    k_edp = members_per_domain(np.maximum(p.dp * p.cp // p.ep, 1), p.tp * p.ep, D)
+    edp = expert_dp(p).astype(float)
+    k_edp = members_per_domain(expert_dp(p), strides["edp"], D)
     g_bytes = float(tr.grad_dtype_bytes)
     z = p.zero_stage
     # FSDP / ZeRO-3 gathers and reduces one layer (its unit) per call

@@ -135,9 +135,11 @@ def make_rules(s: SearchSpace) -> tuple[Rule, ...]:
              lambda c: N % (c["tp"] * c["pp"] * c["cp"]) == 0),
         Rule("dp_domain", ("dp",), f"dp in {list(s.domains[DERIVED])}",
              lambda c: np.isin(c["dp"], dp_ok)),
-        Rule("ep_experts", ("ep", "dp", "cp"), "ep divides moe_experts and dp * cp",
+        Rule("ep_experts", ("ep", "tp", "dp", "cp"),
+             "ep divides moe_experts and tp * dp * cp (folding over TP with expert TP 1 when "
+             "it does not divide dp * cp)",
              lambda c: (c["ep"] == 1) | ((s.experts % c["ep"] == 0) & (s.experts > 0)
-                                         & ((c["dp"] * c["cp"]) % c["ep"] == 0))),
+                                         & ((c["tp"] * c["dp"] * c["cp"]) % c["ep"] == 0))),
         Rule("vpp_layers", ("vpp", "pp"), "vpp > 1 needs pp > 1 and layers % (pp * vpp) == 0",
              lambda c: (c["vpp"] == 1) | ((c["pp"] > 1) & (L % (c["pp"] * c["vpp"]) == 0))),
         Rule("batch", ("micro_batch", "dp"), "global_batch % (micro_batch * dp) == 0",

@@ -313,3 +313,34 @@ def test_context_parallel_exchanges_each_tp_ranks_own_kv_heads(h100, llama8b: Mo
     assert kv_bytes(2) == pytest.approx(one / 2)
     assert kv_bytes(8) == pytest.approx(one / 8)
     assert kv_bytes(16) == pytest.approx(one / 8)
+
+
+def test_expert_parallel_folds_over_tensor_parallel_ranks(h100) -> None:
+    """Qwen3-235B-A22B's recipe, TP2 x EP32 on the 32 ranks of a pipeline stage: EP does not
+    divide dp = 16, so it folds over the TP ranks and the experts run whole (expert TP 1):
+    each rank holds 128 / 32 = 4 whole experts, dispatches its own half of the micro-batch's
+    tokens, and each expert shard has no data-parallel replica to reduce gradients with."""
+    from costmodel.params import expert_params
+    from search.presets import PRESETS
+
+    model = PRESETS["qwen3-235b-a22b"]
+    cluster = ClusterSpec(gpu=h100, num_gpus=256)
+    tr = Training(seq_len=4096, global_batch=2048)
+    folded = estimate(model, cluster, Plan(tp=2, pp=8, dp=16, ep=32, sequence_parallel=True),
+                      tr)
+    carved = estimate(model, cluster, Plan(tp=2, pp=8, dp=16, ep=8, sequence_parallel=True),
+                      tr)
+    layers = folded.memory.stages[0].layers
+    # carved: 128 / 8 = 16 experts per rank, each half (expert TP 2): 8 experts' weights;
+    # folded: 4 whole experts. The rest of the stage is the same.
+    gap = carved.memory.stages[0].weights_bytes - folded.memory.stages[0].weights_bytes
+    assert gap == pytest.approx(layers * (8 - 4) * expert_params(model) * 2, rel=1e-9)
+
+    def a2a(e: object) -> object:
+        return next(c for c in e.collectives if c.name == "ep_token_all_to_all")  # type: ignore[attr-defined]
+
+    # a carved rank dispatches all 4096 tokens of its TP pair, a folded one its 2048
+    assert a2a(folded).bytes == pytest.approx(a2a(carved).bytes / 2)  # type: ignore[attr-defined]
+    assert a2a(folded).group_size == 32 and a2a(folded).tier == "network"  # type: ignore[attr-defined]
+    with pytest.raises(SpecError, match="ep must divide tp \\* dp \\* cp"):
+        estimate(model, ClusterSpec(gpu=h100, num_gpus=64), Plan(tp=1, pp=8, dp=8, ep=16), tr)

@@ -69,10 +69,17 @@ def test_megatron_experts_must_divide_by_ep() -> None:
     assert "num_experts % ep == 0" in refusal("megatron", with_model(pf, moe_experts=12))
 
 
-def test_megatron_expert_parallel_is_carved_out_of_dp_times_cp() -> None:
-    pf = with_plan(example("moe_ep"), dp=4, tp=16)  # 64 GPUs, but dp*cp=4 < ep=8
+def test_megatron_expert_parallel_folds_over_tp_or_is_refused() -> None:
+    pf = with_plan(example("moe_ep"), dp=4, tp=16)  # 64 GPUs, dp*cp=4 < ep=8: EP folds over TP
     pf = with_model(pf, heads=32, kv_heads=16)
-    assert "(dp*cp) % ep == 0" in refusal("megatron", pf)
+    script = render("megatron", pf)["megatron.sh"]
+    assert "--expert-model-parallel-size 8" in script
+    assert "--expert-tensor-parallel-size 1" in script
+    carved = render("megatron", example("moe_ep"))["megatron.sh"]  # dp=32: expert TP = TP
+    assert "--expert-tensor-parallel-size" not in carved
+    odd = with_model(with_plan(example("moe_ep"), ep=16), moe_experts=16)
+    odd = with_plan(odd, tp=1, dp=8, pp=8, sequence_parallel=False)  # tp*dp*cp = 8 < ep
+    assert "(tp*dp*cp) % ep == 0" in refusal("megatron", odd)
 
 
 def test_megatron_query_groups_and_tp_must_divide_one_way() -> None:

@@ -47,7 +47,7 @@ def valid_by_hand(s: SearchSpace, v: dict[str, int]) -> bool:
         pp <= s.layers and (s.uneven_pipeline or s.layers % pp == 0),
         cp == 1 or s.seq_len % (2 * cp) == 0,
         dp in s.domains["dp"],
-        ep == 1 or (s.experts % ep == 0 and (dp * cp) % ep == 0),
+        ep == 1 or (s.experts % ep == 0 and (tp * dp * cp) % ep == 0),
         vpp == 1 or (pp > 1 and s.layers % (pp * vpp) == 0),
         s.global_batch % (v["micro_batch"] * dp) == 0,
         v["zero_stage"] == 0 or dp * cp > 1,

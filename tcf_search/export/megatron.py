@@ -90,6 +90,8 @@ def parallel_args(f: Facts) -> list[Group]:
         out.append(("--context-parallel-size", f.cp))
     if f.ep > 1:
         out.append(("--expert-model-parallel-size", f.ep))
+        if (f.dp * f.cp) % f.ep:  # EP folds over the TP ranks: experts without TP
+            out.append(("--expert-tensor-parallel-size", 1))
     if f.vpp > 1:
         # This flag (not --num-layers-per-virtual-pipeline-stage) also works with uneven stages.
         out.append(("--num-virtual-stages-per-pipeline-rank", f.vpp))

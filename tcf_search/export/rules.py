@@ -70,9 +70,9 @@ MEGATRON: tuple[Rule, ...] = COMMON + PIPELINE_SPLIT + (
     Rule(lambda f: f.ep == 1 or (f.experts > 0 and f.experts % f.ep == 0),
          "num_experts % ep == 0 must hold (and ep > 1 needs an MoE model), but got "
          "experts={experts}, ep={ep}", "megatron/training/arguments.py validate_args"),
-    Rule(lambda f: (f.dp * f.cp) % f.ep == 0,
-         "expert parallelism is carved out of dp*cp (expert TP = TP), so (dp*cp) % ep == 0 "
-         "must hold, but got dp={dp}, cp={cp}, ep={ep}",
+    Rule(lambda f: (f.tp * f.dp * f.cp) % f.ep == 0,
+         "the expert grid (ep x expert TP x expert DP) covers tp*dp*cp, so (tp*dp*cp) % ep == 0 "
+         "must hold, but got tp={tp}, dp={dp}, cp={cp}, ep={ep}",
          "megatron/core/parallel_state.py expert grid"),
     Rule(lambda f: not f.sp or f.tp > 1,
          "sequence parallelism needs tp > 1, but got tp={tp}",
