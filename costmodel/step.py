@@ -130,10 +130,14 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     cp_layer_exposed_fwd = np.maximum(cp_layer_fwd - cp_hidden_fwd, 0.0)
     cp_layer_exposed_bwd = np.maximum(2 * cp_layer_fwd - cp_hidden_bwd, 0.0)
     k_ep = members_per_domain(p.ep, strides["ep"], D)
-    # a rank dispatches all M tokens of its TP group, or its M / tp shard when EP folds over TP
-    x_tok = M * expert_tp(p) / tp * max(model.moe_topk, 1) * h * act
+    # each rank dispatches its own M / tp sequence shard (MoE with TP runs sequence parallel);
+    # when the experts are tensor-parallel (EP carved out of dp x cp) the expert-TP ranks then
+    # all-gather what they received and reduce-scatter the results (Megatron's alltoall
+    # dispatcher), over the TP group's links
+    x_tok = M / tp * max(model.moe_topk, 1) * h * act
     moe_on = 1.0 if model.is_moe else 0.0
-    ep_layer_fwd = 2.0 * comm.all_to_all_time(x_tok, ep, k_ep, link) * moe_on
+    etp_gather = np.where(expert_tp(p) > 1, comm.gather_time(x_tok * tp, tp, k_tp, link), 0.0)
+    ep_layer_fwd = 2.0 * (comm.all_to_all_time(x_tok, ep, k_ep, link) + etp_gather) * moe_on
 
     # The vocabulary-parallel embedding and LM head (Megatron-LM, nanotron, torchtitan) talk
     # over the TP group once per micro-batch each: the embedding reduces its partial lookups
