@@ -26,10 +26,10 @@ torchtitan's H100 benchmark (pytorch/torchtitan, benchmarks/llama3_h100_202412_t
 Tables 1-6): Llama 3.1 8B, 70B and 405B on 8 to 512 H100 SXM 96 GB HBM2e at 500 W (the catalog's
 h100-sxm-96gb-500w; 8 per host, 400 Gb/s RDMA per GPU), FSDP2, TP, PP and CP, sequence 8192
 unless the table says otherwise, no gradient accumulation (micro-batch = local batch) except
-under PP (micro-batch 1). Interleaved 1F1B is taken as 2 stages per rank (not given), which the
-tool cannot split 126 layers into. torch.compile is modelled as fusing the elementwise ops
-torchtitan runs eagerly. The table's memory is the maximum over all GPUs of the caching
-allocator's reserved bytes.
+under PP (micro-batch 1). Interleaved 1F1B is taken as 2 stages per rank (not given), with 15
+layers on the first and last rank and 16 on the others. torch.compile is modelled as fusing the
+elementwise ops torchtitan runs eagerly. The table's memory is the maximum over all GPUs of
+the caching allocator's reserved bytes.
 
 Megatron-LM's H100 weak-scaling table (README, images/model_table.png): GPT models 1.7B-462B on
 48-6,144 GPUs with their TP, PP and DP; the knobs the table omits are chosen by ``predict``.
@@ -286,8 +286,12 @@ def torchtitan_table() -> None:
         # under PP torchtitan does not reshard after forward and the pipeline schedule defers
         # gradient sync to the last micro-batch: parameters gathered and gradients reduced once
         # per step, ZeRO-2's traffic
+        # 126 layers over 16 interleaved stages: torchtitan splits them 8 or 7 per stage, 15 or
+        # 16 per rank; here 15 on the first and last rank, 16 on the others
+        edge = 15 if vpp > 1 else 0
         plan = Plan(tp=tp, pp=pp, vpp=vpp, cp=cp, dp=fsdp, micro_batch=mb,
-                    zero_stage=2 if pp > 1 else 3, recompute=rec, sequence_parallel=tp > 1)
+                    zero_stage=2 if pp > 1 else 3, recompute=rec, sequence_parallel=tp > 1,
+                    first_stage_layers=edge, last_stage_layers=edge)
         try:
             est = estimate(PRESETS[preset], ClusterSpec(gpu=gpu, num_gpus=gpus,
                                                         gpus_per_node=8), plan, training)
