@@ -139,10 +139,15 @@ def _ranked(evals: list[tuple[Evaluation, str]], directions: list[str], top_k: i
     seen: set[str] = set()
     out: list[RankedPlan] = []
     # equally good plans (the model often ties layouts that move the same bytes, e.g. dp x cp
-    # splits of one group) rank by memory headroom, then by the plan, whichever trial found them
-    def order(es: tuple[Evaluation, str]) -> tuple[float, float, str]:
+    # splits of one group) rank by memory headroom, then the simpler layout first (less context,
+    # expert, pipeline and tensor parallelism, fewer chunks, less sharding), whichever trial
+    # found them
+    def order(es: tuple[Evaluation, str]) -> tuple[float, float, tuple[int, ...], str]:
         e = es[0]
-        return (sign * e.values[0], float(e.metrics.get("peak_mem_gib", 0.0)), repr(e.plan))
+        p = e.plan
+        simpler = (p.cp, p.ep, p.pp, p.tp, p.vpp, p.zero_stage)
+        return (sign * e.values[0], float(e.metrics.get("peak_mem_gib", 0.0)), simpler,
+                repr(p))
 
     for e, source in sorted(evals, key=order):
         key = repr(e.plan)

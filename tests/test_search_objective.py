@@ -91,7 +91,7 @@ def test_two_objectives_search_every_knob() -> None:
     assert headroom >= 0
 
 
-def test_tied_plans_rank_by_memory_headroom_then_plan() -> None:
+def test_tied_plans_rank_by_memory_headroom_then_simplicity() -> None:
     from search.evaluate import Evaluation
     from search.pipeline import _ranked
 
@@ -104,3 +104,7 @@ def test_tied_plans_rank_by_memory_headroom_then_plan() -> None:
     for order in (found, found[::-1]):
         assert [r.plan for r in _ranked(order, ["maximize"], 3)] == [c, b, a]
     assert [r.plan for r in _ranked(found, ["minimize"], 3)] == [b, a, c]
+    # equal value and memory: the simpler layout (no context parallelism) first
+    cp8, dp8 = Plan(cp=8, micro_batch=8), Plan(dp=8)
+    tied = [ev(cp8, 100.0, 50.0), ev(dp8, 100.0, 50.0)]
+    assert [r.plan for r in _ranked(tied, ["maximize"], 2)] == [dp8, cp8]
