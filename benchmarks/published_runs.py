@@ -1,0 +1,105 @@
+"""Published training runs that are not in measured_runs.csv, as ``bench_external.py`` reads
+them: each table as its source gives it (layouts, batch, published throughput). Data only."""
+
+from __future__ import annotations
+
+# (label, GPUs, cp, dp, seq_len, sequences per step, published model TFLOP/s per GPU)
+LLAMA3_405B = (
+    ("8,192 GPUs, seq 8k", 8192, 1, 64, 8192, 2048, 430.0),
+    ("16,384 GPUs, seq 8k", 16384, 1, 128, 8192, 2048, 400.0),
+    ("16,384 GPUs, CP16, seq 128k", 16384, 16, 8, 131072, 128, 380.0),
+)
+
+# (preset, GPUs, sequences per step, tp, pp, cp, vpp, first/last stage layers (0: even),
+#  published tokens/s per GPU)
+MEGATRON_FP8 = (
+    ("llama3-8b", 8, 128, 1, 1, 2, 1, 0, 13812.0),
+    ("llama3-70b", 64, 128, 4, 8, 1, 5, 0, 1621.0),
+    ("llama3.1-405b", 1024, 512, 8, 8, 2, 8, 15, 315.0),
+)
+
+# (table, label, preset, GPUs, seq_len, tp, pp, vpp, cp, fsdp, micro-batch, global batch,
+#  recompute, fp8, compile, published tokens/s per GPU, published GiB)
+TORCHTITAN = (
+    ("1", "8B FSDP8", "llama3-8b", 8, 8192, 1, 1, 1, 1, 8, 2, 16, "selective", False, False,
+     5762.0, 82.4),
+    ("1", "8B FSDP8 +compile", "llama3-8b", 8, 8192, 1, 1, 1, 1, 8, 2, 16, "selective", False,
+     True, 6667.0, 77.0),
+    ("1", "8B FSDP8 +compile+fp8", "llama3-8b", 8, 8192, 1, 1, 1, 1, 8, 2, 16, "selective",
+     True, True, 8532.0, 76.8),
+    ("3", "8B FSDP128", "llama3-8b", 128, 8192, 1, 1, 1, 1, 128, 2, 256, "selective", False,
+     False, 5605.0, 67.0),
+    ("3", "8B FSDP128 +compile+fp8", "llama3-8b", 128, 8192, 1, 1, 1, 1, 128, 2, 256,
+     "selective", True, True, 8380.0, 61.8),
+    ("2", "8B FSDP8 CP1 32k", "llama3-8b", 8, 32768, 1, 1, 1, 1, 8, 1, 8, "full", True, True,
+     3890.0, 83.9),
+    ("2", "8B FSDP4 CP2 64k", "llama3-8b", 8, 65536, 1, 1, 1, 2, 4, 1, 4, "full", True, True,
+     2540.0, 84.2),
+    ("2", "8B FSDP2 CP4 128k", "llama3-8b", 8, 131072, 1, 1, 1, 4, 2, 1, 2, "full", True, True,
+     1071.0, 84.0),
+    ("2", "8B FSDP1 CP8 256k", "llama3-8b", 8, 262144, 1, 1, 1, 8, 1, 1, 1, "full", True, True,
+     548.0, 84.5),
+    ("4", "70B FSDP32 TP8", "llama3-70b", 256, 8192, 8, 1, 1, 1, 32, 16, 512, "full", True,
+     True, 829.0, 71.9),
+    ("5", "405B FSDP8 TP8 PP8 1F1B", "llama3.1-405b", 512, 8192, 8, 8, 1, 1, 8, 1, 256, "full",
+     True, True, 100.0, 82.5),
+    ("5", "405B ... interleaved", "llama3.1-405b", 512, 8192, 8, 8, 2, 1, 8, 1, 256, "full",
+     True, True, 128.0, 72.7),
+    ("6", "405B FSDP8 CP1 32k", "llama3.1-405b", 512, 32768, 8, 8, 1, 1, 8, 1, 64, "full", True,
+     True, 76.0, 75.3),
+    ("6", "405B FSDP4 CP2 64k", "llama3.1-405b", 512, 65536, 8, 8, 1, 2, 4, 1, 32, "full", True,
+     True, 47.0, 75.9),
+    ("6", "405B FSDP2 CP4 128k", "llama3.1-405b", 512, 131072, 8, 8, 1, 4, 2, 1, 16, "full",
+     True, True, 31.0, 77.1),
+    ("6", "405B FSDP1 CP8 256k", "llama3.1-405b", 512, 262144, 8, 8, 1, 8, 1, 1, 8, "full",
+     True, True, 16.0, 84.9),
+)
+
+# Megatron-LM's H100 weak-scaling table (NVIDIA/Megatron-LM README, images/model_table.png):
+# (label, heads, hidden, layers, tp, pp, dp, GPUs, batch, published model TFLOP/s per GPU)
+MEGATRON_WEAK = (
+    ("1.7B", 16, 2048, 24, 1, 1, 48, 48, 192, 408.8),
+    ("7.1B", 32, 4096, 30, 2, 1, 48, 96, 192, 465.9),
+    ("16B", 48, 6144, 32, 4, 1, 48, 192, 192, 489.1),
+    ("32B", 56, 7168, 48, 8, 1, 48, 384, 192, 459.6),
+    ("70B", 64, 8192, 84, 8, 2, 48, 768, 384, 419.7),
+    ("119B", 80, 10240, 92, 8, 4, 48, 1536, 768, 420.5),
+    ("177B", 96, 12288, 96, 8, 6, 48, 2304, 1152, 432.8),
+    ("314B", 128, 16384, 96, 8, 8, 48, 3072, 1536, 474.4),
+    ("462B", 144, 18432, 112, 8, 16, 48, 6144, 3072, 459.9),
+)
+
+# Megatron-Bridge's performance summary (NVIDIA-NeMo/Megatron-Bridge,
+# docs/performance-summary-archive.md; NeMo containers 25.09, 25.11 and 26.04.01), DGX systems,
+# FP8: (release, system, preset, GPUs, global batch, micro-batch, seq, FSDP, tp, pp, cp, vp, ep,
+# published tokens/s per GPU)
+BRIDGE_SYSTEMS = {"DGX-H100": ("h100-sxm-80gb", 8), "DGX-B200": ("b200-180gb", 8),
+                  "DGX-GB200": ("gb200-nvl72", 4)}
+
+BRIDGE = (
+    ("25.11", "DGX-H100", "llama3-8b", 8, 128, 1, 8192, 8, 1, 1, 1, 1, 1, 14451.0),
+    ("25.11", "DGX-H100", "llama3-70b", 64, 128, 1, 8192, 0, 4, 8, 1, 5, 1, 1602.0),
+    ("25.11", "DGX-H100", "llama3.1-405b", 1024, 512, 1, 8192, 0, 8, 8, 2, 8, 1, 292.0),
+    ("25.11", "DGX-H100", "qwen3-30b-a3b", 16, 512, 2, 4096, 0, 1, 2, 1, 24, 8, 5275.0),
+    ("25.11", "DGX-H100", "qwen3-235b-a22b", 256, 2048, 1, 4096, 0, 2, 8, 1, 4, 32, 1575.0),
+    ("25.09", "DGX-H100", "deepseek-v3", 1024, 8192, 1, 4096, 0, 2, 8, 1, 4, 64, 1297.0),
+    ("26.04.01", "DGX-H100", "qwen3-30b-a3b", 16, 1024, 1, 4096, 0, 1, 1, 1, 1, 16, 8960.0),
+    ("25.09", "DGX-B200", "llama3-8b", 8, 128, 2, 8192, 0, 1, 1, 1, 1, 1, 29994.0),
+    ("25.09", "DGX-B200", "llama3.1-405b", 128, 64, 1, 8192, 0, 4, 8, 2, 8, 1, 664.0),
+    ("25.09", "DGX-B200", "deepseek-v3", 256, 2048, 1, 4096, 0, 1, 16, 1, 1, 8, 2265.0),
+    ("25.09", "DGX-B200", "qwen3-30b-a3b", 8, 512, 1, 4096, 0, 1, 1, 1, 1, 8, 18066.0),
+    ("25.09", "DGX-GB200", "llama3-8b", 8, 128, 2, 8192, 0, 1, 1, 1, 1, 1, 31357.0),
+    ("25.09", "DGX-GB200", "llama3-70b", 64, 128, 2, 8192, 64, 1, 1, 1, 1, 1, 3986.0),
+    ("25.09", "DGX-GB200", "llama3.1-405b", 128, 64, 1, 8192, 64, 2, 1, 1, 1, 1, 729.0),
+    ("25.09", "DGX-GB200", "deepseek-v3", 256, 2048, 1, 4096, 0, 1, 4, 1, 4, 64, 3454.0),
+    ("25.09", "DGX-GB200", "qwen3-30b-a3b", 8, 512, 4, 4096, 0, 1, 1, 1, 1, 8, 22775.0),
+    ("25.09", "DGX-GB200", "qwen3-235b-a22b", 64, 1024, 1, 4096, 0, 2, 1, 1, 1, 64, 4452.0),
+)
+
+# layers that do not split evenly over pp x vp chunks: Megatron counts the embedding and the loss
+# as layers of the first and last stage (Llama 3.1 405B: 126 + 2 over 64 chunks; Qwen3-235B:
+# 94 + 2 over 32), or is
+# given a layout (DeepSeek-V3's 61 layers: taken as 7 / 6 on the first / last of 8 stages and
+# 15 / 14 of 4, so the middle stages split evenly into their chunks)
+BRIDGE_EDGES = {("llama3.1-405b", 8): (15, 15), ("qwen3-235b-a22b", 8): (11, 11),
+                ("deepseek-v3", 8): (7, 6), ("deepseek-v3", 4): (15, 14)}
