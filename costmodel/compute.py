@@ -138,11 +138,12 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     if mdl.is_moe:
         fe, topk, E = mdl.expert_ffn_hidden, mdl.moe_topk, mdl.moe_experts
         n_up_e = 2.0 * fe if mdl.ffn_type == "swiglu" else float(fe)
-        # experts are tensor-parallel over expert TP ranks; a rank dispatches its tokens: all M
-        # of the TP group when the experts are tensor-parallel (etp = tp), its M / tp sequence
-        # shard when EP folds over the TP ranks (etp = 1)
+        # a rank's experts process the routed copies of all M tokens of its TP group (gathered
+        # over the expert-TP ranks) with 1/tp of each expert when the experts are
+        # tensor-parallel (etp = tp), or of its own M / tp sequence shard with whole experts
+        # when EP folds over the TP ranks (etp = 1): the same FLOPs, other GEMM shapes
         etp = expert_tp(p).astype(float)
-        own = etp / tp  # share of the micro-batch's tokens this rank dispatches
+        own = etp / tp  # share of the micro-batch's tokens this rank's experts process
         tokens_per_expert = M * own * topk * p.ep / E
         m_e = np.maximum(tokens_per_expert, 1.0)
         expert_one = (_gemm_time(m_e, n_up_e / etp, np.broadcast_to(float(h), M.shape), peak,
