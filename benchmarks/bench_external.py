@@ -74,6 +74,9 @@ from published_runs import (  # noqa: E402
 )
 
 CHUNKS = (1, 2, 4, 8)  # virtual stages tried where Llama 3's paper does not give them
+# Megatron-LM's FP8 recipe switches (examples/llama/train_llama3_8b_h100_fp8.sh:
+# --grad-reduce-in-bf16, --fp8-param-gather), taken for every Megatron fp8 run below
+MEGATRON_FP8_RECIPE = {"grad_dtype_bytes": 2, "fp8_param_gather": True}
 
 
 def megatron_fp8() -> None:
@@ -83,10 +86,8 @@ def megatron_fp8() -> None:
     print(f"{'run':<28}{'published':>11}{'predicted':>11}{'error':>8}{'peak GiB':>10}")
     errs = []
     for preset, gpus, batch, tp, pp, cp, vpp, edge, published in MEGATRON_FP8:
-        # the recipe's own switches (train_llama3_8b_h100_fp8.sh): --grad-reduce-in-bf16 and
-        # --fp8-param-gather; the table's larger runs are taken to use the same recipe
         training = replace(Training(seq_len=8192, global_batch=batch, precision="fp8"),
-                           **settings, grad_dtype_bytes=2, fp8_param_gather=True)
+                           **settings, **MEGATRON_FP8_RECIPE)
         dp = gpus // (tp * pp * cp)
         plan = Plan(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch=1, zero_stage=1,
                     sequence_parallel=tp > 1, first_stage_layers=edge, last_stage_layers=edge)
@@ -145,8 +146,7 @@ def megatron_bridge_table() -> None:
          published) in BRIDGE:
         gpu_id, per_node = BRIDGE_SYSTEMS[system]
         training = replace(Training(seq_len=seq, global_batch=batch, precision="fp8"),
-                           **framework_settings("megatron", "fp8"), grad_dtype_bytes=2,
-                           fp8_param_gather=True)
+                           **framework_settings("megatron", "fp8"), **MEGATRON_FP8_RECIPE)
         model = PRESETS[preset]
         head = f"{release:<10}{system:<11}{preset:<17}{gpus:>5}{published:>11,.0f}"
         try:

@@ -47,7 +47,7 @@ def report(frame: pd.DataFrame, pred: dict[str, np.ndarray],
     mem_frac = pd.Series(pred["peak_mem_bytes"] / pred["usable_bytes"], index=frame.index)[sel]
     out: dict[str, Any] = {}
 
-    pb = f["source"].eq("playbook") & f["status"].isin(["ok", "oom"]) & fits.notna() & mem.notna()
+    pb = f["source"].eq("playbook") & f["status"].isin(["ok", "oom"]) & mem.notna()
     ok = f["status"].eq("ok")
     fits_b = fits.astype(float) > 0.5
     out["oom_rows"] = int(pb.sum())
