@@ -54,7 +54,8 @@ class LayerTimes:
     bwd_moe_s: np.ndarray
     attention_fwd_s: np.ndarray
     gemm_fwd_dense_s: np.ndarray
-    selective_extra_s: np.ndarray  # what selective recompute adds per layer
+    selective_extra_s: np.ndarray  # what selective recompute adds per dense layer
+    selective_extra_moe_s: np.ndarray  # ... and per MoE layer
     host_fwd_dense_s: np.ndarray  # CPU time to issue one layer's forward kernels
     host_fwd_moe_s: np.ndarray
     head_fwd_s: np.ndarray
@@ -172,11 +173,22 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         # op-level selective checkpointing (torchtitan's "op" policy): every elementwise op and
         # every second GEMM of the layer is recomputed (K of q/k/v, the output projection, and
         # the MLP's up-gate (SwiGLU) or down projection (GELU))
-        second_mms = (gemm(g * d / tp, float(h)) + out
-                      + (gemm(f / tp, float(h)) if gated else gemm(float(h), f / tp)))
+        attn_second = gemm(g * d / tp, float(h)) + out
+        second_mms = attn_second + (gemm(f / tp, float(h)) if gated else gemm(float(h), f / tp))
         selective_extra = elem_fwd + second_mms + overhead_fwd
+        if mdl.is_moe:  # grouped expert GEMMs are not on the policy's save list: all of them,
+            # and the permutes, run again; the shared experts alternate like a dense MLP
+            shared_second = mdl.moe_shared_experts * (
+                gemm(fe / tp, float(h)) if gated else gemm(float(h), fe / tp))
+            selective_extra_moe = (elem_moe + attn_second + shared_second + routed + permute
+                                   + overhead_fwd * kernels)
+        else:
+            selective_extra_moe = selective_extra
     else:  # the activation function alone (and attention's scores without flash attention)
         selective_extra = M * (act_elems / tp) * act / hbm + eff.kernel_overhead_s
+        selective_extra_moe = (M * mdl.moe_topk * (act_elems / f) * mdl.expert_ffn_hidden / tp
+                               * act / hbm + eff.kernel_overhead_s) if mdl.is_moe \
+            else selective_extra
 
     head = gemm(V / tp, float(h))
     loss_elems = M * V / tp  # logits -> fp32 softmax -> loss, and its gradient
@@ -184,7 +196,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     return LayerTimes(
         fwd_dense_s=fwd_dense, fwd_moe_s=fwd_moe, bwd_dense_s=bwd_dense, bwd_moe_s=bwd_moe,
         attention_fwd_s=attention_fwd, gemm_fwd_dense_s=gemm_fwd_dense,
-        selective_extra_s=selective_extra,
+        selective_extra_s=selective_extra, selective_extra_moe_s=selective_extra_moe,
         host_fwd_dense_s=np.full_like(M, kernels_fwd * tr.host_overhead_s),
         host_fwd_moe_s=np.full_like(M, kernels_fwd * kernels * tr.host_overhead_s),
         head_fwd_s=head + loss_s,

@@ -162,7 +162,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     def stage_mb_time(st: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n = layers.of(st)
         r = recomputed(n)
-        selective = np.where(p.recompute == 1, n * lt.selective_extra_s, 0.0)
+        selective = np.where(p.recompute == 1, n * ((1 - moe_frac) * lt.selective_extra_s
+                                                    + moe_frac * lt.selective_extra_moe_s), 0.0)
         rec = r * (fwd + per_layer_comm_fwd) + selective
         comp = n * (fwd + bwd) + selective
         comp = comp + r * fwd
@@ -331,9 +332,13 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     # the recomputed forward adds a third of a layer's training FLOPs (forward = 1/3 of 6N)
     hardware_flops = model_flops * (1.0 + rec_fraction / 3.0)
     if tr.selective_recompute == "every_other_mm":  # every second GEMM's forward again
-        width = (model.moe_topk + model.moe_shared_experts) * model.expert_ffn_hidden \
-            if model.is_moe else model.ffn_hidden
-        second = 2.0 * h * (model.kv_heads * model.d_head + model.heads * model.d_head + width)
+        attn = 2.0 * h * (model.kv_heads * model.d_head + model.heads * model.d_head)
+        second = attn + 2.0 * h * model.ffn_hidden
+        if model.is_moe:  # and every routed expert GEMM (see compute.layer_times)
+            n_mats = 3.0 if model.ffn_type == "swiglu" else 2.0
+            moe_second = attn + 2.0 * h * model.expert_ffn_hidden * (
+                model.moe_shared_experts + n_mats * model.moe_topk)
+            second = (1 - moe_frac) * second + moe_frac * moe_second
         hardware_flops = hardware_flops + np.where(
             p.recompute == 1, second * L * tokens / n_gpus, 0.0)
 

@@ -350,3 +350,24 @@ def test_expert_parallel_folds_over_tensor_parallel_ranks(h100) -> None:
     assert a2a(folded).group_size == 32 and a2a(folded).tier == "network"  # type: ignore[attr-defined]
     with pytest.raises(SpecError, match="ep must divide tp \\* dp \\* cp"):
         estimate(model, ClusterSpec(gpu=h100, num_gpus=64), Plan(tp=1, pp=8, dp=8, ep=16), tr)
+
+
+def test_torchtitan_selective_policy_recomputes_all_routed_expert_gemms(h100) -> None:
+    """Grouped expert GEMMs are not on the per-op policy's save list, so a MoE layer recomputes
+    all of them (and K, the output projection); a dense layer only every second GEMM."""
+    moe = ModelSpec(layers=8, hidden=2048, ffn_hidden=768, heads=16, kv_heads=4, vocab=32000,
+                    moe_experts=64, moe_topk=4, moe_ffn_hidden=768)
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    plan = Plan(dp=8, zero_stage=3, micro_batch=1, recompute="selective")
+    tr = Training(seq_len=4096, global_batch=8)
+    act = estimate(moe, cluster, plan, tr)
+    op = estimate(moe, cluster, plan, Training(seq_len=4096, global_batch=8,
+                                             selective_recompute="every_other_mm"))
+    # hardware FLOPs per token per layer: K and output projections, and 3 GEMMs x top-4 experts
+    second = 2 * 2048 * (4 * 128 + 16 * 128) + 2 * 2048 * 768 * 3 * 4
+    extra = second * 8 * 8 * 4096 / 8
+    assert (op.hfu - op.mfu) * op.step_time_s * h100.peak_flops_bf16 == pytest.approx(
+        extra, rel=1e-6)
+    # the recomputed expert GEMMs cost time at least their FLOPs at the dense peak
+    routed = 2 * 2048 * 768 * 3 * 4 * 8 * 4096  # per GPU: its 4096 tokens, 8 layers
+    assert op.step_time_s - act.step_time_s > routed / h100.peak_flops_bf16
