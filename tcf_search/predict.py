@@ -13,16 +13,18 @@ import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
-import pandas as pd
 import typer
 
 from costmodel.estimate import check_plan, estimate_batch
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import Plan, SpecError
 from tcf_search.measured import KNOBS, Case, CaseError, case_from_row
+
+if TYPE_CHECKING:  # pandas loads when a command reads a CSV, not with the command line
+    import pandas as pd
 
 GIB = 2**30
 OUTPUT_COLUMNS = (
@@ -74,6 +76,8 @@ def _pick(res: dict[str, np.ndarray]) -> int:
 
 
 def predict_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    import pandas as pd
+
     out = frame.copy()
     cols: dict[str, list[object]] = {c: [None] * len(frame)
                                      for c in OUTPUT_COLUMNS + CHOICE_COLUMNS + ("pred_error",)}
@@ -132,6 +136,8 @@ def predict_frame(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def predict_csv(src: Path, dst: Path) -> pd.DataFrame:
+    import pandas as pd
+
     frame = pd.read_csv(src, dtype=str, keep_default_na=False)
     result = predict_frame(frame)
     tmp = dst.with_name(dst.name + ".tmp")
@@ -161,6 +167,8 @@ def predict_cmd(
     if output.is_dir() or not output.parent.is_dir():
         typer.echo(f"error: -o: must be a file in an existing folder (got {output})", err=True)
         raise typer.Exit(2)
+    import pandas as pd
+
     try:
         result = predict_csv(cases, output)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
