@@ -319,8 +319,10 @@ class Training:
     separate_grad_comm_buffer: bool = False  # nanotron copies grads into a reduce buffer
     dp_bucket_bytes: float = 25 * 2**20  # gradient bucket (torch DDP's default 25 MiB)
     # Extra seconds per TP ring step when a pipeline engine interleaves its point-to-point
-    # transfers with TP collectives on one stream (seen in nanotron's eager PP engine; 0 for
-    # engines that keep them on separate streams, e.g. Megatron-LM).
+    # transfers with TP collectives on one stream and those transfers cross the network (seen
+    # in nanotron's eager PP engine: its tp x pp runs inside one node run at the model's speed,
+    # across nodes at 0.3-0.6 of it; 0 for engines that keep them on separate streams, e.g.
+    # Megatron-LM).
     pp_tp_step_overhead_s: float = 0.0
     # Megatron-LM's scatter/gather of pipeline activations (Narayanan et al., SC21, sec. 4.1):
     # each TP rank sends 1/tp of a stage boundary's activation over its own NIC and the

@@ -107,9 +107,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
                             2.0 * comm.all_reduce_time(x_act, tp, k_tp, link))
     tp_calls = np.where(tp > 1, np.where(sp, 4.0, 2.0), 0.0)
     # host time per layer forward: kernels, TP calls, and (under a pipeline engine that
-    # serialises p2p with TP collectives) a wait per TP ring step
+    # serialises p2p with TP collectives) a wait per TP ring step when the stages' p2p crosses
+    # the network (pp is the outermost dimension: stages are tp * cp * dp ranks apart)
+    pp_cross = (p.tp * p.cp * p.dp) >= D
     host_tp = tp_calls * (tr.host_overhead_s
-                          + np.where(pp > 1, (tp - 1) * tr.pp_tp_step_overhead_s, 0.0))
+                          + np.where((pp > 1) & pp_cross, (tp - 1) * tr.pp_tp_step_overhead_s,
+                                     0.0))
     if tr.dtensor_tp:  # every tensor op of a TP layer dispatches through DTensor
         dtensor = cluster.gpu.efficiency.dtensor_op_overhead_s
         host_tp = host_tp + np.where(tp > 1, DTENSOR_OPS_PER_LAYER_FWD * dtensor, 0.0)
@@ -205,7 +208,6 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     # ---- pipeline point-to-point ---------------------------------------------------------
     sp_div = np.where(p.sequence_parallel > 0, tp, 1.0)
     x_pp = M * h * act / sp_div
-    pp_cross = (p.tp * p.cp * p.dp) >= D
     scatter = (tr.pp_scatter_gather & (p.sequence_parallel == 0) & (tp > 1) & pp_cross
                & (k_tp >= tp))
     pp_hop = np.where(scatter,

@@ -371,3 +371,19 @@ def test_torchtitan_selective_policy_recomputes_all_routed_expert_gemms(h100) ->
     # the recomputed expert GEMMs cost time at least their FLOPs at the dense peak
     routed = 2 * 2048 * 768 * 3 * 4 * 8 * 4096  # per GPU: its 4096 tokens, 8 layers
     assert op.step_time_s - act.step_time_s > routed / h100.peak_flops_bf16
+
+
+def test_pp_tp_step_overhead_only_when_stages_talk_over_the_network(h100,
+                                                                    llama8b: ModelSpec) -> None:
+    """nanotron's PP engine waits per TP ring step only when its p2p crosses nodes: tp4 x pp2 in
+    one node pays nothing extra; tp8 x pp2 on two nodes pays 2 calls x 7 steps per layer."""
+    tr = Training(seq_len=4096, global_batch=64)
+    slow = Training(seq_len=4096, global_batch=64, pp_tp_step_overhead_s=1e-3)
+    one_node = ClusterSpec(gpu=h100, num_gpus=8)
+    plan = Plan(tp=4, pp=2, micro_batch=1)
+    assert estimate(llama8b, one_node, plan, slow).step_time_s == pytest.approx(
+        estimate(llama8b, one_node, plan, tr).step_time_s, rel=1e-12)
+    two_nodes = ClusterSpec(gpu=h100, num_gpus=16)
+    plan = Plan(tp=8, pp=2, micro_batch=1)
+    assert (estimate(llama8b, two_nodes, plan, slow).step_time_s
+            > 1.5 * estimate(llama8b, two_nodes, plan, tr).step_time_s)
