@@ -30,7 +30,8 @@ torchtitan's H100 benchmark (pytorch/torchtitan, benchmarks/llama3_h100_202412_t
 Tables 1-6): Llama 3.1 8B, 70B and 405B on 8 to 512 H100 SXM 96 GB HBM2e at 500 W (the catalog's
 h100-sxm-96gb-500w; 8 per host, 400 Gb/s RDMA per GPU), FSDP2, TP, PP and CP, sequence 8192
 unless the table says otherwise, no gradient accumulation (micro-batch = local batch) except
-under PP (micro-batch 1). Interleaved 1F1B is taken as 2 stages per rank (not given), with 15
+under PP, where the local batch splits into as many micro-batches as there are PP ranks (8), as
+torchtitan's default did then. Interleaved 1F1B is taken as 2 stages per rank (not given), with 15
 layers on the first and last rank and 16 on the others. torch.compile is modelled as fusing the
 elementwise ops torchtitan runs eagerly. The table's memory is the maximum over all GPUs of
 the caching allocator's reserved bytes.

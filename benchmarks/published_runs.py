@@ -19,7 +19,11 @@ MEGATRON_FP8 = (
 )
 
 # (table, label, preset, GPUs, seq_len, tp, pp, vpp, cp, fsdp, micro-batch, global batch,
-#  recompute, fp8, compile, published tokens/s per GPU, published GiB)
+#  recompute, fp8, compile, published tokens/s per GPU, published GiB). Under PP the micro-batch
+#  is the local batch over torchtitan's number of micro-batches, which defaulted to the PP degree
+#  when the table was measured (torchtitan@ba24697, parallelisms/pipelining_utils.py:
+#  n_microbatches = pipeline_parallel_degree): Table 5's local batch of 32 runs 8 micro-batches
+#  of 4, Table 6's local batch of 8 runs 8 of 1.
 TORCHTITAN = (
     ("1", "8B FSDP8", "llama3-8b", 8, 8192, 1, 1, 1, 1, 8, 2, 16, "selective", False, False,
      5762.0, 82.4),
@@ -41,9 +45,9 @@ TORCHTITAN = (
      548.0, 84.5),
     ("4", "70B FSDP32 TP8", "llama3-70b", 256, 8192, 8, 1, 1, 1, 32, 16, 512, "full", True,
      True, 829.0, 71.9),
-    ("5", "405B FSDP8 TP8 PP8 1F1B", "llama3.1-405b", 512, 8192, 8, 8, 1, 1, 8, 1, 256, "full",
+    ("5", "405B FSDP8 TP8 PP8 1F1B", "llama3.1-405b", 512, 8192, 8, 8, 1, 1, 8, 4, 256, "full",
      True, True, 100.0, 82.5),
-    ("5", "405B ... interleaved", "llama3.1-405b", 512, 8192, 8, 8, 2, 1, 8, 1, 256, "full",
+    ("5", "405B ... interleaved", "llama3.1-405b", 512, 8192, 8, 8, 2, 1, 8, 4, 256, "full",
      True, True, 128.0, 72.7),
     ("6", "405B FSDP8 CP1 32k", "llama3.1-405b", 512, 32768, 8, 8, 1, 1, 8, 1, 64, "full", True,
      True, 76.0, 75.3),
