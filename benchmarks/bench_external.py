@@ -23,8 +23,8 @@ layer, so its first and last stages hold 15 layers here. The recipe's script
 are taken to use the same switches. The table says it follows NeMo's performance scripts, whose
 Llama 3 70B and 405B recipes overlap TP communication with the GEMMs (Transformer Engine
 userbuffers); those runs, here and in the Megatron-Bridge table, have ``tp_comm_overlap`` on.
-The model hides that communication fully behind the layer's GEMMs; the SMs the userbuffers
-kernels take from the GEMMs are not modelled.
+The model hides that communication behind the layer's GEMMs, run as tp pieces of M / tp rows
+each (the ring exchange's decomposition).
 
 torchtitan's H100 benchmark (pytorch/torchtitan, benchmarks/llama3_h100_202412_torchtitan.md,
 Tables 1-6): Llama 3.1 8B, 70B and 405B on 8 to 512 H100 SXM 96 GB HBM2e at 500 W (the catalog's
@@ -33,8 +33,9 @@ unless the table says otherwise, no gradient accumulation (micro-batch = local b
 under PP, where the local batch splits into as many micro-batches as there are PP ranks (8), as
 torchtitan's default did then. Interleaved 1F1B is taken as 2 stages per rank (not given), with 15
 layers on the first and last rank and 16 on the others. torch.compile is modelled as fusing the
-elementwise ops torchtitan runs eagerly. The table's memory is the maximum over all GPUs of
-the caching allocator's reserved bytes.
+elementwise ops torchtitan runs eagerly; Tables 5 and 6 ran AsyncTP, modelled like Megatron's TP
+overlap. The table's memory is the maximum over all GPUs of the caching allocator's reserved
+bytes.
 
 Megatron-LM's H100 weak-scaling table (README, images/model_table.png): GPT models 1.7B-462B on
 48-6,144 GPUs with their TP, PP and DP; the knobs the table omits are chosen by ``predict``.
@@ -88,6 +89,11 @@ MEGATRON_FP8_RECIPE = {"grad_dtype_bytes": 2, "fp8_param_gather": True}
 # B200/GB200); Megatron-LM's FP8 table says it follows NeMo's performance scripts, whose recipes
 # these are. The 8B recipes run TP 1; the MoE recipes are left at the profile's default.
 TP_OVERLAP_PRESETS = frozenset({"llama3-70b", "llama3.1-405b"})
+
+
+# torchtitan's Tables 5 and 6 ran with AsyncTP (their captions), which overlaps the TP
+# all-gathers and reduce-scatters with the GEMMs
+ASYNC_TP_TABLES = frozenset({"5", "6"})
 
 
 def recipe_switches(preset: str, tp: int) -> dict[str, object]:
@@ -208,6 +214,8 @@ def torchtitan_table() -> None:
         settings = framework_settings("torchtitan", precision)
         if comp:
             settings["fused_elementwise"] = True  # what torch.compile does to eager norms etc.
+        if table in ASYNC_TP_TABLES:
+            settings["tp_comm_overlap"] = True
         training = replace(Training(seq_len=seq, global_batch=batch, precision=precision),
                            **settings)
         # under PP torchtitan does not reshard after forward and the pipeline schedule defers

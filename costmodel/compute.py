@@ -89,18 +89,26 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     hbm = gpu.hbm_bw_bytes_per_s * eff.memory_bw_fraction
     sp = p.sequence_parallel.astype(bool)
 
-    def gemm(n: np.ndarray | float, k: np.ndarray | float) -> np.ndarray:
+    # Overlapping TP communication with the GEMMs (Transformer Engine's userbuffers ring
+    # exchange, PyTorch's async TP) runs each TP GEMM as tp pieces of M / tp rows, one per step
+    # of the all-gather or reduce-scatter ring: smaller GEMMs, one launch each
+    pieces = np.where(sp & (tp > 1) & tr.tp_comm_overlap & (not gpu.synchronous), tp, 1.0)
+
+    def gemm(n: np.ndarray | float, k: np.ndarray | float, split: bool = False) -> np.ndarray:
         n_arr, k_arr = np.broadcast_to(n, M.shape), np.broadcast_to(k, M.shape)
-        t = _gemm_time(M, n_arr, k_arr, peak, cluster, in_bytes)
+        if split:
+            t = pieces * _gemm_time(M / pieces, n_arr, k_arr, peak, cluster, in_bytes)
+        else:
+            t = _gemm_time(M, n_arr, k_arr, peak, cluster, in_bytes)
         if fp8:  # quantize the input and the weight (read bf16, write fp8; Transformer Engine
             # casts weights every micro-batch) plus the amax reductions that pick the scales
             t = t + 3.0 * (M * k_arr + k_arr * n_arr) / hbm + 2.0 * eff.kernel_overhead_s
         return t
 
-    qkv = gemm((a + 2 * g) * d / tp, float(h))
-    out = gemm(float(h), a * d / tp)
+    qkv = gemm((a + 2 * g) * d / tp, float(h), split=True)
+    out = gemm(float(h), a * d / tp, split=True)
     n_up = 2.0 * f if mdl.ffn_type == "swiglu" else float(f)
-    mlp = gemm(n_up / tp, float(h)) + gemm(float(h), f / tp)
+    mlp = gemm(n_up / tp, float(h), split=True) + gemm(float(h), f / tp, split=True)
     gemm_fwd_dense = qkv + out + mlp
     gemm_flops_dense = 2.0 * M * (attention_params(mdl) + (n_up + f) * h) / tp
     gemm_eff = gemm_flops_dense / gemm_fwd_dense / peak

@@ -387,3 +387,18 @@ def test_pp_tp_step_overhead_only_when_stages_talk_over_the_network(h100,
     plan = Plan(tp=8, pp=2, micro_batch=1)
     assert (estimate(llama8b, two_nodes, plan, slow).step_time_s
             > 1.5 * estimate(llama8b, two_nodes, plan, tr).step_time_s)
+
+
+def test_tp_comm_overlap_runs_each_tp_gemm_in_tp_pieces(h100, llama8b: ModelSpec) -> None:
+    """Overlapped TP communication splits each TP GEMM into tp pieces of M / tp rows: the same
+    FLOPs in smaller, less efficient GEMMs; nothing changes without TP."""
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    tr = Training(seq_len=4096, global_batch=8)
+    ov = Training(seq_len=4096, global_batch=8, tp_comm_overlap=True)
+    tp8 = Plan(tp=8, micro_batch=1, sequence_parallel=True)
+    plain, split = estimate(llama8b, cluster, tp8, tr), estimate(llama8b, cluster, tp8, ov)
+    assert split.compute.time_s > plain.compute.time_s
+    assert split.compute.model_flops == plain.compute.model_flops
+    dp8 = Plan(dp=8, micro_batch=1)
+    assert estimate(llama8b, cluster, dp8, ov).step_time_s == pytest.approx(
+        estimate(llama8b, cluster, dp8, tr).step_time_s, rel=1e-12)
