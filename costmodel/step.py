@@ -118,8 +118,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
         host_tp = host_tp + np.where(tp > 1, DTENSOR_OPS_PER_LAYER_FWD * dtensor, 0.0)
     host_fwd = (1 - moe_frac) * lt.host_fwd_dense_s + moe_frac * lt.host_fwd_moe_s + host_tp
     sync = cluster.gpu.synchronous
-    if tr.tp_comm_overlap and not sync:
-        tp_layer_exposed = np.maximum(tp_layer_fwd - lt.gemm_fwd_dense_s, 0.0)
+    if tr.tp_comm_overlap and not sync:  # the all-gathers and reduce-scatters of sequence
+        # parallelism hide behind the GEMMs they feed or drain (all-reduces do not)
+        tp_layer_exposed = np.where(sp, np.maximum(tp_layer_fwd - lt.gemm_fwd_dense_s, 0.0),
+                                    tp_layer_fwd)
     else:
         tp_layer_exposed = tp_layer_fwd
     k_cp = members_per_domain(p.cp, strides["cp"], D)
