@@ -127,7 +127,10 @@ def megatron_weak_scaling() -> None:
     TP/PP/DP; the knobs it does not give (micro-batch, virtual stages, recompute, ZeRO stage,
     sequence parallel) are left empty, so ``predict`` picks them as a user's run would. The
     README says DP, TP and PP communication overlap were on; NVIDIA's H100 clusters are
-    InfiniBand (the fabric's fitted network fraction applies)."""
+    InfiniBand (the fabric's fitted network fraction applies). A row of the measured file's
+    schema cannot switch TP overlap on, so the megatron profile's default (off) applies here;
+    with it on, the 7B-462B rows come out 10-28% high (mean error 19%), while the FP8 tables
+    above need it: how much of the TP traffic these runs hid is an open question."""
     rows = [{"case_id": label, "model_name": f"GPT {label}", "layers": layers, "hidden": h,
              "ffn_hidden": 4 * h, "heads": heads, "kv_heads": heads, "vocab": 131072,
              "seq_len": 4096, "ffn_type": "gelu", "tied_embeddings": "true",
