@@ -181,8 +181,9 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         # op-level selective checkpointing (torchtitan's "op" policy): every elementwise op and
         # every second GEMM of the layer is recomputed (K of q/k/v, the output projection, and
         # the MLP's up-gate (SwiGLU) or down projection (GELU))
-        attn_second = gemm(g * d / tp, float(h)) + out
-        second_mms = attn_second + (gemm(f / tp, float(h)) if gated else gemm(float(h), f / tp))
+        attn_second = gemm(g * d / tp, float(h), split=True) + out
+        second_mms = attn_second + (gemm(f / tp, float(h), split=True) if gated
+                                    else gemm(float(h), f / tp, split=True))
         selective_extra = elem_fwd + second_mms + overhead_fwd
         if mdl.is_moe:  # grouped expert GEMMs are not on the policy's save list: all of them,
             # and the permutes, run again; the shared experts alternate like a dense MLP
@@ -194,9 +195,10 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
             selective_extra_moe = selective_extra
     else:  # the activation function alone (and attention's scores without flash attention)
         selective_extra = M * (act_elems / tp) * act / hbm + eff.kernel_overhead_s
-        selective_extra_moe = (M * mdl.moe_topk * (act_elems / f) * mdl.expert_ffn_hidden / tp
-                               * act / hbm + eff.kernel_overhead_s) if mdl.is_moe \
-            else selective_extra
+        selective_extra_moe = selective_extra
+        if mdl.is_moe:  # the experts' activation: top-k copies of each token, expert width
+            selective_extra_moe = (M * mdl.moe_topk * (act_elems / f) * mdl.expert_ffn_hidden
+                                   / tp * act / hbm + eff.kernel_overhead_s)
 
     head = gemm(V / tp, float(h))
     loss_elems = M * V / tp  # logits -> fp32 softmax -> loss, and its gradient
