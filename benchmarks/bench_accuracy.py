@@ -3,7 +3,8 @@
     python benchmarks/bench_accuracy.py [--csv PATH] [--json]
 
 Prints the figures issue #2 asks for, on the rows held out of the fit (30% of the (model, GPU
-count) sweep groups, by a stable hash; see ``tcf_search.fit``) and on all rows, next to the bars.
+count) sweep groups, by a stable hash; see ``tcf_search.calibration.fit``) and on all rows,
+next to the bars.
 Also times ``tcf-search predict`` over the whole file.
 """
 
@@ -19,10 +20,10 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tcf_search.accuracy import report  # noqa: E402
-from tcf_search.dataset import find_measured_csv, load_groups, predict_groups  # noqa: E402
-from tcf_search.fit import split_mask  # noqa: E402
-from tcf_search.predict import predict_csv  # noqa: E402
+from tcf_search.calibration.accuracy import report  # noqa: E402
+from tcf_search.calibration.dataset import find_measured_csv, load_groups, predict_groups  # noqa: E402
+from tcf_search.calibration.fit import split_mask  # noqa: E402
+from tcf_search.calibration.predict import predict_csv  # noqa: E402
 
 BARS = {
     "oom_accuracy": (">=", 0.95), "false_fits": ("<=", 0.03), "mem_mape": ("<=", 0.12),

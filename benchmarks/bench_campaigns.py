@@ -30,8 +30,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tcf_search.accuracy import PICK_HEADROOM, throughput_rows  # noqa: E402
-from tcf_search.dataset import (  # noqa: E402
+from tcf_search.calibration.accuracy import PICK_HEADROOM, throughput_rows  # noqa: E402
+from tcf_search.calibration.dataset import (  # noqa: E402
     find_measured_csv,
     load_groups,
     predict_groups,

@@ -2,9 +2,10 @@
 
     python benchmarks/bench_external.py
 
-Nothing here is fitted: the model's parameters come from ``python -m tcf_search.fit`` on the
-measured file alone. These rows check how the model carries over to scales and schedules the
-file does not have (16k GPUs, interleaved 1F1B, context parallel at 128k tokens).
+Nothing here is fitted: the model's parameters come from
+``python -m tcf_search.calibration.fit`` on the measured file alone. These rows check how the
+model carries over to scales and schedules the file does not have (16k GPUs, interleaved 1F1B,
+context parallel at 128k tokens).
 
 Llama 3 405B, Dubey et al. (2024), "The Llama 3 Herd of Models", Table 4: BF16 on H100 SXM
 80 GB, 126 layers with one fewer on the first and the last pipeline stage, TP8 x PP16, global
@@ -64,9 +65,9 @@ import pandas as pd  # noqa: E402
 from costmodel import ClusterSpec, Plan, SpecError, Training, estimate  # noqa: E402
 from hardware_catalog import get_gpu  # noqa: E402
 from hardware_catalog.fabrics import fabric_fraction  # noqa: E402
+from hardware_catalog.frameworks import framework_settings  # noqa: E402
 from search.presets import PRESETS  # noqa: E402
-from tcf_search.predict import CHOICE_COLUMNS, predict_frame  # noqa: E402
-from tcf_search.profiles import framework_settings  # noqa: E402
+from tcf_search.calibration.predict import CHOICE_COLUMNS, predict_frame  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from published_runs import (  # noqa: E402

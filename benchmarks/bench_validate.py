@@ -5,7 +5,8 @@
    TP2+SP, PP2 (1F1B) and FSDP2: real runs, step time and tracked peak memory against the cost
    model's prediction on the calibrated entry; Spearman before and after refitting.
 3. Memory-only: Llama 3 8B FSDP on 8 fake ranks and Llama 3 70B TP8 x PP4 (first stage),
-   tracker against the cost model per memory part (PyTorch layout, see tcf_search.validate.compare).
+   tracker against the cost model per memory part (PyTorch layout, see
+   tcf_search.validate.agreement).
 
     python benchmarks/bench_validate.py [--gpu-file cpu-local.yaml] [--skip-real] [--skip-memory]
 """
@@ -22,11 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel import ClusterSpec, ModelSpec, Plan, Training, estimate  # noqa: E402
 from hardware_catalog import get_gpu  # noqa: E402
+from hardware_catalog.frameworks import framework_settings  # noqa: E402
+from search.planfile import PlanFile  # noqa: E402
 from search.presets import get_preset  # noqa: E402
-from tcf_search.planfile import PlanFile  # noqa: E402
-from tcf_search.profiles import framework_settings  # noqa: E402
-from tcf_search.validate.calibrate import Entry, load_entry, measure_machine  # noqa: E402
-from tcf_search.validate.compare import (  # noqa: E402
+from tcf_search.calibration.device import Entry, load_entry, measure_machine  # noqa: E402
+from tcf_search.calibration.refit import fit_efficiency  # noqa: E402
+from tcf_search.validate.agreement import (  # noqa: E402
     PARTS,
     measured_parts,
     part_errors,
@@ -35,7 +37,6 @@ from tcf_search.validate.compare import (  # noqa: E402
 )
 from tcf_search.validate.config import RunConfig, as_run  # noqa: E402
 from tcf_search.validate.launch import launch  # noqa: E402
-from tcf_search.validate.refit import fit_efficiency  # noqa: E402
 
 MIB, GIB = 2**20, 2**30
 TINY_PLANS = {

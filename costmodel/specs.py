@@ -11,6 +11,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Literal
 
+from costmodel.errors import TcfError
+
 FfnType = Literal["swiglu", "gelu"]
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
@@ -21,7 +23,7 @@ PRECISION_CODES: dict[str, int] = {"bf16": 0, "fp16": 1, "fp8": 2}
 SCHEDULE_CODES: dict[str, int] = {"1f1b": 0, "interleaved": 1, "gpipe": 2}
 
 
-class SpecError(ValueError):
+class SpecError(TcfError):
     """A model, cluster, plan or training description breaks a rule; the message names it."""
 
 

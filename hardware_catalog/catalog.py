@@ -15,11 +15,12 @@ from typing import Any
 
 import yaml
 
+from costmodel.errors import TcfError
 from costmodel.specs import Efficiency, GpuSpec, SpecError
 
 CATALOG_DIR = Path(__file__).resolve().parent
 CALIBRATION_FILE = "calibration.yaml"
-DATA_FILES = frozenset({CALIBRATION_FILE, "fabrics.yaml"})  # not SKUs
+DATA_FILES = frozenset({CALIBRATION_FILE, "fabrics.yaml", "frameworks.yaml"})  # not SKUs
 FAMILIES = ("ampere", "hopper", "blackwell", "ada", "cdna3", "cpu")
 # optional blocks of an entry written by `tcf-search calibrate`: its own measured efficiency
 # (used instead of the family's) and the raw measurements behind it (kept, not read)
@@ -40,7 +41,7 @@ EFFICIENCY_FIELDS: tuple[str, ...] = tuple(
 )
 
 
-class CatalogError(ValueError):
+class CatalogError(TcfError):
     """A catalog or calibration file breaks a rule; the message names the file and field."""
 
 

@@ -11,10 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from costmodel.errors import TcfError
 from costmodel.specs import ModelSpec, SpecError
 
 
-class HfConfigError(ValueError):
+class HfConfigError(TcfError):
     """A config.json cannot be read as a decoder-only transformer; the message names the key."""
 
 

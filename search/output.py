@@ -1,7 +1,7 @@
 """A study's output: the ranked table on the terminal and the result folder.
 
 Folder layout (read by export, validate and report): ``trials.csv``, ``best_plan.yaml``,
-``top/rank-<N>.yaml`` (plan files of ``tcf_search.planfile``), ``result.json`` (the document
+``top/rank-<N>.yaml`` (plan files of ``search.planfile``), ``result.json`` (the document
 ``tcf-search run --json`` prints) and the Optuna storage (``study.journal`` by default). Every file
 is written to a temporary name and renamed, so a reader never sees half a file.
 """
@@ -20,9 +20,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from search.planfile import PlanFile, dump_plan_file
 from search.result import RankedPlan, StudyResult
 from search.specs import Specs
-from tcf_search.planfile import PlanFile, dump_plan_file
 
 
 def write_atomic(path: Path, text: str) -> None:

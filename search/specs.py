@@ -92,7 +92,7 @@ def cluster_spec(gpu: GpuSpec, num_gpus: int, gpus_per_node: int, fabric: str) -
 
 
 def build_specs(study: Study) -> Specs:
-    from tcf_search.profiles import framework_settings
+    from hardware_catalog.frameworks import framework_settings
 
     t = study.training
     try:

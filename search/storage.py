@@ -24,11 +24,13 @@ from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
+from costmodel.errors import TcfError
+
 STORAGE_FILE = "study.journal"
 FINGERPRINT_ATTR = "tcf_search_fingerprint"
 
 
-class SearchError(ValueError):
+class SearchError(TcfError):
     """A search cannot run as asked (storage of another study, bad storage URL, ...)."""
 
 

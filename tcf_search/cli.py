@@ -17,15 +17,15 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from tcf_search.calibration.predict import predict_cmd
 from tcf_search.compare import compare_cmd
+from tcf_search.errors import TcfError, one_line
 from tcf_search.explain import explain_cmd
 from tcf_search.export.cli import export_cmd
 from tcf_search.nightly import nightly_cmd
-from tcf_search.predict import predict_cmd
 from tcf_search.report import report_cmd
 from tcf_search.validate.cli import calibrate_cmd, validate_cmd
 
-PROJECT_PACKAGES = ("costmodel", "search", "hardware_catalog", "tcf_search")
 DEFAULT_RUNS_DIR = Path("runs")
 
 app = typer.Typer(name="tcf-search", no_args_is_help=True, add_completion=True,
@@ -196,11 +196,6 @@ _CLICK_ERRORS = _click_classes("ClickException")
 _ABORTS = _click_classes("Abort")
 
 
-def _is_project_error(exc: BaseException) -> bool:
-    """Bad user input: a ValueError raised by one of this project's packages."""
-    return isinstance(exc, ValueError) and type(exc).__module__.split(".")[0] in PROJECT_PACKAGES
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0].endswith((".yaml", ".yml")):
@@ -214,10 +209,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         typer.echo("interrupted: rerun the same command to resume from the output folder",
                    err=True)
         return 130
-    except Exception as exc:
-        if not _is_project_error(exc):
-            raise
-        typer.echo(f"error: {exc}", err=True)
+    except TcfError as exc:  # bad input: one line, never a traceback
+        typer.echo(f"error: {one_line(exc)}", err=True)
         return 2
     return code if isinstance(code, int) else 0
 

@@ -23,7 +23,7 @@ from rich.table import Table
 from costmodel import Plan, StepEstimate, estimate
 from search.specs import Specs, build_specs
 from search.study import load_study
-from tcf_search.explain.cli import user_errors
+from tcf_search.errors import user_errors
 from tcf_search.explain.planspec import (
     PlanSpecError,
     apply_change,

@@ -23,7 +23,8 @@ from typing import Annotated, Any
 
 import typer
 
-from tcf_search.explain.cli import user_errors
+from costmodel.errors import TcfError
+from tcf_search.errors import user_errors
 
 COLUMNS = ("date", "study", "sku", "num_gpus", "status", "best_plan", "tokens_per_s_per_gpu",
            "mfu", "step_time_s", "peak_mem_gib", "usable_mem_gib", "dominant_challenge",
@@ -31,7 +32,7 @@ COLUMNS = ("date", "study", "sku", "num_gpus", "status", "best_plan", "tokens_pe
 RESULTS_FILE = "results.csv"
 
 
-class NightlyError(ValueError):
+class NightlyError(TcfError):
     """Bad nightly input: the message names the option and the value."""
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from tcf_search.accuracy import report
-from tcf_search.dataset import find_measured_csv, load_groups, predict_groups
-from tcf_search.fit import split_mask
+from tcf_search.calibration.accuracy import report
+from tcf_search.calibration.dataset import find_measured_csv, load_groups, predict_groups
+from tcf_search.calibration.fit import split_mask
 
 CSV = find_measured_csv()
 pytestmark = pytest.mark.skipif(CSV is None,
@@ -54,12 +54,12 @@ def test_every_fitted_number_names_its_source() -> None:
     import yaml
 
     from hardware_catalog import CATALOG_DIR
-    from tcf_search.measured import load_profiles
+    from search.measured import load_profiles
 
     cal = yaml.safe_load((CATALOG_DIR / "calibration.yaml").read_text())
     assert set(cal) >= {"hopper", "ampere"}
     for family, entry in cal.items():
-        fitted = "fitted by python -m tcf_search.fit" in entry["source"]
+        fitted = "fitted by python -m tcf_search.calibration.fit" in entry["source"]
         transferred = entry["source"].startswith("transferred from the hopper fit")
         assert fitted if family in ("hopper", "ampere") else transferred, family
     assert "fitted" in load_profiles()["memory_model"]["source"]

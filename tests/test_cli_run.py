@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from search.planfile import load_plan_file
 from tcf_search.cli import main
-from tcf_search.planfile import load_plan_file
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "studies" / "tiny-cpu.yaml"

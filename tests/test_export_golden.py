@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 
 import pytest
+from tcf_search.planfile import load_plan_file
 
 from tcf_search.export import FORMATS, ExportOptions, ExportRefused, render
-from tcf_search.planfile import load_plan_file
 
 GOLDEN = Path(__file__).parent / "golden" / "export"
 PLANS = sorted((GOLDEN / "plans").glob("*.yaml"))

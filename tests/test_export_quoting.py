@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from search.planfile import load_plan_file
 from tcf_search.export import FORMATS, ExportError, ExportOptions, ExportRefused, render
-from tcf_search.planfile import load_plan_file
 
 PLANS = Path(__file__).parent / "golden" / "export" / "plans"
 HOSTILE = [

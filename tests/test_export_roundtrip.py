@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import yaml
 
+from search.planfile import PlanFile, load_plan_file
 from tcf_search.export import ExportOptions, ExportRefused, render
-from tcf_search.planfile import PlanFile, load_plan_file
 
 PLANS = Path(__file__).parent / "golden" / "export" / "plans"
 EXAMPLES = sorted(PLANS.glob("*.yaml"))

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from costmodel.specs import Plan, Training
+from search.planfile import PlanFile, load_plan_file
 from tcf_search.export import ExportOptions, ExportRefused, render
 from tcf_search.export.layout import Facts, facts_of, virtual_stage_layers
 from tcf_search.export.rules import RULES
-from tcf_search.planfile import PlanFile, load_plan_file
 
 PLANS = Path(__file__).parent / "golden" / "export" / "plans"
 

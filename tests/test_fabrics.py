@@ -10,11 +10,11 @@ import pytest
 from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, Training, estimate
 from costmodel.specs import GpuSpec
 from hardware_catalog import UnknownFabric, get_fabric, load_fabrics
+from hardware_catalog.frameworks import framework_settings
+from search.measured import CaseError, case_from_row, row_fabric
+from search.planfile import PlanFile, dump_plan_file, parse_plan_file
 from search.specs import build_specs
 from search.study import StudyError, parse_study
-from tcf_search.measured import CaseError, case_from_row, row_fabric
-from tcf_search.planfile import PlanFile, dump_plan_file, parse_plan_file
-from tcf_search.profiles import framework_settings
 
 
 def _collective(est, name: str):  # noqa: ANN001, ANN202 - test helper
@@ -96,7 +96,7 @@ def test_rows_that_differ_only_in_fabric_are_predicted_apart() -> None:
     the cluster, so the same plan on two fabrics must not share one group's network."""
     import pandas as pd
 
-    from tcf_search.dataset import load_groups, predict_groups
+    from tcf_search.calibration.dataset import load_groups, predict_groups
 
     frame = pd.DataFrame([{**ROW, "fabric": "roce"}, {**ROW, "fabric": "infiniband"},
                           {**ROW, "fabric": "roce"}])

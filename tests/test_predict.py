@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tcf_search.predict import CHOICE_COLUMNS, OUTPUT_COLUMNS, predict_csv
+from tcf_search.calibration.predict import CHOICE_COLUMNS, OUTPUT_COLUMNS, predict_csv
 
 HEADER = ("case_id,model_name,layers,hidden,ffn_hidden,heads,kv_heads,vocab,seq_len,ffn_type,"
           "tied_embeddings,gpu,gpus_per_node,num_gpus,tp,pp,vpp,cp,ep,dp,zero_stage,micro_batch,"

@@ -24,9 +24,9 @@ import pytest
 from optuna.trial import TrialState
 
 from search.pipeline import RunOptions, run_study
+from search.planfile import load_plan_file
 from search.storage import StorageSpec
 from search.study import load_study
-from tcf_search.planfile import load_plan_file
 
 ROOT = Path(__file__).resolve().parents[1]
 # Mixtral on 1,024 GPUs, CP and EP searched: 377 parallel layouts, so TPE samples (no brute force)

@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from search import output
+from search.planfile import load_plan_file
 from tcf_search.export import FORMATS, ExportError, ExportOptions, ExportRefused, render
 from tcf_search.export.writer import write_exports
-from tcf_search.planfile import load_plan_file
 
 PLANS = Path(__file__).parent / "golden" / "export" / "plans"
 EXAMPLES = int(os.environ.get("TCF_FUZZ_EXAMPLES", "20"))

@@ -9,7 +9,7 @@ pytest.importorskip("torch", reason="validation needs the optional torch extra "
 
 from costmodel.params import embedding_params, norm_params, total_params  # noqa: E402
 from costmodel.specs import ModelSpec, Plan, Training  # noqa: E402
-from tcf_search.validate.compare import measured_parts  # noqa: E402
+from tcf_search.validate.agreement import measured_parts  # noqa: E402
 from tcf_search.validate.memory_only import measure_memory  # noqa: E402
 
 TINY = ModelSpec(name="t", layers=4, hidden=64, ffn_hidden=128, heads=4, kv_heads=2, vocab=256)

@@ -12,8 +12,8 @@ import pytest
 import typer
 
 from costmodel.specs import ModelSpec, Plan, Training
-from tcf_search.planfile import PlanFile, dump_plan_file
-from tcf_search.validate.compare import Row, plan_label, rank_agreement, spearman
+from search.planfile import PlanFile, dump_plan_file
+from tcf_search.validate.agreement import Row, plan_label, rank_agreement, spearman
 from tcf_search.validate.config import (
     RunConfig,
     Unsupported,
@@ -141,7 +141,7 @@ def test_costmodel_and_search_do_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, costmodel, search.study, tcf_search.validate.compare; "
+    code = ("import sys, costmodel, search.study, tcf_search.validate.agreement; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[1], check=True)
@@ -180,7 +180,7 @@ def test_cpu_runs_are_predicted_with_fp32_activations() -> None:
 
 
 def test_gemm_saturation_fit_recovers_a_curve_and_never_extrapolates_past_it() -> None:
-    from tcf_search.validate.calibrate import fit_saturation
+    from tcf_search.calibration.device import fit_saturation
 
     sizes = [64, 128, 256, 512]
     a, h = fit_saturation(sizes, [50e9 * x / (x + 100) for x in sizes])

@@ -6,28 +6,13 @@ Exit codes: 0 explained (also a plan that does not fit: that is the explanation)
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
-PROJECT_PACKAGES = ("costmodel", "search", "hardware_catalog", "tcf_search")
-
-
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """Bad input (a ValueError of this project) becomes one line on stderr and exit 2."""
-    try:
-        yield
-    except ValueError as exc:
-        if type(exc).__module__.split(".")[0] not in PROJECT_PACKAGES:
-            raise
-        typer.echo(f"error: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}",
-                   err=True)
-        raise typer.Exit(2) from None
+from tcf_search.errors import user_errors
 
 
 def explain_cmd(

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from costmodel import Plan, SpecError, check_plan
+from costmodel.errors import TcfError
 from search.specs import Specs
 
 ALIASES: dict[str, str] = {"mbs": "micro_batch", "zero": "zero_stage", "sp": "sequence_parallel",
@@ -26,7 +27,7 @@ SHORT = (("tp", "tp"), ("pp", "pp"), ("vpp", "vpp"), ("dp", "dp"), ("cp", "cp"),
          ("first_stage_layers", "first_stage_layers"), ("last_stage_layers", "last_stage_layers"))
 
 
-class PlanSpecError(ValueError):
+class PlanSpecError(TcfError):
     """A plan written as ``key=value,...`` is malformed; the message names the key and value."""
 
 

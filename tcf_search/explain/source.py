@@ -11,15 +11,16 @@ from pathlib import Path
 import yaml
 
 from costmodel import MemoryModel, Plan
+from costmodel.errors import TcfError
+from search.planfile import PlanFile, load_plan_file
 from search.specs import Specs, build_specs, cluster_spec
 from search.study import load_study
 from tcf_search.explain.planspec import PlanSpecError, check, parse_plan
-from tcf_search.planfile import PlanFile, load_plan_file
 
 DEFAULT_RUNS_DIR = Path("runs")  # where ``tcf-search run`` writes when -o is not given
 
 
-class SourceError(ValueError):
+class SourceError(TcfError):
     """The study, result folder or plan asked for cannot be found or read."""
 
 

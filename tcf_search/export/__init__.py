@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tcf_search.planfile import PlanFile
+from search.planfile import PlanFile
 
 from . import accelerate, deepspeed, megatron, nanotron, nemo, slurm, torchtitan
 from .options import ExportError, ExportOptions, ExportRefused

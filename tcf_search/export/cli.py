@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 import yaml
 
-from tcf_search.planfile import PlanFile, PlanFileError, load_plan_file
+from search.planfile import PlanFile, PlanFileError, load_plan_file
 
 from . import FORMATS, render
 from .options import ExportError, ExportOptions, ExportRefused

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tcf_search.planfile import PlanFile
+from search.planfile import PlanFile
 
 from . import rules
 from .layout import Facts, facts_of

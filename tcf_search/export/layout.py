@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from tcf_search.planfile import PlanFile
+from search.planfile import PlanFile
 
 from .options import ExportOptions
 

@@ -8,7 +8,7 @@ Megatron's own data-parallel modes: 1 = distributed optimizer, 2/3 = Megatron-FS
 
 from __future__ import annotations
 
-from tcf_search.planfile import PlanFile
+from search.planfile import PlanFile
 
 from . import rules
 from .layout import Facts, facts_of

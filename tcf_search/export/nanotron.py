@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from tcf_search.planfile import PlanFile
+from search.planfile import PlanFile
 
 from . import rules
 from .layout import Facts, facts_of

@@ -5,7 +5,7 @@ overrides. Key names follow Megatron-Bridge's ConfigContainer (``model.*`` is th
 
 from __future__ import annotations
 
-from tcf_search.planfile import PlanFile
+from search.planfile import PlanFile
 
 from . import rules
 from .layout import Facts, facts_of

@@ -5,14 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from costmodel.errors import TcfError
+
 FsdpImpl = Literal["megatron", "torch"]
 
 
-class ExportError(ValueError):
+class ExportError(TcfError):
     """An export request is malformed (unknown format, bad option); the message names it."""
 
 
-class ExportRefused(ValueError):
+class ExportRefused(TcfError):
     """The launcher cannot run this plan as predicted; ``reasons`` has a line per broken rule."""
 
     def __init__(self, fmt: str, reasons: list[str]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 
-from tcf_search.planfile import PlanFile
+from search.planfile import PlanFile
 
 from .layout import Facts
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from tcf_search.planfile import PlanFile
+from search.planfile import PlanFile
 
 from .layout import facts_of
 from .options import ExportError, ExportOptions

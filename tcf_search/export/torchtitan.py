@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from tcf_search.planfile import PlanFile
+from search.planfile import PlanFile
 
 from . import rules
 from .layout import Facts, facts_of, virtual_stage_ranges

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from tcf_search.explain.cli import user_errors
+from tcf_search.errors import user_errors
 
 
 def report_cmd(

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from costmodel.errors import TcfError
 
-class ReportError(ValueError):
+
+class ReportError(TcfError):
     """The result folder cannot be reported on; the message names the file and the rule."""
 
 

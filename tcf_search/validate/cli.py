@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from tcf_search.validate.compare import GIB, Row
+from tcf_search.validate.agreement import GIB, Row
 
 INSTALL_HINT = ("needs PyTorch, an optional extra: pip install -e '.[validate]' "
                 "(pins torch==2.13.0)")
@@ -108,14 +108,14 @@ def calibrate_cmd(
 ) -> None:
     """Measure this machine and write a catalog entry; with --from, refit and re-rank."""
     require_torch("calibrate")
-    from tcf_search.validate.calibrate import catalog_yaml, measure_machine
-    from tcf_search.validate.refit import refit_from_folder
+    from tcf_search.calibration.device import catalog_yaml, measure_machine
+    from tcf_search.calibration.refit import refit_from_folder
 
     if device not in ("cpu", "cuda"):
         typer.echo(f"--device must be cpu or cuda, but got {device!r}", err=True)
         raise typer.Exit(2)
     if gpu_file is not None and from_result is not None:
-        from tcf_search.validate.calibrate import load_entry
+        from tcf_search.calibration.device import load_entry
         entry = load_entry(gpu_file)
     else:
         entry = measure_machine(device=device, ranks=ranks, quick=quick)  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from costmodel.errors import TcfError
 from costmodel.specs import MemoryModel, ModelSpec, Plan, Training
 
 Outcome = Literal["ok", "oom", "crash", "timeout", "unsupported"]
@@ -16,7 +17,7 @@ Device = Literal["cpu", "cuda"]
 MemorySource = Literal["cuda_max_memory_allocated", "mem_tracker", "fake_mem_tracker"]
 
 
-class ValidationError(ValueError):
+class ValidationError(TcfError):
     """A validation request breaks a rule; the message names the field, the rule and the value."""
 
 

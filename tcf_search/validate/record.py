@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tcf_search.validate.compare import Row
+from tcf_search.validate.agreement import Row
 
 CSV_NAME = "validation.csv"
 

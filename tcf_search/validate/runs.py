@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tcf_search.planfile import PlanFile, load_plan_file
-from tcf_search.validate.compare import Row, make_row, rank_agreement
+from search.planfile import PlanFile, load_plan_file
+from tcf_search.validate.agreement import Row, make_row, rank_agreement
 from tcf_search.validate.config import (
     Device,
     Outcome,

@@ -14,12 +14,13 @@ from typing import Any
 
 import yaml
 
+from costmodel.errors import TcfError
 from costmodel.specs import MemoryModel, ModelSpec, Plan, Training
 
 FORMAT_VERSION = 1
 
 
-class PlanFileError(ValueError):
+class PlanFileError(TcfError):
     """A plan file is malformed; the message names the field."""
 
 

@@ -239,7 +239,7 @@ def measure_collectives(device: str, ranks: int, quick: bool) -> dict[str, Any]:
 
     work = Path(tempfile.mkdtemp(prefix="tcf-calibrate-"))
     out = work / "collectives.json"
-    cmd = [sys.executable, "-m", "tcf_search.validate.calibrate", "--collective-worker",
+    cmd = [sys.executable, "-m", "tcf_search.calibration.device", "--collective-worker",
            str(out), device, "quick" if quick else "full"]
     codes, timed_out, _ = spawn_ranks(cmd, ranks, work, timeout_s=300.0)
     if timed_out or any(codes) or not out.exists():

@@ -13,9 +13,9 @@ import pandas as pd
 from costmodel.estimate import check_plan, estimate_batch
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import ClusterSpec, Efficiency, ModelSpec, Training
-from tcf_search.measured import CaseError, case_from_row
+from search.measured import CaseError, case_from_row
 
-DEFAULT_CSV = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "measured_runs.csv"
+DEFAULT_CSV = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "measured_runs.csv"
 
 
 def find_measured_csv() -> Path | None:

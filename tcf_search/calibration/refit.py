@@ -22,10 +22,10 @@ import numpy as np
 
 from costmodel import estimate
 from costmodel.specs import Efficiency
+from search.planfile import PlanFile
 from search.specs import cluster_spec
-from tcf_search.planfile import PlanFile
-from tcf_search.validate.calibrate import Entry, stamp
-from tcf_search.validate.compare import plan_label, spearman
+from tcf_search.calibration.device import Entry, stamp
+from tcf_search.validate.agreement import plan_label, spearman
 from tcf_search.validate.config import ValidationError, as_run
 from tcf_search.validate.record import read_csv
 from tcf_search.validate.runs import top_plan_files

@@ -7,9 +7,15 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from costmodel.errors import TcfError
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
 from hardware_catalog import CatalogError, fabric_fraction, get_gpu
-from tcf_search.profiles import framework_settings, load_profiles, memory_model, resolve_framework
+from hardware_catalog.frameworks import (
+    framework_settings,
+    load_profiles,
+    memory_model,
+    resolve_framework,
+)
 
 __all__ = ["Case", "CaseError", "case_from_row", "framework_settings", "load_profiles",
            "memory_model"]
@@ -23,7 +29,7 @@ FABRIC_WORDS: tuple[tuple[str, str], ...] = (("roce", "roce"), ("infiniband", "i
 
 
 
-class CaseError(ValueError):
+class CaseError(TcfError):
     """A row cannot be turned into a plan; the message names the column."""
 
 

@@ -1,6 +1,6 @@
 """Calibrate the cost model on measured runs, honestly: few physical parameters, a held-out split.
 
-Run ``python -m tcf_search.fit [--csv PATH] [--write]``. It fits
+Run ``python -m tcf_search.calibration.fit [--csv PATH] [--write]``. It fits
 
 * per SKU family (here: hopper on the Playbook's H100 runs; ampere on a part of llm-foundry's
   A100 runs): GEMM peak fraction and half-size, attention peak fraction, memory-bound bandwidth
@@ -27,9 +27,10 @@ import yaml
 from scipy.optimize import least_squares
 
 from costmodel.specs import Efficiency, MemoryModel
-from hardware_catalog import FAMILIES
-from tcf_search.accuracy import report, throughput_rows
-from tcf_search.dataset import (
+from hardware_catalog import CATALOG_DIR, FAMILIES
+from hardware_catalog.frameworks import PROFILES_FILE
+from tcf_search.calibration.accuracy import report, throughput_rows
+from tcf_search.calibration.dataset import (
     Group,
     find_measured_csv,
     holdout,
@@ -41,7 +42,7 @@ from tcf_search.dataset import (
 GIB = 2**30
 EFF_PARAMS = ("attention_peak_fraction", "memory_bw_fraction", "collective_overhead_s",
               "nvlink_bw_fraction", "network_bw_fraction")
-# fitted as part of the nanotron profile (tcf_search/profiles.yaml), not of the GPU
+# fitted as part of the nanotron profile (hardware_catalog/frameworks.yaml), not of the GPU
 TRAINING_PARAMS = ("host_overhead_s", "pp_tp_step_overhead_s")
 # fitted on throughput but belonging to the memory model (the PyTorch allocator near capacity)
 PRESSURE_PARAMS = ("pressure_start", "pressure_slowdown")
@@ -175,17 +176,17 @@ def _set_fitted(text: str, key: str, value: float) -> str:
             indent = line[: len(line) - len(line.lstrip())]
             lines[i] = f"{indent}{key}: {value:.4g}  # fitted\n"
             return "".join(lines)
-    raise KeyError(f"profiles.yaml has no fitted line for {key}")
+    raise KeyError(f"frameworks.yaml has no fitted line for {key}")
 
 
 def write_calibration(effs: dict[str, Efficiency], mm: MemoryModel,
                       nanotron: dict[str, float]) -> None:
-    root = Path(__file__).resolve().parents[1]
-    cal = root / "hardware_catalog" / "calibration.yaml"
-    cal.write_text("# Written by `python -m tcf_search.fit --write`; do not edit by hand.\n"
+    cal = CATALOG_DIR / "calibration.yaml"
+    cal.write_text("# Written by `python -m tcf_search.calibration.fit --write`; do not edit by "
+                   "hand.\n"
                    + yaml.safe_dump({f: dataclasses.asdict(e) for f, e in effs.items()},
                                     sort_keys=False))
-    prof_path = root / "tcf_search" / "profiles.yaml"
+    prof_path = PROFILES_FILE
     head, _, _ = prof_path.read_text().partition("\nmemory_model:")
     for key, value in nanotron.items():
         head = _set_fitted(head, key, value)
@@ -208,7 +209,7 @@ def fit_ampere(frame: pd.DataFrame, groups: list[Group], train: pd.Series, hoppe
         ("gemm_peak_fraction", "attention_peak_fraction", "memory_bw_fraction",
          FABRIC_PREFIX + "roce", FABRIC_PREFIX + "infiniband"))
     n_sc21 = int((a100 & frame["source"].eq("megatron-sc21")).sum())
-    ampere = replace(ampere, source="fitted by python -m tcf_search.fit on "
+    ampere = replace(ampere, source="fitted by python -m tcf_search.calibration.fit on "
                      f"{int(a100.sum()) - n_sc21} llm-foundry A100 and {n_sc21} Megatron SC21 "
                      "runs of non-held-out groups (GEMM, attention and memory-bound fractions; "
                      "the rest, and the network fraction of clusters whose fabric is not given, "
@@ -222,13 +223,13 @@ def fit_ampere(frame: pd.DataFrame, groups: list[Group], train: pd.Series, hoppe
 
 def write_fabrics(fabrics: dict[str, float], rows_on: dict[str, int]) -> None:
     """Rewrite the fitted fields of fabrics.yaml, keeping its header comment and descriptions."""
-    path = Path(__file__).resolve().parents[1] / "hardware_catalog" / "fabrics.yaml"
+    path = CATALOG_DIR / "fabrics.yaml"
     text = path.read_text()
     header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
     doc = yaml.safe_load(text)
     for fid, value in fabrics.items():
         doc[fid]["network_bw_fraction"] = round(value, 4)
-        doc[fid]["source"] = (f"fitted by python -m tcf_search.fit on {rows_on[fid]} "
+        doc[fid]["source"] = (f"fitted by python -m tcf_search.calibration.fit on {rows_on[fid]} "
                               f"non-held-out A100 runs on {fid}, with the ampere parameters "
                               "(see calibration.yaml)")
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=100))
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=None)
     ap.add_argument("--write", action="store_true",
-                    help="write hardware_catalog/calibration.yaml and tcf_search/profiles.yaml")
+                    help="write hardware_catalog/calibration.yaml and frameworks.yaml")
     args = ap.parse_args(argv)
     csv = args.csv or find_measured_csv()
     if csv is None:
@@ -267,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         start_values={"host_overhead_s": 5e-5, "pp_tp_step_overhead_s": 2e-4,
                       "pressure_start": 0.85, "pressure_slowdown": 1.0})
     mm = replace(MemoryModel(), **memory,  # type: ignore[arg-type]
-                 source="fitted by python -m tcf_search.fit on Playbook ok runs of non-held-out "
+                 source="fitted by python -m tcf_search.calibration.fit on Playbook ok runs of "
+                 "non-held-out "
                  f"groups: allocator_* on max_memory_reserved ({int((pb_ok & train).sum())} rows);"
                  " activation_factor, logits_bytes_per_element and pressure_* are priors here "
                  "(Korthikanti's count; bf16 logits + fp32 softmax; no slowdown) and fitted for "
@@ -278,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     groups = [replace(g, training=replace(g.training, memory_model=replace(
         g.training.memory_model, **memory))) for g in groups]  # type: ignore[arg-type]
     groups = with_training(groups, "nanotron", memory_model=nanotron_memory(nanotron), **fitted)
-    hopper = replace(hopper, source="fitted by python -m tcf_search.fit on "
+    hopper = replace(hopper, source="fitted by python -m tcf_search.calibration.fit on "
                      f"{int(hop_rows.sum())} Playbook H100 ok runs (pp=1 or after_pp_fix) "
                      "of non-held-out (model, num_gpus) groups; GEMM roofline from prior")
     print("hopper:", hopper)

@@ -21,7 +21,7 @@ import typer
 from costmodel.estimate import check_plan, estimate_batch
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import Plan, SpecError
-from tcf_search.measured import KNOBS, Case, CaseError, case_from_row
+from search.measured import KNOBS, Case, CaseError, case_from_row
 
 if TYPE_CHECKING:  # pandas loads when a command reads a CSV, not with the command line
     import pandas as pd

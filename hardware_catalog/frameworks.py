@@ -1,8 +1,8 @@
-"""Framework profiles (``profiles.yaml`` beside this file): how each training framework
+"""Framework profiles (``frameworks.yaml`` beside this file): how each training framework
 behaves, as cost-model ``Training`` switches, and the calibrated memory model.
 
 Switches are facts about the frameworks (their defaults); values marked ``# fitted`` and the
-``memory_model`` section are written by ``python -m tcf_search.fit --write``.
+``memory_model`` section are written by ``python -m tcf_search.calibration.fit --write``.
 """
 
 from __future__ import annotations
@@ -16,16 +16,22 @@ import yaml
 
 from costmodel.specs import MemoryModel
 
-PROFILES_FILE = Path(__file__).with_name("profiles.yaml")
+PROFILES_FILE = Path(__file__).with_name("frameworks.yaml")
 
 
 PRECISIONS = ("bf16", "fp16", "fp8")
 
+# The launchers a plan exports to (``tcf_search.export`` renders each; a test holds the two
+# equal), so that a study's ``export.formats`` is checked before the search runs.
+EXPORT_FORMATS: tuple[str, ...] = ("megatron", "nemo", "deepspeed", "torchtitan", "nanotron",
+                                   "accelerate", "slurm")
+
 
 @lru_cache(maxsize=1)
 def load_profiles() -> dict[str, Any]:
-    """Framework profiles (``tcf_search/profiles.yaml``): each framework's switches (data, not
-    fitted) plus the values ``python -m tcf_search.fit`` fitted, and the fitted memory model."""
+    """Framework profiles (``frameworks.yaml`` beside this file): each framework's switches
+    (data, not fitted) plus the values ``python -m tcf_search.calibration.fit`` fitted, and the
+    fitted memory model."""
     raw = yaml.safe_load(PROFILES_FILE.read_text()) if PROFILES_FILE.exists() else {}
     return raw or {}
 

@@ -1,0 +1,301 @@
+"""The sections of a study file, as a pydantic schema: each field's type, range and rule.
+
+Unknown keys are rejected, inf and nan are never a count, and ``true`` is never a number; a
+broken rule raises ``ValueError``, which :func:`search.study.parse_study` turns into one
+``field.path: rule (got value)`` line.
+"""
+
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import PurePosixPath
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    field_validator,
+    model_validator,
+)
+
+from hardware_catalog.frameworks import EXPORT_FORMATS, frameworks
+from search.presets import preset_names
+
+
+class _Section(BaseModel):
+    # inf and nan are never a count, a size, a rate or a price.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):  # pydantic would read true as 1.0
+        raise ValueError(f"must be a number, not true or false (got {value!r})")
+    return value
+
+
+Int = Annotated[int, Strict()]
+Float = Annotated[float, BeforeValidator(_not_bool)]
+Bool = Annotated[bool, Strict()]
+Auto = Literal["auto"]
+# Beyond these the enumeration (divisors of the world size, layer splits) would not finish:
+# more GPUs than any cluster holds, more layers than any model has.
+MAX_GPUS = 2**20
+MAX_LAYERS = 4096
+
+
+def _domain(allowed: tuple[Any, ...] | None, kind: type) -> Callable[[Any], Any]:
+    """A knob is ``auto``, one value or a non-empty list of values; normalised to ``auto`` or a
+    sorted tuple so that one error line names the knob (pydantic would report each union arm)."""
+
+    def check(raw: Any) -> Any:
+        if raw == "auto":
+            return raw
+        values = raw if isinstance(raw, list) else [raw]
+        if not values:
+            raise ValueError("must be auto, a value or a non-empty list (got [])")
+        for v in values:
+            ok = type(v) is kind and (allowed is None or v in allowed)
+            if kind is int and ok and allowed is None:
+                ok = v > 0
+            if not ok:
+                rule = (f"one of {list(allowed)}" if allowed is not None
+                        else "a positive integer" if kind is int else kind.__name__)
+                raise ValueError(f"values must be {rule}, or auto (got {v!r})")
+            if kind is int and allowed is None and v > MAX_GPUS:
+                raise ValueError(f"values must be at most {MAX_GPUS} (got {v})")
+        return tuple(sorted(set(values), key=lambda v: (allowed.index(v) if allowed else v)))
+
+    return check
+
+
+IntAxis = Annotated[Auto | tuple[int, ...], BeforeValidator(_domain(None, int))]
+ZeroAxis = Annotated[Auto | tuple[int, ...], BeforeValidator(_domain((0, 1, 2, 3), int))]
+RecomputeAxis = Annotated[Auto | tuple[str, ...],
+                          BeforeValidator(_domain(("none", "selective", "full"), str))]
+BoolAxis = Annotated[Auto | tuple[bool, ...], BeforeValidator(_domain((False, True), bool))]
+ScheduleAxis = Annotated[Auto | tuple[str, ...], BeforeValidator(_domain(("1f1b", "gpipe"), str))]
+
+
+class Moe(_Section):
+    experts: Int = Field(gt=0)
+    topk: Int = Field(gt=0)
+    ffn_hidden: Int = Field(default=0, ge=0)  # 0: the dense ffn_hidden
+    shared_experts: Int = Field(default=0, ge=0)
+    dense_layers: Int = Field(default=0, ge=0)
+
+
+class Architecture(_Section):
+    layers: Int = Field(gt=0)
+    hidden: Int = Field(gt=0)
+    ffn_hidden: Int = Field(gt=0)
+    heads: Int = Field(gt=0)
+    kv_heads: Int | None = Field(default=None, gt=0)  # None: equal to heads (MHA)
+    vocab: Int = Field(gt=0)
+    head_dim: Int = Field(default=0, ge=0)
+    ffn_type: Literal["swiglu", "gelu"] = "swiglu"
+    tied_embeddings: Bool = False
+    moe: Moe | None = None
+
+
+class ModelSection(_Section):
+    """Exactly one of ``preset``, ``architecture`` or ``hf_config`` (a path relative to the
+    study file)."""
+
+    preset: str | None = None
+    architecture: Architecture | None = None
+    hf_config: str | None = None
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelSection:
+        given = [k for k in ("preset", "architecture", "hf_config") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of preset, architecture, hf_config (got {given})")
+        return self
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, name: str | None) -> str | None:
+        if name is not None and name not in preset_names():
+            raise ValueError(f"must be one of {', '.join(preset_names())} (got {name!r})")
+        return name
+
+
+class TrainingSection(_Section):
+    seq_len: Int = Field(gt=0)
+    global_batch: Int | None = Field(default=None, gt=0)  # sequences
+    global_batch_tokens: Int | None = Field(default=None, gt=0)
+    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    optimizer: Literal["adam", "sgd"] = "adam"
+    # tokens, for time-to-train and GPU-hours
+    token_budget: Float | None = Field(default=None, gt=0, lt=1e30)
+    # the framework's behaviour and calibrated memory footprint (hardware_catalog/frameworks.yaml);
+    # the switches below, when given, override its defaults
+    framework: str = "generic"
+    overlap_grad_reduce: Bool | None = None
+    overlap_param_gather: Bool | None = None
+    tp_comm_overlap: Bool | None = None
+    flash_attention: Bool | None = None
+    # fp8 weights held in fp8 only (Megatron-LM --fp8-param-gather); gradients accumulated and
+    # reduced in bf16 instead of fp32 (--grad-reduce-in-bf16)
+    fp8_param_gather: Bool | None = None
+    grad_reduce_in_bf16: Bool | None = None
+    # torch.compile: fuses the norms, RoPE and activation functions a framework runs eagerly
+    compile: Bool | None = None
+
+    @field_validator("framework")
+    @classmethod
+    def _known_framework(cls, value: str) -> str:
+        if value not in frameworks():
+            raise ValueError(f"must be one of {', '.join(frameworks())} (got {value!r})")
+        return value
+
+    @model_validator(mode="after")
+    def _fp8_only(self) -> TrainingSection:
+        if self.fp8_param_gather and self.precision != "fp8":
+            raise ValueError("fp8_param_gather needs precision: fp8 "
+                             f"(got precision {self.precision!r})")
+        return self
+
+    @model_validator(mode="after")
+    def _one_batch(self) -> TrainingSection:
+        if (self.global_batch is None) == (self.global_batch_tokens is None):
+            raise ValueError("give exactly one of global_batch (sequences) or global_batch_tokens")
+        if self.global_batch_tokens is not None and self.global_batch_tokens % self.seq_len:
+            raise ValueError(f"global_batch_tokens % seq_len == 0 must hold "
+                             f"(got {self.global_batch_tokens} and {self.seq_len})")
+        return self
+
+    @property
+    def sequences(self) -> int:
+        if self.global_batch is not None:
+            return self.global_batch
+        assert self.global_batch_tokens is not None
+        return self.global_batch_tokens // self.seq_len
+
+
+class ClusterSection(_Section):
+    """``gpu`` is a catalog id; ``gpu_spec`` instead defines a device the catalog lacks (e.g. the
+    CPU "cluster" of tiny-cpu.yaml) with the :class:`costmodel.GpuSpec` fields it needs."""
+
+    gpu: str
+    gpus: Int | None = Field(default=None, gt=0)
+    nodes: Int | None = Field(default=None, gt=0)
+    gpus_per_node: Int = Field(default=8, gt=0)
+    # the inter-node fabric (hardware_catalog/fabrics.yaml): sets the network efficiency
+    fabric: str | None = None
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    gpu_spec: dict[str, Any] | None = None
+    price_per_gpu_hour: Float | None = Field(default=None, gt=0, lt=1e30)  # for objective: cost
+
+    @field_validator("fabric")
+    @classmethod
+    def _known_fabric(cls, value: str | None) -> str | None:
+        from hardware_catalog import load_fabrics
+
+        known = sorted(load_fabrics())
+        if value is not None and value not in known:
+            raise ValueError(f"must be one of {', '.join(known)} (got {value!r})")
+        return value
+
+    @model_validator(mode="after")
+    def _size(self) -> ClusterSection:
+        if (self.gpus is None) == (self.nodes is None):
+            raise ValueError("give exactly one of gpus or nodes")
+        n = self.num_gpus
+        if max(n, self.gpus_per_node) > MAX_GPUS:
+            raise ValueError(f"gpus <= {MAX_GPUS} and gpus_per_node <= {MAX_GPUS} must hold "
+                             f"(got gpus={n}, gpus_per_node={self.gpus_per_node})")
+        if n > self.gpus_per_node and n % self.gpus_per_node:
+            raise ValueError(f"gpus % gpus_per_node == 0 must hold on more than one node "
+                             f"(got gpus={n}, gpus_per_node={self.gpus_per_node})")
+        return self
+
+    @property
+    def num_gpus(self) -> int:
+        return self.gpus if self.gpus is not None else (self.nodes or 0) * self.gpus_per_node
+
+
+class SearchSpaceSection(_Section):
+    """Each knob: ``auto`` (a domain derived from the model and cluster), one value (fixed) or a
+    list (searched). ``dp`` is derived from the world size; a value or list restricts it."""
+
+    tp: IntAxis = "auto"
+    pp: IntAxis = "auto"
+    dp: IntAxis = "auto"
+    cp: IntAxis = (1,)
+    ep: IntAxis = "auto"
+    vpp: IntAxis = "auto"
+    zero_stage: ZeroAxis = "auto"
+    micro_batch: IntAxis = "auto"
+    recompute: RecomputeAxis = "auto"
+    sequence_parallel: BoolAxis = "auto"
+    pp_schedule: ScheduleAxis = "auto"
+    uneven_pipeline: Bool = True  # CP-SAT may give the first/last stage other layer counts
+    partial_recompute: Bool = True  # CP-SAT picks how many layers per stage are recomputed
+    tp_in_node: Bool = True  # keep TP inside one NVLink domain
+
+
+class ObjectiveSection(_Section):
+    metric: Literal["tokens_per_s", "mfu", "time_to_train", "cost"] = "tokens_per_s"
+    second: Literal["memory_headroom"] | None = None
+    # memory kept free on every GPU: an absolute figure, or else a fraction of usable memory.
+    # Default 10%: Playbook runs predicted above 90% of usable memory ran 22% slower (median)
+    # as the caching allocator frees and retries (issue #2's closing note).
+    memory_headroom_gib: Float | None = Field(default=None, ge=0)
+    memory_headroom_fraction: Float = Field(default=0.1, ge=0, lt=1)
+
+
+class SearchSection(_Section):
+    trials: Int = Field(default=300, gt=0)
+    sampler: Literal["auto", "tpe", "nsga2", "random", "brute_force"] = "auto"
+    seed: Int = Field(default=0, ge=0, lt=2**32)  # numpy's seed range
+    storage: str | None = None  # default: a journal file in the output folder
+    study_name: str | None = None  # default: the study's name
+    workers: Int = Field(default=1, gt=0)
+    top_k: Int = Field(default=10, gt=0)
+
+
+class ExportSection(_Section):
+    """Launcher configs written at the end of a study (implemented in ``tcf_search.export``)."""
+
+    formats: list[str] = Field(default_factory=list)
+    rank: Int = Field(default=1, gt=0)
+    output: str | None = None  # folder, relative to the study's output folder
+    force: Bool = False
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("formats")
+    @classmethod
+    def _known_formats(cls, names: list[str]) -> list[str]:
+        unknown = [n for n in names if n != "all" and n not in EXPORT_FORMATS]
+        if unknown:
+            raise ValueError(f"must be among {', '.join(EXPORT_FORMATS)}, all "
+                             f"(got {unknown[0]!r})")
+        return names
+
+    @field_validator("output")
+    @classmethod
+    def _inside_output(cls, output: str | None) -> str | None:
+        # A study file may not make the exporter write outside the result folder.
+        rel = PurePosixPath(output or ".")
+        if rel.is_absolute() or ".." in rel.parts or "\\" in (output or ""):
+            raise ValueError(f"must be a folder inside the output folder, without .. "
+                             f"(got {output!r})")
+        return output
+
+
+class ValidationSection(_Section):
+    """Short real runs of the top plans (implemented in ``tcf_search.validate``)."""
+
+    top: Int = Field(default=3, gt=0)
+    steps: Int = Field(default=3, gt=0)
+    warmup: Int = Field(default=1, ge=0)
+    device: Literal["cpu", "cuda"] = "cpu"
+    timeout_s: Float = Field(default=600.0, gt=0)
+    memory_only: Bool = False
+    options: dict[str, Any] = Field(default_factory=dict)
