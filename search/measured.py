@@ -9,16 +9,11 @@ from dataclasses import dataclass, replace
 
 from costmodel.errors import TcfError
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
-from hardware_catalog import CatalogError, fabric_fraction, get_gpu
-from hardware_catalog.frameworks import (
-    framework_settings,
-    load_profiles,
-    memory_model,
-    resolve_framework,
-)
+from hardware_catalog import CatalogError, get_gpu
+from hardware_catalog.frameworks import resolve_framework
+from search.specs import cluster_spec, training_spec
 
-__all__ = ["Case", "CaseError", "case_from_row", "framework_settings", "load_profiles",
-           "memory_model"]
+__all__ = ["Case", "CaseError", "case_from_row"]
 
 KNOBS: tuple[str, ...] = ("micro_batch", "recompute", "zero_stage", "vpp", "sequence_parallel")
 # The schema gives the interconnect only inside `notes` ("gpu as published: A100 80GB (1600Gbps
@@ -100,22 +95,15 @@ def case_from_row(row: Mapping[str, object]) -> Case:
         moe_shared_experts=_int(row, "moe_shared_experts", 0),
     )
     gpu = get_gpu(_cell(row, "gpu"))
-    fabric = row_fabric(row)
     try:
-        fraction = fabric_fraction(fabric)
+        cluster = cluster_spec(gpu, _int(row, "num_gpus"), _int(row, "gpus_per_node", 8),
+                               row_fabric(row))
     except CatalogError as e:
         raise CaseError(f"fabric: {e}") from None
-    cluster = ClusterSpec(gpu=gpu, num_gpus=_int(row, "num_gpus"),
-                          gpus_per_node=_int(row, "gpus_per_node", 8), fabric=fabric,
-                          network_bw_fraction=fraction)
     framework = resolve_framework(_cell(row, "framework"), _cell(row, "source"))
-    precision = _cell(row, "precision") or "bf16"
-    settings = framework_settings(framework, precision)
-    if _bool(row, "compile"):  # torch.compile fuses what the framework runs eagerly
-        settings["fused_elementwise"] = True
-    training = Training(seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
-                        precision=precision,  # type: ignore[arg-type]
-                        **settings)  # type: ignore[arg-type]
+    training = training_spec(framework=framework, precision=_cell(row, "precision") or "bf16",
+                             seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
+                             compile=_bool(row, "compile"))
     given = frozenset(k for k in KNOBS if _cell(row, k))
     tp = _int(row, "tp", 1)
     recompute = _cell(row, "recompute") or "none"

@@ -1,13 +1,19 @@
-"""A parsed study as cost-model inputs: the model, the cluster (GPU, fabric) and the training
-setup with its framework profile (``build_specs``)."""
+"""User text as cost-model inputs, resolved once: a study (``build_specs``), a plan file
+(``plan_file_specs``) or a measured row (``search.measured``, through ``training_spec`` and
+``cluster_spec``) becomes the model, the cluster (GPU, fabric) and the training setup with its
+framework profile. Commands receive these specs; they never rebuild them."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from costmodel.specs import ClusterSpec, GpuSpec, ModelSpec, SpecError, Training
+from hardware_catalog import CatalogError, fabric_fraction, get_gpu, with_overrides
+from hardware_catalog.frameworks import framework_settings
 from search.hf_config import HfConfigError, load_hf_config
+from search.planfile import PlanFile, PlanFileError
 from search.presets import get_preset
 from search.study import MAX_LAYERS, ClusterSection, Study, StudyError
 
@@ -44,9 +50,6 @@ def build_model(study: Study) -> ModelSpec:
 
 
 def build_gpu(section: ClusterSection) -> GpuSpec:
-    # Imported here so that parsing a study does not load the catalog files.
-    from hardware_catalog import CatalogError, get_gpu, with_overrides
-
     if section.gpu_spec is not None:
         fields = {"id": section.gpu, **section.gpu_spec}
         fields.pop("efficiency", None)
@@ -85,27 +88,35 @@ class Specs:
 
 def cluster_spec(gpu: GpuSpec, num_gpus: int, gpus_per_node: int, fabric: str) -> ClusterSpec:
     """The cluster, with its fabric's network efficiency when the fabric is named."""
-    from hardware_catalog import fabric_fraction
-
     return ClusterSpec(gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node, fabric=fabric,
                        network_bw_fraction=fabric_fraction(fabric))
 
 
-def build_specs(study: Study) -> Specs:
-    from hardware_catalog.frameworks import framework_settings
+def training_spec(*, framework: str, precision: str, seq_len: int, global_batch: int,
+                  optimizer: str = "adam", compile: bool = False,
+                  switches: Mapping[str, Any] | None = None) -> Training:
+    """The training setup a framework runs: its profile's switches at this precision, then the
+    switches given explicitly, then what ``torch.compile`` fuses. The one place a framework name
+    becomes a :class:`Training` (a study, a measured row)."""
+    settings: dict[str, Any] = framework_settings(framework, precision)
+    settings.update(switches or {})
+    if compile:  # torch.compile fuses the norms, RoPE and activations a framework runs eagerly
+        settings["fused_elementwise"] = True
+    return Training(seq_len=seq_len, global_batch=global_batch,
+                    precision=precision, optimizer=optimizer, **settings)  # type: ignore[arg-type]
 
+
+def build_specs(study: Study) -> Specs:
     t = study.training
+    switches: dict[str, Any] = {k: getattr(t, k) for k in (
+        "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "flash_attention",
+        "fp8_param_gather") if getattr(t, k) is not None}
+    if t.grad_reduce_in_bf16 is not None:
+        switches["grad_dtype_bytes"] = 2 if t.grad_reduce_in_bf16 else 4
     try:
-        switches: dict[str, Any] = framework_settings(t.framework, t.precision)
-        switches.update({k: getattr(t, k) for k in (
-            "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "flash_attention",
-            "fp8_param_gather") if getattr(t, k) is not None})
-        if t.compile:
-            switches["fused_elementwise"] = True
-        if t.grad_reduce_in_bf16 is not None:
-            switches["grad_dtype_bytes"] = 2 if t.grad_reduce_in_bf16 else 4
-        training = Training(seq_len=t.seq_len, global_batch=t.sequences,
-                            precision=t.precision, optimizer=t.optimizer, **switches)
+        training = training_spec(framework=t.framework, precision=t.precision, seq_len=t.seq_len,
+                                 global_batch=t.sequences, optimizer=t.optimizer,
+                                 compile=bool(t.compile), switches=switches)
         cluster = cluster_spec(build_gpu(study.cluster), study.cluster.num_gpus,
                                study.cluster.gpus_per_node, study.cluster.fabric or "")
     except SpecError as exc:
@@ -115,3 +126,19 @@ def build_specs(study: Study) -> Specs:
                 else o.memory_headroom_fraction * cluster.gpu.usable_bytes / 2**30)
     return Specs(model=build_model(study), cluster=cluster, training=training,
                  headroom_gib=headroom)
+
+
+def plan_file_specs(pf: PlanFile, gpu: GpuSpec | None = None) -> Specs:
+    """The specs a plan file records: the GPU by its catalog id (or ``gpu``, e.g. a refitted
+    one), its cluster and fabric, its model and training as written."""
+    if gpu is None:
+        try:
+            gpu = get_gpu(pf.gpu)
+        except CatalogError as exc:
+            raise PlanFileError(f"cluster.gpu: {exc} (a study with gpu_spec needs the study "
+                                f"file: pass STUDY.yaml with --result)") from None
+    try:
+        cluster = cluster_spec(gpu, pf.num_gpus, pf.gpus_per_node, pf.fabric)
+    except CatalogError as exc:
+        raise PlanFileError(f"cluster.fabric: {exc}") from None
+    return Specs(model=pf.model, cluster=cluster, training=pf.training)

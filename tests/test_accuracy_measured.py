@@ -54,7 +54,7 @@ def test_every_fitted_number_names_its_source() -> None:
     import yaml
 
     from hardware_catalog import CATALOG_DIR
-    from search.measured import load_profiles
+    from hardware_catalog.frameworks import load_profiles
 
     cal = yaml.safe_load((CATALOG_DIR / "calibration.yaml").read_text())
     assert set(cal) >= {"hopper", "ampere"}

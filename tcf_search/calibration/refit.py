@@ -23,7 +23,7 @@ import numpy as np
 from costmodel import estimate
 from costmodel.specs import Efficiency
 from search.planfile import PlanFile
-from search.specs import cluster_spec
+from search.specs import plan_file_specs
 from tcf_search.calibration.device import Entry, stamp
 from tcf_search.validate.agreement import plan_label, spearman
 from tcf_search.validate.config import ValidationError, as_run
@@ -61,7 +61,7 @@ def _predict(plans: list[PlanFile], entry: Entry, eff: Efficiency) -> np.ndarray
     device = "cpu" if gpu.synchronous else "cuda"
     out = []
     for pf in plans:
-        cluster = cluster_spec(gpu, pf.num_gpus, pf.gpus_per_node, pf.fabric)
+        cluster = plan_file_specs(pf, gpu).cluster
         out.append(estimate(pf.model, cluster, pf.plan, as_run(pf.training, device))
                    .step_time_s)
     return np.asarray(out, float)

@@ -4,16 +4,15 @@ model needs, built the way the search builds them."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from costmodel import MemoryModel, Plan
+from costmodel import Plan
 from costmodel.errors import TcfError
-from search.planfile import PlanFile, load_plan_file
-from search.specs import Specs, build_specs, cluster_spec
+from search.planfile import load_plan_file
+from search.specs import Specs, build_specs, plan_file_specs
 from search.study import load_study
 from tcf_search.explain.planspec import PlanSpecError, check, parse_plan
 
@@ -32,26 +31,6 @@ class Subject:
     specs: Specs
     plan: Plan
     origin: str  # "--plan", "rank 1 of runs/x", a plan file path
-
-
-def specs_from_plan_file(pf: PlanFile) -> Specs:
-    """The specs a plan file records (the GPU by its catalog id)."""
-    from hardware_catalog import get_gpu
-
-    try:
-        gpu = get_gpu(pf.gpu)
-    except ValueError as exc:
-        raise SourceError(f"cluster.gpu: {exc} (a study with gpu_spec needs the study file: "
-                          f"pass STUDY.yaml with --result)") from None
-    training = pf.training
-    if isinstance(training.memory_model, dict):  # planfile leaves nested sections as mappings
-        training = dataclasses.replace(training, memory_model=MemoryModel(
-            **training.memory_model))
-    try:
-        cluster = cluster_spec(gpu, pf.num_gpus, pf.gpus_per_node, pf.fabric)
-    except ValueError as exc:
-        raise SourceError(f"cluster.fabric: {exc}") from None
-    return Specs(model=pf.model, cluster=cluster, training=training)
 
 
 def is_plan_file(path: Path) -> bool:
@@ -82,7 +61,7 @@ def resolve(target: Path, plan_text: str | None, rank: int | None,
     if target.is_dir() or is_plan_file(target):
         path = ranked_plan_path(target, rank) if target.is_dir() else target
         pf = load_plan_file(path)
-        specs = specs_from_plan_file(pf)
+        specs = plan_file_specs(pf)
         if plan_text is not None:
             return Subject(name=pf.study, specs=specs, plan=parse_plan(plan_text, specs),
                            origin="--plan")

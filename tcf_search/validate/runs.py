@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from costmodel.errors import TcfError
 from search.planfile import PlanFile, load_plan_file
 from tcf_search.validate.agreement import Row, make_row, rank_agreement
 from tcf_search.validate.config import (
@@ -86,14 +87,13 @@ def top_plan_files(folder: Path, k: int) -> list[PlanFile]:
 def fp32_prediction(pf: PlanFile) -> dict[str, Any]:
     """The study's prediction for ``pf`` made again as a CPU run executes it (fp32
     activations); a plan the catalog cannot place keeps the study's values."""
-    from costmodel import SpecError, estimate
-    from hardware_catalog import CatalogError, get_gpu
-    from search.specs import cluster_spec
+    from costmodel import estimate
+    from search.specs import plan_file_specs
 
     try:
-        cluster = cluster_spec(get_gpu(pf.gpu), pf.num_gpus, pf.gpus_per_node, pf.fabric)
+        cluster = plan_file_specs(pf).cluster
         est = estimate(pf.model, cluster, pf.plan, as_run(pf.training, "cpu"))
-    except (CatalogError, SpecError):
+    except TcfError:
         return pf.predicted
     return {**pf.predicted, "step_time_s": est.step_time_s,
             "tokens_per_s_per_gpu": est.tokens_per_s_per_gpu,
