@@ -11,8 +11,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -20,21 +18,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from search.files import write_atomic
 from search.planfile import PlanFile, dump_plan_file
 from search.result import RankedPlan, StudyResult
 from search.specs import Specs
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def trials_csv(rows: Iterable[dict[str, Any]]) -> str:

@@ -24,6 +24,7 @@ from typing import Annotated, Any
 import typer
 
 from costmodel.errors import TcfError
+from search.files import write_atomic
 from tcf_search.errors import user_errors
 
 COLUMNS = ("date", "study", "sku", "num_gpus", "status", "best_plan", "tokens_per_s_per_gpu",
@@ -111,10 +112,7 @@ def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
     writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(buf.getvalue(), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, buf.getvalue())
 
 
 def previous_rows(rows: list[dict[str, str]], date: str) -> dict[tuple[str, str], dict[str, str]]:

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from search import output
+from search import files
 from search.planfile import load_plan_file
 from tcf_search.export import FORMATS, ExportError, ExportOptions, ExportRefused, render
 from tcf_search.export.writer import write_exports
@@ -135,14 +135,14 @@ def test_study_exports_stay_in_the_result_folder(output_dir: str) -> None:
 def test_a_failed_write_keeps_the_previous_result_file(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "result.json"
-    output.write_atomic(target, '{"trials": 1}\n')
+    files.write_atomic(target, '{"trials": 1}\n')
 
     def broken_replace(src: str, dst: str) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(output.os, "replace", broken_replace)
+    monkeypatch.setattr(files.os, "replace", broken_replace)
     with pytest.raises(OSError):
-        output.write_atomic(target, '{"trials": 2}\n' * 1000)
+        files.write_atomic(target, '{"trials": 2}\n' * 1000)
     monkeypatch.undo()
     assert target.read_text() == '{"trials": 1}\n'
     assert [p.name for p in tmp_path.iterdir()] == ["result.json"], "no temporary left"
@@ -153,7 +153,7 @@ def test_an_interrupted_write_keeps_the_previous_result_file(tmp_path: Path,
                                                              ) -> None:
     """Ctrl-C while the text is being written: the old file stays, whole."""
     target = tmp_path / "trials.csv"
-    output.write_atomic(target, "number,state\n0,complete\n")
+    files.write_atomic(target, "number,state\n0,complete\n")
     real_fdopen = os.fdopen
 
     class Interrupted:
@@ -166,13 +166,13 @@ def test_an_interrupted_write_keeps_the_previous_result_file(tmp_path: Path,
         def __exit__(self, *exc: object) -> None:
             self.f.close()
 
-        def write(self, text: str) -> int:
+        def write(self, text: bytes) -> int:
             self.f.write(text[: len(text) // 2])
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(output.os, "fdopen", Interrupted)
+    monkeypatch.setattr(files.os, "fdopen", Interrupted)
     with pytest.raises(KeyboardInterrupt):
-        output.write_atomic(target, "number,state\n" + "1,complete\n" * 500)
+        files.write_atomic(target, "number,state\n" + "1,complete\n" * 500)
     monkeypatch.undo()
     assert target.read_text() == "number,state\n0,complete\n"
     assert [p.name for p in tmp_path.iterdir()] == ["trials.csv"]

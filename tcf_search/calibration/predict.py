@@ -21,6 +21,7 @@ import typer
 from costmodel.estimate import check_plan, estimate_batch
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import Plan, SpecError
+from search.files import write_atomic
 from search.measured import KNOBS, Case, CaseError, case_from_row
 
 if TYPE_CHECKING:  # pandas loads when a command reads a CSV, not with the command line
@@ -140,13 +141,7 @@ def predict_csv(src: Path, dst: Path) -> pd.DataFrame:
 
     frame = pd.read_csv(src, dtype=str, keep_default_na=False)
     result = predict_frame(frame)
-    tmp = dst.with_name(dst.name + ".tmp")
-    try:
-        result.to_csv(tmp, index=False)
-        tmp.replace(dst)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # never leave half a file behind
-        raise
+    write_atomic(dst, result.to_csv(index=False))
     return result
 
 

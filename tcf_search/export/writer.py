@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path, PurePosixPath
+
+from search.files import write_atomic
 
 from .options import ExportError
 
@@ -41,15 +41,6 @@ def write_exports(files: dict[str, str], out_dir: str | Path, force: bool = Fals
     written: list[Path] = []
     for name, text in files.items():
         path = targets[name]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as out:
-                out.write(text)
-            os.chmod(tmp, 0o755 if path.suffix in EXECUTABLE_SUFFIXES else 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        written.append(path)
+        mode = 0o755 if path.suffix in EXECUTABLE_SUFFIXES else 0o644
+        written.append(write_atomic(path, text, mode=mode))
     return written

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from search.files import write_atomic
 from tcf_search.report.data import ReportError, load_result
 
 
@@ -55,13 +56,8 @@ def build_report(folder: Path, out_html: Path, png_dir: Path | None = None,
         png = plots.png_bytes(fig)
         figures[name] = plots.img_tag(png, name.replace("_", " "))
         if png_dir is not None:
-            png_dir.mkdir(parents=True, exist_ok=True)
-            (png_dir / f"{name}.png").write_bytes(png)
-            pngs.append(png_dir / f"{name}.png")
+            pngs.append(write_atomic(png_dir / f"{name}.png", png))
     explain_html, note = _explain_best(folder, study)
     notes = [note] if note else []
-    out_html.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_html.with_name(f".{out_html.name}.tmp")
-    tmp.write_text(page(data, figures, explain_html, notes), encoding="utf-8")
-    tmp.replace(out_html)
+    write_atomic(out_html, page(data, figures, explain_html, notes))
     return ReportFiles(html=out_html, pngs=pngs, figures=list(figures), notes=notes)

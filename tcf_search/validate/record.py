@@ -13,12 +13,11 @@ import csv
 import io
 import json
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from search.files import write_atomic
 from tcf_search.validate.agreement import Row
 
 CSV_NAME = "validation.csv"
@@ -36,12 +35,7 @@ def write_csv(folder: Path, rows: Sequence[Row]) -> Path:
     writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
     writer.writerows(dicts)
-    path = folder / CSV_NAME
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{CSV_NAME}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(buf.getvalue())
-    os.replace(tmp, path)
-    return path
+    return write_atomic(folder / CSV_NAME, buf.getvalue())
 
 
 def read_csv(folder: Path) -> list[dict[str, str]]:
