@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from hardware_catalog import load_fabrics
 from hardware_catalog.frameworks import EXPORT_FORMATS, frameworks
 from search.presets import preset_names
 
@@ -195,8 +196,6 @@ class ClusterSection(_Section):
     @field_validator("fabric")
     @classmethod
     def _known_fabric(cls, value: str | None) -> str | None:
-        from hardware_catalog import load_fabrics
-
         known = sorted(load_fabrics())
         if value is not None and value not in known:
             raise ValueError(f"must be one of {', '.join(known)} (got {value!r})")

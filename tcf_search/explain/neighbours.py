@@ -10,7 +10,7 @@ cluster alike), or, when nothing fits, least peak memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from costmodel import Plan, estimate_batch, plans_to_arrays
@@ -31,8 +31,6 @@ class Move:
     gain: float  # relative tokens/s change against the plan explained
 
     def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
         return {"change": self.change, "adjusted": list(self.notes), "plan": asdict(self.plan),
                 "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
                 "peak_mem_gib": self.peak_mem_gib, "fits": self.fits, "gain": self.gain}

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from costmodel import estimate
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
 from tcf_search.validate.config import RunResult, normalized_training
 
@@ -130,8 +131,6 @@ def predicted_parts(model: ModelSpec, cluster: ClusterSpec, plan: Plan, training
                     stage: str = "first") -> dict[str, float]:
     """The cost model's memory parts of one stage, in bytes, in PyTorch's layout (see the
     module docstring)."""
-    from costmodel import estimate
-
     tr = dataclasses.replace(normalized_training(training), master_weights=False,
                              sp_saves_gathered_input=True)
     est = estimate(model, cluster, plan, tr)

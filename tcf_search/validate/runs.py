@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from costmodel import estimate
 from costmodel.errors import TcfError
 from search.planfile import PlanFile, load_plan_file
+from search.specs import plan_file_specs
 from tcf_search.validate.agreement import Row, make_row, rank_agreement
 from tcf_search.validate.config import (
     Device,
@@ -87,9 +89,6 @@ def top_plan_files(folder: Path, k: int) -> list[PlanFile]:
 def fp32_prediction(pf: PlanFile) -> dict[str, Any]:
     """The study's prediction for ``pf`` made again as a CPU run executes it (fp32
     activations); a plan the catalog cannot place keeps the study's values."""
-    from costmodel import estimate
-    from search.specs import plan_file_specs
-
     try:
         cluster = plan_file_specs(pf).cluster
         est = estimate(pf.model, cluster, pf.plan, as_run(pf.training, "cpu"))
