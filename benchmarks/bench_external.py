@@ -54,7 +54,6 @@ fitted number: every mechanism comes from the frameworks' code or documentation.
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,11 +61,11 @@ sys.path.insert(0, str(ROOT))
 
 import pandas as pd  # noqa: E402
 
-from costmodel import ClusterSpec, Plan, SpecError, Training, estimate  # noqa: E402
+from costmodel import ClusterSpec, Plan, SpecError, estimate  # noqa: E402
 from hardware_catalog import get_gpu  # noqa: E402
 from hardware_catalog.fabrics import fabric_fraction  # noqa: E402
-from hardware_catalog.frameworks import framework_settings  # noqa: E402
 from search.presets import PRESETS  # noqa: E402
+from search.specs import training_spec  # noqa: E402
 from tcf_search.calibration.predict import CHOICE_COLUMNS, predict_frame  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -103,13 +102,13 @@ def recipe_switches(preset: str, tp: int) -> dict[str, object]:
 
 def megatron_fp8() -> None:
     gpu = get_gpu("h100-sxm-80gb")
-    settings = framework_settings("generic", "fp8")
     print("\nMegatron-LM FP8 table (examples/llama/README.md), generic profile, fp8")
     print(f"{'run':<28}{'published':>11}{'predicted':>11}{'error':>8}{'peak GiB':>10}")
     errs = []
     for preset, gpus, batch, tp, pp, cp, vpp, edge, published in MEGATRON_FP8:
-        training = replace(Training(seq_len=8192, global_batch=batch, precision="fp8"),
-                           **settings, **MEGATRON_FP8_RECIPE, **recipe_switches(preset, tp))
+        training = training_spec(framework="generic", precision="fp8", seq_len=8192,
+                                 global_batch=batch,
+                                 switches={**MEGATRON_FP8_RECIPE, **recipe_switches(preset, tp)})
         dp = gpus // (tp * pp * cp)
         plan = Plan(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, micro_batch=1, zero_stage=1,
                     sequence_parallel=tp > 1, first_stage_layers=edge, last_stage_layers=edge)
@@ -170,9 +169,9 @@ def megatron_bridge_table() -> None:
     for (release, system, preset, gpus, batch, mb, seq, fsdp, tp, pp, cp, vp, ep,
          published) in BRIDGE:
         gpu_id, per_node = BRIDGE_SYSTEMS[system]
-        training = replace(Training(seq_len=seq, global_batch=batch, precision="fp8"),
-                           **framework_settings("megatron", "fp8"), **MEGATRON_FP8_RECIPE,
-                           **recipe_switches(preset, tp))
+        training = training_spec(framework="megatron", precision="fp8", seq_len=seq,
+                                 global_batch=batch,
+                                 switches={**MEGATRON_FP8_RECIPE, **recipe_switches(preset, tp)})
         model = PRESETS[preset]
         head = f"{release:<10}{system:<11}{preset:<17}{gpus:>5}{published:>11,.0f}"
         try:
@@ -215,13 +214,10 @@ def torchtitan_table() -> None:
     for (table, label, preset, gpus, seq, tp, pp, vpp, cp, fsdp, mb, batch, rec, fp8, comp,
          published, gib) in TORCHTITAN:
         precision = "fp8" if fp8 else "bf16"
-        settings = framework_settings("torchtitan", precision)
-        if comp:
-            settings["fused_elementwise"] = True  # what torch.compile does to eager norms etc.
-        if table in ASYNC_TP_TABLES:
-            settings["tp_comm_overlap"] = True
-        training = replace(Training(seq_len=seq, global_batch=batch, precision=precision),
-                           **settings)
+        training = training_spec(
+            framework="torchtitan", precision=precision, seq_len=seq, global_batch=batch,
+            compile=bool(comp),
+            switches={"tp_comm_overlap": True} if table in ASYNC_TP_TABLES else {})
         # under PP torchtitan does not reshard after forward and the pipeline schedule defers
         # gradient sync to the last micro-batch: parameters gathered and gradients reduced once
         # per step, ZeRO-2's traffic
@@ -255,14 +251,13 @@ def torchtitan_table() -> None:
 def main() -> int:
     model = PRESETS["llama3.1-405b"]
     gpu = get_gpu("h100-sxm-80gb")
-    settings = framework_settings("generic", "bf16")
     print("Llama 3 405B (Dubey et al., 2024, Table 4), generic (Megatron-LM-like) profile")
     print(f"{'run':<30}{'published':>10}" + "".join(f"{f'v={v}':>16}" for v in CHUNKS))
     errors = []
     for label, gpus, cp, dp, seq, batch, published in LLAMA3_405B:
         cluster = ClusterSpec(gpu=gpu, num_gpus=gpus, gpus_per_node=8)
-        training = replace(Training(seq_len=seq, global_batch=batch, precision="bf16"),
-                           **settings)
+        training = training_spec(framework="generic", precision="bf16", seq_len=seq,
+                                 global_batch=batch)
         cells = []
         for v in CHUNKS:
             plan = Plan(tp=8, pp=16, cp=cp, dp=dp, vpp=v, micro_batch=1, zero_stage=2,
