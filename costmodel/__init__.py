@@ -3,6 +3,7 @@
 Nothing here reads files, logs, or imports optuna, ortools, typer, yaml or pandas.
 """
 
+from costmodel.errors import TcfError
 from costmodel.estimate import check_plan, estimate, estimate_batch
 from costmodel.plans import PLAN_KEYS, plans_to_arrays
 from costmodel.result import (
@@ -27,6 +28,6 @@ from costmodel.terms import MemoryTerms, memory_terms, memory_terms_batch
 __all__ = [
     "PLAN_KEYS", "ClusterSpec", "Collective", "ComputeEstimate", "Efficiency", "GpuSpec",
     "MemoryEstimate", "MemoryModel", "MemoryTerms", "ModelSpec", "Plan", "SpecError",
-    "StageMemory", "StepEstimate", "Training", "check_plan", "estimate", "estimate_batch",
+    "StageMemory", "StepEstimate", "TcfError", "Training", "check_plan", "estimate", "estimate_batch",
     "memory_terms", "memory_terms_batch", "plans_to_arrays",
 ]
