@@ -28,6 +28,6 @@ from costmodel.terms import MemoryTerms, memory_terms, memory_terms_batch
 __all__ = [
     "PLAN_KEYS", "ClusterSpec", "Collective", "ComputeEstimate", "Efficiency", "GpuSpec",
     "MemoryEstimate", "MemoryModel", "MemoryTerms", "ModelSpec", "Plan", "SpecError",
-    "StageMemory", "StepEstimate", "TcfError", "Training", "check_plan", "estimate", "estimate_batch",
-    "memory_terms", "memory_terms_batch", "plans_to_arrays",
+    "StageMemory", "StepEstimate", "TcfError", "Training", "check_plan", "estimate",
+    "estimate_batch", "memory_terms", "memory_terms_batch", "plans_to_arrays",
 ]
