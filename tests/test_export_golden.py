@@ -8,8 +8,8 @@ import os
 from pathlib import Path
 
 import pytest
-from tcf_search.planfile import load_plan_file
 
+from search.planfile import load_plan_file
 from tcf_search.export import FORMATS, ExportOptions, ExportRefused, render
 
 GOLDEN = Path(__file__).parent / "golden" / "export"
