@@ -26,6 +26,7 @@ from costmodel.params import (
     norm_params,
 )
 from costmodel.plans import PlanArrays
+from costmodel.recompute import recomputed_layers
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 
 BF16 = 2.0
@@ -201,8 +202,7 @@ def stage_memory(model: ModelSpec, tr: Training, p: PlanArrays, co: MemoryCoeffi
     def part(key: str) -> np.ndarray:
         return dense * bpp[key] + experts * bpp_e[key]
 
-    r_full = np.where(p.recompute_layers > 0, np.minimum(p.recompute_layers, n), n)
-    r = np.where(p.recompute == 2, r_full, 0.0)
+    r = recomputed_layers(p, n)
     per_mb = np.where(p.recompute == 2, (n - r) * co.working + r * co.ckpt_per_layer,
                       n * co.act_per_layer)
     inflight = inflight_micro_batches(p, m, stage)

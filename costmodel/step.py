@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel import comm
+from costmodel import comm, compute
 from costmodel.compute import layer_times, optimizer_time
 from costmodel.layout import (
     STAGES,
@@ -21,6 +21,7 @@ from costmodel.layout import (
 from costmodel.memory import StageBytes, coefficients, stage_memory
 from costmodel.params import model_flops_per_token
 from costmodel.plans import PlanArrays
+from costmodel.recompute import recomputed_layers
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 
 BF16 = 2.0
@@ -89,12 +90,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     stages = {st: stage_memory(model, tr, p, co, layers, m, st) for st in STAGES}
 
     # ---- compute per micro-batch per stage ------------------------------------------------
-    fwd = (1 - moe_frac) * lt.fwd_dense_s + moe_frac * lt.fwd_moe_s
-    bwd = (1 - moe_frac) * lt.bwd_dense_s + moe_frac * lt.bwd_moe_s
-
-    def recomputed(n: np.ndarray) -> np.ndarray:
-        r = np.where(p.recompute_layers > 0, np.minimum(p.recompute_layers, n), n)
-        return np.where(p.recompute == 2, r, 0.0)
+    fwd, bwd = lt.fwd_s, lt.bwd_s
 
     # ---- per-layer, per-micro-batch communication on the critical path ------------------
     k_tp = members_per_domain(p.tp, strides["tp"], D)
@@ -116,7 +112,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     if tr.dtensor_tp:  # every tensor op of a TP layer dispatches through DTensor
         dtensor = cluster.gpu.efficiency.dtensor_op_overhead_s
         host_tp = host_tp + np.where(tp > 1, DTENSOR_OPS_PER_LAYER_FWD * dtensor, 0.0)
-    host_fwd = (1 - moe_frac) * lt.host_fwd_dense_s + moe_frac * lt.host_fwd_moe_s + host_tp
+    host_fwd = lt.host_fwd_s + host_tp
     sync = cluster.gpu.synchronous
     if tr.tp_comm_overlap and not sync:  # the all-gathers and reduce-scatters of sequence
         # parallelism hide behind the GEMMs they feed or drain (all-reduces do not)
@@ -166,9 +162,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
 
     def stage_mb_time(st: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         n = layers.of(st)
-        r = recomputed(n)
-        selective = np.where(p.recompute == 1, n * ((1 - moe_frac) * lt.selective_extra_s
-                                                    + moe_frac * lt.selective_extra_moe_s), 0.0)
+        r = recomputed_layers(p, n)
+        selective = np.where(p.recompute == 1, n * lt.selective_extra_avg_s, 0.0)
         rec = r * (fwd + per_layer_comm_fwd) + selective
         comp = n * (fwd + bwd) + selective
         comp = comp + r * fwd
@@ -332,19 +327,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     tokens = tr.tokens_per_step
     n_gpus = cluster.num_gpus
     model_flops = model_flops_per_token(model, tr.seq_len) * tokens / n_gpus
-    rec_fraction = np.where(p.recompute == 2, recomputed(layers.largest) / layers.largest, 0.0)
-    # the recomputed forward adds a third of a layer's training FLOPs (forward = 1/3 of 6N)
-    hardware_flops = model_flops * (1.0 + rec_fraction / 3.0)
-    if tr.selective_recompute == "every_other_mm":  # every second GEMM's forward again
-        attn = 2.0 * h * (model.kv_heads * model.d_head + model.heads * model.d_head)
-        second = attn + 2.0 * h * model.ffn_hidden
-        if model.is_moe:  # and every routed expert GEMM (see compute.layer_times)
-            n_mats = 3.0 if model.ffn_type == "swiglu" else 2.0
-            moe_second = attn + 2.0 * h * model.expert_ffn_hidden * (
-                model.moe_shared_experts + n_mats * model.moe_topk)
-            second = (1 - moe_frac) * second + moe_frac * moe_second
-        hardware_flops = hardware_flops + np.where(
-            p.recompute == 1, second * L * tokens / n_gpus, 0.0)
+    hardware_flops = compute.hardware_flops(model, cluster, tr, p, layers, model_flops)
 
     return StepArrays(
         stages=stages, stage_layers={st: layers.of(st) for st in STAGES},
