@@ -335,15 +335,6 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     )
 
 
-def optimizer_time(params_local: np.ndarray, shard: np.ndarray, cluster: ClusterSpec,
-                   tr: Training) -> np.ndarray:
-    """Adam over this GPU's shard: reads grad, master, m, v; writes master, m, v, weights."""
-    eff = cluster.gpu.efficiency
-    bytes_per_param = 4.0 + 3 * 8.0 + BF16 if tr.optimizer == "adam" else 4.0 + 8.0 + BF16
-    hbm = cluster.gpu.hbm_bw_bytes_per_s * eff.memory_bw_fraction
-    return params_local / shard * bytes_per_param / hbm + 20 * eff.kernel_overhead_s
-
-
 def hardware_flops(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays,
                    layers: StageLayers, model_flops: float) -> np.ndarray:
     """FLOPs one GPU runs per step: the model's, the forward again for the fully recomputed

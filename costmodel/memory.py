@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.layout import StageLayers, expert_dp, expert_tp, inflight_micro_batches
+from costmodel.layout import STAGES, StageLayers, expert_dp, expert_tp, inflight_micro_batches
 from costmodel.params import (
     attention_params,
     dense_mlp_params,
@@ -221,3 +221,30 @@ def stage_memory(model: ModelSpec, tr: Training, p: PlanArrays, co: MemoryCoeffi
     return StageBytes(params=dense + experts, weights=part("weights"), grads=part("grads"),
                       optimizer=part("optimizer"),
                       activations=activations, buffers=buffers, overhead=overhead)
+
+
+def step_memory(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays,
+                layers: StageLayers, m: np.ndarray
+                ) -> tuple[MemoryCoefficients, dict[str, StageBytes]]:
+    """The coefficients and every stage's peak bytes."""
+    co = coefficients(model, cluster, tr, p)
+    return co, {st: stage_memory(model, tr, p, co, layers, m, st) for st in STAGES}
+
+
+def largest_stage_params(co: MemoryCoefficients,
+                         layers: StageLayers) -> tuple[np.ndarray, np.ndarray]:
+    """Local (dense, routed-expert) parameters of the stage with the most layers, counted with
+    the embedding: what the data-parallel collectives and the optimizer step move."""
+    n_big = layers.largest
+    return (n_big * co.dense_params_per_layer + co.embed_params,
+            n_big * co.expert_params_per_layer)
+
+
+def allocator_stall(step_s: np.ndarray, stages: dict[str, StageBytes], cluster: ClusterSpec,
+                    tr: Training) -> np.ndarray:
+    """Allocator pressure: cudaMalloc retries near capacity stall the stream, a share of the
+    step that grows with the peak's use of the headroom above ``pressure_start``."""
+    mm = tr.memory_model
+    peak = np.max(np.stack([stages[st].total for st in STAGES]), axis=0)
+    over = np.maximum(peak / cluster.gpu.usable_bytes - mm.pressure_start, 0.0)
+    return step_s * mm.pressure_slowdown * over / max(1.0 - mm.pressure_start, 1e-6)
