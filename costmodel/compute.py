@@ -1,5 +1,5 @@
-"""Compute: FLOPs and kernel time of one micro-batch through one layer, the LM head and the
-optimizer, on one GPU.
+"""Compute: kernel time of one micro-batch through one layer and the LM head on one GPU, and
+the FLOPs a GPU runs per step.
 
 Eager frameworks issue every kernel from Python: a layer also takes at least the host time to
 issue its kernels and collectives (``host_overhead_s`` each), and the GPU starves when that is
