@@ -8,7 +8,8 @@ Large Transformer Models", 2022, sec. 4) tensor by tensor, with flash attention 
 and gated MLPs, divided by TP inside the TP regions and by TP everywhere under sequence parallel.
 
 The step has two peaks, and a plan must fit both: during forward/backward (states + in-flight
-activations + logits) and during the optimizer step (states + communication buffers).
+activations + logits) and during the optimizer step (states + communication buffers). Near
+capacity the caching allocator stalls the step (:func:`allocator_stall`).
 """
 
 from __future__ import annotations

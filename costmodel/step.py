@@ -57,6 +57,9 @@ class StepArrays:
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays) -> StepArrays:
+    """step = m x (slowest stage's compute + exposed TP/CP/EP communication per micro-batch)
+    + bubble + exposed pipeline p2p + exposed data-parallel traffic + optimizer, and the
+    allocator's stalls on top."""
     g = mesh_of(cluster, tr, p)
     m = g.micro_batches
     layers = stage_layers(model.layers, p)

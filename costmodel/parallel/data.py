@@ -17,11 +17,10 @@ from costmodel.specs import Training
 BF16 = 2.0
 
 
-def _one_pass(tr: Training, g: Mesh, co: MemoryCoefficients,
-              layers: StageLayers) -> tuple[np.ndarray, np.ndarray]:
-    """Seconds of one gradient reduce-scatter and one parameter all-gather over the largest
-    stage's parameters (dense over dp x cp, experts over their own replicas)."""
-    dense, experts = largest_stage_params(co, layers)
+def _one_pass(tr: Training, g: Mesh, co: MemoryCoefficients, dense: np.ndarray,
+              experts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds of one gradient reduce-scatter and one parameter all-gather of ``dense`` params
+    over dp x cp and ``experts`` params over the expert replicas."""
     dpcp, k_dp, edp, k_edp, link = g.dp * g.cp, g.k_dp, g.edp, g.k_edp, g.link
     g_bytes = float(tr.grad_dtype_bytes)
     # FSDP / ZeRO-3 gathers and reduces one layer (its unit) per call
@@ -44,7 +43,8 @@ def data_parallel(tr: Training, g: Mesh, co: MemoryCoefficients, layers: StageLa
                   lt: LayerTimes) -> tuple[CollectiveArrays, CollectiveArrays]:
     """The gradient reduction and the parameter all-gather of one step, time and exposed."""
     p, m, v, pp, z = g.plan, g.micro_batches, g.vpp, g.pp, g.plan.zero_stage
-    grad_rs, param_ag = _one_pass(tr, g, co, layers)
+    dense, experts = largest_stage_params(co, layers)
+    grad_rs, param_ag = _one_pass(tr, g, co, dense, experts)
     n_big = layers.largest
     fwd_window = n_big * lt.fwd_s
     bwd_window = n_big * lt.bwd_s
@@ -77,7 +77,6 @@ def data_parallel(tr: Training, g: Mesh, co: MemoryCoefficients, layers: StageLa
         z3, m * (hide(param_ag, fwd_window, True) + z3_bwd_exposed * z3_ag_share),
         np.where(z >= 1, hide(param_ag, fwd_window * chunk_window, tr.overlap_param_gather),
                  0.0))
-    dense, experts = largest_stage_params(co, layers)
     state_params = dense + experts
     grad_bytes = np.where(z3, m, 1.0) * state_params * float(tr.grad_dtype_bytes)
     ag_bytes = np.where(z3, 2 * m, np.where(z >= 1, 1.0, 0.0)) * state_params * _param_bytes(tr)

@@ -16,6 +16,8 @@ from costmodel.specs import ClusterSpec, Training
 
 @dataclass(frozen=True, slots=True)
 class Mesh:
+    """Degrees, members per domain and links of one batch of plans (see the module docstring)."""
+
     plan: PlanArrays
     tp: np.ndarray
     pp: np.ndarray
