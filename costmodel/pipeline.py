@@ -34,17 +34,13 @@ class StageTimes:
     compute_s: dict[str, np.ndarray]
     comm_s: dict[str, np.ndarray]
     recompute_s: dict[str, np.ndarray]
-
-    @property
-    def total_s(self) -> dict[str, np.ndarray]:
-        return {st: self.compute_s[st] + self.comm_s[st] for st in STAGES}
+    total_s: dict[str, np.ndarray]
+    slowest: np.ndarray  # index into STAGES of the stage that takes longest
 
     def at_slowest(self, values: Mapping[str, np.ndarray]) -> np.ndarray:
-        """``values`` of the stage that takes longest (per plan)."""
-        total = self.total_s
-        slowest = np.argmax(np.stack([total[st] for st in STAGES]), axis=0)
-        return np.take_along_axis(np.stack([values[st] for st in STAGES]), slowest[None, :],
-                                  axis=0)[0]
+        """``values`` of the slowest stage (per plan)."""
+        return np.take_along_axis(np.stack([values[st] for st in STAGES]),
+                                  self.slowest[None, :], axis=0)[0]
 
 
 def stage_times(p: PlanArrays, layers: StageLayers, lt: LayerTimes, comm_fwd_s: np.ndarray,
@@ -72,7 +68,10 @@ def stage_times(p: PlanArrays, layers: StageLayers, lt: LayerTimes, comm_fwd_s: 
         comp = comp + (host if synchronous else np.maximum(host - comp - comm_mb, 0.0))
         out["compute"][st], out["comm"][st] = comp, comm_mb
         out["recompute"][st] = r * (fwd + comm_fwd_s) + selective
-    return StageTimes(compute_s=out["compute"], comm_s=out["comm"], recompute_s=out["recompute"])
+    total = {st: out["compute"][st] + out["comm"][st] for st in STAGES}
+    return StageTimes(compute_s=out["compute"], comm_s=out["comm"], recompute_s=out["recompute"],
+                      total_s=total,
+                      slowest=np.argmax(np.stack([total[st] for st in STAGES]), axis=0))
 
 
 def bubble_time(stages: StageTimes, g: Mesh) -> np.ndarray:
