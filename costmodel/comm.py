@@ -21,6 +21,21 @@ from costmodel.specs import ClusterSpec
 
 
 @dataclass(frozen=True, slots=True)
+class CollectiveArrays:
+    """One named collective of a step, per GPU, over a batch of plans (see
+    :class:`costmodel.result.Collective`)."""
+
+    name: str
+    group: str
+    op: str
+    group_size: np.ndarray
+    bytes: np.ndarray
+    tier: np.ndarray
+    time_s: np.ndarray
+    exposed_s: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
 class Link:
     nvlink_bw: float
     network_bw: float

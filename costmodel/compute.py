@@ -1,5 +1,5 @@
-"""Compute: FLOPs and kernel time of one micro-batch through one layer, the LM head and the
-optimizer, on one GPU.
+"""Compute: kernel time of one micro-batch through one layer and the LM head on one GPU, and
+the FLOPs a GPU runs per step.
 
 Eager frameworks issue every kernel from Python: a layer also takes at least the host time to
 issue its kernels and collectives (``host_overhead_s`` each), and the GPU starves when that is
@@ -20,9 +20,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.layout import expert_tp
+from costmodel.layout import StageLayers, expert_tp
 from costmodel.params import attention_params
 from costmodel.plans import PlanArrays
+from costmodel.recompute import (
+    Gemm,
+    every_other_gemm,
+    every_other_gemm_flops_per_token,
+    recomputed_layers,
+)
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 
 BF16 = 2.0
@@ -48,6 +54,7 @@ EAGER_FWD_KERNELS_PER_LAYER = 34.0
 class LayerTimes:
     """Seconds per micro-batch per layer (dense and MoE layers) and for the LM head."""
 
+    moe_fraction: float  # share of the layers that are MoE layers
     fwd_dense_s: np.ndarray
     fwd_moe_s: np.ndarray
     bwd_dense_s: np.ndarray
@@ -63,6 +70,26 @@ class LayerTimes:
     gemm_efficiency: np.ndarray  # achieved fraction of the GEMM peak, dense layer forward
     gemm_flops_fwd_dense: np.ndarray
 
+    def _average(self, dense: np.ndarray, moe: np.ndarray) -> np.ndarray:
+        return (1 - self.moe_fraction) * dense + self.moe_fraction * moe
+
+    @property
+    def fwd_s(self) -> np.ndarray:
+        """Forward of an average layer (dense and MoE layers mixed)."""
+        return self._average(self.fwd_dense_s, self.fwd_moe_s)
+
+    @property
+    def bwd_s(self) -> np.ndarray:
+        return self._average(self.bwd_dense_s, self.bwd_moe_s)
+
+    @property
+    def host_fwd_s(self) -> np.ndarray:
+        return self._average(self.host_fwd_dense_s, self.host_fwd_moe_s)
+
+    @property
+    def selective_extra_avg_s(self) -> np.ndarray:
+        return self._average(self.selective_extra_s, self.selective_extra_moe_s)
+
 
 def _gemm_time(m: np.ndarray, n: np.ndarray, k: np.ndarray, peak: float, c: ClusterSpec,
                in_bytes: float) -> np.ndarray:
@@ -75,59 +102,78 @@ def _gemm_time(m: np.ndarray, n: np.ndarray, k: np.ndarray, peak: float, c: Clus
     return np.maximum(compute_s, bytes_moved / c.gpu.hbm_bw_bytes_per_s) + eff.kernel_overhead_s
 
 
-def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
-                p: PlanArrays) -> LayerTimes:
-    mdl, gpu, eff = model, cluster.gpu, cluster.gpu.efficiency
-    h, f, a, g, d = mdl.hidden, mdl.ffn_hidden, mdl.heads, mdl.kv_heads, mdl.d_head
-    s, V = float(tr.seq_len), float(mdl.vocab)
-    tp, cp = p.tp.astype(float), p.cp.astype(float)
-    M = p.micro_batch * s / cp  # tokens per micro-batch on this GPU
-    fp8 = tr.precision == "fp8"
-    peak = gpu.peak_flops(tr.precision)
-    act = tr.activation_dtype_bytes
-    in_bytes = 1.0 if fp8 else act
-    hbm = gpu.hbm_bw_bytes_per_s * eff.memory_bw_fraction
-    sp = p.sequence_parallel.astype(bool)
+@dataclass(frozen=True, slots=True)
+class Kernels:
+    """What one GPU's kernels of one micro-batch run on: its tokens, the plan's TP sharding, the
+    peaks and the achieved HBM bandwidth; :meth:`gemm` times one of its GEMMs."""
 
+    cluster: ClusterSpec
+    tokens: np.ndarray  # M, tokens of the micro-batch on this GPU
+    tp: np.ndarray
+    sp: np.ndarray
+    pieces: np.ndarray  # rows pieces a TP GEMM runs as under overlapped TP communication
+    peak: float
+    in_bytes: float  # bytes of a GEMM input element
+    act: float  # bytes of an activation element
+    hbm: float  # achieved bandwidth of elementwise kernels
+    fp8: bool
+
+    def gemm(self, n: np.ndarray | float, k: np.ndarray | float,
+             split: bool = False) -> np.ndarray:
+        M, c, eff = self.tokens, self.cluster, self.cluster.gpu.efficiency
+        n_arr, k_arr = np.broadcast_to(n, M.shape), np.broadcast_to(k, M.shape)
+        if split:
+            t = self.pieces * _gemm_time(M / self.pieces, n_arr, k_arr, self.peak, c,
+                                         self.in_bytes)
+        else:
+            t = _gemm_time(M, n_arr, k_arr, self.peak, c, self.in_bytes)
+        if self.fp8:  # quantize the input and the weight (read bf16, write fp8; Transformer
+            # Engine casts weights every micro-batch) plus the amax reductions that pick the scales
+            t = t + 3.0 * (M * k_arr + k_arr * n_arr) / self.hbm + 2.0 * eff.kernel_overhead_s
+        return t
+
+    def layer_gemm(self, g: Gemm, split: bool) -> np.ndarray:
+        """One of a layer's weight GEMMs, sharded by TP along the dimension it names."""
+        if g.column_parallel:
+            return self.gemm(g.n / self.tp, float(g.k), split=split)
+        return self.gemm(float(g.n), g.k / self.tp, split=split)
+
+
+def kernels_of(cluster: ClusterSpec, tr: Training, p: PlanArrays) -> Kernels:
+    gpu = cluster.gpu
+    tp, cp = p.tp.astype(float), p.cp.astype(float)
+    sp = p.sequence_parallel.astype(bool)
+    fp8 = tr.precision == "fp8"
+    act = tr.activation_dtype_bytes
     # Overlapping TP communication with the GEMMs (Transformer Engine's userbuffers ring
     # exchange, PyTorch's async TP) runs each TP GEMM as tp pieces of M / tp rows, one per step
     # of the all-gather or reduce-scatter ring: smaller GEMMs, one launch each
     pieces = np.where(sp & (tp > 1) & tr.tp_comm_overlap & (not gpu.synchronous), tp, 1.0)
+    return Kernels(cluster=cluster, tokens=p.micro_batch * float(tr.seq_len) / cp, tp=tp, sp=sp,
+                   pieces=pieces, peak=gpu.peak_flops(tr.precision),
+                   in_bytes=1.0 if fp8 else act, act=act,
+                   hbm=gpu.hbm_bw_bytes_per_s * gpu.efficiency.memory_bw_fraction, fp8=fp8)
 
-    def gemm(n: np.ndarray | float, k: np.ndarray | float, split: bool = False) -> np.ndarray:
-        n_arr, k_arr = np.broadcast_to(n, M.shape), np.broadcast_to(k, M.shape)
-        if split:
-            t = pieces * _gemm_time(M / pieces, n_arr, k_arr, peak, cluster, in_bytes)
-        else:
-            t = _gemm_time(M, n_arr, k_arr, peak, cluster, in_bytes)
-        if fp8:  # quantize the input and the weight (read bf16, write fp8; Transformer Engine
-            # casts weights every micro-batch) plus the amax reductions that pick the scales
-            t = t + 3.0 * (M * k_arr + k_arr * n_arr) / hbm + 2.0 * eff.kernel_overhead_s
-        return t
 
-    qkv = gemm((a + 2 * g) * d / tp, float(h), split=True)
-    out = gemm(float(h), a * d / tp, split=True)
-    n_up = 2.0 * f if mdl.ffn_type == "swiglu" else float(f)
-    mlp = gemm(n_up / tp, float(h), split=True) + gemm(float(h), f / tp, split=True)
-    gemm_fwd_dense = qkv + out + mlp
-    gemm_flops_dense = 2.0 * M * (attention_params(mdl) + (n_up + f) * h) / tp
-    gemm_eff = gemm_flops_dense / gemm_fwd_dense / peak
+@dataclass(frozen=True, slots=True)
+class _Elementwise:
+    """A layer's memory-bound kernels: their forward time and the per-token element counts the
+    MoE layer reuses."""
 
-    if tr.flash_attention:
-        attn_flops_fwd = 4.0 * M * (s / 2.0) * a * d / tp  # causal: half the keys on average
-        attn_eff = eff.attention_peak_fraction
-        if tr.attention_kernel == "flash3" and gpu.family in FLASH3_FAMILIES:
-            attn_eff = min(attn_eff * FLASH3_OVER_FLASH2, 1.0)
-        attention_fwd = attn_flops_fwd / (gpu.peak_flops_bf16 * attn_eff)
-    else:  # two batched GEMMs over all s x s scores, and the scores through softmax in HBM
-        attn_flops_fwd = 4.0 * M * s * a * d / tp
-        attention_fwd = (attn_flops_fwd / (gpu.peak_flops_bf16 * eff.gemm_peak_fraction)
-                         + 4.0 * act * M * s * a / tp / hbm)
+    fwd_s: np.ndarray
+    replicated: np.ndarray  # elements per token outside the TP regions
+    rope_elems: float
+    act_elems: float  # the activation function's elements per token, dense MLP width
+    kernels_fwd: float  # kernels per layer forward
+    overhead_fwd_s: float  # their launch cost
 
-    # elementwise traffic per token, in elements: two norms (read+write) and two residual adds
-    # (2 reads + 1 write) act on the full width unless sequence parallel shards them; RoPE and the
-    # activation function act on TP-sharded tensors.
-    gated = mdl.ffn_type == "swiglu"
+
+def _elementwise(model: ModelSpec, tr: Training, kn: Kernels) -> _Elementwise:
+    """Per token, in elements: two norms (read+write) and two residual adds (2 reads + 1 write)
+    act on the full width unless sequence parallel shards them; RoPE and the activation function
+    act on TP-sharded tensors."""
+    h, f, a, g, d = model.hidden, model.ffn_hidden, model.heads, model.kv_heads, model.d_head
+    gated = model.ffn_type == "swiglu"
     if tr.fused_elementwise:
         norm_elems, rope_elems, act_per_f = 2.0, 2.0, 3.0 if gated else 2.0
         kernels_fwd = FWD_KERNELS_PER_LAYER
@@ -135,90 +181,170 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         norm_elems, rope_elems = EAGER_NORM_ELEMS, EAGER_ROPE_ELEMS
         act_per_f = EAGER_SWIGLU_ELEMS if gated else 2.0
         kernels_fwd = EAGER_FWD_KERNELS_PER_LAYER
-    replicated = (2.0 * norm_elems + 6.0) * h / np.where(sp, tp, 1.0)
+    replicated = (2.0 * norm_elems + 6.0) * h / np.where(kn.sp, kn.tp, 1.0)
     act_elems = act_per_f * f
-    sharded = (rope_elems * (a + g) * d + act_elems) / tp
-    elem_fwd = M * (replicated + sharded) * act / hbm
-    overhead_fwd = kernels_fwd * eff.kernel_overhead_s
-    fwd_dense = gemm_fwd_dense + attention_fwd + elem_fwd + overhead_fwd
-    bwd_dense = (2.0 * gemm_fwd_dense + 2.5 * attention_fwd + 2.0 * elem_fwd
-                 + BWD_KERNEL_FACTOR * overhead_fwd)
+    sharded = (rope_elems * (a + g) * d + act_elems) / kn.tp
+    return _Elementwise(fwd_s=kn.tokens * (replicated + sharded) * kn.act / kn.hbm,
+                        replicated=replicated, rope_elems=rope_elems, act_elems=act_elems,
+                        kernels_fwd=kernels_fwd,
+                        overhead_fwd_s=kernels_fwd * kn.cluster.gpu.efficiency.kernel_overhead_s)
 
-    if mdl.is_moe:
-        fe, topk, E = mdl.expert_ffn_hidden, mdl.moe_topk, mdl.moe_experts
-        n_up_e = 2.0 * fe if mdl.ffn_type == "swiglu" else float(fe)
-        # a rank's experts process the routed copies of all M tokens of its TP group (gathered
-        # over the expert-TP ranks) with 1/tp of each expert when the experts are
-        # tensor-parallel (etp = tp), or of its own M / tp sequence shard with whole experts
-        # when EP folds over the TP ranks (etp = 1): the same FLOPs, other GEMM shapes
-        etp = expert_tp(p).astype(float)
-        own = etp / tp  # share of the micro-batch's tokens this rank's experts process
-        tokens_per_expert = M * own * topk * p.ep / E
-        m_e = np.maximum(tokens_per_expert, 1.0)
-        expert_one = (_gemm_time(m_e, n_up_e / etp, np.broadcast_to(float(h), M.shape), peak,
-                                 cluster, in_bytes)
-                      + _gemm_time(m_e, np.broadcast_to(float(h), M.shape), fe / etp, peak,
-                                   cluster, in_bytes))
-        experts_local = E / p.ep
-        routed = expert_one * experts_local
-        shared = mdl.moe_shared_experts * (gemm(n_up_e / tp, float(h)) + gemm(float(h), fe / tp))
-        router = gemm(float(E), float(h))
-        # permute/unpermute copies of the routed tokens, and the combine
-        permute = 4.0 * M * own * topk * h * act / hbm
-        moe_mlp = routed + shared + router + permute
-        gemm_fwd_moe = qkv + out + moe_mlp
-        elem_moe = M * (replicated + (rope_elems * (a + g) * d + topk * (act_elems / f) * fe) / tp)
-        elem_moe = elem_moe * act / hbm
-        kernels = 2.0  # router, permute, grouped GEMMs, unpermute, combine on top of attention
-        fwd_moe = gemm_fwd_moe + attention_fwd + elem_moe + overhead_fwd * kernels
-        bwd_moe = (2.0 * gemm_fwd_moe + 2.5 * attention_fwd + 2.0 * elem_moe
-                   + BWD_KERNEL_FACTOR * overhead_fwd * kernels)
-    else:
-        kernels = 1.0
-        fwd_moe, bwd_moe = fwd_dense, bwd_dense
 
+def _attention_fwd(model: ModelSpec, tr: Training, kn: Kernels) -> np.ndarray:
+    gpu, eff = kn.cluster.gpu, kn.cluster.gpu.efficiency
+    a, d, s, M = model.heads, model.d_head, float(tr.seq_len), kn.tokens
+    if tr.flash_attention:
+        attn_flops_fwd = 4.0 * M * (s / 2.0) * a * d / kn.tp  # causal: half the keys on average
+        attn_eff = eff.attention_peak_fraction
+        if tr.attention_kernel == "flash3" and gpu.family in FLASH3_FAMILIES:
+            attn_eff = min(attn_eff * FLASH3_OVER_FLASH2, 1.0)
+        return attn_flops_fwd / (gpu.peak_flops_bf16 * attn_eff)
+    # two batched GEMMs over all s x s scores, and the scores through softmax in HBM
+    attn_flops_fwd = 4.0 * M * s * a * d / kn.tp
+    return (attn_flops_fwd / (gpu.peak_flops_bf16 * eff.gemm_peak_fraction)
+            + 4.0 * kn.act * M * s * a / kn.tp / kn.hbm)
+
+
+def _fwd_bwd(gemm_s: np.ndarray, attention_s: np.ndarray, elem_s: np.ndarray,
+             overhead_s: float, kernels: float) -> tuple[np.ndarray, np.ndarray]:
+    """A layer's forward and backward: backward runs twice the GEMMs, 2.5x flash attention's
+    forward FLOPs, twice the elementwise traffic and ``BWD_KERNEL_FACTOR`` times the kernels."""
+    fwd = gemm_s + attention_s + elem_s + overhead_s * kernels
+    bwd = (2.0 * gemm_s + 2.5 * attention_s + 2.0 * elem_s
+           + BWD_KERNEL_FACTOR * overhead_s * kernels)
+    return fwd, bwd
+
+
+@dataclass(frozen=True, slots=True)
+class _DenseLayer:
+    qkv_s: np.ndarray
+    out_s: np.ndarray
+    gemm_s: np.ndarray
+    gemm_flops: np.ndarray
+    attention_s: np.ndarray
+    elem: _Elementwise
+    fwd_s: np.ndarray
+    bwd_s: np.ndarray
+
+
+def _dense_layer(model: ModelSpec, tr: Training, kn: Kernels) -> _DenseLayer:
+    h, f, a, g, d = model.hidden, model.ffn_hidden, model.heads, model.kv_heads, model.d_head
+    tp = kn.tp
+    qkv = kn.gemm((a + 2 * g) * d / tp, float(h), split=True)
+    out = kn.gemm(float(h), a * d / tp, split=True)
+    n_up = 2.0 * f if model.ffn_type == "swiglu" else float(f)
+    mlp = kn.gemm(n_up / tp, float(h), split=True) + kn.gemm(float(h), f / tp, split=True)
+    gemm_s = qkv + out + mlp
+    attention_s = _attention_fwd(model, tr, kn)
+    elem = _elementwise(model, tr, kn)
+    fwd, bwd = _fwd_bwd(gemm_s, attention_s, elem.fwd_s, elem.overhead_fwd_s, 1.0)
+    return _DenseLayer(qkv_s=qkv, out_s=out, gemm_s=gemm_s,
+                       gemm_flops=2.0 * kn.tokens * (attention_params(model) + (n_up + f) * h) / tp,
+                       attention_s=attention_s, elem=elem, fwd_s=fwd, bwd_s=bwd)
+
+
+@dataclass(frozen=True, slots=True)
+class _MoeLayer:
+    routed_s: np.ndarray
+    permute_s: np.ndarray
+    elem_s: np.ndarray
+    kernels: float  # kernel launches relative to a dense layer
+    fwd_s: np.ndarray
+    bwd_s: np.ndarray
+
+
+def _moe_layer(model: ModelSpec, p: PlanArrays, kn: Kernels, dense: _DenseLayer) -> _MoeLayer:
+    h, f, a, g, d = model.hidden, model.ffn_hidden, model.heads, model.kv_heads, model.d_head
+    fe, topk, E = model.expert_ffn_hidden, model.moe_topk, model.moe_experts
+    M, tp, elem = kn.tokens, kn.tp, dense.elem
+    n_up_e = 2.0 * fe if model.ffn_type == "swiglu" else float(fe)
+    # a rank's experts process the routed copies of all M tokens of its TP group (gathered
+    # over the expert-TP ranks) with 1/tp of each expert when the experts are
+    # tensor-parallel (etp = tp), or of its own M / tp sequence shard with whole experts
+    # when EP folds over the TP ranks (etp = 1): the same FLOPs, other GEMM shapes
+    etp = expert_tp(p).astype(float)
+    own = etp / tp  # share of the micro-batch's tokens this rank's experts process
+    tokens_per_expert = M * own * topk * p.ep / E
+    m_e = np.maximum(tokens_per_expert, 1.0)
+    h_arr = np.broadcast_to(float(h), M.shape)
+    expert_one = (_gemm_time(m_e, n_up_e / etp, h_arr, kn.peak, kn.cluster, kn.in_bytes)
+                  + _gemm_time(m_e, h_arr, fe / etp, kn.peak, kn.cluster, kn.in_bytes))
+    experts_local = E / p.ep
+    routed = expert_one * experts_local
+    shared = model.moe_shared_experts * (kn.gemm(n_up_e / tp, float(h))
+                                         + kn.gemm(float(h), fe / tp))
+    router = kn.gemm(float(E), float(h))
+    # permute/unpermute copies of the routed tokens, and the combine
+    permute = 4.0 * M * own * topk * h * kn.act / kn.hbm
+    moe_mlp = routed + shared + router + permute
+    gemm_s = dense.qkv_s + dense.out_s + moe_mlp
+    elem_s = M * (elem.replicated
+                  + (elem.rope_elems * (a + g) * d + topk * (elem.act_elems / f) * fe) / tp)
+    elem_s = elem_s * kn.act / kn.hbm
+    kernels = 2.0  # router, permute, grouped GEMMs, unpermute, combine on top of attention
+    fwd, bwd = _fwd_bwd(gemm_s, dense.attention_s, elem_s, elem.overhead_fwd_s, kernels)
+    return _MoeLayer(routed_s=routed, permute_s=permute, elem_s=elem_s, kernels=kernels,
+                     fwd_s=fwd, bwd_s=bwd)
+
+
+def _selective_extra(model: ModelSpec, tr: Training, kn: Kernels, dense: _DenseLayer,
+                     moe: _MoeLayer | None) -> tuple[np.ndarray, np.ndarray]:
+    """What selective recompute adds to a dense and to a MoE layer's backward."""
+    elem, eff = dense.elem, kn.cluster.gpu.efficiency
     if tr.selective_recompute == "every_other_mm":
-        # op-level selective checkpointing (torchtitan's "op" policy): every elementwise op and
-        # every second GEMM of the layer is recomputed (K of q/k/v, the output projection, and
-        # the MLP's up-gate (SwiGLU) or down projection (GELU))
-        attn_second = gemm(g * d / tp, float(h), split=True) + out
-        second_mms = attn_second + (gemm(f / tp, float(h), split=True) if gated
-                                    else gemm(float(h), f / tp, split=True))
-        selective_extra = elem_fwd + second_mms + overhead_fwd
-        if mdl.is_moe:  # grouped expert GEMMs are not on the policy's save list: all of them,
-            # and the permutes, run again; the shared experts alternate like a dense MLP
-            shared_second = mdl.moe_shared_experts * (
-                gemm(fe / tp, float(h)) if gated else gemm(float(h), fe / tp))
-            selective_extra_moe = (elem_moe + attn_second + shared_second + routed + permute
-                                   + overhead_fwd * kernels)
-        else:
-            selective_extra_moe = selective_extra
-    else:  # the activation function alone (and attention's scores without flash attention)
-        selective_extra = M * (act_elems / tp) * act / hbm + eff.kernel_overhead_s
-        selective_extra_moe = selective_extra
-        if mdl.is_moe:  # the experts' activation: top-k copies of each token, expert width
-            selective_extra_moe = (M * mdl.moe_topk * (act_elems / f) * mdl.expert_ffn_hidden
-                                   / tp * act / hbm + eff.kernel_overhead_s)
+        policy = every_other_gemm(model)
+        attn_second = kn.layer_gemm(policy.k_projection, split=True) + dense.out_s
+        second_mms = attn_second + kn.layer_gemm(policy.mlp, split=True)
+        extra = elem.fwd_s + second_mms + elem.overhead_fwd_s
+        if moe is None:
+            return extra, extra
+        shared_second = model.moe_shared_experts * kn.layer_gemm(policy.shared_expert,
+                                                                  split=False)
+        return extra, (moe.elem_s + attn_second + shared_second + moe.routed_s + moe.permute_s
+                       + elem.overhead_fwd_s * moe.kernels)
+    # the activation function alone (and attention's scores without flash attention)
+    extra = kn.tokens * (elem.act_elems / kn.tp) * kn.act / kn.hbm + eff.kernel_overhead_s
+    if moe is None:
+        return extra, extra
+    # the experts' activation: top-k copies of each token, expert width
+    return extra, (kn.tokens * model.moe_topk * (elem.act_elems / model.ffn_hidden)
+                   * model.expert_ffn_hidden / kn.tp * kn.act / kn.hbm + eff.kernel_overhead_s)
 
-    head = gemm(V / tp, float(h))
-    loss_elems = M * V / tp  # logits -> fp32 softmax -> loss, and its gradient
-    loss_s = loss_elems * (act + 4.0 + 4.0) / hbm
+
+def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
+                p: PlanArrays) -> LayerTimes:
+    kn = kernels_of(cluster, tr, p)
+    dense = _dense_layer(model, tr, kn)
+    moe = _moe_layer(model, p, kn, dense) if model.is_moe else None
+    selective_dense, selective_moe = _selective_extra(model, tr, kn, dense, moe)
+    kernels_fwd, kernels = dense.elem.kernels_fwd, moe.kernels if moe else 1.0
+    head = kn.gemm(model.vocab / kn.tp, float(model.hidden))
+    loss_elems = kn.tokens * float(model.vocab) / kn.tp  # logits -> fp32 softmax -> loss, grad
+    loss_s = loss_elems * (kn.act + 4.0 + 4.0) / kn.hbm
     return LayerTimes(
-        fwd_dense_s=fwd_dense, fwd_moe_s=fwd_moe, bwd_dense_s=bwd_dense, bwd_moe_s=bwd_moe,
-        attention_fwd_s=attention_fwd, gemm_fwd_dense_s=gemm_fwd_dense,
-        selective_extra_s=selective_extra, selective_extra_moe_s=selective_extra_moe,
-        host_fwd_dense_s=np.full_like(M, kernels_fwd * tr.host_overhead_s),
-        host_fwd_moe_s=np.full_like(M, kernels_fwd * kernels * tr.host_overhead_s),
-        head_fwd_s=head + loss_s,
-        head_bwd_s=2.0 * head + loss_s, gemm_efficiency=gemm_eff,
-        gemm_flops_fwd_dense=gemm_flops_dense,
+        moe_fraction=model.moe_layers / model.layers,
+        fwd_dense_s=dense.fwd_s, fwd_moe_s=moe.fwd_s if moe else dense.fwd_s,
+        bwd_dense_s=dense.bwd_s, bwd_moe_s=moe.bwd_s if moe else dense.bwd_s,
+        attention_fwd_s=dense.attention_s, gemm_fwd_dense_s=dense.gemm_s,
+        selective_extra_s=selective_dense, selective_extra_moe_s=selective_moe,
+        host_fwd_dense_s=np.full_like(kn.tokens, kernels_fwd * tr.host_overhead_s),
+        host_fwd_moe_s=np.full_like(kn.tokens, kernels_fwd * kernels * tr.host_overhead_s),
+        head_fwd_s=head + loss_s, head_bwd_s=2.0 * head + loss_s,
+        gemm_efficiency=dense.gemm_flops / dense.gemm_s / kn.peak,
+        gemm_flops_fwd_dense=dense.gemm_flops,
     )
 
 
-def optimizer_time(params_local: np.ndarray, shard: np.ndarray, cluster: ClusterSpec,
-                   tr: Training) -> np.ndarray:
-    """Adam over this GPU's shard: reads grad, master, m, v; writes master, m, v, weights."""
-    eff = cluster.gpu.efficiency
-    bytes_per_param = 4.0 + 3 * 8.0 + BF16 if tr.optimizer == "adam" else 4.0 + 8.0 + BF16
-    hbm = cluster.gpu.hbm_bw_bytes_per_s * eff.memory_bw_fraction
-    return params_local / shard * bytes_per_param / hbm + 20 * eff.kernel_overhead_s
+def hardware_flops(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays,
+                   layers: StageLayers, model_flops: float) -> np.ndarray:
+    """FLOPs one GPU runs per step: the model's, the forward again for the fully recomputed
+    layers, and the every-other-GEMM policy's recomputed GEMMs."""
+    rec_fraction = np.where(p.recompute == 2,
+                            recomputed_layers(p, layers.largest) / layers.largest, 0.0)
+    # the recomputed forward adds a third of a layer's training FLOPs (forward = 1/3 of 6N)
+    flops = model_flops * (1.0 + rec_fraction / 3.0)
+    if tr.selective_recompute == "every_other_mm":
+        second = every_other_gemm_flops_per_token(model)
+        per_gpu = second * model.layers * tr.tokens_per_step / cluster.num_gpus
+        flops = flops + np.where(p.recompute == 1, per_gpu, 0.0)
+    return flops

@@ -8,7 +8,8 @@ Large Transformer Models", 2022, sec. 4) tensor by tensor, with flash attention 
 and gated MLPs, divided by TP inside the TP regions and by TP everywhere under sequence parallel.
 
 The step has two peaks, and a plan must fit both: during forward/backward (states + in-flight
-activations + logits) and during the optimizer step (states + communication buffers).
+activations + logits) and during the optimizer step (states + communication buffers). Near
+capacity the caching allocator stalls the step (:func:`allocator_stall`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.layout import StageLayers, expert_dp, expert_tp, inflight_micro_batches
+from costmodel.layout import STAGES, StageLayers, expert_dp, expert_tp, inflight_micro_batches
 from costmodel.params import (
     attention_params,
     dense_mlp_params,
@@ -26,6 +27,7 @@ from costmodel.params import (
     norm_params,
 )
 from costmodel.plans import PlanArrays
+from costmodel.recompute import recomputed_layers
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 
 BF16 = 2.0
@@ -201,8 +203,7 @@ def stage_memory(model: ModelSpec, tr: Training, p: PlanArrays, co: MemoryCoeffi
     def part(key: str) -> np.ndarray:
         return dense * bpp[key] + experts * bpp_e[key]
 
-    r_full = np.where(p.recompute_layers > 0, np.minimum(p.recompute_layers, n), n)
-    r = np.where(p.recompute == 2, r_full, 0.0)
+    r = recomputed_layers(p, n)
     per_mb = np.where(p.recompute == 2, (n - r) * co.working + r * co.ckpt_per_layer,
                       n * co.act_per_layer)
     inflight = inflight_micro_batches(p, m, stage)
@@ -221,3 +222,30 @@ def stage_memory(model: ModelSpec, tr: Training, p: PlanArrays, co: MemoryCoeffi
     return StageBytes(params=dense + experts, weights=part("weights"), grads=part("grads"),
                       optimizer=part("optimizer"),
                       activations=activations, buffers=buffers, overhead=overhead)
+
+
+def step_memory(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays,
+                layers: StageLayers, m: np.ndarray
+                ) -> tuple[MemoryCoefficients, dict[str, StageBytes]]:
+    """The coefficients and every stage's peak bytes."""
+    co = coefficients(model, cluster, tr, p)
+    return co, {st: stage_memory(model, tr, p, co, layers, m, st) for st in STAGES}
+
+
+def largest_stage_params(co: MemoryCoefficients,
+                         layers: StageLayers) -> tuple[np.ndarray, np.ndarray]:
+    """Local (dense, routed-expert) parameters of the stage with the most layers, counted with
+    the embedding: what the data-parallel collectives and the optimizer step move."""
+    n_big = layers.largest
+    return (n_big * co.dense_params_per_layer + co.embed_params,
+            n_big * co.expert_params_per_layer)
+
+
+def allocator_stall(step_s: np.ndarray, stages: dict[str, StageBytes], cluster: ClusterSpec,
+                    tr: Training) -> np.ndarray:
+    """Allocator pressure: cudaMalloc retries near capacity stall the stream, a share of the
+    step that grows with the peak's use of the headroom above ``pressure_start``."""
+    mm = tr.memory_model
+    peak = np.max(np.stack([stages[st].total for st in STAGES]), axis=0)
+    over = np.maximum(peak / cluster.gpu.usable_bytes - mm.pressure_start, 0.0)
+    return step_s * mm.pressure_slowdown * over / max(1.0 - mm.pressure_start, 1e-6)

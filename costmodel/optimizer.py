@@ -1,0 +1,25 @@
+"""The optimizer step: Adam (or SGD) over this GPU's shard of the parameters, memory bound."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from costmodel.layout import StageLayers
+from costmodel.memory import MemoryCoefficients, largest_stage_params
+from costmodel.plans import PlanArrays
+from costmodel.specs import ClusterSpec, Training
+
+BF16 = 2.0
+
+
+def optimizer_time(co: MemoryCoefficients, layers: StageLayers, p: PlanArrays,
+                   cluster: ClusterSpec, tr: Training) -> np.ndarray:
+    """Adam over the largest stage's shard (ZeRO >= 1 shards it over dp x cp): reads grad,
+    master, m, v; writes master, m, v, weights."""
+    dense, experts = largest_stage_params(co, layers)
+    params_local = dense + experts
+    shard = np.where(p.zero_stage >= 1, (p.dp * p.cp).astype(float), 1.0)
+    eff = cluster.gpu.efficiency
+    bytes_per_param = 4.0 + 3 * 8.0 + BF16 if tr.optimizer == "adam" else 4.0 + 8.0 + BF16
+    hbm = cluster.gpu.hbm_bw_bytes_per_s * eff.memory_bw_fraction
+    return params_local / shard * bytes_per_param / hbm + 20 * eff.kernel_overhead_s

@@ -1,0 +1,102 @@
+"""Tensor and sequence parallelism (Shoeybi et al., 2019; Korthikanti et al., 2022): the
+activation collectives of every layer, the host time their calls cost, and the
+vocabulary-parallel embedding and LM head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel import comm
+from costmodel.comm import CollectiveArrays
+from costmodel.compute import LayerTimes
+from costmodel.parallel.mesh import Mesh
+from costmodel.specs import ClusterSpec, ModelSpec, Training
+
+# Tensor ops of one Llama layer's forward, views included (norms, 4+3 projections, q/k/v views
+# and transposes, RoPE's chunk/neg/cat/mul/add on q and k, attention, reshape, SwiGLU, residual
+# adds): what a DTensor layer dispatches, counted in tcf_search/validate/model.py.
+DTENSOR_OPS_PER_LAYER_FWD = 40.0
+
+
+@dataclass(frozen=True, slots=True)
+class TensorComm:
+    """TP's time per micro-batch: per layer forward (the backward mirrors it) and per stage for
+    the vocabulary-parallel ends."""
+
+    activation_bytes: np.ndarray  # one micro-batch's activations on one GPU
+    layer_fwd_s: np.ndarray
+    layer_exposed_s: np.ndarray  # what TP overlap leaves on the critical path
+    host_fwd_s: np.ndarray  # host time the TP calls add to a layer's forward
+    vocab_s: dict[str, np.ndarray]  # per stage: embedding and LM head collectives
+    vocab_sides: dict[str, np.ndarray]  # per stage: how many of the embedding and head it holds
+
+    def collectives(self, g: Mesh, layers: int, vocab_s: np.ndarray,
+                    vocab_sides: np.ndarray) -> tuple[CollectiveArrays, CollectiveArrays]:
+        """Per step, with ``vocab_s`` and ``vocab_sides`` those of the slowest stage."""
+        p, tp, m, x_act = g.plan, g.tp, g.micro_batches, self.activation_bytes
+        # forward, backward, and the forward again under full recompute
+        calls = m * layers / g.pp * np.where(p.recompute == 2, 3.0, 2.0)
+        tier = comm.tier(tp, g.k_tp)
+        return (
+            CollectiveArrays("tp_activation_allreduce", "tp", "all_reduce", p.tp,
+                             calls * 2 * x_act, tier, calls * self.layer_fwd_s,
+                             calls * self.layer_exposed_s),
+            CollectiveArrays("tp_vocab_parallel", "tp", "all_reduce", p.tp,
+                             np.where(tp > 1, m * vocab_sides * 2 * x_act, 0.0), tier,
+                             m * vocab_s, m * vocab_s),
+        )
+
+
+def _host_fwd(cluster: ClusterSpec, tr: Training, g: Mesh, calls: np.ndarray) -> np.ndarray:
+    """Host time per layer forward: the TP calls, and (under a pipeline engine that serialises
+    p2p with TP collectives) a wait per TP ring step when the stages' p2p crosses the network."""
+    tp, pp = g.tp, g.pp
+    host = calls * (tr.host_overhead_s
+                    + np.where((pp > 1) & g.pp_crosses_network,
+                               (tp - 1) * tr.pp_tp_step_overhead_s, 0.0))
+    if tr.dtensor_tp:  # every tensor op of a TP layer dispatches through DTensor
+        dtensor = cluster.gpu.efficiency.dtensor_op_overhead_s
+        host = host + np.where(tp > 1, DTENSOR_OPS_PER_LAYER_FWD * dtensor, 0.0)
+    return host
+
+
+def _vocab_parallel(x_act: np.ndarray, g: Mesh) -> dict[str, np.ndarray]:
+    """The vocabulary-parallel embedding and LM head (Megatron-LM, nanotron, torchtitan) talk
+    over the TP group once per micro-batch each: the embedding reduces its partial lookups (an
+    all-reduce, or with SP a reduce-scatter whose backward all-gathers the gradient); the head's
+    input is all-gathered under SP (its gradient reduce-scattered back) or, without SP, its
+    gradient all-reduced in backward; the vocabulary-parallel cross-entropy adds three
+    all-reduces of one fp32 value per token (max, sum of exponentials, target logit). Nothing
+    overlaps them: the first layer waits for its input, the loss for the logits."""
+    tp, pp, k_tp, link = g.tp, g.pp, g.k_tp, g.link
+    sp = g.plan.sequence_parallel > 0
+    side = np.where(tp > 1, np.where(sp, 2.0 * comm.gather_time(x_act, tp, k_tp, link),
+                                     comm.all_reduce_time(x_act, tp, k_tp, link)), 0.0)
+    embed = side
+    head = side + np.where(tp > 1, 3.0 * comm.all_reduce_time(g.tokens * 4.0, tp, k_tp, link),
+                           0.0)
+    # pp == 1 puts the head on the first stage too
+    return {"first": embed + np.where(pp == 1, head, 0.0), "middle": 0.0 * head, "last": head}
+
+
+def tensor_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
+                    lt: LayerTimes) -> TensorComm:
+    tp, pp, k_tp, link = g.tp, g.pp, g.k_tp, g.link
+    x_act = g.tokens * model.hidden * tr.activation_dtype_bytes
+    # per layer forward: two all-reduces, or with sequence parallel two all-gathers and two
+    # reduce-scatters (the same bytes, twice the calls)
+    sp = g.plan.sequence_parallel > 0
+    layer_fwd = np.where(sp, 4.0 * comm.gather_time(x_act, tp, k_tp, link),
+                         2.0 * comm.all_reduce_time(x_act, tp, k_tp, link))
+    calls = np.where(tp > 1, np.where(sp, 4.0, 2.0), 0.0)
+    if tr.tp_comm_overlap and not g.synchronous:  # the all-gathers and reduce-scatters of
+        # sequence parallelism hide behind the GEMMs they feed or drain (all-reduces do not)
+        exposed = np.where(sp, np.maximum(layer_fwd - lt.gemm_fwd_dense_s, 0.0), layer_fwd)
+    else:
+        exposed = layer_fwd
+    sides = {"first": 1.0 + (pp == 1), "middle": 0.0 * pp, "last": 1.0 + 0.0 * pp}
+    return TensorComm(activation_bytes=x_act, layer_fwd_s=layer_fwd, layer_exposed_s=exposed,
+                      host_fwd_s=_host_fwd(cluster, tr, g, calls),
+                      vocab_s=_vocab_parallel(x_act, g), vocab_sides=sides)

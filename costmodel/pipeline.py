@@ -1,0 +1,112 @@
+"""The pipeline: one micro-batch through each stage, the bubble the stages leave, and the
+activations sent between stages.
+
+One micro-batch crosses every stage and the other m - 1 follow at the slowest stage's pace
+(Narayanan et al., "Efficient Large-Scale Language Model Training on GPU Clusters Using
+Megatron-LM", SC21, sec. 2.2): the bubble is the other stages' time for one micro-batch, (p - 1)/m
+of the step when the stages are balanced, split v ways when interleaved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel import comm
+from costmodel.comm import CollectiveArrays
+from costmodel.compute import LayerTimes
+from costmodel.layout import STAGES, StageLayers
+from costmodel.parallel.mesh import Mesh
+from costmodel.plans import PlanArrays
+from costmodel.recompute import recomputed_layers
+from costmodel.specs import ModelSpec, Training
+
+BWD_HOST_FACTOR = 2.0  # backward issues about twice the forward's kernels
+
+
+@dataclass(frozen=True, slots=True)
+class StageTimes:
+    """Seconds of one micro-batch through each stage: kernels (and the host's waits), exposed
+    communication, and the share of the kernels that recomputes."""
+
+    compute_s: dict[str, np.ndarray]
+    comm_s: dict[str, np.ndarray]
+    recompute_s: dict[str, np.ndarray]
+    total_s: dict[str, np.ndarray]
+    slowest: np.ndarray  # index into STAGES of the stage that takes longest
+
+    def at_slowest(self, values: Mapping[str, np.ndarray]) -> np.ndarray:
+        """``values`` of the slowest stage (per plan)."""
+        return np.take_along_axis(np.stack([values[st] for st in STAGES]),
+                                  self.slowest[None, :], axis=0)[0]
+
+
+def stage_times(p: PlanArrays, layers: StageLayers, lt: LayerTimes, comm_fwd_s: np.ndarray,
+                comm_bwd_s: np.ndarray, host_fwd_s: np.ndarray, vocab_s: Mapping[str, np.ndarray],
+                synchronous: bool) -> StageTimes:
+    """Each stage's layers forward and backward, the recomputed forward, the LM head where it
+    sits, and per layer the exposed communication and the host time to issue its kernels."""
+    fwd, bwd, pp = lt.fwd_s, lt.bwd_s, p.pp
+    head = lt.head_fwd_s + lt.head_bwd_s
+    out: dict[str, dict[str, np.ndarray]] = {"compute": {}, "comm": {}, "recompute": {}}
+    for st in STAGES:
+        n = layers.of(st)
+        r = recomputed_layers(p, n)
+        selective = np.where(p.recompute == 1, n * lt.selective_extra_avg_s, 0.0)
+        comp = n * (fwd + bwd) + selective
+        comp = comp + r * fwd
+        if st == "last":
+            comp = comp + head
+        if st == "first":  # pp == 1 puts the head on the first stage too
+            comp = comp + np.where(pp == 1, head, 0.0)
+        comm_mb = n * (comm_fwd_s + comm_bwd_s) + r * comm_fwd_s + vocab_s[st]
+        host = (n * (1.0 + BWD_HOST_FACTOR) + r) * host_fwd_s
+        # a host-bound stage waits for its kernels to be issued: count the wait as compute;
+        # on a synchronous device issuing is part of every kernel's time
+        comp = comp + (host if synchronous else np.maximum(host - comp - comm_mb, 0.0))
+        out["compute"][st], out["comm"][st] = comp, comm_mb
+        out["recompute"][st] = r * (fwd + comm_fwd_s) + selective
+    total = {st: out["compute"][st] + out["comm"][st] for st in STAGES}
+    return StageTimes(compute_s=out["compute"], comm_s=out["comm"], recompute_s=out["recompute"],
+                      total_s=total,
+                      slowest=np.argmax(np.stack([total[st] for st in STAGES]), axis=0))
+
+
+def bubble_time(stages: StageTimes, g: Mesh) -> np.ndarray:
+    pp = g.pp
+    total = stages.total_s
+    all_stages = (total["first"] + total["last"] + np.maximum(pp - 2, 0) * total["middle"])
+    slowest_mb = np.max(np.stack([total[st] for st in STAGES]), axis=0)
+    return np.where(pp > 1, np.maximum(all_stages - slowest_mb, 0.0) / g.vpp, 0.0)
+
+
+def point_to_point(model: ModelSpec, tr: Training, g: Mesh, layers: StageLayers,
+                   lt: LayerTimes) -> CollectiveArrays:
+    """Activations forward and gradients backward across every stage boundary, per step."""
+    p, tp, pp, v, m, link = g.plan, g.tp, g.pp, g.vpp, g.micro_batches, g.link
+    cross = g.pp_crosses_network
+    sp_div = np.where(p.sequence_parallel > 0, tp, 1.0)
+    x_pp = g.tokens * model.hidden * tr.activation_dtype_bytes / sp_div
+    scatter = (tr.pp_scatter_gather & (p.sequence_parallel == 0) & (tp > 1) & cross
+               & (g.k_tp >= tp))
+    hop = np.where(scatter,
+                   comm.p2p_time(x_pp / tp, cross, link) + comm.gather_time(x_pp, tp, g.k_tp,
+                                                                            link),
+                   comm.p2p_time(x_pp, cross, link))
+    time_s = np.where(pp > 1, 2.0 * m * v * hop, 0.0)
+    n_big = layers.largest
+    if tr.overlap_p2p_comm and not g.synchronous:
+        # interleaved: a hop hides behind the next chunk's forward (or backward) of one
+        # micro-batch; the pipeline's first receive and last send have nothing to hide behind
+        chunk_fwd, chunk_bwd = n_big * lt.fwd_s / v, n_big * lt.bwd_s / v
+        overlapped = (np.maximum(hop - chunk_fwd, 0.0) + np.maximum(hop - chunk_bwd, 0.0))
+        exposed = np.where((pp > 1) & (v > 1),
+                           np.minimum(m * v * overlapped + 2.0 * hop, time_s), time_s)
+    else:
+        exposed = time_s
+    return CollectiveArrays(
+        "pp_activation_send_recv", "pp", "send_recv", p.pp,
+        np.where(pp > 1, 2.0 * m * v * np.where(scatter, x_pp / tp, x_pp), 0.0),
+        np.where(pp > 1, np.where(cross, 2, 1), 0), time_s, exposed)
