@@ -23,7 +23,7 @@ import numpy as np
 
 from costmodel import rules
 from costmodel.specs import RECOMPUTE_CODES, SCHEDULE_NAMES, Plan
-from search.specs import Specs
+from search.specs import Specs, search_switches
 from search.study import Study
 
 Columns = dict[str, np.ndarray]
@@ -118,15 +118,12 @@ def build_space(study: Study, specs: Specs) -> SearchSpace:
 
 
 def space_facts(s: SearchSpace) -> rules.Facts:
-    """The facts the table's rules read, from the space; the search generates only whole
-    chunks per stage (Megatron-LM's rule) and one plan of each set the model cannot tell
-    apart (``canonical``)."""
+    """The facts the table's rules read, from the space (``search_switches``)."""
     return rules.Facts(
         layers=s.layers, heads=s.heads, kv_heads=s.kv_heads, experts=s.experts,
         seq_len=s.seq_len, global_batch=s.global_batch, num_gpus=s.num_gpus,
         nvlink_domain=s.nvlink_domain,
-        switches=rules.Switches(uneven_pipeline=s.uneven_pipeline, uneven_chunks=False,
-                                tp_in_node=s.tp_in_node, canonical=True))
+        switches=search_switches(uneven_pipeline=s.uneven_pipeline, tp_in_node=s.tp_in_node))
 
 
 def _on_axes(rule: rules.Rule, f: rules.Facts) -> Rule:
