@@ -200,16 +200,20 @@ RULES: tuple[Rule, ...] = (
 BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}
 
 
-def plan_columns(plan: Plan) -> dict[str, np.ndarray]:
-    """One plan as 1-element columns, encoded like the search's layouts."""
-    raw = {k: getattr(plan, k) for k in PLAN_COLUMNS}
-    raw["recompute"] = RECOMPUTE_CODES.get(plan.recompute, 0)
-    raw["pp_schedule"] = SCHEDULE_CODES.get(plan.pp_schedule, 0)
-    raw["sequence_parallel"] = int(plan.sequence_parallel)
-    return {k: np.asarray([int(v)], dtype=np.int64) for k, v in raw.items()}
+def plan_columns(plan: Plan | Mapping[str, object]) -> dict[str, np.ndarray]:
+    """One plan (or its fields, before a ``Plan`` is built) as 1-element columns, encoded like
+    the search's layouts."""
+    raw = {k: getattr(plan, k) for k in PLAN_COLUMNS} if isinstance(plan, Plan) else {
+        k: plan[k] for k in PLAN_COLUMNS}
+    raw["recompute"] = RECOMPUTE_CODES.get(str(raw["recompute"]), 0)
+    raw["pp_schedule"] = SCHEDULE_CODES.get(str(raw["pp_schedule"]), 0)
+    raw["sequence_parallel"] = int(bool(raw["sequence_parallel"]))
+    return {k: np.asarray([int(v)], dtype=np.int64)  # type: ignore[call-overload,arg-type]
+            for k, v in raw.items()}
 
 
-def broken(plan: Plan, f: Facts, rules: tuple[Rule, ...] = RULES) -> list[Rule]:
+def broken(plan: Plan | Mapping[str, object], f: Facts,
+           rules: tuple[Rule, ...] = RULES) -> list[Rule]:
     """The rules one plan breaks, in table order."""
     cols = plan_columns(plan)
     return [r for r in rules if not bool(np.asarray(r.holds(cols, f)).reshape(-1)[0])]

@@ -162,8 +162,8 @@ def apply_change(base: Plan, change: dict[str, Any], specs: Specs) -> tuple[Plan
     moved: dict[str, tuple[Any, str]] = {}
     for _ in range(len(rules.RULES) * 3):  # each move fixes a rule or is undone
         try:
-            broken = rules.broken(Plan(**values), f)
-        except SpecError:
+            broken = rules.broken(values, f)
+        except (KeyError, TypeError, ValueError):  # a malformed value: make_plan names it
             break
         fixed = False
         for rule in broken:
@@ -174,7 +174,7 @@ def apply_change(base: Plan, change: dict[str, Any], specs: Specs) -> tuple[Plan
                 moved.setdefault(knob, (values[knob], why.format(**words)))
                 values[knob] = value
                 fixed = True
-                if rule not in rules.broken(Plan(**values), f):
+                if rule not in rules.broken(values, f):
                     break
             if fixed:
                 break
