@@ -3,7 +3,7 @@
 One table (:data:`RULES`): each rule has a name, the plan columns it reads, the facts it reads
 (model, run and cluster sizes, framework switches), its text as a reader would write it, and a
 predicate over numpy columns. The search applies the predicates to every layout at once; one
-plan is a table of 1-element columns (:func:`plan_columns`) for ``check_plan``, ``Plan``,
+plan is a row of plain ints (:func:`plan_columns`) for ``check_plan``, ``Plan``,
 explain, the exporters and the validation harness. A framework's difference is a field of
 :class:`Switches`, never an ``if`` in a caller.
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -29,7 +30,8 @@ from costmodel.specs import (
     Training,
 )
 
-Columns = Mapping[str, np.ndarray]
+# numpy columns (the search's layouts), or one plan's plain ints: the predicates read both
+Columns = Mapping[str, Any]
 
 # Plan columns the rules read. The first/last stage layers are 0 (an even split) until the
 # search's CP-SAT stage places them.
@@ -200,30 +202,44 @@ RULES: tuple[Rule, ...] = (
 BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}
 
 
-def plan_columns(plan: Plan | Mapping[str, object]) -> dict[str, np.ndarray]:
-    """One plan (or its fields, before a ``Plan`` is built) as 1-element columns, encoded like
-    the search's layouts."""
+def plan_columns(plan: Plan | Mapping[str, object]) -> dict[str, int]:
+    """One plan (or its fields, before a ``Plan`` is built) as plain ints, encoded like the
+    search's layout columns (numpy broadcasts them as 1-element columns)."""
     raw = {k: getattr(plan, k) for k in PLAN_COLUMNS} if isinstance(plan, Plan) else {
         k: plan[k] for k in PLAN_COLUMNS}
     raw["recompute"] = RECOMPUTE_CODES.get(str(raw["recompute"]), 0)
     raw["pp_schedule"] = SCHEDULE_CODES.get(str(raw["pp_schedule"]), 0)
     raw["sequence_parallel"] = int(bool(raw["sequence_parallel"]))
-    return {k: np.asarray([int(v)], dtype=np.int64)  # type: ignore[call-overload,arg-type]
-            for k, v in raw.items()}
+    return {k: int(v) for k, v in raw.items()}  # type: ignore[call-overload,arg-type]
+
+
+def _holds(rule: Rule, cols: Columns, f: Facts) -> bool:
+    return bool(np.asarray(rule.holds(cols, f)).reshape(-1)[0])
 
 
 def broken(plan: Plan | Mapping[str, object], f: Facts,
            rules: tuple[Rule, ...] = RULES) -> list[Rule]:
     """The rules one plan breaks, in table order."""
     cols = plan_columns(plan)
-    return [r for r in rules if not bool(np.asarray(r.holds(cols, f)).reshape(-1)[0])]
+    return [r for r in rules if not _holds(r, cols, f)]
+
+
+def valid(plans: list[Plan], f: Facts) -> np.ndarray:
+    """Whether each of many plans keeps every rule: the table evaluated once, on columns."""
+    rows = [plan_columns(p) for p in plans]
+    cols = {k: np.asarray([r[k] for r in rows], dtype=np.int64) for k in PLAN_COLUMNS}
+    ok = np.ones(len(plans), dtype=bool)
+    for r in RULES:
+        ok &= np.asarray(r.holds(cols, f), dtype=bool)
+    return ok
 
 
 def check(plan: Plan, f: Facts) -> None:
     """Raise :class:`SpecError` naming the first rule the plan breaks and its values."""
-    bad = broken(plan, f)
-    if bad:
-        raise SpecError(bad[0].message(plan_columns(plan), f))
+    cols = plan_columns(plan)
+    for r in RULES:
+        if not _holds(r, cols, f):
+            raise SpecError(r.message(cols, f))
 
 
 OWN: tuple[Rule, ...] = tuple(r for r in RULES if not r.facts)  # read nothing but the plan
@@ -233,7 +249,7 @@ def check_own(plan: Plan) -> None:
     """The rules that read the plan alone (``Plan.__post_init__``); facts are not read."""
     cols = plan_columns(plan)
     for r in OWN:
-        if not bool(np.asarray(r.holds(cols, _NO_FACTS)).reshape(-1)[0]):
+        if not _holds(r, cols, _NO_FACTS):
             raise SpecError(f"plan.{r.message(cols, _NO_FACTS)}")
 
 

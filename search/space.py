@@ -244,7 +244,7 @@ def plan_from_row(row: Mapping[str, int]) -> Plan:
 
 def plan_columns(plan: Plan) -> dict[str, int]:
     """A plan's values on the search axes, encoded like the layout columns."""
-    values = {k: int(v[0]) for k, v in rules.plan_columns(plan).items() if k in AXES}
+    values = {k: v for k, v in rules.plan_columns(plan).items() if k in AXES}
     values["pp_schedule"] = SCHEDULE_CODES.get(plan.pp_schedule, 0)  # interleaved: vpp > 1
     return values
 
