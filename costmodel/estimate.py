@@ -17,51 +17,17 @@ from costmodel.result import (
     StageMemory,
     StepEstimate,
 )
-from costmodel.specs import ClusterSpec, ModelSpec, Plan, SpecError, Training
+from costmodel.rules import Switches, check, facts_of
+from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
 from costmodel.step import StepArrays, evaluate
 
 
-def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan, tr: Training) -> None:
-    """Validity is arithmetic: raise :class:`SpecError` naming the first rule the plan breaks."""
-    rules: list[tuple[bool, str]] = [
-        (plan.world_size == cluster.num_gpus,
-         f"tp * pp * cp * dp == num_gpus must hold, but got tp={plan.tp}, pp={plan.pp}, "
-         f"cp={plan.cp}, dp={plan.dp}, num_gpus={cluster.num_gpus}"),
-        (model.heads % plan.tp == 0,
-         f"heads % tp == 0 must hold, but got heads={model.heads}, tp={plan.tp}"),
-        (model.kv_heads % plan.tp == 0 or plan.tp % model.kv_heads == 0,
-         f"kv_heads and tp must divide one another, got kv_heads={model.kv_heads}, tp={plan.tp}"),
-        (tr.global_batch % (plan.dp * plan.micro_batch) == 0,
-         f"global_batch % (dp * micro_batch) == 0 must hold, but got global_batch="
-         f"{tr.global_batch}, dp={plan.dp}, micro_batch={plan.micro_batch}"),
-        (tr.seq_len % (2 * plan.cp) == 0 or plan.cp == 1,
-         f"seq_len % (2 * cp) == 0 must hold, but got seq_len={tr.seq_len}, cp={plan.cp}"),
-        (plan.ep == 1 or (model.is_moe and model.moe_experts % plan.ep == 0),
-         f"ep must divide moe_experts, but got ep={plan.ep}, moe_experts={model.moe_experts}"),
-        ((plan.tp * plan.dp * plan.cp) % plan.ep == 0,
-         f"ep must divide tp * dp * cp (EP spans data-parallel ranks, or folds over "
-         f"tensor-parallel ones with expert TP 1), but got ep={plan.ep}, tp={plan.tp}, "
-         f"dp={plan.dp}, cp={plan.cp}"),
-    ]
-    first, last = plan.first_stage_layers, plan.last_stage_layers
-    if first or last:
-        rest = model.layers - (first or 0) - (last or 0)
-        middle = plan.pp - (1 if first else 0) - (1 if last else 0)
-        even_ok = middle > 0 and rest % middle == 0 and rest // middle > 0
-        rules.append((plan.pp > 1 and (even_ok or (middle == 0 and rest == 0)),
-                      f"uneven stages must leave the other stages an equal whole number of "
-                      f"layers, but got layers={model.layers}, pp={plan.pp}, "
-                      f"first_stage_layers={first}, last_stage_layers={last}"))
-    elif plan.vpp > 1:
-        rules.append((model.layers % (plan.pp * plan.vpp) == 0,
-                      f"layers % (pp * vpp) == 0 must hold with interleaving, but got "
-                      f"layers={model.layers}, pp={plan.pp}, vpp={plan.vpp}"))
-    else:
-        rules.append((model.layers >= plan.pp,
-                      f"layers >= pp must hold, but got layers={model.layers}, pp={plan.pp}"))
-    for ok, message in rules:
-        if not ok:
-            raise SpecError(message)
+def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan, tr: Training,
+               switches: Switches | None = None) -> None:
+    """Validity is arithmetic: raise :class:`SpecError` naming the first rule of
+    :data:`costmodel.rules.RULES` the plan breaks, with its values. ``switches``: what the
+    framework allows (default: what the cost model prices)."""
+    check(plan, facts_of(model, cluster, tr, switches))
 
 
 def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: Training,

@@ -49,6 +49,39 @@ def stage_layers(num_layers: int, p: PlanArrays) -> StageLayers:
     return StageLayers(first=first, middle=middle, last=last)
 
 
+def rank_split(num_layers: int, pp: np.ndarray, first: np.ndarray, last: np.ndarray
+               ) -> tuple[StageLayers, np.ndarray]:
+    """Layers on the first, each middle and the last pipeline rank as a launcher places them
+    (Megatron-LM's uneven pipeline): a pinned first/last stage (> 0) holds its count and the
+    other ranks share the rest evenly; nothing pinned is an even split. Integer arrays, and
+    whether the split is whole (every rank >= 1 layer, the shares equal and integral). A
+    middle of 0 means there is no middle rank. The cost model's own averages for splits that
+    are not whole (nanotron's remainder on the first stages) are :func:`stage_layers`."""
+    pp, first, last = (np.asarray(x, dtype=np.int64) for x in (pp, first, last))
+    f_set, l_set = first > 0, last > 0
+    free = pp - f_set - l_set
+    rest = num_layers - np.where(f_set, first, 0) - np.where(l_set, last, 0)
+    share = rest // np.maximum(free, 1)
+    whole = np.where(free > 0, (rest > 0) & (rest % np.maximum(free, 1) == 0), rest == 0)
+    whole &= (pp > 1) | ~(f_set | l_set)
+    n_first = np.where(f_set, first, share)
+    n_last = np.where(pp == 1, n_first, np.where(l_set, last, share))
+    middle = np.where(pp > 2, share, 0)
+    return StageLayers(first=n_first, middle=middle, last=n_last), whole
+
+
+def stage_counts(num_layers: int, pp: int, first: int, last: int) -> tuple[int, ...]:
+    """Layers per pipeline rank, in rank order, by :func:`rank_split`; () when not whole."""
+    one = np.asarray([pp])
+    split, whole = rank_split(num_layers, one, np.asarray([first]), np.asarray([last]))
+    if not bool(whole[0]):
+        return ()
+    if pp == 1:
+        return (num_layers,)
+    ends = int(split.first[0]), int(split.last[0])
+    return (ends[0], *[int(split.middle[0])] * (pp - 2), ends[1])
+
+
 def micro_batches(global_batch: int, p: PlanArrays) -> np.ndarray:
     """Micro-batches per DP rank per optimizer step (gradient accumulation steps)."""
     return np.maximum(global_batch / (p.dp * p.micro_batch), 1.0)

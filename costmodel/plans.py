@@ -68,6 +68,6 @@ def plans_to_arrays(plans: Sequence[Plan]) -> dict[str, np.ndarray]:
             if k == "recompute":
                 v = RECOMPUTE_CODES[v]
             elif k == "pp_schedule":
-                v = SCHEDULE_CODES["interleaved" if p.vpp > 1 else v]
+                v = SCHEDULE_CODES[p.schedule]  # interleaved iff vpp > 1
             cols[k].append(int(v))
     return {k: np.asarray(v, dtype=np.int64) for k, v in cols.items()}

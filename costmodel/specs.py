@@ -21,6 +21,7 @@ PipelineSchedule = Literal["1f1b", "interleaved", "gpipe"]
 RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
 PRECISION_CODES: dict[str, int] = {"bf16": 0, "fp16": 1, "fp8": 2}
 SCHEDULE_CODES: dict[str, int] = {"1f1b": 0, "interleaved": 1, "gpipe": 2}
+SCHEDULE_NAMES: dict[int, PipelineSchedule] = {0: "1f1b", 1: "interleaved", 2: "gpipe"}
 
 
 class SpecError(TcfError):
@@ -270,12 +271,13 @@ class Plan:
         if self.pp_schedule not in SCHEDULE_CODES:
             raise SpecError(f"plan.pp_schedule must be one of {sorted(SCHEDULE_CODES)}, "
                             f"but got {self.pp_schedule!r}")
-        if self.sequence_parallel and self.tp == 1:
-            raise SpecError("plan.sequence_parallel needs tp > 1, but got tp=1")
-        if self.vpp > 1 and self.pp == 1:
-            raise SpecError(f"plan.vpp > 1 needs pp > 1, but got vpp={self.vpp}, pp=1")
         if self.recompute_layers < 0:
             raise SpecError(f"plan.recompute_layers must be >= 0, got {self.recompute_layers}")
+        # cross-field rules that read nothing but the plan, from the one table (the others
+        # read the model and cluster too: check_plan)
+        from costmodel.rules import check_own
+
+        check_own(self)
 
     @property
     def world_size(self) -> int:
@@ -283,7 +285,11 @@ class Plan:
 
     @property
     def schedule(self) -> PipelineSchedule:
-        return "interleaved" if self.vpp > 1 else self.pp_schedule
+        """The schedule run: interleaved iff vpp > 1 (``costmodel.rules.schedule_code``)."""
+        from costmodel.rules import schedule_code
+
+        code = int(schedule_code(SCHEDULE_CODES[self.pp_schedule], self.vpp))
+        return SCHEDULE_NAMES[code]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -22,6 +22,7 @@ from ortools.sat.python import cp_model
 
 from costmodel.params import attention_params, dense_mlp_params, expert_params
 from costmodel.result import GIB
+from costmodel.rules import schedule_code
 from search.placement import (
     STAGE_NAMES,
     Placement,
@@ -156,7 +157,7 @@ def solve_placement(sp: Subproblem) -> Placement | None:
 def plan_arrays(cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Layout columns as cost-model plan columns (interleaved schedule where vpp > 1)."""
     out = dict(cols)
-    out["pp_schedule"] = np.where(cols["vpp"] > 1, 1, cols["pp_schedule"])
+    out["pp_schedule"] = schedule_code(cols["pp_schedule"], cols["vpp"])
     return out
 
 

@@ -21,8 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from costmodel.specs import RECOMPUTE_CODES, Plan
-from search.specs import Specs
+from costmodel import rules
+from costmodel.specs import RECOMPUTE_CODES, SCHEDULE_NAMES, Plan
+from search.specs import Specs, search_switches
 from search.study import Study
 
 Columns = dict[str, np.ndarray]
@@ -32,8 +33,8 @@ AXES: tuple[str, ...] = ("tp", "pp", "cp", "dp", "ep", "vpp", "micro_batch", "ze
                          "sequence_parallel", "recompute", "pp_schedule")
 DERIVED = "dp"  # dp = num_gpus / (tp * pp * cp), restricted by its domain
 RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
-SCHEDULE_NAMES = {0: "1f1b", 2: "gpipe"}  # interleaved is implied by vpp > 1
-SCHEDULE_CODES = {v: k for k, v in SCHEDULE_NAMES.items()}
+# The axis holds 1f1b and gpipe (the cost model's codes); vpp > 1 makes a plan interleaved.
+SCHEDULE_CODES = {"1f1b": 0, "gpipe": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,42 +117,41 @@ def build_space(study: Study, specs: Specs) -> SearchSpace:
     return dataclasses.replace(space, rules=make_rules(space))
 
 
+def space_facts(s: SearchSpace) -> rules.Facts:
+    """The facts the table's rules read, from the space (``search_switches``)."""
+    return rules.Facts(
+        layers=s.layers, heads=s.heads, kv_heads=s.kv_heads, experts=s.experts,
+        seq_len=s.seq_len, global_batch=s.global_batch, num_gpus=s.num_gpus,
+        nvlink_domain=s.nvlink_domain,
+        switches=search_switches(uneven_pipeline=s.uneven_pipeline, tp_in_node=s.tp_in_node))
+
+
+def _on_axes(rule: rules.Rule, f: rules.Facts) -> Rule:
+    """A table rule over the search's axes: the columns that are not axes (the first/last
+    stage layers the CP-SAT stage places later) read 0, an even split."""
+    reads = tuple(a for a in rule.reads if a in AXES)
+    unplaced = [k for k in rule.reads if k not in AXES]
+    known = f.values()
+    shown = ", ".join(f"{k}={known[k]}" for k in rule.facts)
+
+    def holds(c: Mapping[str, np.ndarray]) -> np.ndarray:
+        zeros = np.zeros_like(c[reads[0]])
+        return rule.holds({**c, **{k: zeros for k in unplaced}}, f)
+
+    return Rule(rule.name, reads, f"{rule.text} ({shown})" if shown else rule.text, holds)
+
+
 def make_rules(s: SearchSpace) -> tuple[Rule, ...]:
-    """The validity rules, in the order a layout is charged to them."""
-    L, N = s.layers, s.num_gpus
+    """The table's validity rules (``costmodel.rules``) over this space, with the domain of
+    the derived dp, in the order a layout is charged to them: the order ``enumerate_layouts``
+    binds the axes they read (table order among rules bound together)."""
+    f = space_facts(s)
     dp_ok = np.asarray(s.domains[DERIVED])
-    rules = [
-        Rule("tp_heads", ("tp",), "heads % tp == 0 and kv_heads, tp divide one another",
-             lambda c: (s.heads % c["tp"] == 0)
-             & ((s.kv_heads % c["tp"] == 0) | (c["tp"] % s.kv_heads == 0))),
-        Rule("tp_in_node", ("tp",), f"tp divides the NVLink domain ({s.nvlink_domain} GPUs)",
-             lambda c: (s.nvlink_domain % c["tp"] == 0) | (not s.tp_in_node)),
-        Rule("pp_layers", ("pp",),
-             "pp <= layers" + ("" if s.uneven_pipeline else " and layers % pp == 0"),
-             lambda c: (c["pp"] <= L) & ((L % c["pp"] == 0) | s.uneven_pipeline)),
-        Rule("cp_seq", ("cp",), "seq_len % (2 * cp) == 0",
-             lambda c: (c["cp"] == 1) | (s.seq_len % (2 * c["cp"]) == 0)),
-        Rule("world_size", ("tp", "pp", "cp"), f"tp * pp * cp divides num_gpus ({N})",
-             lambda c: N % (c["tp"] * c["pp"] * c["cp"]) == 0),
-        Rule("dp_domain", ("dp",), f"dp in {list(s.domains[DERIVED])}",
-             lambda c: np.isin(c["dp"], dp_ok)),
-        Rule("ep_experts", ("ep", "tp", "dp", "cp"),
-             "ep divides moe_experts and tp * dp * cp (folding over TP with expert TP 1 when "
-             "it does not divide dp * cp)",
-             lambda c: (c["ep"] == 1) | ((s.experts % c["ep"] == 0) & (s.experts > 0)
-                                         & ((c["tp"] * c["dp"] * c["cp"]) % c["ep"] == 0))),
-        Rule("vpp_layers", ("vpp", "pp"), "vpp > 1 needs pp > 1 and layers % (pp * vpp) == 0",
-             lambda c: (c["vpp"] == 1) | ((c["pp"] > 1) & (L % (c["pp"] * c["vpp"]) == 0))),
-        Rule("batch", ("micro_batch", "dp"), "global_batch % (micro_batch * dp) == 0",
-             lambda c: s.global_batch % (c["micro_batch"] * c["dp"]) == 0),
-        Rule("zero_sharding", ("zero_stage", "dp", "cp"), "zero_stage > 0 needs dp * cp > 1",
-             lambda c: (c["zero_stage"] == 0) | (c["dp"] * c["cp"] > 1)),
-        Rule("sp_tp", ("sequence_parallel", "tp"), "sequence_parallel needs tp > 1",
-             lambda c: (c["sequence_parallel"] == 0) | (c["tp"] > 1)),
-        Rule("schedule", ("pp_schedule", "vpp", "pp"), "gpipe needs pp > 1 and vpp == 1",
-             lambda c: (c["pp_schedule"] == 0) | ((c["vpp"] == 1) & (c["pp"] > 1))),
-    ]
-    return tuple(rules)
+    view = [_on_axes(r, f) for r in rules.RULES]
+    at = view.index(next(r for r in view if r.name == "world_size")) + 1
+    view.insert(at, Rule("dp_domain", ("dp",), f"dp in {list(s.domains[DERIVED])}",
+                         lambda c: np.isin(c["dp"], dp_ok)))
+    return tuple(sorted(view, key=lambda r: max(AXES.index(a) for a in r.reads)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,8 +236,7 @@ def plan_from_row(row: Mapping[str, int]) -> Plan:
         zero_stage=row["zero_stage"], micro_batch=row["micro_batch"],
         recompute=decode("recompute", row["recompute"]),
         sequence_parallel=bool(row["sequence_parallel"]),
-        pp_schedule=("interleaved" if row["vpp"] > 1
-                     else decode("pp_schedule", row["pp_schedule"])),
+        pp_schedule=SCHEDULE_NAMES[int(rules.schedule_code(row["pp_schedule"], row["vpp"]))],
         first_stage_layers=row.get("first_stage_layers", 0),
         last_stage_layers=row.get("last_stage_layers", 0),
         recompute_layers=row.get("recompute_layers", 0))
@@ -245,20 +244,19 @@ def plan_from_row(row: Mapping[str, int]) -> Plan:
 
 def plan_columns(plan: Plan) -> dict[str, int]:
     """A plan's values on the search axes, encoded like the layout columns."""
-    return {"tp": plan.tp, "pp": plan.pp, "cp": plan.cp, "dp": plan.dp, "ep": plan.ep,
-            "vpp": plan.vpp, "micro_batch": plan.micro_batch, "zero_stage": plan.zero_stage,
-            "sequence_parallel": int(plan.sequence_parallel),
-            "recompute": RECOMPUTE_CODES[plan.recompute],
-            "pp_schedule": SCHEDULE_CODES.get(plan.pp_schedule, 0)}
+    values = {k: v for k, v in rules.plan_columns(plan).items() if k in AXES}
+    values["pp_schedule"] = SCHEDULE_CODES.get(plan.pp_schedule, 0)  # interleaved: vpp > 1
+    return values
 
 
 def violations(space: SearchSpace, plan: Plan) -> list[str]:
-    """The rules (and domains) a plan breaks; empty for a plan this space can generate."""
+    """The rules (and domains) a plan breaks; empty for a plan this space can generate. The
+    plan's own first/last stage layers are read, as ``check_plan`` reads them."""
     values = plan_columns(plan)
     broken = [f"{axis}={values[axis]} is outside its domain {list(space.domains[axis])}"
               for axis in AXES if values[axis] not in space.domains[axis]]
-    if plan.world_size != space.num_gpus:
-        broken.append(f"tp * pp * cp * dp == {space.num_gpus} (got {plan.world_size})")
-    cols = {k: np.asarray([v]) for k, v in values.items()}
-    broken += [f"{r.name}: {r.text}" for r in space.rules if not bool(r.holds(cols)[0])]
+    if values[DERIVED] not in space.domains[DERIVED]:
+        broken.append(f"dp_domain: dp in {list(space.domains[DERIVED])}")
+    f = space_facts(space)
+    broken += [f"{r.name}: {r.text}" for r in rules.broken(plan, f)]
     return broken

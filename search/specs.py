@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from costmodel.rules import Switches
 from costmodel.specs import ClusterSpec, GpuSpec, ModelSpec, SpecError, Training
 from hardware_catalog import CatalogError, fabric_fraction, get_gpu, with_overrides
 from hardware_catalog.frameworks import framework_settings
@@ -84,6 +85,17 @@ class Specs:
     cluster: ClusterSpec
     training: Training
     headroom_gib: float = 0.0  # memory kept free per GPU (objective.memory_headroom_*)
+    # what the validity rules allow (costmodel.rules): the study's search switches, or, for a
+    # plan file, what the cost model prices
+    switches: Switches = dataclasses.field(default_factory=Switches)
+
+
+def search_switches(*, uneven_pipeline: bool, tp_in_node: bool) -> Switches:
+    """The rules' switches in a search: the study's, whole chunks per pipeline stage
+    (Megatron-LM's rule; pinned first/last stages come from the CP-SAT stage, for
+    non-interleaved layouts only) and one plan of each set the model cannot tell apart."""
+    return Switches(uneven_pipeline=uneven_pipeline, uneven_chunks=False, tp_in_node=tp_in_node,
+                    canonical=True)
 
 
 def cluster_spec(gpu: GpuSpec, num_gpus: int, gpus_per_node: int, fabric: str) -> ClusterSpec:
@@ -124,8 +136,11 @@ def build_specs(study: Study) -> Specs:
     o = study.objective
     headroom = (o.memory_headroom_gib if o.memory_headroom_gib is not None
                 else o.memory_headroom_fraction * cluster.gpu.usable_bytes / 2**30)
+    section = study.search_space
     return Specs(model=build_model(study), cluster=cluster, training=training,
-                 headroom_gib=headroom)
+                 headroom_gib=headroom,
+                 switches=search_switches(uneven_pipeline=section.uneven_pipeline,
+                                          tp_in_node=section.tp_in_node))
 
 
 def plan_file_specs(pf: PlanFile, gpu: GpuSpec | None = None) -> Specs:

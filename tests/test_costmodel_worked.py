@@ -348,7 +348,7 @@ def test_expert_parallel_folds_over_tensor_parallel_ranks(h100) -> None:
     for e in (folded, carved):
         assert a2a(e).bytes == pytest.approx(steps * layers_mb * per_layer)  # type: ignore[attr-defined]
     assert a2a(folded).group_size == 32 and a2a(folded).tier == "network"  # type: ignore[attr-defined]
-    with pytest.raises(SpecError, match="ep must divide tp \\* dp \\* cp"):
+    with pytest.raises(SpecError, match=r"ep_experts: .* tp \* dp \* cp .* ep=16, tp=1, dp=8"):
         estimate(model, ClusterSpec(gpu=h100, num_gpus=64), Plan(tp=1, pp=8, dp=8, ep=16), tr)
 
 

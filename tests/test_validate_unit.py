@@ -91,10 +91,11 @@ def test_run_config_round_trips_through_json() -> None:
 
 @pytest.mark.parametrize(("plan", "error", "words"), [
     (Plan(cp=2, tp=2), Unsupported, "context parallel runs beside data parallel only"),
-    (Plan(cp=3), ValidationError, "training.seq_len % plan.cp == 0"),
+    # the shared rule (costmodel.rules cp_seq), stricter than the harness's own CP needs
+    (Plan(cp=3), ValidationError, "cp_seq: seq_len % (2 * cp) == 0"),
     (Plan(tp=4), ValidationError, "kv_heads % plan.tp"),
     (Plan(pp=4, micro_batch=2), Unsupported, "micro-batches >= plan.pp"),
-    (Plan(dp=3), ValidationError, "global_batch % (plan.dp * plan.micro_batch)"),
+    (Plan(dp=3), ValidationError, "batch: global_batch % (micro_batch * dp) == 0"),
 ])
 def test_unrunnable_plans_say_which_rule(plan: Plan, error: type, words: str) -> None:
     with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")

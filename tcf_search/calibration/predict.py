@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import numpy as np
 import typer
 
+from costmodel import rules
 from costmodel.estimate import check_plan, estimate_batch
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import Plan, SpecError
@@ -61,11 +62,13 @@ def candidates(case: Case) -> list[Plan]:
     for values in itertools.product(*axes.values()):
         try:
             plan = replace(p, **dict(zip(axes, values, strict=True)))  # type: ignore[arg-type]
-            check_plan(m, case.cluster, plan, tr)
         except (SpecError, ValueError):
             continue
         plans.append(plan)
-    return plans
+    if not plans:
+        return plans
+    keep = rules.valid(plans, rules.facts_of(m, case.cluster, tr))  # check_plan, on columns
+    return [plan for plan, ok in zip(plans, keep, strict=True) if ok]
 
 
 def _pick(res: dict[str, np.ndarray]) -> int:

@@ -8,9 +8,10 @@ unchanged alters the world size) is repaired by :func:`apply_change`, which says
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
-from costmodel import Plan, SpecError, check_plan
+from costmodel import Plan, SpecError, check_plan, rules
 from costmodel.errors import TcfError
 from search.specs import Specs
 
@@ -93,8 +94,9 @@ def parse_plan(text: str, specs: Specs) -> Plan:
 
 
 def check(plan: Plan, specs: Specs) -> None:
+    """The table's rules with the study's switches: the verdict the search gives."""
     try:
-        check_plan(specs.model, specs.cluster, plan, specs.training)
+        check_plan(specs.model, specs.cluster, plan, specs.training, specs.switches)
     except SpecError as exc:
         raise PlanSpecError(f"plan {format_plan(plan)}: {exc}") from None
 
@@ -115,40 +117,73 @@ def _largest_divisor_at_most(n: int, cap: int) -> int:
     return max(d for d in range(1, max(1, min(n, cap)) + 1) if n % d == 0)
 
 
+Values = dict[str, Any]
+# How to repair each rule of costmodel.rules.RULES that a change breaks: (knob, new value from
+# the plan's values and the specs or None for no repair, why). A rule without an entry (or
+# whose knobs the change names) is not repaired: the check names it.
+Repair = tuple[str, Callable[[Values, Specs], Any], str]
+
+
+def _dp_filling(v: Values, s: Specs) -> int | None:
+    inner, n = v["tp"] * v["pp"] * v["cp"], s.cluster.num_gpus
+    return n // inner if n % inner == 0 else None
+
+
+def _micro_batch_dividing(v: Values, s: Specs) -> int | None:
+    b = s.training.global_batch
+    return _largest_divisor_at_most(b // v["dp"], v["micro_batch"]) if b % v["dp"] == 0 else None
+
+
+REPAIRS: dict[str, tuple[Repair, ...]] = {
+    "world_size": (("dp", _dp_filling, "keeps {num_gpus} GPUs"),),
+    "pp_layers": (("first_stage_layers", lambda v, s: 0, "even split for the new pipeline"),
+                  ("last_stage_layers", lambda v, s: 0, "even split for the new pipeline")),
+    "vpp_layers": (("first_stage_layers", lambda v, s: 0, "even split for the new pipeline"),
+                   ("last_stage_layers", lambda v, s: 0, "even split for the new pipeline"),
+                   ("vpp", lambda v, s: 1, "{layers} layers do not split into pp*vpp chunks")),
+    "sp_tp": (("sequence_parallel", lambda v, s: False, "needs tp > 1"),),
+    "schedule": (("pp_schedule", lambda v, s: "1f1b", "no pipeline"),),
+    "zero_sharding": (("zero_stage", lambda v, s: 0, "no data-parallel ranks to shard over"),),
+    "batch": (("micro_batch", _micro_batch_dividing, "divides the sequences per replica"),),
+}
+
+
 def apply_change(base: Plan, change: dict[str, Any], specs: Specs) -> tuple[Plan, list[str]]:
     """``base`` with ``change`` applied, then made valid by moving only knobs the change did not
-    name: dp keeps the world size, vpp/sp/stage split/micro-batch follow. Returns the plan and
+    name, driven by the rules (``costmodel.rules``) the changed plan breaks: each broken rule
+    tries its ``REPAIRS`` in turn, keeping a move when the rule then holds. Returns the plan and
     one note per knob moved; raises :class:`PlanSpecError` when no such repair exists."""
     values = {**dataclasses.asdict(base), **change}
     notes: list[str] = []
-
-    def move(key: str, value: Any, why: str) -> None:
-        if key in change or values[key] == value:
-            return
-        notes.append(f"{key} {values[key]}→{value} ({why})")
-        values[key] = value
-
-    n = specs.cluster.num_gpus
-    inner = values["tp"] * values["pp"] * values["cp"]
-    if inner * values["dp"] != n and "dp" not in change and n % inner == 0:
-        move("dp", n // inner, f"keeps {n} GPUs")
-    if values["pp"] == 1:
-        move("vpp", 1, "no pipeline")
-        move("pp_schedule", "1f1b", "no pipeline")
-    elif values["vpp"] > 1 and specs.model.layers % (values["pp"] * values["vpp"]):
-        move("vpp", 1, f"{specs.model.layers} layers do not split into pp*vpp chunks")
-    if values["tp"] == 1:
-        move("sequence_parallel", False, "needs tp > 1")
-    if values["pp"] != base.pp or values["vpp"] != base.vpp:
-        move("first_stage_layers", 0, "even split for the new pipeline")
-        move("last_stage_layers", 0, "even split for the new pipeline")
-    if values["recompute"] != "full":
-        move("recompute_layers", 0, "only full recompute is partial")
-    per_dp = specs.training.global_batch // values["dp"] if values["dp"] else 0
-    if per_dp and specs.training.global_batch % values["dp"] == 0 and per_dp % values[
-            "micro_batch"]:
-        move("micro_batch", _largest_divisor_at_most(per_dp, values["micro_batch"]),
-             f"divides the {per_dp} sequences per replica")
+    if values["recompute"] != "full" and "recompute_layers" not in change:
+        # not a validity rule: only full recompute reads the count
+        values["recompute_layers"] = 0
+    f = rules.facts_of(specs.model, specs.cluster, specs.training, specs.switches)
+    words = {"num_gpus": specs.cluster.num_gpus, "layers": specs.model.layers}
+    moved: dict[str, tuple[Any, str]] = {}
+    for _ in range(len(rules.RULES) * 3):  # each move fixes a rule or is undone
+        try:
+            broken = rules.broken(values, f)
+        except (KeyError, TypeError, ValueError):  # a malformed value: make_plan names it
+            break
+        fixed = False
+        for rule in broken:
+            for knob, value_of, why in REPAIRS.get(rule.name, ()):
+                value = value_of(values, specs)
+                if knob in change or value is None or values[knob] == value:
+                    continue
+                moved.setdefault(knob, (values[knob], why.format(**words)))
+                values[knob] = value
+                fixed = True
+                if rule not in rules.broken(values, f):
+                    break
+            if fixed:
+                break
+        if not fixed:
+            break
+    for knob, (old, why) in moved.items():
+        if values[knob] != old:
+            notes.append(f"{knob} {old}→{values[knob]} ({why})")
     plan = make_plan(values)
     check(plan, specs)
     return plan, notes

@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from costmodel import rules
+from costmodel.layout import stage_counts
 from search.planfile import PlanFile
 
 from .options import ExportOptions
@@ -32,7 +34,7 @@ class Facts:
     kv_heads: int
     experts: int
     seq_len: int
-    first: int  # resolved (see resolve_ends); 0 = even split
+    first: int  # resolved: both ends' counts when either is pinned (_stage_split); 0 = even
     last: int
     recompute: str
     recompute_layers: int  # with full: per stage, 0 = all
@@ -53,6 +55,8 @@ class Facts:
     middle_stages: int
     fsdp_impl: str
     version: str
+    plan_columns: dict[str, Any]  # the plan as the validity table reads it (costmodel.rules)
+    rule_facts: rules.Facts
 
     @property
     def uneven(self) -> bool:
@@ -65,39 +69,30 @@ class Facts:
         return out
 
 
-def resolve_ends(layers: int, pp: int, first: int, last: int) -> tuple[int, int]:
-    """First/last stage sizes as the cost model reads them (``costmodel/layout.py``): with one
-    end pinned, the other takes ceil (first) or floor (last) of the even share. (0, 0) = even."""
+def _stage_split(layers: int, pp: int, first: int, last: int
+                 ) -> tuple[tuple[int, ...], int, int, int, int]:
+    """The cost model's split (``costmodel.layout.stage_counts``): layers per pipeline rank
+    (() when not whole), the layers and ranks between the first and the last, and the first and
+    last ranks' counts when the plan pins either (0, 0 for an even split)."""
+    stages = stage_counts(layers, pp, first, last)
     if pp == 1 or (first <= 0 and last <= 0):
-        return 0, 0
-    return first if first > 0 else -(-layers // pp), last if last > 0 else layers // pp
+        return stages, layers, pp, 0, 0
+    if not stages:
+        return (), layers - max(first, 0) - max(last, 0), pp - 2, max(first, 0), max(last, 0)
+    return stages, sum(stages[1:-1]), pp - 2, stages[0], stages[-1]
 
 
-def _stage_split(layers: int, pp: int, first: int, last: int) -> tuple[tuple[int, ...], int, int]:
-    """Layers per pipeline rank: pinned first/last stages, the rest even over the middle ones
-    (Megatron's uneven split); an even split when neither end is pinned. () = not integral."""
-    if pp == 1:
-        return (layers,), 0, 0
-    if first == 0 and last == 0:
-        even = layers % pp == 0
-        return ((layers // pp,) * pp if even else ()), layers, pp
-    middle_layers, middle_stages = layers - first - last, pp - 2
-    if middle_stages == 0:
-        ok = middle_layers == 0
-    else:
-        ok = middle_layers > 0 and middle_layers % middle_stages == 0
-    if not ok or first <= 0 or last <= 0:
-        return (), middle_layers, middle_stages
-    per = middle_layers // middle_stages if middle_stages else 0
-    return (first, *[per] * middle_stages, last), middle_layers, middle_stages
+# Every exporter writes whole chunks per virtual stage (virtual_stage_layers), Megatron-LM's
+# rule; TP may cross nodes, and a plan need not be the search's canonical one.
+EXPORT_SWITCHES = rules.Switches(uneven_chunks=False)
 
 
 def facts_of(pf: PlanFile, options: ExportOptions, *, default_version: str = "") -> Facts:
     p, t, m = pf.plan, pf.training, pf.model
     denominator = p.micro_batch * p.dp
     microbatches = t.global_batch // denominator if t.global_batch % denominator == 0 else 0
-    first, last = resolve_ends(m.layers, p.pp, p.first_stage_layers, p.last_stage_layers)
-    stages, middle_layers, middle_stages = _stage_split(m.layers, p.pp, first, last)
+    stages, middle_layers, middle_stages, first, last = _stage_split(
+        m.layers, p.pp, p.first_stage_layers, p.last_stage_layers)
     most = max(stages) if stages else m.layers
     nproc = min(pf.gpus_per_node, pf.num_gpus)
     return Facts(
@@ -114,6 +109,11 @@ def facts_of(pf: PlanFile, options: ExportOptions, *, default_version: str = "")
         nodes=max(1, pf.num_gpus // pf.gpus_per_node), nproc_per_node=nproc,
         stage_layers=stages, middle_layers=middle_layers, middle_stages=middle_stages,
         fsdp_impl=options.fsdp_impl, version=options.target_version or default_version,
+        plan_columns=rules.plan_columns(p),
+        rule_facts=rules.Facts(layers=m.layers, heads=m.heads, kv_heads=m.kv_heads,
+                               experts=m.moe_experts, seq_len=t.seq_len,
+                               global_batch=t.global_batch, num_gpus=pf.num_gpus,
+                               nvlink_domain=pf.gpus_per_node, switches=EXPORT_SWITCHES),
     )
 
 

@@ -1,15 +1,20 @@
 """Each launcher's own argument checks, as data: (predicate, one-line reason, where it is checked).
 
-A rule *holds* for a plan the launcher runs as the cost model predicted it. The predicates read the
-flat ``Facts`` view; the reasons are ``str.format`` templates over the same names, so a refusal
-quotes the values that broke it. Sources name the launcher file whose check the rule mirrors
-(read in the launchers' current releases; no launcher code is copied here).
+A rule *holds* for a plan the launcher runs as the cost model predicted it. ``COMMON`` is the
+cost model's own validity table (``costmodel.rules``); the rest are each launcher's. The
+predicates read the flat ``Facts`` view; the reasons are ``str.format`` templates over the same
+names, so a refusal quotes the values that broke it. Sources name the launcher file whose check
+the rule mirrors (read in the launchers' current releases; no launcher code is copied here).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel import rules as costmodel_rules
 
 from .layout import Facts
 from .options import ExportRefused
@@ -21,62 +26,54 @@ class Rule:
     reason: str
     source: str
 
-
-def broken(rules: Sequence[Rule], f: Facts) -> list[str]:
-    values = f.values()
-    return [r.reason.format(**values) for r in rules if not r.holds(f)]
+    def describe(self, f: Facts) -> str:
+        return self.reason.format(**f.values())
 
 
-def check(fmt: str, rules: Sequence[Rule], f: Facts) -> None:
+@dataclass(frozen=True, slots=True)
+class Shared:
+    """A rule of the cost model's validity table (``costmodel.rules``), read on the plan."""
+
+    rule: costmodel_rules.Rule
+    source: str = "costmodel/rules.py (the validity table the search and predict read)"
+
+    def holds(self, f: Facts) -> bool:
+        return bool(np.asarray(self.rule.holds(f.plan_columns, f.rule_facts)).reshape(-1)[0])
+
+    def describe(self, f: Facts) -> str:
+        return self.rule.message(f.plan_columns, f.rule_facts)
+
+
+AnyRule = Rule | Shared
+
+
+def broken(rules: Sequence[AnyRule], f: Facts) -> list[str]:
+    return [r.describe(f) for r in rules if not r.holds(f)]
+
+
+def check(fmt: str, rules: Sequence[AnyRule], f: Facts) -> None:
     reasons = broken(rules, f)
     if reasons:
         raise ExportRefused(fmt, reasons)
 
 
-COMMON: tuple[Rule, ...] = (
-    Rule(lambda f: f.world == f.num_gpus,
-         "tp*pp*cp*dp == num_gpus must hold, but got tp={tp}, pp={pp}, cp={cp}, dp={dp}, "
-         "num_gpus={num_gpus}", "torchrun world size"),
-    Rule(lambda f: f.num_gpus <= f.gpus_per_node or f.num_gpus % f.gpus_per_node == 0,
-         "num_gpus % gpus_per_node == 0 must hold to launch whole nodes, but got "
-         "num_gpus={num_gpus}, gpus_per_node={gpus_per_node}", "torchrun --nproc-per-node"),
-    Rule(lambda f: f.microbatches > 0,
-         "global_batch % (micro_batch*dp) == 0 must hold, but got global_batch={global_batch}, "
-         "micro_batch={micro_batch}, dp={dp}", "every launcher's batch arithmetic"),
-    Rule(lambda f: f.heads % f.tp == 0,
-         "heads % tp == 0 must hold, but got heads={heads}, tp={tp}",
-         "attention heads are split whole across TP ranks"),
-)
+# Every launcher: the cost model's validity table (with the exporters' switches, see
+# layout.EXPORT_SWITCHES), and launching whole nodes.
+COMMON: tuple[AnyRule, ...] = (*(Shared(r) for r in costmodel_rules.RULES), Rule(
+    lambda f: f.num_gpus <= f.gpus_per_node or f.num_gpus % f.gpus_per_node == 0,
+    "num_gpus % gpus_per_node == 0 must hold to launch whole nodes, but got "
+    "num_gpus={num_gpus}, gpus_per_node={gpus_per_node}", "torchrun --nproc-per-node"))
 
-# Launchers that take an explicit per-stage layer placement (Megatron's uneven split).
-PIPELINE_SPLIT: tuple[Rule, ...] = (
+# Launchers that take an explicit per-stage layer placement (Megatron's uneven split): a split
+# the table allows by putting the remainder on the first stages is not one of them.
+PIPELINE_SPLIT: tuple[AnyRule, ...] = (
     Rule(lambda f: f.pp == 1 or bool(f.stage_layers),
          "layers must split evenly over the pipeline stages (after the pinned first/last "
          "stages), but got layers={layers}, first={first}, last={last}, pp={pp}",
          "megatron/core/transformer/transformer_config.py (uneven PP)"),
-    Rule(lambda f: f.vpp == 1 or all(n % f.vpp == 0 for n in f.stage_layers),
-         "every pipeline stage's layer count must be divisible by vpp, but got "
-         "stages {stage_layers}, vpp={vpp}",
-         "megatron/core/transformer/transformer_config.py (virtual pipeline)"),
 )
 
-MEGATRON: tuple[Rule, ...] = COMMON + PIPELINE_SPLIT + (
-    Rule(lambda f: f.cp == 1 or f.seq_len % (2 * f.cp) == 0,
-         "seq_length % (2*cp) == 0 must hold with context parallelism, but got "
-         "seq_len={seq_len}, cp={cp}", "megatron/training/arguments.py validate_args"),
-    Rule(lambda f: f.kv_heads % f.tp == 0 or f.tp % f.kv_heads == 0,
-         "num_query_groups must be a multiple or a divisor of tp, but got "
-         "kv_heads={kv_heads}, tp={tp}", "megatron/core/transformer/transformer_config.py"),
-    Rule(lambda f: f.ep == 1 or (f.experts > 0 and f.experts % f.ep == 0),
-         "num_experts % ep == 0 must hold (and ep > 1 needs an MoE model), but got "
-         "experts={experts}, ep={ep}", "megatron/training/arguments.py validate_args"),
-    Rule(lambda f: (f.tp * f.dp * f.cp) % f.ep == 0,
-         "the expert grid (ep x expert TP x expert DP) covers tp*dp*cp, so (tp*dp*cp) % ep == 0 "
-         "must hold, but got tp={tp}, dp={dp}, cp={cp}, ep={ep}",
-         "megatron/core/parallel_state.py expert grid"),
-    Rule(lambda f: not f.sp or f.tp > 1,
-         "sequence parallelism needs tp > 1, but got tp={tp}",
-         "megatron/core/model_parallel_config.py"),
+MEGATRON: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
     Rule(lambda f: not (f.ep > 1 and f.tp > 1) or f.sp,
          "expert parallelism with tp > 1 requires sequence parallelism, but got "
          "ep={ep}, tp={tp}, sequence_parallel={sp}", "megatron/core/model_parallel_config.py"),
@@ -108,9 +105,9 @@ MEGATRON: tuple[Rule, ...] = COMMON + PIPELINE_SPLIT + (
 )
 
 # Megatron-Bridge (NeMo) builds the same Megatron-Core configs, so it inherits the same checks.
-NEMO: tuple[Rule, ...] = MEGATRON
+NEMO: tuple[AnyRule, ...] = MEGATRON
 
-DEEPSPEED: tuple[Rule, ...] = COMMON + (
+DEEPSPEED: tuple[AnyRule, ...] = COMMON + (
     Rule(lambda f: f.pp == 1 or f.zero < 2,
          "the DeepSpeed pipeline engine rejects ZeRO-2/3, but got pp={pp}, zero_stage={zero}",
          "deepspeed/runtime/pipe/engine.py"),
@@ -137,9 +134,6 @@ DEEPSPEED: tuple[Rule, ...] = COMMON + (
     Rule(lambda f: f.precision != "fp8",
          "the DeepSpeed config has no FP8 training mode, but got precision=fp8",
          "deepspeed/runtime/config.py"),
-    Rule(lambda f: f.ep == 1 or (f.experts > 0 and f.experts % f.ep == 0),
-         "num_experts % autoep_size == 0 must hold, but got experts={experts}, ep={ep}",
-         "deepspeed/module_inject/auto_ep_config.py"),
     Rule(lambda f: f.ep == 1 or f.tp == 1,
          "AutoEP keeps expert TP at 1 while the plan shards experts over TP, but got "
          "ep={ep}, tp={tp}", "deepspeed/module_inject/auto_ep_folding.py"),
@@ -153,13 +147,10 @@ def _dp_shard(f: Facts) -> int:
     return f.dp if f.zero > 0 else 1
 
 
-TORCHTITAN: tuple[Rule, ...] = COMMON + PIPELINE_SPLIT + (
+TORCHTITAN: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
     Rule(lambda f: f.kv_heads % f.tp == 0,
          "kv_heads % tp == 0 must hold (column-sharded wk/wv split whole KV heads), but got "
          "kv_heads={kv_heads}, tp={tp}", "torchtitan/models/llama3/parallelize.py"),
-    Rule(lambda f: f.cp == 1 or f.seq_len % (2 * f.cp) == 0,
-         "seq_len % (2*cp) == 0 must hold (the head-tail load balancer cuts 2*cp chunks), "
-         "but got seq_len={seq_len}, cp={cp}", "torchtitan/distributed/context_parallel"),
     Rule(lambda f: f.recompute != "full" or f.recompute_all,
          "torchtitan's FullAC recomputes every block; a per-stage count is not a knob, but "
          "got recompute_layers={recompute_layers}",
@@ -167,9 +158,6 @@ TORCHTITAN: tuple[Rule, ...] = COMMON + PIPELINE_SPLIT + (
     Rule(lambda f: f.precision != "fp16",
          "torchtitan trains in bfloat16 or float32 (mixed_precision_param), not fp16",
          "torchtitan/config/configs.py"),
-    Rule(lambda f: f.ep == 1 or (f.experts > 0 and f.experts % f.ep == 0),
-         "num_experts % ep == 0 must hold, but got experts={experts}, ep={ep}",
-         "torchtitan MoE expert sharding"),
     Rule(lambda f: f.ep == 1 or f.version == "0.2" or f.tp == 1,
          "torchtitan 0.3 folds EP over dp_shard*cp*tp, so routed experts lose TP while the "
          "plan shards them over tp={tp}", "torchtitan/config/configs.py expert_parallel_degree"),
@@ -185,7 +173,7 @@ TORCHTITAN: tuple[Rule, ...] = COMMON + PIPELINE_SPLIT + (
          "tp={tp}, pp={pp}, cp={cp}", "torchtitan/models/llama3/infra/parallelize.py"),
 )
 
-NANOTRON: tuple[Rule, ...] = COMMON + (
+NANOTRON: tuple[AnyRule, ...] = COMMON + (
     Rule(lambda f: f.zero in (0, 1),
          "nanotron implements ZeRO-0/1 only, but got zero_stage={zero}",
          "nanotron/helpers.py (optimizer builder)"),
@@ -216,7 +204,7 @@ NANOTRON: tuple[Rule, ...] = COMMON + (
          "nanotron/config/config.py"),
 )
 
-ACCELERATE: tuple[Rule, ...] = COMMON + (
+ACCELERATE: tuple[AnyRule, ...] = COMMON + (
     Rule(lambda f: f.pp == 1,
          "Accelerate (FSDP2 + ND-parallel) has no pipeline parallelism, but got pp={pp}",
          "accelerate/parallelism_config.py"),
@@ -232,12 +220,9 @@ ACCELERATE: tuple[Rule, ...] = COMMON + (
     Rule(lambda f: not f.sp,
          "Accelerate TP follows the model's tp_plan with no sequence-parallel switch, but got "
          "sequence_parallel={sp}", "accelerate/parallelism_config.py"),
-    Rule(lambda f: f.cp == 1 or f.seq_len % (2 * f.cp) == 0,
-         "seq_len % (2*cp) == 0 must hold for load-balanced torch context parallelism, but got "
-         "seq_len={seq_len}, cp={cp}", "torch.distributed.tensor.experimental context_parallel"),
 )
 
-RULES: dict[str, tuple[Rule, ...]] = {
+RULES: dict[str, tuple[AnyRule, ...]] = {
     "megatron": MEGATRON,
     "nemo": NEMO,
     "deepspeed": DEEPSPEED,

@@ -8,8 +8,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from costmodel import rules
 from costmodel.errors import TcfError
-from costmodel.specs import MemoryModel, ModelSpec, Plan, Training
+from costmodel.specs import MemoryModel, ModelSpec, Plan, SpecError, Training
 
 Outcome = Literal["ok", "oom", "crash", "timeout", "unsupported"]
 Fault = Literal["none", "crash", "hang", "oom"]
@@ -98,15 +99,26 @@ def micro_batches(plan: Plan, training: Training) -> int:
 
 def check_supported(model: ModelSpec, plan: Plan, training: Training, device: str) -> None:
     """Raise ``Unsupported`` for what the harness does not build, ``ValidationError`` for plans
-    that are not valid arithmetic for this model."""
+    that are not valid arithmetic for this model: first the cost model's validity table
+    (``costmodel.rules``, on a cluster of the plan's world size), then the harness's own.
+
+    The harness's context parallelism (``validate.model.Attention``) gives each rank one
+    contiguous chunk and all-gathers K and V, so by itself it needs only seq_len % cp == 0;
+    the shared rule (seq_len % (2 * cp) == 0, load-balanced causal CP) implies it."""
+    world = plan.world_size
+    shared = rules.Facts(layers=model.layers, heads=model.heads, kv_heads=model.kv_heads,
+                         experts=model.moe_experts, seq_len=training.seq_len,
+                         global_batch=training.global_batch, num_gpus=world,
+                         nvlink_domain=world)
+    try:
+        rules.check(plan, shared)
+    except SpecError as exc:
+        raise ValidationError(str(exc)) from None
     if model.is_moe or plan.ep > 1:
         raise Unsupported("model.moe_experts > 0 / plan.ep > 1: the harness builds dense models")
     if plan.cp > 1 and (plan.tp > 1 or plan.pp > 1):
         raise Unsupported(f"plan.cp={plan.cp} with tp={plan.tp}, pp={plan.pp}: the harness's "
                           "context parallel runs beside data parallel only (tp = pp = 1)")
-    if training.seq_len % plan.cp:
-        raise ValidationError(f"training.seq_len % plan.cp == 0 must hold, but got "
-                              f"seq_len={training.seq_len}, cp={plan.cp}")
     if model.kv_heads % plan.tp:
         raise ValidationError(f"model.kv_heads % plan.tp == 0 must hold for tensor parallel "
                               f"attention, but got kv_heads={model.kv_heads}, tp={plan.tp}")

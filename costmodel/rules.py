@@ -1,0 +1,257 @@
+"""Validity rules, written once: what divides what, and what a framework allows.
+
+One table (:data:`RULES`): each rule has a name, the plan columns it reads, the facts it reads
+(model, run and cluster sizes, framework switches), its text as a reader would write it, and a
+predicate over numpy columns. The search applies the predicates to every layout at once; one
+plan is a row of plain ints (:func:`plan_columns`) for ``check_plan``, ``Plan``,
+explain, the exporters and the validation harness. A framework's difference is a field of
+:class:`Switches`, never an ``if`` in a caller.
+
+Validity is arithmetic, not feasibility: nothing here asks whether a plan fits in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from costmodel.layout import rank_split
+from costmodel.specs import (
+    RECOMPUTE_CODES,
+    SCHEDULE_CODES,
+    ClusterSpec,
+    ModelSpec,
+    Plan,
+    SpecError,
+    Training,
+)
+
+# numpy columns (the search's layouts), or one plan's plain ints: the predicates read both
+Columns = Mapping[str, Any]
+
+# Plan columns the rules read. The first/last stage layers are 0 (an even split) until the
+# search's CP-SAT stage places them.
+PLAN_COLUMNS: tuple[str, ...] = (
+    "tp", "pp", "cp", "dp", "ep", "vpp", "micro_batch", "zero_stage", "sequence_parallel",
+    "recompute", "pp_schedule", "first_stage_layers", "last_stage_layers")
+INTERLEAVED, GPIPE = SCHEDULE_CODES["interleaved"], SCHEDULE_CODES["gpipe"]
+
+
+def schedule_code(pp_schedule: ArrayLike, vpp: ArrayLike) -> np.ndarray:
+    """The schedule a plan runs: interleaved 1F1B iff vpp > 1 (Narayanan et al., SC21, sec.
+    2.2), else the one it names. The one place that derives it."""
+    return np.where(np.asarray(vpp) > 1, INTERLEAVED, pp_schedule)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Switches:
+    """What the framework (or the study) allows. The defaults are what the cost model prices.
+
+    uneven_pipeline: the first/last pipeline stages may hold other layer counts than the rest
+        (Megatron-LM's ``--decoder-first/last-pipeline-num-layers``), and, with neither pinned,
+        a layer count that pp does not divide goes to the first stages (nanotron); off, layers
+        must split evenly. The search's study switch: the CP-SAT stage places the ends later.
+    uneven_chunks: with pinned first/last stages, a stage's layers need not split into vpp
+        equal chunks (torchtitan and Llama 3's own stack put fewer layers in some chunks;
+        Megatron-LM does the same when it counts the embedding and the loss as layers,
+        ``account_for_*_in_pipeline_split``). Off: Megatron-LM's rule, every stage holds whole
+        chunks. An even split (nothing pinned) holds whole chunks either way, as
+        ``--num-layers-per-virtual-pipeline-stage`` requires.
+    tp_in_node: tensor parallelism stays inside one NVLink domain (a study switch).
+    canonical: generate one plan of a set the cost model cannot tell apart (the search):
+        ZeRO with no data-parallel rank to shard over is ZeRO-0, GPipe without a pipeline is
+        1F1B. Not a validity rule: such plans run.
+    """
+
+    uneven_pipeline: bool = True
+    uneven_chunks: bool = True
+    tp_in_node: bool = False
+    canonical: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Facts:
+    """What the rules read besides the plan."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    experts: int
+    seq_len: int
+    global_batch: int
+    num_gpus: int
+    nvlink_domain: int
+    switches: Switches = field(default_factory=Switches)
+
+    def values(self) -> dict[str, object]:
+        s = self.switches
+        return {"layers": self.layers, "heads": self.heads, "kv_heads": self.kv_heads,
+                "experts": self.experts, "seq_len": self.seq_len,
+                "global_batch": self.global_batch, "num_gpus": self.num_gpus,
+                "nvlink_domain": self.nvlink_domain, "uneven_pipeline": s.uneven_pipeline,
+                "uneven_chunks": s.uneven_chunks, "tp_in_node": s.tp_in_node,
+                "canonical": s.canonical}
+
+
+def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
+             switches: Switches | None = None) -> Facts:
+    return Facts(layers=model.layers, heads=model.heads, kv_heads=model.kv_heads,
+                 experts=model.moe_experts, seq_len=training.seq_len,
+                 global_batch=training.global_batch, num_gpus=cluster.num_gpus,
+                 nvlink_domain=cluster.nvlink_domain, switches=switches or Switches())
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    name: str
+    reads: tuple[str, ...]  # plan columns
+    facts: tuple[str, ...]  # Facts.values() keys, quoted when the rule breaks
+    text: str  # the rule as a reader would write it
+    holds: Callable[[Columns, Facts], np.ndarray]
+
+    def message(self, cols: Columns, f: Facts, row: int = 0) -> str:
+        values = [f"{k}={int(np.asarray(cols[k]).reshape(-1)[row])}" for k in self.reads]
+        known = f.values()
+        values += [f"{k}={known[k]}" for k in self.facts]
+        return f"{self.name}: {self.text} must hold, but got {', '.join(values)}"
+
+
+def _pipeline_split(c: Columns, f: Facts) -> np.ndarray:
+    """Megatron-LM's uneven pipeline (megatron/core/transformer/transformer_config.py,
+    ``__post_init__``, "Uneven PP"): pinned stages hold >= 1 layer and the rest split evenly
+    over the other stages, which all hold >= 1 (or there are none and nothing is left)."""
+    pp, first, last = c["pp"], c["first_stage_layers"], c["last_stage_layers"]
+    pinned = (first > 0) | (last > 0)
+    unpinned_ok = (pp <= f.layers) & ((f.layers % pp == 0) | f.switches.uneven_pipeline)
+    _, whole = rank_split(f.layers, pp, first, last)
+    return np.where(pinned, (pp > 1) & f.switches.uneven_pipeline & whole, unpinned_ok)
+
+
+def _whole_chunks(c: Columns, f: Facts) -> np.ndarray:
+    """Every pipeline stage's layers split into vpp equal chunks (Megatron-LM: an even split
+    needs layers % (pp * vpp) == 0, megatron/training/arguments.py; pinned first/last stages and
+    each middle stage need their own counts % vpp == 0, transformer_config.py "Uneven PP").
+    ``uneven_chunks`` lifts it for a pinned split (see :class:`Switches`)."""
+    pp, vpp = c["pp"], c["vpp"]
+    first, last = c["first_stage_layers"], c["last_stage_layers"]
+    split, _ = rank_split(f.layers, pp, first, last)
+    pinned_ok = (((first == 0) | (first % vpp == 0)) & ((last == 0) | (last % vpp == 0))
+                 & (split.middle % vpp == 0)) | f.switches.uneven_chunks
+    even_ok = f.layers % (pp * vpp) == 0
+    chunks_ok = np.where((first > 0) | (last > 0), pinned_ok, even_ok)
+    return (vpp == 1) | ((pp > 1) & chunks_ok)
+
+
+def _schedule(c: Columns, f: Facts) -> np.ndarray:
+    s, vpp, pp = c["pp_schedule"], c["vpp"], c["pp"]
+    gpipe_ok = (vpp == 1) & ((pp > 1) | (not f.switches.canonical))
+    return ((s != INTERLEAVED) | (vpp > 1)) & ((s != GPIPE) | gpipe_ok)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("world_size", ("tp", "pp", "cp", "dp"), ("num_gpus",),
+         "tp * pp * cp * dp == num_gpus",
+         lambda c, f: c["tp"] * c["pp"] * c["cp"] * c["dp"] == f.num_gpus),
+    # Megatron-LM: heads and query groups split whole over TP ranks, or each KV head is
+    # replicated over tp / kv_heads ranks (transformer_config.py, num_query_groups)
+    Rule("tp_heads", ("tp",), ("heads", "kv_heads"),
+         "heads % tp == 0 and kv_heads, tp divide one another",
+         lambda c, f: (f.heads % c["tp"] == 0)
+         & ((f.kv_heads % c["tp"] == 0) | (c["tp"] % f.kv_heads == 0))),
+    Rule("tp_in_node", ("tp",), ("tp_in_node", "nvlink_domain"),
+         "not tp_in_node or nvlink_domain % tp == 0 (TP inside one NVLink domain)",
+         lambda c, f: (f.nvlink_domain % c["tp"] == 0) | (not f.switches.tp_in_node)),
+    Rule("pp_layers", ("pp", "first_stage_layers", "last_stage_layers"),
+         ("layers", "uneven_pipeline"),
+         "pp <= layers, layers % pp == 0 unless uneven_pipeline, and pinned first/last stages "
+         "(uneven_pipeline) leave the other stages an equal whole number >= 1 of layers",
+         _pipeline_split),
+    Rule("vpp_layers", ("vpp", "pp", "first_stage_layers", "last_stage_layers"),
+         ("layers", "uneven_chunks"),
+         "vpp == 1, or pp > 1 and every stage's layers split into vpp whole chunks: layers % "
+         "(pp * vpp) == 0 for an even split, each stage's layers % vpp == 0 for a pinned split "
+         "(unless uneven_chunks)",
+         _whole_chunks),
+    # load-balanced causal context parallelism cuts each sequence into 2 * cp chunks
+    # (megatron/training/arguments.py: seq_length % (context_parallel_size * 2) == 0)
+    Rule("cp_seq", ("cp",), ("seq_len",), "seq_len % (2 * cp) == 0",
+         lambda c, f: (c["cp"] == 1) | (f.seq_len % (2 * c["cp"]) == 0)),
+    Rule("ep_experts", ("ep", "tp", "dp", "cp"), ("experts",),
+         "ep == 1, or ep divides moe_experts and tp * dp * cp (EP spans data-parallel ranks, "
+         "or folds over tensor-parallel ones with expert TP 1)",
+         lambda c, f: (c["ep"] == 1) | ((f.experts % c["ep"] == 0) & (f.experts > 0)
+                                        & ((c["tp"] * c["dp"] * c["cp"]) % c["ep"] == 0))),
+    Rule("batch", ("micro_batch", "dp"), ("global_batch",),
+         "global_batch % (micro_batch * dp) == 0",
+         lambda c, f: f.global_batch % (c["micro_batch"] * c["dp"]) == 0),
+    Rule("zero_sharding", ("zero_stage", "dp", "cp"), ("canonical",),
+         "zero_stage == 0 or dp * cp > 1 (in a canonical space)",
+         lambda c, f: ((c["zero_stage"] == 0) | (c["dp"] * c["cp"] > 1)
+                       | (not f.switches.canonical))),
+    Rule("sp_tp", ("sequence_parallel", "tp"), (), "not sequence_parallel or tp > 1",
+         lambda c, f: (c["sequence_parallel"] == 0) | (c["tp"] > 1)),
+    Rule("schedule", ("pp_schedule", "vpp", "pp"), ("canonical",),
+         "pp_schedule interleaved iff vpp > 1, and gpipe only with vpp == 1 (and pp > 1 in a "
+         "canonical space)",
+         _schedule),
+)
+BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}
+
+
+def plan_columns(plan: Plan | Mapping[str, object]) -> dict[str, int]:
+    """One plan (or its fields, before a ``Plan`` is built) as plain ints, encoded like the
+    search's layout columns (numpy broadcasts them as 1-element columns)."""
+    raw = {k: getattr(plan, k) for k in PLAN_COLUMNS} if isinstance(plan, Plan) else {
+        k: plan[k] for k in PLAN_COLUMNS}
+    raw["recompute"] = RECOMPUTE_CODES.get(str(raw["recompute"]), 0)
+    raw["pp_schedule"] = SCHEDULE_CODES.get(str(raw["pp_schedule"]), 0)
+    raw["sequence_parallel"] = int(bool(raw["sequence_parallel"]))
+    return {k: int(v) for k, v in raw.items()}  # type: ignore[call-overload,arg-type]
+
+
+def _holds(rule: Rule, cols: Columns, f: Facts) -> bool:
+    return bool(np.asarray(rule.holds(cols, f)).reshape(-1)[0])
+
+
+def broken(plan: Plan | Mapping[str, object], f: Facts,
+           rules: tuple[Rule, ...] = RULES) -> list[Rule]:
+    """The rules one plan breaks, in table order."""
+    cols = plan_columns(plan)
+    return [r for r in rules if not _holds(r, cols, f)]
+
+
+def valid(plans: list[Plan], f: Facts) -> np.ndarray:
+    """Whether each of many plans keeps every rule: the table evaluated once, on columns."""
+    rows = [plan_columns(p) for p in plans]
+    cols = {k: np.asarray([r[k] for r in rows], dtype=np.int64) for k in PLAN_COLUMNS}
+    ok = np.ones(len(plans), dtype=bool)
+    for r in RULES:
+        ok &= np.asarray(r.holds(cols, f), dtype=bool)
+    return ok
+
+
+def check(plan: Plan, f: Facts) -> None:
+    """Raise :class:`SpecError` naming the first rule the plan breaks and its values."""
+    cols = plan_columns(plan)
+    for r in RULES:
+        if not _holds(r, cols, f):
+            raise SpecError(r.message(cols, f))
+
+
+OWN: tuple[Rule, ...] = tuple(r for r in RULES if not r.facts)  # read nothing but the plan
+
+
+def check_own(plan: Plan) -> None:
+    """The rules that read the plan alone (``Plan.__post_init__``); facts are not read."""
+    cols = plan_columns(plan)
+    for r in OWN:
+        if not _holds(r, cols, _NO_FACTS):
+            raise SpecError(f"plan.{r.message(cols, _NO_FACTS)}")
+
+
+_NO_FACTS = Facts(layers=0, heads=0, kv_heads=0, experts=0, seq_len=0, global_batch=0,
+                  num_gpus=0, nvlink_domain=0)
