@@ -23,7 +23,7 @@ def _state(est) -> float:
     return est.memory.peak.model_state_bytes
 
 
-@pytest.mark.parametrize("pp,zero", itertools.product([1, 2, 4], [0, 1, 2, 3]))
+@pytest.mark.parametrize("pp,zero", list(itertools.product([1, 2, 4], [0, 1, 2, 3])))
 def test_more_tp_never_raises_weight_bytes(h100, llama8b, pp: int, zero: int) -> None:
     tr = Training(seq_len=4096, global_batch=64)
     prev = float("inf")
@@ -282,3 +282,42 @@ def test_activation_bytes_are_two_or_four() -> None:
 
     with pytest.raises(SpecError, match="training.activation_dtype_bytes must be 2"):
         Training(seq_len=1024, global_batch=8, activation_dtype_bytes=3.0)
+
+
+def _grad_reduce(est) -> tuple[float, float]:
+    row = next(c for c in est.collectives if c.name == "dp_grad_reduce")
+    return row.bytes, row.time_s
+
+
+@pytest.mark.parametrize("framework", ["generic", "megatron", "torchtitan", "deepspeed",
+                                       "llm-foundry"])
+@pytest.mark.parametrize("pp,mbs", [(1, 1), (1, 2), (2, 1), (4, 2)])
+def test_zero2_under_accumulation_pays_per_micro_batch_or_a_whole_buffer(
+        h100, llama8b, framework: str, pp: int, mbs: int) -> None:
+    """With m > 1 micro-batches ZeRO-2 either reduce-scatters m times (and keeps a gradient
+    shard) or holds a whole gradient buffer (and reduces once): never the shard for one pass."""
+    from hardware_catalog.frameworks import framework_settings
+
+    cluster = ClusterSpec(gpu=h100, num_gpus=64)
+    dp = 64 // pp
+    tr = Training(seq_len=4096, global_batch=dp * mbs * 8, **framework_settings(framework))
+    m = tr.global_batch // (dp * mbs)
+    zero1, zero2 = (estimate(llama8b, cluster, Plan(pp=pp, dp=dp, micro_batch=mbs,
+                                                    zero_stage=z), tr) for z in (1, 2))
+    grads1, grads2 = (e.memory.stages[0].grads_bytes for e in (zero1, zero2))
+    bytes1, time1 = _grad_reduce(zero1)
+    bytes2, time2 = _grad_reduce(zero2)
+    per_micro_batch = bytes2 == pytest.approx(m * bytes1) and time2 == pytest.approx(m * time1)
+    whole_buffer = grads2 == pytest.approx(grads1) and bytes2 == pytest.approx(bytes1)
+    assert m > 1 and per_micro_batch != whole_buffer
+    if per_micro_batch:
+        assert grads2 == pytest.approx(grads1 / dp)
+
+
+def test_zero2_with_one_micro_batch_is_sharded_and_reduces_once(h100, llama8b) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=64)
+    tr = Training(seq_len=4096, global_batch=64, zero2_grad_sync="step")
+    zero1, zero2 = (estimate(llama8b, cluster, Plan(dp=64, zero_stage=z), tr) for z in (1, 2))
+    assert zero2.memory.stages[0].grads_bytes == pytest.approx(
+        zero1.memory.stages[0].grads_bytes / 64)
+    assert _grad_reduce(zero2) == pytest.approx(_grad_reduce(zero1))
