@@ -327,6 +327,10 @@ class Training:
     # gradients and reduce-scatters once (FSDP2 with set_requires_gradient_sync(False) until the
     # last micro-batch, as torch.distributed.pipelining's schedules do). ``_pp``: under PP.
     zero2_grad_sync: Literal["micro_batch", "step"] = "micro_batch"
+    # How context parallelism moves the key/value blocks (costmodel/parallel/context.py): a
+    # ring of cp - 1 point-to-point steps (Megatron-Core's default --cp-comm-type p2p) or one
+    # all-gather (torchtitan's default context_parallel_rotate_method)
+    cp_comm: Literal["ring", "all_gather"] = "ring"
     zero2_grad_sync_pp: Literal["micro_batch", "step"] = "micro_batch"
     dp_bucket_bytes: float = 25 * 2**20  # gradient bucket (torch DDP's default 25 MiB)
     # Extra seconds per TP ring step when a pipeline engine interleaves its point-to-point

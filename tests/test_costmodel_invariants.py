@@ -321,3 +321,49 @@ def test_zero2_with_one_micro_batch_is_sharded_and_reduces_once(h100, llama8b) -
     assert zero2.memory.stages[0].grads_bytes == pytest.approx(
         zero1.memory.stages[0].grads_bytes / 64)
     assert _grad_reduce(zero2) == pytest.approx(_grad_reduce(zero1))
+
+
+@pytest.mark.parametrize("framework", ["generic", "torchtitan", "nanotron"])
+@pytest.mark.parametrize("seq,k", [(8192, 2), (8192, 8), (32768, 4), (131072, 16)])
+def test_context_parallel_never_ties_the_same_tokens_without_it(h100, llama8b, framework: str,
+                                                                seq: int, k: int) -> None:
+    """CP k x micro-batch k runs the tokens of micro-batch 1 without CP on each GPU: the same
+    GEMMs, but attention in k blocks (k calls, k - 1 merges) and K/V exchanged besides. It is
+    never free: strictly slower, whatever hides."""
+    from hardware_catalog.frameworks import framework_settings
+
+    cluster = ClusterSpec(gpu=h100, num_gpus=64)
+    tr = Training(seq_len=seq, global_batch=64 * 2, **framework_settings(framework))
+    base = estimate(llama8b, cluster, Plan(dp=64, zero_stage=1), tr)
+    with_cp = estimate(llama8b, cluster, Plan(cp=k, dp=64 // k, micro_batch=k, zero_stage=1), tr)
+    assert with_cp.step_time_s > base.step_time_s
+    assert with_cp.compute.time_s > base.compute.time_s
+
+
+def test_each_kv_transfer_hides_only_behind_its_own_block(h100, llama8b) -> None:
+    """The ring's step i sends block i while attending to it: a step whose transfer outlasts
+    its block shows the difference, even where the layer's whole attention would outlast all
+    cp - 1 transfers together."""
+    import dataclasses
+
+    from costmodel.compute import layer_times
+    from costmodel.parallel.context import context_parallel
+    from costmodel.parallel.mesh import mesh_of
+    from costmodel.plans import as_plan_arrays, plans_to_arrays
+
+    tr = Training(seq_len=32768, global_batch=8)
+    plan = Plan(cp=8, dp=1)
+    arrays = as_plan_arrays(plans_to_arrays([plan]))
+    shown_only_per_step = []
+    for bw in (5e9, 20e9, 30e9, 100e9, 450e9):
+        gpu = dataclasses.replace(h100, intra_node_bw_bytes_per_s=bw)
+        cluster = ClusterSpec(gpu=gpu, num_gpus=8)
+        g, lt = mesh_of(cluster, tr, arrays), layer_times(llama8b, cluster, tr, arrays)
+        cc = context_parallel(llama8b, tr, g, lt)
+        hop = float(cc.layer_s[0]) / (3 * 7)
+        block = float(lt.attention_fwd_s[0]) / 8
+        assert float(cc.exposed_fwd_s[0]) == pytest.approx(7 * max(hop - block, 0.0))
+        whole_layer = max(7 * hop - float(lt.attention_fwd_s[0]), 0.0)
+        assert float(cc.exposed_fwd_s[0]) >= whole_layer
+        shown_only_per_step.append(whole_layer == 0.0 < float(cc.exposed_fwd_s[0]))
+    assert any(shown_only_per_step)  # a link where only the per-step view shows the exchange
