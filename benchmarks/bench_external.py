@@ -256,8 +256,13 @@ def main() -> int:
     errors = []
     for label, gpus, cp, dp, seq, batch, published in LLAMA3_405B:
         cluster = ClusterSpec(gpu=gpu, num_gpus=gpus, gpus_per_node=8)
+        # Meta's stack shards with PyTorch FSDP ("ZeRO-2": no resharding after forward) under
+        # its pipeline schedule, which, like torch.distributed.pipelining, syncs gradients at
+        # the last micro-batch: whole stage gradients accumulate and reduce once per step. An
+        # assumption about an unpublished stack (Megatron-FSDP's per-micro-batch
+        # reduce-scatter, the generic profile's, predicts these runs at a third of published).
         training = training_spec(framework="generic", precision="bf16", seq_len=seq,
-                                 global_batch=batch)
+                                 global_batch=batch, switches={"zero2_grad_sync_pp": "step"})
         cells = []
         for v in CHUNKS:
             plan = Plan(tp=8, pp=16, cp=cp, dp=dp, vpp=v, micro_batch=1, zero_stage=2,

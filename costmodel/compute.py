@@ -110,6 +110,7 @@ class Kernels:
     cluster: ClusterSpec
     tokens: np.ndarray  # M, tokens of the micro-batch on this GPU
     tp: np.ndarray
+    cp: np.ndarray
     sp: np.ndarray
     pieces: np.ndarray  # rows pieces a TP GEMM runs as under overlapped TP communication
     peak: float
@@ -149,7 +150,8 @@ def kernels_of(cluster: ClusterSpec, tr: Training, p: PlanArrays) -> Kernels:
     # exchange, PyTorch's async TP) runs each TP GEMM as tp pieces of M / tp rows, one per step
     # of the all-gather or reduce-scatter ring: smaller GEMMs, one launch each
     pieces = np.where(sp & (tp > 1) & tr.tp_comm_overlap & (not gpu.synchronous), tp, 1.0)
-    return Kernels(cluster=cluster, tokens=p.micro_batch * float(tr.seq_len) / cp, tp=tp, sp=sp,
+    return Kernels(cluster=cluster, tokens=p.micro_batch * float(tr.seq_len) / cp, tp=tp, cp=cp,
+                   sp=sp,
                    pieces=pieces, peak=gpu.peak_flops(tr.precision),
                    in_bytes=1.0 if fp8 else act, act=act,
                    hbm=gpu.hbm_bw_bytes_per_s * gpu.efficiency.memory_bw_fraction, fp8=fp8)
@@ -198,11 +200,22 @@ def _attention_fwd(model: ModelSpec, tr: Training, kn: Kernels) -> np.ndarray:
         attn_eff = eff.attention_peak_fraction
         if tr.attention_kernel == "flash3" and gpu.family in FLASH3_FAMILIES:
             attn_eff = min(attn_eff * FLASH3_OVER_FLASH2, 1.0)
-        return attn_flops_fwd / (gpu.peak_flops_bf16 * attn_eff)
+        return attn_flops_fwd / (gpu.peak_flops_bf16 * attn_eff) + _cp_split_s(model, kn)
     # two batched GEMMs over all s x s scores, and the scores through softmax in HBM
     attn_flops_fwd = 4.0 * M * s * a * d / kn.tp
     return (attn_flops_fwd / (gpu.peak_flops_bf16 * eff.gemm_peak_fraction)
             + 4.0 * kn.act * M * s * a / kn.tp / kn.hbm)
+
+
+def _cp_split_s(model: ModelSpec, kn: Kernels) -> np.ndarray:
+    """What splitting attention over cp key blocks adds: under context parallelism each of the
+    cp blocks is its own attention call (a launch), and every block after the first merges its
+    partial output into the running one by their log-sum-exp (read both, write one). Ring and
+    all-gather variants alike (Megatron-Core's / Transformer Engine's p2p ring, PyTorch's
+    templated ring attention)."""
+    out_bytes = kn.tokens * model.heads / kn.tp * model.d_head * kn.act
+    merge_s = 3.0 * out_bytes / kn.hbm + kn.cluster.gpu.efficiency.kernel_overhead_s
+    return (kn.cp - 1.0) * (kn.cluster.gpu.efficiency.kernel_overhead_s + merge_s)
 
 
 def _fwd_bwd(gemm_s: np.ndarray, attention_s: np.ndarray, elem_s: np.ndarray,

@@ -38,12 +38,14 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: Training,
     peak = np.max(np.stack([r.stages[s].total for s in STAGES]), axis=0)
     exposed = sum(c.exposed_s for c in r.collectives)
     total = sum(c.time_s for c in r.collectives)
-    peak_flops = cluster.gpu.peak_flops(training.precision)
+    peak_flops = cluster.gpu.peak_flops_bf16  # one MFU convention (costmodel.result)
     return {
         "step_time_s": r.step_time_s,
         "tokens_per_s_per_gpu": r.tokens_per_step / r.step_time_s / r.num_gpus,
         "mfu": r.model_flops / r.step_time_s / peak_flops,
         "hfu": r.hardware_flops / r.step_time_s / peak_flops,
+        "mfu_precision_peak": (r.model_flops / r.step_time_s
+                               / cluster.gpu.peak_flops(training.precision)),
         "model_tflops_per_gpu": r.model_flops / r.step_time_s / 1e12,
         "peak_mem_bytes": peak,
         "first_stage_mem_bytes": r.stages["first"].total,
@@ -95,7 +97,8 @@ def _to_result(r: StepArrays, cluster: ClusterSpec, plan: Plan, tr: Training) ->
         step_time_s=_scalar(r.step_time_s),
         tokens_per_step=r.tokens_per_step,
         num_gpus=r.num_gpus,
-        peak_flops_per_gpu=cluster.gpu.peak_flops(tr.precision),
+        peak_flops_per_gpu=cluster.gpu.peak_flops_bf16,
+        precision_peak_flops_per_gpu=cluster.gpu.peak_flops(tr.precision),
     )
 
 

@@ -18,7 +18,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.layout import STAGES, StageLayers, expert_dp, expert_tp, inflight_micro_batches
+from costmodel.layout import (
+    STAGES,
+    StageLayers,
+    expert_dp,
+    expert_tp,
+    inflight_micro_batches,
+    micro_batches,
+)
 from costmodel.params import (
     attention_params,
     dense_mlp_params,
@@ -50,6 +57,14 @@ class MemoryCoefficients:
     gather_buffer: np.ndarray  # ZeRO-3 / FSDP unsharded units in flight
 
 
+def zero2_reduces_each_micro_batch(tr: Training, p: PlanArrays) -> np.ndarray:
+    """Where ZeRO-2 reduce-scatters every micro-batch (and so keeps only its gradient shard)
+    rather than once per step from a whole gradient buffer (``Training.zero2_grad_sync``)."""
+    mode = np.where(p.pp > 1, tr.zero2_grad_sync_pp == "micro_batch",
+                    tr.zero2_grad_sync == "micro_batch")
+    return (p.zero_stage == 2) & (mode | (micro_batches(tr.global_batch, p) == 1))
+
+
 def _states_per_param(tr: Training, p: PlanArrays, shard: np.ndarray) -> dict[str, np.ndarray]:
     z = p.zero_stage
     fp8 = tr.precision == "fp8"
@@ -58,7 +73,8 @@ def _states_per_param(tr: Training, p: PlanArrays, shard: np.ndarray) -> dict[st
     g = float(tr.grad_dtype_bytes)
     o = (4.0 if tr.master_weights else 0.0) + (8.0 if tr.optimizer == "adam" else 4.0)
     weights = np.where(z >= 3, w / shard, w)
-    grads = np.where(z >= 2, g / shard, g)
+    # ZeRO-2 accumulating whole gradients over micro-batches holds them unsharded
+    grads = np.where((z >= 3) | zero2_reduces_each_micro_batch(tr, p), g / shard, g)
     optimizer = np.where(z >= 1, o / shard, o)
     # A framework that reduces gradients out of a separate buffer keeps a low-precision copy for
     # the all-reduce all step long (ZeRO-0), or a full-precision one plus the gathered shard at

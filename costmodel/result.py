@@ -95,7 +95,11 @@ class StepEstimate:
     step_time_s: float
     tokens_per_step: int
     num_gpus: int
-    peak_flops_per_gpu: float
+    # MFU and HFU divide by the dense bf16 peak whatever the precision (one convention, the
+    # PaLM/Megatron one), so an fp8 plan's MFU compares with a bf16 plan's; what the GEMMs'
+    # own precision could reach is the second, labelled figure
+    peak_flops_per_gpu: float  # dense bf16
+    precision_peak_flops_per_gpu: float  # dense, at the plan's precision (fp8: twice bf16)
 
     @property
     def comm_time_s(self) -> float:
@@ -122,6 +126,11 @@ class StepEstimate:
         return self.compute.hardware_flops / self.step_time_s / self.peak_flops_per_gpu
 
     @property
+    def mfu_precision_peak(self) -> float:
+        """Model FLOPs over the dense peak of the precision the GEMMs run in."""
+        return self.compute.model_flops / self.step_time_s / self.precision_peak_flops_per_gpu
+
+    @property
     def dominant_challenge(self) -> Literal["memory", "compute", "communication", "bubble"]:
         """The binding challenge: memory if it does not fit, else the largest time share."""
         if not self.memory.fits:
@@ -142,6 +151,7 @@ class StepEstimate:
             model_tflops_per_gpu=self.model_tflops_per_gpu,
             mfu=self.mfu,
             hfu=self.hfu,
+            mfu_precision_peak=self.mfu_precision_peak,
             dominant_challenge=self.dominant_challenge,
         )
         return out

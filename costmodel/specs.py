@@ -325,6 +325,19 @@ class Training:
     # hungry" otherwise); Megatron's distributed optimizer and FSDP reduce-scatter.
     sharded_grad_all_reduce: bool = False
     separate_grad_comm_buffer: bool = False  # nanotron copies grads into a reduce buffer
+    # ZeRO-2 under gradient accumulation (more than one micro-batch per step) pays one of two
+    # costs, never neither: "micro_batch" reduce-scatters the gradients into their owner's shard
+    # in every micro-batch's backward and keeps only the shard (DeepSpeed ZeRO-2's backward
+    # hooks in deepspeed/runtime/zero/stage_1_and_2.py; Megatron-FSDP's optim_grads; FSDP2 with
+    # gradient sync on, as torchtitan's train_step runs it); "step" accumulates unsharded
+    # gradients and reduce-scatters once (FSDP2 with set_requires_gradient_sync(False) until the
+    # last micro-batch, as torch.distributed.pipelining's schedules do). ``_pp``: under PP.
+    zero2_grad_sync: Literal["micro_batch", "step"] = "micro_batch"
+    # How context parallelism moves the key/value blocks (costmodel/parallel/context.py): a
+    # ring of cp - 1 point-to-point steps (Megatron-Core's default --cp-comm-type p2p) or one
+    # all-gather (torchtitan's default context_parallel_rotate_method)
+    cp_comm: Literal["ring", "all_gather"] = "ring"
+    zero2_grad_sync_pp: Literal["micro_batch", "step"] = "micro_batch"
     dp_bucket_bytes: float = 25 * 2**20  # gradient bucket (torch DDP's default 25 MiB)
     # Extra seconds per TP ring step when a pipeline engine interleaves its point-to-point
     # transfers with TP collectives on one stream and those transfers cross the network (seen

@@ -23,7 +23,7 @@ def _state(est) -> float:
     return est.memory.peak.model_state_bytes
 
 
-@pytest.mark.parametrize("pp,zero", itertools.product([1, 2, 4], [0, 1, 2, 3]))
+@pytest.mark.parametrize("pp,zero", list(itertools.product([1, 2, 4], [0, 1, 2, 3])))
 def test_more_tp_never_raises_weight_bytes(h100, llama8b, pp: int, zero: int) -> None:
     tr = Training(seq_len=4096, global_batch=64)
     prev = float("inf")
@@ -282,3 +282,88 @@ def test_activation_bytes_are_two_or_four() -> None:
 
     with pytest.raises(SpecError, match="training.activation_dtype_bytes must be 2"):
         Training(seq_len=1024, global_batch=8, activation_dtype_bytes=3.0)
+
+
+def _grad_reduce(est) -> tuple[float, float]:
+    row = next(c for c in est.collectives if c.name == "dp_grad_reduce")
+    return row.bytes, row.time_s
+
+
+@pytest.mark.parametrize("framework", ["generic", "megatron", "torchtitan", "deepspeed",
+                                       "llm-foundry"])
+@pytest.mark.parametrize("pp,mbs", [(1, 1), (1, 2), (2, 1), (4, 2)])
+def test_zero2_under_accumulation_pays_per_micro_batch_or_a_whole_buffer(
+        h100, llama8b, framework: str, pp: int, mbs: int) -> None:
+    """With m > 1 micro-batches ZeRO-2 either reduce-scatters m times (and keeps a gradient
+    shard) or holds a whole gradient buffer (and reduces once): never the shard for one pass."""
+    from hardware_catalog.frameworks import framework_settings
+
+    cluster = ClusterSpec(gpu=h100, num_gpus=64)
+    dp = 64 // pp
+    tr = Training(seq_len=4096, global_batch=dp * mbs * 8, **framework_settings(framework))
+    m = tr.global_batch // (dp * mbs)
+    zero1, zero2 = (estimate(llama8b, cluster, Plan(pp=pp, dp=dp, micro_batch=mbs,
+                                                    zero_stage=z), tr) for z in (1, 2))
+    grads1, grads2 = (e.memory.stages[0].grads_bytes for e in (zero1, zero2))
+    bytes1, time1 = _grad_reduce(zero1)
+    bytes2, time2 = _grad_reduce(zero2)
+    per_micro_batch = bytes2 == pytest.approx(m * bytes1) and time2 == pytest.approx(m * time1)
+    whole_buffer = grads2 == pytest.approx(grads1) and bytes2 == pytest.approx(bytes1)
+    assert m > 1 and per_micro_batch != whole_buffer
+    if per_micro_batch:
+        assert grads2 == pytest.approx(grads1 / dp)
+
+
+def test_zero2_with_one_micro_batch_is_sharded_and_reduces_once(h100, llama8b) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=64)
+    tr = Training(seq_len=4096, global_batch=64, zero2_grad_sync="step")
+    zero1, zero2 = (estimate(llama8b, cluster, Plan(dp=64, zero_stage=z), tr) for z in (1, 2))
+    assert zero2.memory.stages[0].grads_bytes == pytest.approx(
+        zero1.memory.stages[0].grads_bytes / 64)
+    assert _grad_reduce(zero2) == pytest.approx(_grad_reduce(zero1))
+
+
+@pytest.mark.parametrize("framework", ["generic", "torchtitan", "nanotron"])
+@pytest.mark.parametrize("seq,k", [(8192, 2), (8192, 8), (32768, 4), (131072, 16)])
+def test_context_parallel_never_ties_the_same_tokens_without_it(h100, llama8b, framework: str,
+                                                                seq: int, k: int) -> None:
+    """CP k x micro-batch k runs the tokens of micro-batch 1 without CP on each GPU: the same
+    GEMMs, but attention in k blocks (k calls, k - 1 merges) and K/V exchanged besides. It is
+    never free: strictly slower, whatever hides."""
+    from hardware_catalog.frameworks import framework_settings
+
+    cluster = ClusterSpec(gpu=h100, num_gpus=64)
+    tr = Training(seq_len=seq, global_batch=64 * 2, **framework_settings(framework))
+    base = estimate(llama8b, cluster, Plan(dp=64, zero_stage=1), tr)
+    with_cp = estimate(llama8b, cluster, Plan(cp=k, dp=64 // k, micro_batch=k, zero_stage=1), tr)
+    assert with_cp.step_time_s > base.step_time_s
+    assert with_cp.compute.time_s > base.compute.time_s
+
+
+def test_each_kv_transfer_hides_only_behind_its_own_block(h100, llama8b) -> None:
+    """The ring's step i sends block i while attending to it: a step whose transfer outlasts
+    its block shows the difference, even where the layer's whole attention would outlast all
+    cp - 1 transfers together."""
+    import dataclasses
+
+    from costmodel.compute import layer_times
+    from costmodel.parallel.context import context_parallel
+    from costmodel.parallel.mesh import mesh_of
+    from costmodel.plans import as_plan_arrays, plans_to_arrays
+
+    tr = Training(seq_len=32768, global_batch=8)
+    plan = Plan(cp=8, dp=1)
+    arrays = as_plan_arrays(plans_to_arrays([plan]))
+    shown_only_per_step = []
+    for bw in (5e9, 20e9, 30e9, 100e9, 450e9):
+        gpu = dataclasses.replace(h100, intra_node_bw_bytes_per_s=bw)
+        cluster = ClusterSpec(gpu=gpu, num_gpus=8)
+        g, lt = mesh_of(cluster, tr, arrays), layer_times(llama8b, cluster, tr, arrays)
+        cc = context_parallel(llama8b, tr, g, lt)
+        hop = float(cc.layer_s[0]) / (3 * 7)
+        block = float(lt.attention_fwd_s[0]) / 8
+        assert float(cc.exposed_fwd_s[0]) == pytest.approx(7 * max(hop - block, 0.0))
+        whole_layer = max(7 * hop - float(lt.attention_fwd_s[0]), 0.0)
+        assert float(cc.exposed_fwd_s[0]) >= whole_layer
+        shown_only_per_step.append(whole_layer == 0.0 < float(cc.exposed_fwd_s[0]))
+    assert any(shown_only_per_step)  # a link where only the per-step view shows the exchange

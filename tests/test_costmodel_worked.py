@@ -402,3 +402,19 @@ def test_tp_comm_overlap_runs_each_tp_gemm_in_tp_pieces(h100, llama8b: ModelSpec
     dp8 = Plan(dp=8, micro_batch=1)
     assert estimate(llama8b, cluster, dp8, ov).step_time_s == pytest.approx(
         estimate(llama8b, cluster, dp8, tr).step_time_s, rel=1e-12)
+
+
+def test_mfu_divides_by_the_dense_bf16_peak_at_every_precision(h100, llama8b) -> None:
+    """One convention: an fp8 plan's MFU is over H100's 989.4 TFLOP/s dense bf16 peak, like a
+    bf16 plan's; over fp8's own 1,978.9 TFLOP/s it is half that, the second, labelled figure."""
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    plan = Plan(dp=8, zero_stage=1)
+    for precision in ("bf16", "fp8"):
+        est = estimate(llama8b, cluster, plan, Training(seq_len=4096, global_batch=32,
+                                                        precision=precision))
+        by_hand = est.compute.model_flops / est.step_time_s / 989.4e12
+        assert est.mfu == pytest.approx(by_hand)
+        own_peak = 1978.9e12 if precision == "fp8" else 989.4e12
+        own = est.compute.model_flops / est.step_time_s / own_peak
+        assert est.mfu_precision_peak == pytest.approx(own)
+        assert est.to_dict()["mfu_precision_peak"] == pytest.approx(own)

@@ -10,7 +10,11 @@ from costmodel import comm
 from costmodel.comm import CollectiveArrays
 from costmodel.compute import LayerTimes
 from costmodel.layout import StageLayers
-from costmodel.memory import MemoryCoefficients, largest_stage_params
+from costmodel.memory import (
+    MemoryCoefficients,
+    largest_stage_params,
+    zero2_reduces_each_micro_batch,
+)
 from costmodel.parallel.mesh import Mesh
 from costmodel.specs import Training
 
@@ -59,26 +63,33 @@ def data_parallel(tr: Training, g: Mesh, co: MemoryCoefficients, layers: StageLa
     def hide(t: np.ndarray, window: np.ndarray, enabled: bool) -> np.ndarray:
         return np.maximum(t - window, t * first_bucket) if enabled and not g.synchronous else t
 
-    # ZeRO-0 all-reduces (2 passes), 1-2 reduce-scatter once per step; 3 every micro-batch,
-    # gathering the weights again in forward and backward (FSDP FULL_SHARD).
+    # ZeRO-0 all-reduces (2 passes), ZeRO-1 reduce-scatters once per step; ZeRO-3 every
+    # micro-batch, gathering the weights again in forward and backward (FSDP FULL_SHARD);
+    # ZeRO-2 every micro-batch, each behind that micro-batch's backward, unless the framework
+    # accumulates whole gradients (then once per step, and the memory holds them whole).
     z3 = z >= 3
+    z2_each = zero2_reduces_each_micro_batch(tr, p) & (m > 1)
     bwd_mix = param_ag + grad_rs
     z3_bwd_exposed = hide(bwd_mix, bwd_window, True)
     z3_ag_share = param_ag / np.maximum(bwd_mix, 1e-30)
     full_reduce = (z == 0) | ((z <= 2) & tr.sharded_grad_all_reduce)
-    grad_time = np.where(full_reduce, 2.0 * grad_rs, np.where(z3, m * grad_rs, grad_rs))
-    grad_exposed = np.where(z3, m * z3_bwd_exposed * (1 - z3_ag_share),
-                            np.where(z == 0, hide(grad_time, bwd_window * chunk_window,
-                                                  tr.overlap_grad_reduce),
-                                     hide(grad_time, bwd_window * chunk_window,
-                                          tr.overlap_grad_reduce_sharded)))
+    per_micro = z3 | z2_each
+    grad_time = np.where(full_reduce, 2.0, np.where(per_micro, m, 1.0)) * grad_rs
+    once_exposed = np.where(z == 0, hide(grad_time, bwd_window * chunk_window,
+                                         tr.overlap_grad_reduce),
+                            hide(grad_time, bwd_window * chunk_window,
+                                 tr.overlap_grad_reduce_sharded))
+    each_exposed = np.where(z3, m * z3_bwd_exposed * (1 - z3_ag_share),
+                            m * hide(np.where(full_reduce, 2.0, 1.0) * grad_rs, bwd_window,
+                                     tr.overlap_grad_reduce_sharded))
+    grad_exposed = np.where(per_micro, each_exposed, once_exposed)
     ag_time = np.where(z3, 2.0 * m * param_ag, np.where(z >= 1, param_ag, 0.0))
     ag_exposed = np.where(
         z3, m * (hide(param_ag, fwd_window, True) + z3_bwd_exposed * z3_ag_share),
         np.where(z >= 1, hide(param_ag, fwd_window * chunk_window, tr.overlap_param_gather),
                  0.0))
     state_params = dense + experts
-    grad_bytes = np.where(z3, m, 1.0) * state_params * float(tr.grad_dtype_bytes)
+    grad_bytes = np.where(per_micro, m, 1.0) * state_params * float(tr.grad_dtype_bytes)
     ag_bytes = np.where(z3, 2 * m, np.where(z >= 1, 1.0, 0.0)) * state_params * _param_bytes(tr)
     dpcp = g.dp * g.cp
     tier = comm.tier(dpcp, g.k_dp)

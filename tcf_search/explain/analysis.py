@@ -41,7 +41,8 @@ def _memory(e: StepEstimate) -> dict[str, Any]:
 def _compute(e: StepEstimate) -> dict[str, Any]:
     c = e.compute
     return {"model_flops_per_gpu": c.model_flops, "hardware_flops_per_gpu": c.hardware_flops,
-            "peak_tflops_per_gpu": e.peak_flops_per_gpu / 1e12,
+            "peak_tflops_per_gpu": e.precision_peak_flops_per_gpu / 1e12,
+            "bf16_peak_tflops_per_gpu": e.peak_flops_per_gpu / 1e12,
             "gemm_efficiency": c.gemm_efficiency, "time_s": c.time_s,
             "recompute_time_s": c.recompute_time_s,
             "recompute_share": c.recompute_time_s / c.time_s if c.time_s else 0.0,
@@ -49,6 +50,7 @@ def _compute(e: StepEstimate) -> dict[str, Any]:
             "bubble_share": e.bubble_time_s / e.step_time_s,
             "optimizer_time_s": c.optimizer_time_s,
             "model_tflops_per_gpu": e.model_tflops_per_gpu, "mfu": e.mfu, "hfu": e.hfu,
+            "mfu_precision_peak": e.mfu_precision_peak,
             "flop_convention": FLOP_CONVENTION}
 
 

@@ -51,8 +51,12 @@ def _compute(doc: dict[str, Any], con: Console) -> None:
     con.print(f"   kernels {c['time_s']:.2f} s (recompute {c['recompute_time_s']:.2f} s, "
               f"{c['recompute_share']:.0%}), bubble {c['bubble_time_s']:.2f} s "
               f"({c['bubble_share']:.1%} of the step), optimizer {c['optimizer_time_s']:.3f} s")
-    con.print(f"   MFU {c['mfu']:.1%}, HFU {c['hfu']:.1%}, {c['model_tflops_per_gpu']:.0f} "
-              f"model TFLOP/s per GPU; {step['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, "
+    own = ("" if c["peak_tflops_per_gpu"] == c["bf16_peak_tflops_per_gpu"]
+           else f" ({c['mfu_precision_peak']:.1%} of the {c['peak_tflops_per_gpu']:.0f} TFLOP/s "
+                f"peak of the plan's precision)")
+    con.print(f"   MFU {c['mfu']:.1%}{own}, HFU {c['hfu']:.1%}, "
+              f"{c['model_tflops_per_gpu']:.0f} model TFLOP/s per GPU; "
+              f"{step['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, "
               f"step {step['step_time_s']:.2f} s")
     con.print(f"   [dim]{c['flop_convention']}[/dim]")
 
