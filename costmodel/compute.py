@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.layout import StageLayers, expert_tp
+from costmodel.mapping import StageLayers, expert_tp
 from costmodel.params import attention_params
 from costmodel.plans import PlanArrays
 from costmodel.recompute import (

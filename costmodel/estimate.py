@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from costmodel import comm
-from costmodel.layout import STAGES
+from costmodel.mapping import STAGES
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 from costmodel.result import (
     Collective,

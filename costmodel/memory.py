@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.layout import (
+from costmodel.mapping import (
     STAGES,
     StageLayers,
     expert_dp,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.layout import StageLayers
+from costmodel.mapping import StageLayers
 from costmodel.memory import MemoryCoefficients, largest_stage_params
 from costmodel.plans import PlanArrays
 from costmodel.specs import ClusterSpec, Training

@@ -17,7 +17,7 @@ import numpy as np
 from costmodel import comm
 from costmodel.comm import CollectiveArrays
 from costmodel.compute import LayerTimes
-from costmodel.layout import STAGES, StageLayers
+from costmodel.mapping import STAGES, StageLayers
 from costmodel.parallel.mesh import Mesh
 from costmodel.plans import PlanArrays
 from costmodel.recompute import recomputed_layers

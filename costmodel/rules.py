@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from costmodel.layout import rank_split
+from costmodel.mapping import rank_split
 from costmodel.specs import (
     RECOMPUTE_CODES,
     SCHEDULE_CODES,

@@ -14,7 +14,7 @@ import numpy as np
 
 from costmodel.comm import CollectiveArrays
 from costmodel.compute import hardware_flops, layer_times
-from costmodel.layout import STAGES, stage_layers
+from costmodel.mapping import STAGES, stage_layers
 from costmodel.memory import StageBytes, allocator_stall, step_memory
 from costmodel.optimizer import optimizer_time
 from costmodel.parallel.context import context_parallel

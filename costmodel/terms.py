@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.layout import STAGES, inflight_micro_batches, micro_batches
+from costmodel.mapping import STAGES, inflight_micro_batches, micro_batches
 from costmodel.memory import coefficients
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training

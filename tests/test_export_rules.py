@@ -12,7 +12,7 @@ import pytest
 from costmodel.specs import Plan, Training
 from search.planfile import PlanFile, load_plan_file
 from tcf_search.export import ExportOptions, ExportRefused, render
-from tcf_search.export.layout import Facts, facts_of, virtual_stage_layers
+from tcf_search.export.facts import Facts, facts_of, virtual_stage_layers
 from tcf_search.export.rules import RULES
 
 PLANS = Path(__file__).parent / "golden" / "export" / "plans"
@@ -154,7 +154,7 @@ def test_refusal_lists_every_broken_rule() -> None:
 
 
 def test_one_end_pinned_takes_the_cost_models_other_end() -> None:
-    # costmodel/layout.py (rank_split, as Megatron-LM): the unpinned stages, the last among
+    # costmodel/mapping.py (rank_split, as Megatron-LM): the unpinned stages, the last among
     # them, share the layers the pinned first stage leaves.
     pf = with_plan(example("pp8b"), pp=4, dp=1, first_stage_layers=5)
     f: Facts = facts_of(pf, ExportOptions())

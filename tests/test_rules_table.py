@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from costmodel import Plan, SpecError, check_plan, rules
-from costmodel.layout import rank_split, stage_counts, stage_layers
+from costmodel.mapping import rank_split, stage_counts, stage_layers
 from costmodel.plans import as_plan_arrays
 from search.planfile import PlanFile
 from search.space import SearchSpace, build_space, enumerate_layouts, plan_from_row, violations
@@ -19,7 +19,7 @@ from search.specs import Specs, build_specs
 from search.study import load_study, parse_study
 from tcf_search.explain.planspec import PlanSpecError, apply_change, format_plan, parse_plan
 from tcf_search.export import ExportOptions
-from tcf_search.export.layout import EXPORT_SWITCHES, facts_of
+from tcf_search.export.facts import EXPORT_SWITCHES, facts_of
 from tcf_search.export.rules import COMMON, Shared
 
 STUDY = """

@@ -9,7 +9,7 @@ import numpy as np
 from costmodel import comm
 from costmodel.comm import CollectiveArrays
 from costmodel.compute import LayerTimes
-from costmodel.layout import StageLayers
+from costmodel.mapping import StageLayers
 from costmodel.memory import (
     MemoryCoefficients,
     largest_stage_params,

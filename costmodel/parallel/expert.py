@@ -9,7 +9,7 @@ import numpy as np
 
 from costmodel import comm
 from costmodel.comm import CollectiveArrays
-from costmodel.layout import expert_tp
+from costmodel.mapping import expert_tp
 from costmodel.parallel.mesh import Mesh
 from costmodel.specs import ModelSpec, Training
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.comm import Link, link_of
-from costmodel.layout import expert_dp, group_strides, members_per_domain, micro_batches
+from costmodel.mapping import expert_dp, group_strides, members_per_domain, micro_batches
 from costmodel.plans import PlanArrays
 from costmodel.specs import ClusterSpec, Training
 

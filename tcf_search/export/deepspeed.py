@@ -13,7 +13,7 @@ from typing import Any
 from search.planfile import PlanFile
 
 from . import rules
-from .layout import Facts, facts_of
+from .facts import Facts, facts_of
 from .options import ExportOptions
 from .shell import Raw, command, script, torchrun_head
 

@@ -14,7 +14,7 @@ import yaml
 from search.planfile import PlanFile
 
 from . import rules
-from .layout import Facts, facts_of
+from .facts import Facts, facts_of
 from .options import ExportError, ExportOptions
 from .shell import Raw, command, comment_safe, script, torchrun_head
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from search.planfile import PlanFile
 
 from . import rules
-from .layout import Facts, facts_of
+from .facts import Facts, facts_of
 from .options import ExportOptions
 from .shell import Group, command, script, torchrun_head
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from costmodel import rules as costmodel_rules
 
-from .layout import Facts
+from .facts import Facts
 from .options import ExportRefused
 
 

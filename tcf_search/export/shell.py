@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from search.planfile import PlanFile
 
-from .layout import Facts
+from .facts import Facts
 
 
 class Raw(str):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from search.planfile import PlanFile
 
-from .layout import facts_of
+from .facts import facts_of
 from .options import ExportError, ExportOptions
 
 SCRIPT = "slurm.sbatch"

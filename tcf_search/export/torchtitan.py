@@ -16,7 +16,7 @@ from typing import Any
 from search.planfile import PlanFile
 
 from . import rules
-from .layout import Facts, facts_of, virtual_stage_ranges
+from .facts import Facts, facts_of, virtual_stage_ranges
 from .options import ExportError, ExportOptions
 from .shell import Raw, command, comment_safe, script, torchrun_head
 

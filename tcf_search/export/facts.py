@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from costmodel import rules
-from costmodel.layout import stage_counts
+from costmodel.mapping import stage_counts
 from search.planfile import PlanFile
 
 from .options import ExportOptions
@@ -71,7 +71,7 @@ class Facts:
 
 def _stage_split(layers: int, pp: int, first: int, last: int
                  ) -> tuple[tuple[int, ...], int, int, int, int]:
-    """The cost model's split (``costmodel.layout.stage_counts``): layers per pipeline rank
+    """The cost model's split (``costmodel.mapping.stage_counts``): layers per pipeline rank
     (() when not whole), the layers and ranks between the first and the last, and the first and
     last ranks' counts when the plan pins either (0, 0 for an even split)."""
     stages = stage_counts(layers, pp, first, last)
