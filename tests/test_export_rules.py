@@ -12,8 +12,8 @@ import pytest
 from costmodel.specs import Plan, Training
 from search.planfile import PlanFile, load_plan_file
 from tcf_search.export import ExportOptions, ExportRefused, render
-from tcf_search.export.facts import Facts, facts_of, virtual_stage_layers
 from tcf_search.export.rules import RULES
+from tcf_search.export.view import LaunchView, facts_of, virtual_stage_layers
 
 PLANS = Path(__file__).parent / "golden" / "export" / "plans"
 
@@ -157,7 +157,7 @@ def test_one_end_pinned_takes_the_cost_models_other_end() -> None:
     # costmodel/mapping.py (rank_split, as Megatron-LM): the unpinned stages, the last among
     # them, share the layers the pinned first stage leaves.
     pf = with_plan(example("pp8b"), pp=4, dp=1, first_stage_layers=5)
-    f: Facts = facts_of(pf, ExportOptions())
+    f: LaunchView = facts_of(pf, ExportOptions())
     # 32 layers: first 5, the other 27 over 3 stages, 9 each
     assert f.stage_layers == (5, 9, 9, 9) and f.first == 5 and f.last == 9
     pf = with_plan(pf, first_stage_layers=6)

@@ -19,8 +19,8 @@ from search.specs import Specs, build_specs
 from search.study import load_study, parse_study
 from tcf_search.explain.planspec import PlanSpecError, apply_change, format_plan, parse_plan
 from tcf_search.export import ExportOptions
-from tcf_search.export.facts import EXPORT_SWITCHES, facts_of
 from tcf_search.export.rules import COMMON, Shared
+from tcf_search.export.view import EXPORT_SWITCHES, facts_of
 
 STUDY = """
 model:

@@ -14,15 +14,15 @@ import yaml
 from search.planfile import PlanFile
 
 from . import rules
-from .facts import Facts, facts_of
 from .options import ExportOptions
 from .shell import Raw, command, comment_safe, script
+from .view import LaunchView, facts_of
 
 CONFIG = "accelerate.yaml"
 MIXED_PRECISION = {"bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
 
 
-def config(pf: PlanFile, f: Facts, options: ExportOptions) -> dict[str, Any]:
+def config(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "compute_environment": "LOCAL_MACHINE",
         "distributed_type": "FSDP" if f.zero > 0 else "MULTI_GPU",

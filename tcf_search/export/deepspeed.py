@@ -13,15 +13,15 @@ from typing import Any
 from search.planfile import PlanFile
 
 from . import rules
-from .facts import Facts, facts_of
 from .options import ExportOptions
 from .shell import Raw, command, script, torchrun_head
+from .view import LaunchView, facts_of
 
 CONFIG = "deepspeed.json"
 LAUNCHER = "deepspeed.sh"
 
 
-def config(pf: PlanFile, f: Facts) -> dict[str, Any]:
+def config(pf: PlanFile, f: LaunchView) -> dict[str, Any]:
     t = pf.training
     cfg: dict[str, Any] = {
         "train_batch_size": f.global_batch,

@@ -11,14 +11,14 @@ from __future__ import annotations
 from search.planfile import PlanFile
 
 from . import rules
-from .facts import Facts, facts_of
 from .options import ExportOptions
 from .shell import Group, command, script, torchrun_head
+from .view import LaunchView, facts_of
 
 FILENAME = "megatron.sh"
 
 
-def recompute_args(f: Facts) -> list[Group]:
+def recompute_args(f: LaunchView) -> list[Group]:
     if f.recompute == "selective":
         return [("--recompute-granularity", "selective")]
     if f.recompute == "full" and f.recompute_all:
@@ -32,7 +32,7 @@ def recompute_args(f: Facts) -> list[Group]:
     return []
 
 
-def data_parallel_args(f: Facts, pf: PlanFile) -> list[Group]:
+def data_parallel_args(f: LaunchView, pf: PlanFile) -> list[Group]:
     t = pf.training
     out: list[Group] = []
     if f.zero == 1:
@@ -83,7 +83,7 @@ def model_args(pf: PlanFile) -> list[Group]:
     return out
 
 
-def parallel_args(f: Facts) -> list[Group]:
+def parallel_args(f: LaunchView) -> list[Group]:
     out: list[Group] = [("--tensor-model-parallel-size", f.tp,
                          "--pipeline-model-parallel-size", f.pp)]
     if f.cp > 1:

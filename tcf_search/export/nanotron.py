@@ -14,16 +14,16 @@ import yaml
 from search.planfile import PlanFile
 
 from . import rules
-from .facts import Facts, facts_of
 from .options import ExportError, ExportOptions
 from .shell import Raw, command, comment_safe, script, torchrun_head
+from .view import LaunchView, facts_of
 
 VERSIONS = ("main", "0.4")
 CONFIG = "nanotron.yaml"
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
-def sections(pf: PlanFile, f: Facts, options: ExportOptions) -> dict[str, Any]:
+def sections(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, Any]:
     m = pf.model
     parallelism: dict[str, Any] = {
         "dp": f.dp, "pp": f.pp, "tp": f.tp,

@@ -8,9 +8,9 @@ from __future__ import annotations
 from search.planfile import PlanFile
 
 from . import rules
-from .facts import Facts, facts_of
 from .options import ExportOptions
 from .shell import Group, command, script, torchrun_head
+from .view import LaunchView, facts_of
 
 FILENAME = "nemo.sh"
 
@@ -26,7 +26,7 @@ def _value(v: object) -> str:
     return str(v)
 
 
-def overrides(pf: PlanFile, f: Facts, options: ExportOptions) -> dict[str, object]:
+def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, object]:
     m, t = pf.model, pf.training
     o: dict[str, object] = {
         "model.tensor_model_parallel_size": f.tp,

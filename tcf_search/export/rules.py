@@ -2,7 +2,7 @@
 
 A rule *holds* for a plan the launcher runs as the cost model predicted it. ``COMMON`` is the
 cost model's own validity table (``costmodel.rules``); the rest are each launcher's. The
-predicates read the flat ``Facts`` view; the reasons are ``str.format`` templates over the same
+predicates read the flat ``LaunchView`` view; the reasons are ``str.format`` templates over the same
 names, so a refusal quotes the values that broke it. Sources name the launcher file whose check
 the rule mirrors (read in the launchers' current releases; no launcher code is copied here).
 """
@@ -16,17 +16,17 @@ import numpy as np
 
 from costmodel import rules as costmodel_rules
 
-from .facts import Facts
 from .options import ExportRefused
+from .view import LaunchView
 
 
 @dataclass(frozen=True, slots=True)
 class Rule:
-    holds: Callable[[Facts], bool]
+    holds: Callable[[LaunchView], bool]
     reason: str
     source: str
 
-    def describe(self, f: Facts) -> str:
+    def describe(self, f: LaunchView) -> str:
         return self.reason.format(**f.values())
 
 
@@ -37,21 +37,21 @@ class Shared:
     rule: costmodel_rules.Rule
     source: str = "costmodel/rules.py (the validity table the search and predict read)"
 
-    def holds(self, f: Facts) -> bool:
+    def holds(self, f: LaunchView) -> bool:
         return bool(np.asarray(self.rule.holds(f.plan_columns, f.rule_facts)).reshape(-1)[0])
 
-    def describe(self, f: Facts) -> str:
+    def describe(self, f: LaunchView) -> str:
         return self.rule.message(f.plan_columns, f.rule_facts)
 
 
 AnyRule = Rule | Shared
 
 
-def broken(rules: Sequence[AnyRule], f: Facts) -> list[str]:
+def broken(rules: Sequence[AnyRule], f: LaunchView) -> list[str]:
     return [r.describe(f) for r in rules if not r.holds(f)]
 
 
-def check(fmt: str, rules: Sequence[AnyRule], f: Facts) -> None:
+def check(fmt: str, rules: Sequence[AnyRule], f: LaunchView) -> None:
     reasons = broken(rules, f)
     if reasons:
         raise ExportRefused(fmt, reasons)
@@ -143,7 +143,7 @@ DEEPSPEED: tuple[AnyRule, ...] = COMMON + (
 )
 
 
-def _dp_shard(f: Facts) -> int:
+def _dp_shard(f: LaunchView) -> int:
     return f.dp if f.zero > 0 else 1
 
 

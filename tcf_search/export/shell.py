@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from search.planfile import PlanFile
 
-from .facts import Facts
+from .view import LaunchView
 
 
 class Raw(str):
@@ -45,7 +45,7 @@ def command(head: Group, groups: Iterable[Group]) -> str:
     return " \\\n".join(lines) + "\n"
 
 
-def torchrun_head(f: Facts, master_port: int) -> list[Token]:
+def torchrun_head(f: LaunchView, master_port: int) -> list[Token]:
     return ["torchrun", "--nnodes", f.nodes, "--nproc-per-node", f.nproc_per_node,
             "--node-rank", Raw('"${NODE_RANK:-0}"'),
             "--master-addr", Raw('"${MASTER_ADDR:-localhost}"'),

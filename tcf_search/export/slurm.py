@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from search.planfile import PlanFile
 
-from .facts import facts_of
 from .options import ExportError, ExportOptions
+from .view import facts_of
 
 SCRIPT = "slurm.sbatch"
 _PLAIN = re.compile(r"[A-Za-z0-9._,-]+")

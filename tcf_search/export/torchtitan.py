@@ -16,9 +16,9 @@ from typing import Any
 from search.planfile import PlanFile
 
 from . import rules
-from .facts import Facts, facts_of, virtual_stage_ranges
 from .options import ExportError, ExportOptions
 from .shell import Raw, command, comment_safe, script, torchrun_head
+from .view import LaunchView, facts_of, virtual_stage_ranges
 
 VERSIONS = ("0.3", "0.2")
 PY_MODULE = "tcf_titan_config"
@@ -28,7 +28,7 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
-def model_parts(f: Facts, output_name: str) -> list[list[str]] | None:
+def model_parts(f: LaunchView, output_name: str) -> list[list[str]] | None:
     if f.pp == 1:
         return None
     ranges = virtual_stage_ranges(f)
@@ -38,7 +38,7 @@ def model_parts(f: Facts, output_name: str) -> list[list[str]] | None:
     return parts
 
 
-def parallelism(f: Facts, version: str) -> dict[str, Any]:
+def parallelism(f: LaunchView, version: str) -> dict[str, Any]:
     sharded = f.zero > 0
     p: dict[str, Any] = {
         "data_parallel_replicate_degree": 1 if sharded else f.dp,
@@ -61,7 +61,7 @@ def parallelism(f: Facts, version: str) -> dict[str, Any]:
     return p
 
 
-def batch(f: Facts) -> dict[str, int]:
+def batch(f: LaunchView) -> dict[str, int]:
     # With PP the pipeline splits the per-rank batch into micro-batches; without, torchtitan
     # accumulates gradients over global / (local * dp) steps.
     local = f.micro_batch * f.microbatches if f.pp > 1 else f.micro_batch
@@ -72,7 +72,7 @@ def _py(value: Any) -> str:
     return repr(value)
 
 
-def render_python(pf: PlanFile, f: Facts, options: ExportOptions) -> str:
+def render_python(pf: PlanFile, f: LaunchView, options: ExportOptions) -> str:
     if not _MODULE.fullmatch(options.titan_module) or not _IDENT.fullmatch(options.titan_config):
         raise ExportError(f"options.titan_module/titan_config must be a Python module path and "
                           f"identifier, but got {options.titan_module!r}, {options.titan_config!r}")
@@ -115,7 +115,7 @@ def _toml(value: Any) -> str:
     return str(value)
 
 
-def render_toml(pf: PlanFile, f: Facts, options: ExportOptions) -> str:
+def render_toml(pf: PlanFile, f: LaunchView, options: ExportOptions) -> str:
     mode = {"none": "none", "selective": "selective", "full": "full"}[f.recompute]
     sections: dict[str, dict[str, Any]] = {
         "job": {"dump_folder": "./outputs", "description": f"{pf.study} rank {pf.rank}"},

@@ -1,6 +1,6 @@
 """The plan seen from a launcher: batch arithmetic and where the layers go.
 
-Every exporter and every rule reads this one flat, derived view (``Facts``) so that a rule is a
+Every exporter and every rule reads this one flat, derived view (``LaunchView``) so that a rule is a
 one-line predicate over named numbers and its reason can quote them (``{tp}``, ``{seq_len}``).
 """
 
@@ -18,7 +18,7 @@ from .options import ExportOptions
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Facts:
+class LaunchView:
     tp: int
     pp: int
     dp: int
@@ -87,7 +87,7 @@ def _stage_split(layers: int, pp: int, first: int, last: int
 EXPORT_SWITCHES = rules.Switches(uneven_chunks=False)
 
 
-def facts_of(pf: PlanFile, options: ExportOptions, *, default_version: str = "") -> Facts:
+def facts_of(pf: PlanFile, options: ExportOptions, *, default_version: str = "") -> LaunchView:
     p, t, m = pf.plan, pf.training, pf.model
     denominator = p.micro_batch * p.dp
     microbatches = t.global_batch // denominator if t.global_batch % denominator == 0 else 0
@@ -95,7 +95,7 @@ def facts_of(pf: PlanFile, options: ExportOptions, *, default_version: str = "")
         m.layers, p.pp, p.first_stage_layers, p.last_stage_layers)
     most = max(stages) if stages else m.layers
     nproc = min(pf.gpus_per_node, pf.num_gpus)
-    return Facts(
+    return LaunchView(
         tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, ep=p.ep, vpp=p.vpp, zero=p.zero_stage,
         micro_batch=p.micro_batch, global_batch=t.global_batch, microbatches=microbatches,
         layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, experts=m.moe_experts,
@@ -117,13 +117,13 @@ def facts_of(pf: PlanFile, options: ExportOptions, *, default_version: str = "")
     )
 
 
-def virtual_stage_layers(f: Facts) -> list[int]:
+def virtual_stage_layers(f: LaunchView) -> list[int]:
     """Layers of each model chunk in pipeline-stage order (chunk c of rank r is stage c*pp + r),
     Megatron's interleaved placement; assumes the rules on divisibility by vpp hold."""
     return [f.stage_layers[rank] // f.vpp for _chunk in range(f.vpp) for rank in range(f.pp)]
 
 
-def virtual_stage_ranges(f: Facts) -> list[range]:
+def virtual_stage_ranges(f: LaunchView) -> list[range]:
     """Layer indices of each virtual stage, in stage order."""
     out: list[range] = []
     start = 0
