@@ -7,11 +7,11 @@ read like the papers they cite.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 from typing import Literal
 
-from costmodel.errors import TcfError
+from costmodel.errors import SpecError, require_positive
+from costmodel.hardware import ClusterSpec, Efficiency, GpuSpec
 
 FfnType = Literal["swiglu", "gelu"]
 Recompute = Literal["none", "selective", "full"]
@@ -23,20 +23,8 @@ PRECISION_CODES: dict[str, int] = {"bf16": 0, "fp16": 1, "fp8": 2}
 SCHEDULE_CODES: dict[str, int] = {"1f1b": 0, "interleaved": 1, "gpipe": 2}
 SCHEDULE_NAMES: dict[int, PipelineSchedule] = {0: "1f1b", 1: "interleaved", 2: "gpipe"}
 
-
-class SpecError(TcfError):
-    """A model, cluster, plan or training description breaks a rule; the message names it."""
-
-
-def _positive(owner: str, **values: int | float) -> None:
-    for name, value in values.items():
-        # A number (not text, not a bool), and far from overflow: times and rates multiply a
-        # few of these, and inf or nan would rank as best. Integers stay exact as floats.
-        limit = 2**53 if isinstance(value, numbers.Integral) else 1e30
-        if (not isinstance(value, numbers.Real) or isinstance(value, bool)
-                or not 0 < value < limit):
-            raise SpecError(f"{owner}.{name} must be a number in (0, 1e30) (integers < 2**53), "
-                            f"but got {name}={value!r}")
+__all__ = ["ClusterSpec", "Efficiency", "GpuSpec", "MemoryModel", "ModelSpec", "Plan",
+           "SpecError", "Training"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,8 +52,9 @@ class ModelSpec:
     moe_dense_layers: int = 0
 
     def __post_init__(self) -> None:
-        _positive("model", layers=self.layers, hidden=self.hidden, ffn_hidden=self.ffn_hidden,
-                  heads=self.heads, kv_heads=self.kv_heads, vocab=self.vocab)
+        require_positive("model", layers=self.layers, hidden=self.hidden,
+                         ffn_hidden=self.ffn_hidden, heads=self.heads, kv_heads=self.kv_heads,
+                         vocab=self.vocab)
         if self.heads % self.kv_heads:
             raise SpecError(f"model.heads % model.kv_heads == 0 must hold, but got "
                             f"heads={self.heads}, kv_heads={self.kv_heads}")
@@ -103,37 +92,6 @@ class ModelSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Efficiency:
-    """Calibrated, physically meaningful efficiency parameters of one SKU family.
-
-    gemm_peak_fraction: the fraction of dense peak a large, well-shaped GEMM reaches.
-    gemm_half_size: the GEMM's smallest dimension at which it reaches half of that fraction's
-        headroom above the memory roofline (captures small, TP-sharded GEMMs losing efficiency).
-    attention_peak_fraction: fraction of dense peak reached by flash-attention kernels.
-    memory_bw_fraction: fraction of HBM bandwidth reached by memory-bound elementwise kernels.
-    kernel_overhead_s: fixed launch/synchronisation time per kernel on the GPU.
-    collective_overhead_s: fixed cost of one collective call beyond link latency (launch,
-        stream synchronisation, the host waiting on the result in eager frameworks).
-    nvlink_bw_fraction / network_bw_fraction: collective bus bandwidth reached, as a fraction
-        of the link's unidirectional bandwidth.
-    source: where the numbers come from (a fit and its rows, or a prior).
-    """
-
-    gemm_peak_fraction: float = 0.75
-    gemm_half_size: float = 256.0
-    attention_peak_fraction: float = 0.55
-    memory_bw_fraction: float = 0.7
-    kernel_overhead_s: float = 4e-6
-    collective_overhead_s: float = 20e-6
-    nvlink_bw_fraction: float = 0.8
-    network_bw_fraction: float = 0.8
-    # host time one op on a TP-sharded DTensor costs beyond a plain op (sharding propagation,
-    # redistribute bookkeeping in Python): measured by `tcf-search calibrate`, 0 where not
-    dtensor_op_overhead_s: float = 0.0
-    source: str = "prior"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryModel:
     """Calibrated, physically meaningful memory parameters of the software stack.
 
@@ -157,82 +115,6 @@ class MemoryModel:
     pressure_start: float = 0.9
     pressure_slowdown: float = 0.0
     source: str = "prior"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GpuSpec:
-    """One accelerator SKU as the cost model needs it. Bandwidths are unidirectional per GPU."""
-
-    id: str
-    name: str = ""
-    family: str = ""  # calibration family: ampere, hopper, blackwell, ada, cdna3
-    peak_flops_bf16: float
-    peak_flops_fp16: float
-    peak_flops_fp8: float
-    hbm_bytes: float
-    hbm_bw_bytes_per_s: float
-    intra_node_bw_bytes_per_s: float
-    intra_node_domain_size: int
-    network_bw_bytes_per_s: float
-    intra_node_latency_s: float = 3e-6
-    network_latency_s: float = 10e-6
-    memory_reserve_bytes: float = 1.5 * 2**30
-    efficiency: Efficiency = field(default_factory=Efficiency)
-
-    def __post_init__(self) -> None:
-        _positive(f"gpu[{self.id}]", peak_flops_bf16=self.peak_flops_bf16,
-                  peak_flops_fp16=self.peak_flops_fp16, peak_flops_fp8=self.peak_flops_fp8,
-                  hbm_bytes=self.hbm_bytes, hbm_bw_bytes_per_s=self.hbm_bw_bytes_per_s,
-                  intra_node_bw_bytes_per_s=self.intra_node_bw_bytes_per_s,
-                  intra_node_domain_size=self.intra_node_domain_size,
-                  network_bw_bytes_per_s=self.network_bw_bytes_per_s,
-                  intra_node_latency_s=self.intra_node_latency_s,
-                  network_latency_s=self.network_latency_s)
-        for key in ("id", "name", "family"):  # a study's gpu_spec may hold anything
-            if not isinstance(getattr(self, key), str):
-                raise SpecError(f"gpu.{key} must be text, but got {getattr(self, key)!r}")
-        reserve = self.memory_reserve_bytes  # reserve >= hbm is legal: then nothing fits
-        if (not isinstance(reserve, numbers.Real) or isinstance(reserve, bool)
-                or not 0 <= reserve < 1e30):
-            raise SpecError(f"gpu[{self.id}].memory_reserve_bytes must be a number in [0, 1e30), "
-                            f"but got memory_reserve_bytes={reserve!r}")
-
-    def peak_flops(self, precision: str) -> float:
-        return {"bf16": self.peak_flops_bf16, "fp16": self.peak_flops_fp16,
-                "fp8": self.peak_flops_fp8}[precision]
-
-    @property
-    def usable_bytes(self) -> float:
-        return self.hbm_bytes - self.memory_reserve_bytes
-
-    @property
-    def synchronous(self) -> bool:
-        """A CPU rank runs each kernel on the thread that issues it and its collectives (gloo)
-        on the same cores: host time, kernels and communication add up, nothing overlaps."""
-        return self.family == "cpu"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClusterSpec:
-    gpu: GpuSpec
-    num_gpus: int
-    gpus_per_node: int = 8
-    # The inter-node fabric when known (hardware_catalog/fabrics.yaml) and the collective bus
-    # bandwidth it reaches, as a fraction of the NIC's; None keeps the GPU family's calibrated
-    # network_bw_fraction (a fabric is a property of the cluster, not of the GPU).
-    fabric: str = ""
-    network_bw_fraction: float | None = None
-
-    def __post_init__(self) -> None:
-        _positive("cluster", num_gpus=self.num_gpus, gpus_per_node=self.gpus_per_node)
-        f = self.network_bw_fraction
-        if f is not None and not 0.0 < f <= 1.0:
-            raise SpecError(f"cluster.network_bw_fraction must be in (0, 1], but got {f}")
-
-    @property
-    def nvlink_domain(self) -> int:
-        """GPUs that share the fast intra-node fabric (a node, or an NVL72 rack)."""
-        return max(self.gpus_per_node, self.gpu.intra_node_domain_size)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -261,8 +143,8 @@ class Plan:
     last_stage_layers: int = 0
 
     def __post_init__(self) -> None:
-        _positive("plan", tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep,
-                  vpp=self.vpp, micro_batch=self.micro_batch)
+        require_positive("plan", tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep,
+                         vpp=self.vpp, micro_batch=self.micro_batch)
         if self.zero_stage not in (0, 1, 2, 3):
             raise SpecError(f"plan.zero_stage must be 0, 1, 2 or 3, but got {self.zero_stage}")
         if self.recompute not in RECOMPUTE_CODES:
@@ -387,7 +269,7 @@ class Training:
     memory_model: MemoryModel = field(default_factory=MemoryModel)
 
     def __post_init__(self) -> None:
-        _positive("training", seq_len=self.seq_len, global_batch=self.global_batch)
+        require_positive("training", seq_len=self.seq_len, global_batch=self.global_batch)
         if self.activation_dtype_bytes not in (2.0, 4.0):
             raise SpecError("training.activation_dtype_bytes must be 2 (bf16/fp16) or 4 (fp32), "
                             f"but got {self.activation_dtype_bytes!r}")

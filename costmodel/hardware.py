@@ -1,0 +1,117 @@
+"""The hardware the cost model prices: one GPU's peaks and achieved efficiencies (``GpuSpec``,
+``Efficiency``; the catalog fills them from cited data) and the cluster they form
+(``ClusterSpec``). Frozen, keyword-only dataclasses in SI units."""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass, field
+
+from costmodel.errors import SpecError, require_positive
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Efficiency:
+    """Calibrated, physically meaningful efficiency parameters of one SKU family.
+
+    gemm_peak_fraction: the fraction of dense peak a large, well-shaped GEMM reaches.
+    gemm_half_size: the GEMM's smallest dimension at which it reaches half of that fraction's
+        headroom above the memory roofline (captures small, TP-sharded GEMMs losing efficiency).
+    attention_peak_fraction: fraction of dense peak reached by flash-attention kernels.
+    memory_bw_fraction: fraction of HBM bandwidth reached by memory-bound elementwise kernels.
+    kernel_overhead_s: fixed launch/synchronisation time per kernel on the GPU.
+    collective_overhead_s: fixed cost of one collective call beyond link latency (launch,
+        stream synchronisation, the host waiting on the result in eager frameworks).
+    nvlink_bw_fraction / network_bw_fraction: collective bus bandwidth reached, as a fraction
+        of the link's unidirectional bandwidth.
+    source: where the numbers come from (a fit and its rows, or a prior).
+    """
+
+    gemm_peak_fraction: float = 0.75
+    gemm_half_size: float = 256.0
+    attention_peak_fraction: float = 0.55
+    memory_bw_fraction: float = 0.7
+    kernel_overhead_s: float = 4e-6
+    collective_overhead_s: float = 20e-6
+    nvlink_bw_fraction: float = 0.8
+    network_bw_fraction: float = 0.8
+    # host time one op on a TP-sharded DTensor costs beyond a plain op (sharding propagation,
+    # redistribute bookkeeping in Python): measured by `tcf-search calibrate`, 0 where not
+    dtensor_op_overhead_s: float = 0.0
+    source: str = "prior"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSpec:
+    """One accelerator SKU as the cost model needs it. Bandwidths are unidirectional per GPU."""
+
+    id: str
+    name: str = ""
+    family: str = ""  # calibration family: ampere, hopper, blackwell, ada, cdna3
+    peak_flops_bf16: float
+    peak_flops_fp16: float
+    peak_flops_fp8: float
+    hbm_bytes: float
+    hbm_bw_bytes_per_s: float
+    intra_node_bw_bytes_per_s: float
+    intra_node_domain_size: int
+    network_bw_bytes_per_s: float
+    intra_node_latency_s: float = 3e-6
+    network_latency_s: float = 10e-6
+    memory_reserve_bytes: float = 1.5 * 2**30
+    efficiency: Efficiency = field(default_factory=Efficiency)
+
+    def __post_init__(self) -> None:
+        require_positive(f"gpu[{self.id}]", peak_flops_bf16=self.peak_flops_bf16,
+                  peak_flops_fp16=self.peak_flops_fp16, peak_flops_fp8=self.peak_flops_fp8,
+                  hbm_bytes=self.hbm_bytes, hbm_bw_bytes_per_s=self.hbm_bw_bytes_per_s,
+                  intra_node_bw_bytes_per_s=self.intra_node_bw_bytes_per_s,
+                  intra_node_domain_size=self.intra_node_domain_size,
+                  network_bw_bytes_per_s=self.network_bw_bytes_per_s,
+                  intra_node_latency_s=self.intra_node_latency_s,
+                  network_latency_s=self.network_latency_s)
+        for key in ("id", "name", "family"):  # a study's gpu_spec may hold anything
+            if not isinstance(getattr(self, key), str):
+                raise SpecError(f"gpu.{key} must be text, but got {getattr(self, key)!r}")
+        reserve = self.memory_reserve_bytes  # reserve >= hbm is legal: then nothing fits
+        if (not isinstance(reserve, numbers.Real) or isinstance(reserve, bool)
+                or not 0 <= reserve < 1e30):
+            raise SpecError(f"gpu[{self.id}].memory_reserve_bytes must be a number in [0, 1e30), "
+                            f"but got memory_reserve_bytes={reserve!r}")
+
+    def peak_flops(self, precision: str) -> float:
+        return {"bf16": self.peak_flops_bf16, "fp16": self.peak_flops_fp16,
+                "fp8": self.peak_flops_fp8}[precision]
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.hbm_bytes - self.memory_reserve_bytes
+
+    @property
+    def synchronous(self) -> bool:
+        """A CPU rank runs each kernel on the thread that issues it and its collectives (gloo)
+        on the same cores: host time, kernels and communication add up, nothing overlaps."""
+        return self.family == "cpu"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    gpu: GpuSpec
+    num_gpus: int
+    gpus_per_node: int = 8
+    # The inter-node fabric when known (hardware_catalog/fabrics.yaml) and the collective bus
+    # bandwidth it reaches, as a fraction of the NIC's; None keeps the GPU family's calibrated
+    # network_bw_fraction (a fabric is a property of the cluster, not of the GPU).
+    fabric: str = ""
+    network_bw_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        require_positive("cluster", num_gpus=self.num_gpus, gpus_per_node=self.gpus_per_node)
+        f = self.network_bw_fraction
+        if f is not None and not 0.0 < f <= 1.0:
+            raise SpecError(f"cluster.network_bw_fraction must be in (0, 1], but got {f}")
+
+    @property
+    def nvlink_domain(self) -> int:
+        """GPUs that share the fast intra-node fabric (a node, or an NVL72 rack)."""
+        return max(self.gpus_per_node, self.gpu.intra_node_domain_size)
