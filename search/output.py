@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from search.files import write_atomic
@@ -80,6 +81,27 @@ def _stages_label(plan: dict[str, Any]) -> str:
     return "even"
 
 
+# Objectives whose value no other column shows: (column, metrics key, format).
+OBJECTIVE_COLUMNS = {"time_to_train": ("days", "time_to_train_days", "{:,.2f}"),
+                     "cost": ("cost $", "cost_usd", "{:,.0f}")}
+
+
+def _no_layout(result: StudyResult, console: Console) -> None:
+    """Why nothing ranks: the nearest misses in memory or, where no layout is even valid (none
+    reaches the memory stage, so none is near), the rules that left none."""
+    if result.near_misses:
+        console.print("[bold red]no feasible layout[/bold red]; nearest misses:")
+        for miss in result.near_misses:
+            plan = ", ".join(f"{k}={v}" for k, v in miss["plan"].items())
+            console.print(f"  {plan}: {escape(miss['reason'])}")
+        return
+    console.print("[bold red]no valid layout[/bold red], so none is near fitting in memory; "
+                  "every layout breaks a rule:")
+    for name, count in result.pruned_by.items():
+        if count and name in result.rules:
+            console.print(f"  {name}: {escape(result.rules[name])} ({count:,} layouts)")
+
+
 def render(result: StudyResult, console: Console) -> None:
     """The ranked table and the few lines around it."""
     console.print(f"[bold]{result.study}[/bold]: {result.model} on {result.num_gpus}× "
@@ -90,10 +112,7 @@ def render(result: StudyResult, console: Console) -> None:
     if pruned:
         console.print(f"pruned: {pruned}")
     if not result.top:
-        console.print("[bold red]no feasible layout[/bold red]; nearest misses:")
-        for miss in result.near_misses:
-            plan = ", ".join(f"{k}={v}" for k, v in miss["plan"].items())
-            console.print(f"  {plan}: {miss['reason']}")
+        _no_layout(result, console)
         for note in result.notes:
             console.print(f"note: {note}")
         return
@@ -101,8 +120,12 @@ def render(result: StudyResult, console: Console) -> None:
     knobs = [k for k in ("tp", "pp", "dp", "cp", "ep", "vpp") if k in ("tp", "pp", "dp")
              or any(p[k] > 1 for p in plans)]
     table = Table(show_edge=False, header_style="bold", pad_edge=False)
-    columns = ["#", "×".join(knobs), "zero", "mbs", "recomp", "sp", "stages", "tok/s/GPU",
-               "MFU", "step s", "mem GiB", "bound by"]
+    shown = [OBJECTIVE_COLUMNS[m] for m in (result.objective["metric"],
+                                            result.objective.get("second"))
+             if m in OBJECTIVE_COLUMNS]  # what was optimised, first among the metrics
+    columns = ["#", "×".join(knobs), "zero", "mbs", "recomp", "sp", "stages",
+               *(name for name, _, _ in shown), "tok/s/GPU", "MFU", "step s", "mem GiB",
+               "bound by"]
     for col in columns:
         table.add_column(col, justify="left" if col in ("recomp", "stages", "bound by")
                          else "right", no_wrap=True)
@@ -111,7 +134,8 @@ def render(result: StudyResult, console: Console) -> None:
         table.add_row(
             str(r.rank), "×".join(str(p[k]) for k in knobs), str(p["zero_stage"]),
             str(p["micro_batch"]), _recompute_label(p), "y" if p["sequence_parallel"] else "-",
-            _stages_label(p), f"{m['tokens_per_s_per_gpu']:,.0f}", f"{m['mfu']:.1%}",
+            _stages_label(p), *(fmt.format(m[key]) for _, key, fmt in shown),
+            f"{m['tokens_per_s_per_gpu']:,.0f}", f"{m['mfu']:.1%}",
             f"{m['step_time_s']:.2f}", f"{m['peak_mem_gib']:.1f}/{m['usable_mem_gib']:.1f}",
             m["dominant_challenge"])
     console.print(table)

@@ -88,6 +88,47 @@ def test_no_feasible_layout_answers_with_nearest_misses(
     assert "no feasible layout" in out and "needs " in out
 
 
+def test_no_valid_layout_says_why_nothing_is_near(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # TP 3 divides none of Llama 3 8B's 32 heads: no layout is valid, so none reaches the memory
+    # stage and there is no nearest miss to list; the answer names the rule instead.
+    study = tmp_path / "tp3.yaml"
+    study.write_text((ROOT / "studies" / "llama3-8b-h100x8.yaml").read_text().replace(
+        "search_space:\n", "search_space:\n  tp: 3\n"))
+    code, out, err = run(capsys, str(study), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    assert "nearest misses" not in out
+    assert "no valid layout" in out
+    lines = out.splitlines()
+    rule = next(line for line in lines if line.strip().startswith("tp_heads:"))
+    assert "heads % tp == 0" in rule and "12,288 layouts" in rule
+    doc = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert doc["valid_count"] == 0 and doc["near_misses"] == []
+    assert doc["pruned_by"]["tp_heads"] == 12_288
+
+
+@pytest.mark.parametrize("objective, column, key", [
+    ("time_to_train", "days", "time_to_train_days"),
+    ("cost", "cost $", "cost_usd"),
+])
+def test_table_shows_the_objective_it_optimised(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str],
+                                                objective: str, column: str, key: str) -> None:
+    study = tmp_path / "tiny-cpu.yaml"
+    study.write_text(TINY.read_text()
+                     .replace("precision: bf16\n", "precision: bf16\n  token_budget: 1.0e+9\n")
+                     .replace("gpus_per_node: 2\n", "gpus_per_node: 2\n  price_per_gpu_hour: 2.5\n")
+                     .replace("metric: tokens_per_s", f"metric: {objective}"))
+    code, out, err = run(capsys, str(study), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    header = next(line for line in out.splitlines() if "tok/s/GPU" in line)
+    assert column in header
+    best = json.loads((tmp_path / "out" / "result.json").read_text())["best"]["predicted"][key]
+    fmt = "{:,.2f}" if key == "time_to_train_days" else "{:,.0f}"
+    first = next(line for line in out.splitlines() if line.lstrip().startswith("1 "))
+    assert fmt.format(best) in first
+
+
 @pytest.mark.parametrize("text, message", [
     ("model: {preset: llama9}\n", "error: model.preset: must be one of"),
     ("model: [\n", "error: study: not valid YAML"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.metadata
 import json
 import shlex
 import tomllib
@@ -223,13 +224,18 @@ def test_accelerate_loads_its_config(tmp_path: Path) -> None:
 # --- nanotron --------------------------------------------------------------------------------
 
 def test_nanotron_0_4_parses_sections() -> None:
-    dacite = pytest.importorskip("dacite", reason="dacite/nanotron not installed")
-    try:  # the PyPI release (0.4) fails its own imports (a cycle through nanotron.logging)
+    dacite = pytest.importorskip("dacite", reason="dacite not installed (extra: export-check)")
+    try:
+        version = importlib.metadata.version("nanotron")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("nanotron not installed (extra: export-check)")
+    try:  # the PyPI release (0.4) fails its own imports: nanotron.logging and
+        # nanotron.config.config import each other
         import nanotron.config as nanotron_config
         from nanotron.config import parallelism_config as pc
         from nanotron.config import utils_config as utils
     except ImportError as e:
-        pytest.skip(f"nanotron does not import here: {e}")
+        pytest.skip(f"nanotron {version} is installed but fails its own imports: {e}")
     hooks = {pc.PipelineEngine: utils.cast_str_to_pipeline_engine,
              pc.TensorParallelLinearMode: lambda x: pc.TensorParallelLinearMode[x.upper()]}
     for pf, files in accepted("nanotron", ExportOptions(target_version="0.4")):

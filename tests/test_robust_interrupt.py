@@ -1,9 +1,11 @@
-"""Interruption: ``tcf-search run`` killed with SIGKILL at random moments (during start-up,
-between trials, inside a trial, while writing the result files) is resumed from its folder a
-dozen times; no completed trial is ever lost or duplicated and the end result is the one an
-uninterrupted run with the same seed gives. Ctrl-C (SIGINT) stops cleanly with exit 130 and says
-how to resume; worker processes never outlive their command; a second command on a folder in use
-is refused with one line instead of corrupting the first.
+"""Interruption: ``tcf-search run`` killed with SIGKILL at points chosen by the study's own
+progress (as it starts, while it opens and recovers its storage, inside a trial, between trials)
+is resumed from its folder a dozen times; no completed trial is ever lost or duplicated and the
+end result is the one an uninterrupted run with the same seed gives. Ctrl-C (SIGINT) stops
+cleanly with exit 130 and says how to resume; worker processes never outlive their command; a
+second command on a folder in use is refused with one line instead of corrupting the first.
+Every test acts at a point in the study's progress, read from its journal, never after a sleep;
+the time limits are safety nets against a hang.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import optuna
 import psutil
@@ -39,8 +41,10 @@ cluster: {gpu: h100-sxm-80gb, nodes: 128}
 search_space: {cp: auto, ep: auto}
 search: {seed: 11}
 """
-TRIALS = 180  # more than a dozen killed starts complete between them (about 10 each)
+TRIALS = 180  # more than a dozen killed starts complete between them (at most 10 each)
 KILLS = 12
+OPS_PER_TRIAL = 12  # journal lines a trial appends (about): created, 4 params, 5-6 attrs, told
+LIMIT_S = 120  # a safety net against a hang: a command that stalls this long has failed
 LONG = 200  # trials of a run that must still be going when the test acts on it
 ENDLESS = 100_000  # trials of a run that is only ever interrupted
 
@@ -87,70 +91,81 @@ def result_files_whole(out: Path) -> None:
         load_plan_file(plan)
 
 
-def wait_for_growth(journal: Path, size: int, limit_s: float, proc: subprocess.Popen[bytes]
-                    ) -> bool:
-    """Until the command has appended to the journal (it is past start-up, among the trials)."""
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline and proc.poll() is None:
-        if journal.exists() and journal.stat().st_size > size:
+def journal_size(journal: Path) -> int:
+    return journal.stat().st_size if journal.exists() else 0
+
+
+def appended_ops(journal: Path, since: int) -> int:
+    """Operations (one JSON line each) appended to the study's journal past byte ``since``."""
+    if not journal.exists():
+        return 0
+    with journal.open("rb") as f:
+        f.seek(since)
+        return f.read().count(b"\n")
+
+
+def wait_for_ops(journal: Path, since: int, ops: int, proc: subprocess.Popen[Any]) -> bool:
+    """Until the command has appended ``ops`` operations to the journal past byte ``since``;
+    False if it ended first (or stalled past the safety net)."""
+    deadline = time.monotonic() + LIMIT_S
+    while proc.poll() is None and time.monotonic() < deadline:
+        if appended_ops(journal, since) >= ops:
             return True
-        time.sleep(0.01)
+        time.sleep(0.002)
     return False
 
 
-@dataclass
-class KillLog:
-    kills: int = 0
-    finished_early: int = 0
-    seen: dict[int, tuple[int, float]] = field(default_factory=dict)
+def kill_points(rng: random.Random, count: int) -> list[int]:
+    """Journal operations a start appends before it is killed, in turn: 0 (killed as soon as it
+    starts, before it writes anything), 1-3 (creating or loading the study, failing the trial a
+    kill left RUNNING), then anywhere in the trials, inside one or between two (at most 10
+    trials' worth, so that a dozen kills leave most of the study owed)."""
+    phases = [(0, 0), (1, 3), (4, 10 * OPS_PER_TRIAL), (4, 10 * OPS_PER_TRIAL)]
+    return [rng.randint(*phases[i % len(phases)]) for i in range(count)]
 
 
-def kill_and_resume(study: Path, out: Path, count: int, seed: int) -> KillLog:
-    """Start the same command and SIGKILL it at a random moment, until ``count`` kills have
-    landed while it ran (a start that finishes first is counted, not retried forever: at most
-    twice ``count`` starts), so a slow or busy machine does not change what is tested."""
-    rng = random.Random(seed)
-    log = KillLog()
+def kill_and_resume(study: Path, out: Path, count: int, seed: int, tmp: Path
+                    ) -> dict[int, tuple[int, float]]:
+    """Start the same command ``count`` times and SIGKILL each start once it has appended the
+    chosen number of operations to the study's journal: where a kill lands is decided by the
+    study's progress, not by how fast the machine is, and every kill lands while the command
+    runs (none can finish the study first). Returns the completed trials after the last kill."""
     journal = out / "study.journal"
-    for i in range(2 * count):
-        if log.kills >= count or len(log.seen) >= TRIALS:
-            break
-        size = journal.stat().st_size if journal.exists() else 0
-        proc = subprocess.Popen(command(study, out), cwd=ROOT, env=env(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        if i % 3 == 0:  # anywhere: imports, CP-SAT stage, opening or recovering the storage
-            time.sleep(rng.uniform(0.05, 3.0))
-        elif wait_for_growth(journal, size, 60, proc):  # among the trials
-            time.sleep(rng.uniform(0.0, 0.4))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        if proc.returncode == -signal.SIGKILL:
-            log.kills += 1
-        else:
-            log.finished_early += 1
+    seen: dict[int, tuple[int, float]] = {}
+    for i, ops in enumerate(kill_points(random.Random(seed), count)):
+        since = journal_size(journal)
+        with (tmp / f"start-{i}.err").open("w+b") as err:
+            proc = subprocess.Popen(command(study, out), cwd=ROOT, env=env(),
+                                    stdout=subprocess.DEVNULL, stderr=err)
+            reached = ops == 0 or wait_for_ops(journal, since, ops, proc)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            err.seek(0)
+            assert reached and proc.returncode == -signal.SIGKILL, (
+                f"start {i} ended (rc={proc.returncode}) or stalled before appending {ops} "
+                f"journal operations: {err.read().decode(errors='replace')[-2000:]}")
         now = completed(out)
-        lost = {n: v for n, v in log.seen.items() if now.get(n) != v}
-        assert not lost, f"kill {i}: completed trials lost or changed: {lost}"
-        log.seen = now
+        lost = {n: v for n, v in seen.items() if now.get(n) != v}
+        assert not lost, f"kill {i} (after {ops} operations): completed trials lost or " \
+                         f"changed: {lost}"
+        seen = now
         result_files_whole(out)
-    return log
+    return seen
 
 
 @pytest.mark.slow
 def test_a_dozen_sigkills_lose_and_duplicate_nothing(tmp_path: Path) -> None:
     study = study_file(tmp_path)
     out = tmp_path / "killed"
-    log = kill_and_resume(study, out, KILLS, seed=2024)
-    assert log.kills >= 10, (f"only {log.kills} kills landed while the command ran "
-                             f"({log.finished_early} starts finished first)")
-    assert len(log.seen) < TRIALS, "the kills should leave work to resume"
+    seen = kill_and_resume(study, out, KILLS, seed=2024, tmp=tmp_path)
+    assert len(seen) < TRIALS, "the kills should leave work to resume"
 
     done = subprocess.run(command(study, out), cwd=ROOT, env=env(), capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     final = completed(out)
     assert len(final) == TRIALS
-    assert all(final[n] == v for n, v in log.seen.items()), "a completed trial was lost"
+    assert all(final[n] == v for n, v in seen.items()), "a completed trial was lost"
     units = [final[n][0] for n in sorted(final)]
     assert len(set(units)) == TRIALS, "a layout was judged twice"
     assert not [t for t in trials(out) if t.state == TrialState.RUNNING]
@@ -200,8 +215,7 @@ def test_ctrl_c_stops_cleanly_and_says_how_to_resume(tmp_path: Path, workers: in
     out = tmp_path / "out"
     proc = _start(command(study, out, ENDLESS, "--workers", str(workers)))
     kids = _children(proc.pid, workers) if workers > 1 else []
-    assert wait_for_growth(out / "study.journal", 0, 60, proc)  # type: ignore[arg-type]
-    time.sleep(0.3)
+    assert wait_for_ops(out / "study.journal", 0, 3 * OPS_PER_TRIAL, proc), "no trials ran"
     proc.send_signal(signal.SIGINT)  # to the command only, as `kill -INT` would
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -235,11 +249,11 @@ def test_workers_die_with_their_command(tmp_path: Path, how: signal.Signals) -> 
     out = tmp_path / "out"
     proc = _start(command(study, out, LONG, "--workers", "4"))
     kids = _children(proc.pid, 4)
-    assert wait_for_growth(out / "study.journal", 0, 60, proc)  # type: ignore[arg-type]
-    time.sleep(0.5)
+    assert wait_for_ops(out / "study.journal", 0, 3 * OPS_PER_TRIAL, proc), "no trials ran"
     os.kill(proc.pid, how)
     proc.wait(timeout=60)
-    deadline = time.monotonic() + 5
+    # PR_SET_PDEATHSIG kills them at once; the wait is only for the kernel to get there.
+    deadline = time.monotonic() + LIMIT_S
     while _survivors(kids) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _survivors(kids), "orphaned workers keep writing trials"
@@ -260,10 +274,15 @@ def test_a_second_command_on_a_folder_in_use_is_refused(tmp_path: Path) -> None:
     study = study_file(tmp_path)
     out = tmp_path / "out"
     first = _start(command(study, out, LONG))
-    assert wait_for_growth(out / "study.journal", 0, 60, first)  # type: ignore[arg-type]
-    second = subprocess.run(command(study, out, LONG), cwd=ROOT, env=env(), capture_output=True,
-                            text=True, timeout=120)
-    assert first.poll() is None, "the first command should still be running"
+    assert wait_for_ops(out / "study.journal", 0, 1, first), "the first command never started"
+    # Paused, the first command holds the folder for as long as the second one takes to start,
+    # however slow the machine: it cannot finish (and let go) in between.
+    first.send_signal(signal.SIGSTOP)
+    try:
+        second = subprocess.run(command(study, out, LONG), cwd=ROOT, env=env(),
+                                capture_output=True, text=True, timeout=120)
+    finally:
+        first.send_signal(signal.SIGCONT)
     assert second.returncode == 2, second.stderr
     assert second.stderr.count("\n") == 1 and "another tcf-search run" in second.stderr
     _, err = first.communicate(timeout=300)

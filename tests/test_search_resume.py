@@ -64,9 +64,14 @@ def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path: Path) -> No
     out = tmp_path / "killed"
     proc = subprocess.Popen(cli(study, out), cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
+    # Killed by the study's progress: once about 10 trials are in its journal (12 operations
+    # each, one line per operation; a line count is cheap enough to catch the moment). The
+    # deadline is a safety net against a hang, not a timing the test depends on.
+    journal = out / "study.journal"
     deadline = time.monotonic() + 120
-    while len(complete(out)) < 10 and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while proc.poll() is None and time.monotonic() < deadline and not (
+            journal.exists() and journal.read_bytes().count(b"\n") >= 10 * 12):
+        time.sleep(0.002)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     before = len(complete(out))

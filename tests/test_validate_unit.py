@@ -122,8 +122,9 @@ def test_result_folder_without_top_is_a_clear_error(tmp_path: Path) -> None:
         top_plan_files(tmp_path, 3)
 
 
-def test_cli_without_torch_says_how_to_install(monkeypatch: pytest.MonkeyPatch,
+def test_cli_without_torch_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from tcf_search.cli import main
     from tcf_search.validate import cli
 
     real = importlib.util.find_spec
@@ -133,9 +134,15 @@ def test_cli_without_torch_says_how_to_install(monkeypatch: pytest.MonkeyPatch,
         with pytest.raises(typer.Exit) as exit_info:
             cli.require_torch(command)
         assert exit_info.value.exit_code == 2
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1
+        err = capsys.readouterr().err
+        assert err.endswith("\n") and err.count("\n") == 1, "one whole line"
         assert "pip install -e '.[validate]'" in err and command in err
+    # the same line through the command line, with its exit code
+    assert main(["validate", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("tcf-search validate needs PyTorch") and err.endswith(")\n")
+    assert err.count("\n") == 1
 
 
 def test_costmodel_and_search_do_not_import_torch() -> None:
