@@ -274,8 +274,12 @@ class Plan:
             raise SpecError("plan.sequence_parallel needs tp > 1, but got tp=1")
         if self.vpp > 1 and self.pp == 1:
             raise SpecError(f"plan.vpp > 1 needs pp > 1, but got vpp={self.vpp}, pp=1")
-        if self.recompute_layers < 0:
-            raise SpecError(f"plan.recompute_layers must be >= 0, got {self.recompute_layers}")
+        for name in ("recompute_layers", "first_stage_layers", "last_stage_layers"):
+            value = getattr(self, name)
+            if (not isinstance(value, numbers.Integral) or isinstance(value, bool)
+                    or not 0 <= int(value) < 2**53):
+                raise SpecError(f"plan.{name} must be an integer in [0, 2**53), "
+                                f"got {value!r}")
 
     @property
     def world_size(self) -> int:
