@@ -171,7 +171,10 @@ class Output:
     def _save(self) -> None:
         doc = {"note": "files written by tcf-search commands (owner, sha256); a command "
                        "replaces only its own", "files": self._entries()}
-        write_atomic(self.root / MANIFEST, json.dumps(doc, indent=1, sort_keys=True) + "\n")
+        text = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode("utf-8")
+        file = self.root / MANIFEST
+        if not (file.is_file() and not file.is_symlink() and file.read_bytes() == text):
+            write_atomic(file, text)  # a rerun that changes nothing leaves it alone too
 
     def owns(self, path: Path) -> bool:
         """Whether ``path`` (absent, or a regular file) holds what this owner wrote there."""
