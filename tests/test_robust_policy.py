@@ -541,3 +541,25 @@ def test_huge_and_zero_knobs_are_one_line(finished: Path, args: list[str]) -> No
     study = str(ROOT / "studies" / "llama3-8b-h100x8.yaml")
     code, _, err = cli(*[a.format(study=study, result=finished) for a in args])
     one_line_error(code, err)
+
+
+# ---- bounded work ---------------------------------------------------------------------------
+
+def test_a_knob_lists_at_most_64_values(tmp_path: Path) -> None:
+    study = tmp_path / "s.yaml"
+    study.write_text(TINY.replace("tp: [1, 2]", f"tp: {list(range(1, 1001))}"))
+    code, _, err = cli("run", str(study), "-o", str(tmp_path / "o"), "-q")
+    one_line_error(code, err, "search_space.tp", "at most 64 values")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_placement_cp_sat_cannot_find_is_a_user_facing_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from search.prune import MemoryStage
+
+    monkeypatch.setattr(MemoryStage, "place", lambda self, i: None)
+    study = tmp_path / "s.yaml"
+    study.write_text(MOE)
+    code, _, err = cli("run", str(study), "-o", str(tmp_path / "o"), "-q", "--trials", "30")
+    one_line_error(code, err, "layer placement (CP-SAT)", "uneven_pipeline")
+    assert "AssertionError" not in err
