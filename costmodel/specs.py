@@ -372,7 +372,8 @@ class Training:
     memory_model: MemoryModel = field(default_factory=MemoryModel)
 
     def __post_init__(self) -> None:
-        _positive("training", seq_len=self.seq_len, global_batch=self.global_batch)
+        _positive("training", seq_len=self.seq_len, global_batch=self.global_batch,
+                  dp_bucket_bytes=self.dp_bucket_bytes)  # a 0-byte bucket: infinite buckets
         if self.activation_dtype_bytes not in (2.0, 4.0):
             raise SpecError("training.activation_dtype_bytes must be 2 (bf16/fp16) or 4 (fp32), "
                             f"but got {self.activation_dtype_bytes!r}")

@@ -8,6 +8,7 @@ output folder; ``export`` and ``validate`` read them. Keys are the dataclass fie
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,10 +66,37 @@ def _build(cls: type, section: str, raw: Any) -> Any:
     if unknown:
         valid = ", ".join(sorted(names))
         raise PlanFileError(f"{section}.{unknown[0]}: unknown key (valid: {valid})")
+    for f in dataclasses.fields(cls):
+        if f.name in raw:
+            _check_type(f"{section}.{f.name}", str(f.type), raw[f.name])
     try:
         return cls(**raw)
-    except TypeError as e:
-        raise PlanFileError(f"{section}: {e}") from None
+    except (TypeError, ValueError, OverflowError) as e:
+        if isinstance(e, TcfError):
+            raise PlanFileError(f"{section}: {e}") from None
+        raise PlanFileError(f"{section}: {str(e)[:160]}") from None
+
+
+_SIMPLE = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+def _check_type(where: str, annotation: str, value: Any) -> None:
+    """A plain field (int, float, bool, str; or None where the type allows it) holds a value of
+    its type: a list or text where a number belongs would fail deep inside the cost model."""
+    parts = [p.strip() for p in annotation.split("|")]
+    if value is None and "None" in parts:
+        return
+    kinds = [k for k in parts if k != "None"]
+    if len(kinds) != 1 or kinds[0] not in _SIMPLE:
+        return  # a Literal, a nested dataclass: checked by the dataclass itself
+    kind = kinds[0]
+    ok = isinstance(value, _SIMPLE[kind]) and (kind == "bool" or not isinstance(value, bool))
+    if ok and kind in ("int", "float"):
+        ok = math.isfinite(value) and abs(value) < 2**53
+    if not ok:
+        rule = {"int": "an integer below 2**53", "float": "a finite number below 2**53",
+                "bool": "true or false", "str": "text"}[kind]
+        raise PlanFileError(f"{where}: must be {rule} (got {str(value)[:40]!r})")
 
 
 def _build_training(raw: Any) -> Training:
@@ -82,8 +110,8 @@ def _integer(raw: dict[str, Any], key: str, where: str, default: int | None = No
     value = raw.get(key, default)
     if isinstance(value, str) and value.strip().lstrip("-").isdigit() and len(value) < 20:
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**53:
-        raise PlanFileError(f"{where}{key}: must be an integer in [0, 2**53) (got "
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**53:
+        raise PlanFileError(f"{where}{key}: must be a positive integer below 2**53 (got "
                             f"{str(value)[:40]!r})")
     return value
 
