@@ -153,11 +153,13 @@ def worker_kills(rounds: int, workers: int = 4, target: int = 200) -> None:
 def faults() -> None:
     heading("Faults: outputs, full disk, torn journal, hostile inputs and names, signals")
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+    done = subprocess.run([sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider",
                            "tests/test_robust_policy.py"], cwd=ROOT, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     tail = done.stdout.strip().splitlines()
-    print(f"- {tail[-1] if tail else done.stderr[-400:]} ({time.perf_counter() - t0:.0f} s)")
+    counts = [ln for ln in tail if " passed" in ln or " failed" in ln]
+    result = counts[-1].strip("= ") if counts else (tail or [done.stderr[-400:]])[-1]
+    print(f"- {result}: exit {done.returncode} ({time.perf_counter() - t0:.0f} s)")
     for line in tail:
         if line.startswith("SKIPPED"):
             print(f"  - {line}")
