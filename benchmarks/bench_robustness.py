@@ -9,7 +9,10 @@
    completed trials lost and duplicated (must be 0), and whether the final best and the trial
    sequence equal an uninterrupted run with the same seed.
 3. Worker kills: the controlling process of a 4-worker run killed alone; workers left running
-   (must be 0) and the exact trial count after resuming.
+   (must be 0), layouts judged twice (must be 0) and the exact trial count after resuming.
+4. Faults (issue 19): tests/test_robust_policy.py — devices, FIFOs, symlinks and folders as
+   outputs, a tmpfs disk-full run (where this machine can mount one), torn journal records,
+   FIFOs and devices as inputs, reruns, hostile names, signals mid-write: cases held / skipped.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from search.pipeline import RunOptions, run_study  # noqa: E402
 from search.study import load_study  # noqa: E402
 
 FUZZ_FILES = ["tests/test_robust_fuzz_study.py", "tests/test_robust_fuzz_csv.py",
-              "tests/test_robust_output.py"]
+              "tests/test_robust_output.py", "tests/test_robust_fuzz_inputs.py"]
 
 
 def heading(text: str) -> None:
@@ -67,7 +70,12 @@ def fuzz(examples: int) -> None:
                else f"pytest exited {done.returncode}")
     for kind, label in [("study", "study files through `tcf-search run`"),
                         ("csv", "CSVs through `tcf-search predict`"),
-                        ("export", "export option texts rendered, written and run")]:
+                        ("export", "export option texts rendered, written and run"),
+                        ("export-set", "`export --set KEY=VALUE` texts"),
+                        ("compare", "`compare --with` changes"),
+                        ("explain", "`explain --plan` texts"),
+                        ("plan", "mutated plan files through explain and export"),
+                        ("hf", "mutated HF config.json files through `run`")]:
         print(f"- {kinds[kind]:,} {label}")
     print(f"- {sum(kinds.values()):,} inputs in all, {wall:.0f} s: {summary}")
     if done.returncode != 0:
@@ -111,6 +119,7 @@ def worker_kills(rounds: int, workers: int = 4, target: int = 200) -> None:
     heading(f"The controller of a {workers}-worker run SIGKILLed alone, {rounds} times")
     h = interrupt_helpers()
     orphans = lost = 0
+    twice = 0
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         study = h.study_file(folder)
@@ -135,8 +144,26 @@ def worker_kills(rounds: int, workers: int = 4, target: int = 200) -> None:
             lost += sum(1 for n, v in before.items() if now.get(n) != v)
         subprocess.run(cmd, cwd=ROOT, env=h.env(), check=True, capture_output=True)
         final = h.completed(out)
+        units = [t.user_attrs["unit"] for t in h.trials(out) if t.state.name == "COMPLETE"]
+        twice = len(units) - len(set(units))
     print(f"- workers left running after their controller died: {orphans}")
-    print(f"- trials lost: {lost}; complete after resuming: {len(final)} of {target}")
+    print(f"- trials lost: {lost}; layouts judged twice: {twice}; complete after resuming: "
+          f"{len(final)} of {target}")
+
+
+def faults() -> None:
+    heading("Faults: outputs, full disk, torn journal, hostile inputs and names, signals")
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider",
+                           "tests/test_robust_policy.py"], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    tail = done.stdout.strip().splitlines()
+    counts = [ln for ln in tail if " passed" in ln or " failed" in ln]
+    result = counts[-1].strip("= ") if counts else (tail or [done.stderr[-400:]])[-1]
+    print(f"- {result}: exit {done.returncode} ({time.perf_counter() - t0:.0f} s)")
+    for line in tail:
+        if line.startswith("SKIPPED"):
+            print(f"  - {line}")
 
 
 def main() -> None:
@@ -147,6 +174,7 @@ def main() -> None:
     fuzz(100 if args.quick else 400)
     kills(10 if args.quick else 20)
     worker_kills(2 if args.quick else 5)
+    faults()
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ read like the papers they cite.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -153,8 +154,12 @@ class Plan:
         if self.pp_schedule not in SCHEDULE_CODES:
             raise SpecError(f"plan.pp_schedule must be one of {sorted(SCHEDULE_CODES)}, "
                             f"but got {self.pp_schedule!r}")
-        if self.recompute_layers < 0:
-            raise SpecError(f"plan.recompute_layers must be >= 0, got {self.recompute_layers}")
+        for name in ("recompute_layers", "first_stage_layers", "last_stage_layers"):
+            value = getattr(self, name)
+            if (not isinstance(value, numbers.Integral) or isinstance(value, bool)
+                    or not 0 <= int(value) < 2**53):
+                raise SpecError(f"plan.{name} must be an integer in [0, 2**53), "
+                                f"got {value!r}")
         # cross-field rules that read nothing but the plan, from the one table (the others
         # read the model and cluster too: check_plan)
         from costmodel.rules import check_own
@@ -269,7 +274,8 @@ class Training:
     memory_model: MemoryModel = field(default_factory=MemoryModel)
 
     def __post_init__(self) -> None:
-        require_positive("training", seq_len=self.seq_len, global_batch=self.global_batch)
+        require_positive("training", seq_len=self.seq_len, global_batch=self.global_batch,
+                         dp_bucket_bytes=self.dp_bucket_bytes)  # 0 bytes: infinite buckets
         if self.activation_dtype_bytes not in (2.0, 4.0):
             raise SpecError("training.activation_dtype_bytes must be 2 (bf16/fp16) or 4 (fp32), "
                             f"but got {self.activation_dtype_bytes!r}")

@@ -27,6 +27,7 @@ from search.placement import plan_fields
 from search.prune import MemoryStage, plan_arrays
 from search.space import AXES, DERIVED, decode, plan_from_row
 from search.specs import Specs
+from search.storage import SearchError
 from search.study import Study
 
 OUTER_AXES = ("tp", "pp", "cp", "ep")
@@ -117,8 +118,14 @@ class Evaluator:
             idx = self.members[unit]
             best = int(idx[0]) if len(idx) == 1 else int(idx[self._best_member(idx)])
             placement = self.stage.place(best)
-            if placement is None:  # the screen and CP-SAT disagree: a bug, never a result
-                raise AssertionError(f"CP-SAT found no placement for feasible layout {best}")
+            if placement is None:  # the screen and CP-SAT disagree (a model past its range)
+                cols = {a: decode(a, int(self.stage.cols[a][best])) for a in OUTER_AXES}
+                raise SearchError(
+                    f"search: the layer placement (CP-SAT) found no split of "
+                    f"{self.specs.model.layers} layers for the layout "
+                    f"{', '.join(f'{k}={v}' for k, v in cols.items())} that the memory screen "
+                    f"passed; try search_space.uneven_pipeline: false and "
+                    f"partial_recompute: false, or fewer layers or pp values")
             row = {a: int(self.stage.cols[a][best]) for a in AXES}
             row.update(placement.plan_fields(self.specs.model.layers, row["pp"],
                                              row["recompute"] == 2))

@@ -13,6 +13,7 @@ from typing import Any
 
 from costmodel.errors import TcfError
 from costmodel.specs import ModelSpec, SpecError
+from search.files import MIB, InputError, read_input
 
 
 class HfConfigError(TcfError):
@@ -66,6 +67,8 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
     ffn = _int(cfg, "intermediate_size", "n_inner", default=4 * hidden)
     kv_heads = _int(cfg, "num_key_value_heads", default=heads)
     head_dim = _int(cfg, "head_dim", default=0)
+    if heads <= 0:
+        raise HfConfigError(f"config.json num_attention_heads: must be positive (got {heads})")
     if "kv_lora_rank" in cfg:  # DeepSeek MLA, approximated as MHA (see module docstring)
         kv_heads = heads
         head_dim = _int(cfg, "v_head_dim", default=hidden // heads)
@@ -82,14 +85,21 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
         raise HfConfigError(f"config.json: {exc}") from None
 
 
+MAX_CONFIG_BYTES = 16 * MIB
+
+
 def load_hf_config(path: str | Path) -> ModelSpec:
+    """A config.json: a regular file of at most 16 MiB (never a FIFO or a device)."""
     p = Path(path)
     try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise HfConfigError(f"cannot read {p}: {exc.strerror}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HfConfigError(f"{p} is not valid JSON: {exc}") from None
+        cfg = json.loads(read_input(p, "config.json", MAX_CONFIG_BYTES).decode("utf-8"))
+    except InputError as exc:
+        raise HfConfigError(str(exc)) from None
+    except RecursionError:
+        raise HfConfigError(f"{p} is not valid JSON: nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # also an integer of over 4,300 digits
+        raise HfConfigError(f"{p} is not valid JSON: {str(exc).splitlines()[0][:120]}"
+                            ) from None
     if not isinstance(cfg, dict):
         raise HfConfigError(f"{p} must hold a JSON object")
     name = str(cfg.get("_name_or_path") or cfg.get("model_type") or p.parent.name or "model")

@@ -71,12 +71,16 @@ def started(study: optuna.Study) -> int:
 
 
 def objective(ev: Evaluator, trial: optuna.trial.BaseTrial,
-              seen: Collection[int] = ()) -> tuple[float, ...]:
+              seen: Collection[int] = (), study: optuna.Study | None = None) -> tuple[float, ...]:
     """Sample the searched axes, repair to the nearest unit not in ``seen``, judge its best
-    plan. The trial's params are the sample; its ``plan`` attribute is what was judged."""
+    plan. With ``study`` (the storage workers share), the unit is claimed first, so no two
+    trials judge one unit. The trial's params are the sample; its ``plan`` is what was judged."""
     params = {axis: trial.suggest_categorical(axis, values) for axis, values in ev.choices.items()}
-    unit, repaired = ev.nearest(params, seen)
-    trial.set_user_attr("unit", unit)
+    if study is not None and isinstance(trial, optuna.trial.Trial):
+        unit, repaired = claim(ev, study, trial, params)
+    else:
+        unit, repaired = ev.nearest(params, seen)
+        trial.set_user_attr("unit", unit)
     result = ev.evaluate(unit)
     trial.set_user_attr("plan", dataclasses.asdict(result.plan))
     trial.set_user_attr("metrics", result.metrics)
@@ -86,11 +90,36 @@ def objective(ev: Evaluator, trial: optuna.trial.BaseTrial,
     return result.values
 
 
-def seen_units(study: optuna.Study) -> set[int]:
-    """Units judged (or being judged) by the study's trials, from any worker or earlier run."""
-    return {int(t.user_attrs["unit"]) for t in study.get_trials(
+def claim(ev: Evaluator, study: optuna.Study, trial: optuna.trial.Trial,
+          params: dict[str, Any]) -> tuple[int, bool]:
+    """The unit this trial judges, claimed on the shared storage: write the claim (the
+    trial's ``unit`` attribute), then read every other trial's; on a rival claim, yield and
+    claim the next nearest. Two trials never both keep a unit: of two claims, the one written
+    second is read after the first, so at least one trial sees the other and yields (both may
+    yield; each then tries another unit). Only once every unit is taken does a trial judge one
+    again. Returns the unit and whether it differs from the sample."""
+    yielded: set[int] = set()
+    while True:
+        taken = {u for n, u in _claims(study).items() if n != trial.number} | yielded
+        unit, repaired = ev.nearest(params, taken)
+        trial.set_user_attr("unit", unit)
+        if len(taken) >= ev.units:
+            return unit, True  # nothing left unjudged: a repeat cannot be avoided
+        if not any(u == unit for n, u in _claims(study).items() if n != trial.number):
+            return unit, repaired or bool(yielded)
+        yielded.add(unit)
+
+
+def _claims(study: optuna.Study) -> dict[int, int]:
+    """Trial number -> unit, of trials complete or under way (read fresh from the storage)."""
+    return {t.number: int(t.user_attrs["unit"]) for t in study.get_trials(
         deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
         if "unit" in t.user_attrs}
+
+
+def seen_units(study: optuna.Study) -> set[int]:
+    """Units judged (or being judged) by the study's trials, from any worker or earlier run."""
+    return set(_claims(study).values())
 
 
 def run_trials(ev: Evaluator, study: optuna.Study, quota: int, *, sampler: str, seed: int,
@@ -111,7 +140,7 @@ def run_trials(ev: Evaluator, study: optuna.Study, quota: int, *, sampler: str, 
             # this process dies (trials take milliseconds, far below the grace period).
             study._storage.record_heartbeat(trial._trial_id)
         try:
-            values = objective(ev, trial, seen_units(study))
+            values = objective(ev, trial, study=study)
         except KeyboardInterrupt:
             study.tell(trial, state=TrialState.FAIL)
             raise

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from search.files import write_atomic
+from search.files import Output
 from search.planfile import PlanFile, dump_plan_file
 from search.result import RankedPlan, StudyResult
 from search.specs import Specs
@@ -46,24 +46,24 @@ def plan_file(result: StudyResult, specs: Specs, ranked: RankedPlan) -> str:
 
 
 def write_outputs(result: StudyResult, specs: Specs, trial_rows: list[dict[str, Any]],
-                  out_dir: Path) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_atomic(out_dir / "trials.csv", trials_csv(trial_rows))
-    top_dir = out_dir / "top"
-    kept = set()
+                  out_dir: Path, *, adopt: bool = False) -> None:
+    """The result files, by the output policy of :class:`search.files.Output`: a rerun
+    replaces the files a run wrote (``adopt``: the folder's storage holds this very study, so
+    its files are the run's), never anything else."""
+    out = Output(out_dir, "run", adopt=adopt)
+    files: dict[str, str] = {"trials.csv": trials_csv(trial_rows)}
     for ranked in result.top:
-        name = f"rank-{ranked.rank}.yaml"
-        write_atomic(top_dir / name, plan_file(result, specs, ranked))
-        kept.add(name)
-    if top_dir.is_dir():  # plans of an earlier, longer ranking would mislead readers
-        for old in top_dir.glob("rank-*.yaml"):
-            if old.name not in kept:
-                old.unlink()
+        files[f"top/rank-{ranked.rank}.yaml"] = plan_file(result, specs, ranked)
     if result.best is not None:
-        write_atomic(out_dir / "best_plan.yaml", plan_file(result, specs, result.best))
-    else:
-        (out_dir / "best_plan.yaml").unlink(missing_ok=True)
-    write_atomic(out_dir / "result.json", json.dumps(result.to_dict(), indent=2) + "\n")
+        files["best_plan.yaml"] = plan_file(result, specs, result.best)
+    files["result.json"] = json.dumps(result.to_dict(), indent=2) + "\n"
+    stale = [f"top/{p.name}" for p in (out_dir / "top").glob("rank-*.yaml")
+             if f"top/{p.name}" not in files]  # plans of an earlier, longer ranking mislead
+    if result.best is None:
+        stale.append("best_plan.yaml")
+    out.write_many(files)
+    for name in stale:
+        out.remove(name)
 
 
 # ---- terminal ------------------------------------------------------------------------------

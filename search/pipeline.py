@@ -17,6 +17,7 @@ import optuna
 from costmodel import Plan
 from search import optimize as opt
 from search.evaluate import Evaluation, Evaluator, Exhaustive
+from search.files import output_folder
 from search.misses import nearest_misses
 from search.output import write_outputs
 from search.presets import APPROXIMATIONS
@@ -24,7 +25,7 @@ from search.prune import memory_stage
 from search.result import RankedPlan, StudyResult
 from search.space import Layouts, SearchSpace, build_space, enumerate_layouts
 from search.specs import Specs, build_specs
-from search.storage import StorageSpec, open_study, recover, unlock_journal
+from search.storage import STORAGE_FILE, StorageSpec, open_study, recover, unlock_journal
 from search.study import ExportSection, Study
 
 ExportHook = Callable[[Path, ExportSection], Any]
@@ -45,6 +46,7 @@ class RunOptions:
 def run_study(study: Study, options: RunOptions, *, export: ExportHook | None = None,
               progress: Progress | None = None) -> StudyResult:
     started = time.perf_counter()
+    output_folder(options.out_dir)
     specs = build_specs(study)  # validate: the study's numbers as cost-model inputs
     space = build_space(study, specs)
     layouts = enumerate_layouts(space)  # only valid layouts, pruning counted per rule
@@ -52,12 +54,14 @@ def run_study(study: Study, options: RunOptions, *, export: ExportHook | None = 
     stage = memory_stage(specs, space, layouts.columns, headroom)  # memory first
     ev = Evaluator(study, specs, stage, np.flatnonzero(stage.feasible))
     ostudy, search_info = optimize(ev, study, space, options, progress)
+    adopt = bool(search_info.pop("resumed_own_folder", False))
     exhaustive = (ev.exhaustive(study.search.top_k)
                   if options.exhaustive and len(ev.feasible) else None)
     top = rank(ev, ostudy, exhaustive, study.search.top_k)
     result = summarize(study, ev, layouts, top, ostudy, exhaustive, search_info,
                        elapsed_s=time.perf_counter() - started, out_dir=options.out_dir)
-    write_outputs(result, specs, opt.trial_rows(ostudy) if ostudy else [], options.out_dir)
+    write_outputs(result, specs, opt.trial_rows(ostudy) if ostudy else [], options.out_dir,
+                  adopt=adopt)
     if export is not None and study.export is not None and result.best is not None:
         export(options.out_dir, study.export)
     return result
@@ -113,6 +117,9 @@ def optimize(ev: Evaluator, study: Study, space: SearchSpace, options: RunOption
     ostudy = open_study(spec, study.study_name, ev.directions,
                         fingerprint(study, ev.specs, space))
     info["storage"] = spec.describe()
+    # A folder whose own journal already held this study (same fingerprint) is this run's.
+    info["resumed_own_folder"] = (spec.journal == options.out_dir / STORAGE_FILE
+                                  and len(ostudy.get_trials(deepcopy=False)) > 0)
     info["recovered_trials"] = recover(ostudy, spec)
     kind = s.sampler
     if target >= ev.units:  # every unit once: the result is exact, more trials add nothing

@@ -8,6 +8,7 @@ output folder; ``export`` and ``validate`` read them. Keys are the dataclass fie
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import yaml
 
 from costmodel.errors import TcfError
 from costmodel.specs import MemoryModel, ModelSpec, Plan, Training
+from search.files import MIB, InputError, read_input
 
 FORMAT_VERSION = 1
 
@@ -64,10 +66,37 @@ def _build(cls: type, section: str, raw: Any) -> Any:
     if unknown:
         valid = ", ".join(sorted(names))
         raise PlanFileError(f"{section}.{unknown[0]}: unknown key (valid: {valid})")
+    for f in dataclasses.fields(cls):
+        if f.name in raw:
+            _check_type(f"{section}.{f.name}", str(f.type), raw[f.name])
     try:
         return cls(**raw)
-    except TypeError as e:
-        raise PlanFileError(f"{section}: {e}") from None
+    except (TypeError, ValueError, OverflowError) as e:
+        if isinstance(e, TcfError):
+            raise PlanFileError(f"{section}: {e}") from None
+        raise PlanFileError(f"{section}: {str(e)[:160]}") from None
+
+
+_SIMPLE = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+
+
+def _check_type(where: str, annotation: str, value: Any) -> None:
+    """A plain field (int, float, bool, str; or None where the type allows it) holds a value of
+    its type: a list or text where a number belongs would fail deep inside the cost model."""
+    parts = [p.strip() for p in annotation.split("|")]
+    if value is None and "None" in parts:
+        return
+    kinds = [k for k in parts if k != "None"]
+    if len(kinds) != 1 or kinds[0] not in _SIMPLE:
+        return  # a Literal, a nested dataclass: checked by the dataclass itself
+    kind = kinds[0]
+    ok = isinstance(value, _SIMPLE[kind]) and (kind == "bool" or not isinstance(value, bool))
+    if ok and kind in ("int", "float"):
+        ok = math.isfinite(value) and abs(value) < 2**53
+    if not ok:
+        rule = {"int": "an integer below 2**53", "float": "a finite number below 2**53",
+                "bool": "true or false", "str": "text"}[kind]
+        raise PlanFileError(f"{where}: must be {rule} (got {str(value)[:40]!r})")
 
 
 def _build_training(raw: Any) -> Training:
@@ -77,11 +106,24 @@ def _build_training(raw: Any) -> Training:
     return _build(Training, "training", raw)  # type: ignore[no-any-return]
 
 
+def _integer(raw: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit() and len(value) < 20:
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**53:
+        raise PlanFileError(f"{where}{key}: must be a positive integer below 2**53 (got "
+                            f"{str(value)[:40]!r})")
+    return value
+
+
 def parse_plan_file(text: str) -> PlanFile:
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise PlanFileError(f"plan file is not valid YAML: {str(e).splitlines()[0]}") from None
+    except (ValueError, RecursionError) as e:  # an integer of over 4,300 digits, deep nesting
+        raise PlanFileError(f"plan file is not valid YAML: {str(e).splitlines()[0][:120]}"
+                            ) from None
     if not isinstance(raw, dict):
         raise PlanFileError("plan file: must be a YAML mapping")
     for key in ("study", "cluster", "model", "training", "plan"):
@@ -92,10 +134,10 @@ def parse_plan_file(text: str) -> PlanFile:
         raise PlanFileError("cluster: must be a mapping with gpu and num_gpus")
     return PlanFile(
         study=str(raw["study"]),
-        rank=int(raw.get("rank", 1)),
+        rank=_integer(raw, "rank", "", 1),
         gpu=str(cluster["gpu"]),
-        num_gpus=int(cluster["num_gpus"]),
-        gpus_per_node=int(cluster.get("gpus_per_node", 8)),
+        num_gpus=_integer(cluster, "num_gpus", "cluster."),
+        gpus_per_node=_integer(cluster, "gpus_per_node", "cluster.", 8),
         fabric=str(cluster.get("fabric") or ""),
         model=_build(ModelSpec, "model", raw["model"]),
         training=_build_training(raw["training"]),
@@ -104,5 +146,15 @@ def parse_plan_file(text: str) -> PlanFile:
     )
 
 
+MAX_PLAN_FILE_BYTES = 4 * MIB
+
+
 def load_plan_file(path: str | Path) -> PlanFile:
-    return parse_plan_file(Path(path).read_text())
+    """A plan file: a regular file of at most 4 MiB, UTF-8 YAML."""
+    try:
+        data = read_input(Path(path), "plan file", MAX_PLAN_FILE_BYTES)
+        return parse_plan_file(data.decode("utf-8"))
+    except InputError as e:
+        raise PlanFileError(str(e)) from None
+    except UnicodeDecodeError:
+        raise PlanFileError(f"plan file: {path} is not UTF-8 text") from None

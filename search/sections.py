@@ -46,6 +46,9 @@ Auto = Literal["auto"]
 # more GPUs than any cluster holds, more layers than any model has.
 MAX_GPUS = 2**20
 MAX_LAYERS = 4096
+# Values one knob may list: the space is their product, and a heat-map cell is kept per (tp, pp)
+# pair, so the work and the result file stay proportional to a request a person can read.
+MAX_AXIS_VALUES = 64
 
 
 def _domain(allowed: tuple[Any, ...] | None, kind: type) -> Callable[[Any], Any]:
@@ -58,6 +61,9 @@ def _domain(allowed: tuple[Any, ...] | None, kind: type) -> Callable[[Any], Any]
         values = raw if isinstance(raw, list) else [raw]
         if not values:
             raise ValueError("must be auto, a value or a non-empty list (got [])")
+        if len(values) > MAX_AXIS_VALUES:
+            raise ValueError(f"at most {MAX_AXIS_VALUES} values may be listed (got "
+                             f"{len(values)}); list the ones worth searching, or use auto")
         for v in values:
             ok = type(v) is kind and (allowed is None or v in allowed)
             if kind is int and ok and allowed is None:

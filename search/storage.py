@@ -11,6 +11,8 @@ import contextlib
 import json
 import os
 import signal
+import stat
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
@@ -25,9 +27,11 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from costmodel.errors import TcfError
+from search.files import write_atomic
 
 STORAGE_FILE = "study.journal"
 FINGERPRINT_ATTR = "tcf_search_fingerprint"
+MAX_RECORD_BYTES = 16 * 2**20  # a journal line; Optuna's own hold a trial's attributes
 
 
 class SearchError(TcfError):
@@ -47,37 +51,158 @@ def quiet() -> Iterator[None]:
 class JournalFile(JournalFileBackend):
     """Optuna's journal file without an fsync per append (~13 appends a trial, milliseconds
     each here). A killed process loses nothing: its writes are in the page cache. A power loss
-    can drop the last trials; the journal reader skips a torn final line."""
+    can drop the last trials. An append that fails (a full disk) is cut back off the file, so no
+    torn record is left for the next append to follow; :func:`repair_journal` sets aside one
+    left by a kill in mid-write."""
 
     def append_logs(self, logs: list[dict[str, Any]]) -> None:
-        text = "\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n"
-        with _sigint_deferred():  # Ctrl-C inside the lock's release leaves a stale lock file
-            self._lock.acquire()
+        data = ("\n".join(json.dumps(log, separators=(",", ":")) for log in logs)
+                + "\n").encode("utf-8")
+        path = self._file_path
+        # Ctrl-C or SIGTERM inside the lock's release leaves a stale lock file.
+        with _signals_deferred():
             try:
-                with open(self._file_path, "ab") as f:
-                    f.write(text.encode("utf-8"))
+                self._lock.acquire()
+            except OSError as exc:
+                raise SearchError(f"search.storage: cannot lock {path} "
+                                  f"({exc.strerror or exc})") from None
+            try:
+                _append(path, data)
             finally:
                 self._lock.release()
 
 
+def _append(path: str, data: bytes) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+    except OSError as exc:
+        raise SearchError(f"search.storage: cannot write {path} ({exc.strerror or exc})"
+                          ) from None
+    try:
+        end = os.lseek(fd, 0, os.SEEK_END)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, end)  # no torn record: the file is as before the append
+        raise SearchError(f"search.storage: cannot append to {path} "
+                          f"({exc.strerror or exc}); rerun the same command to resume once "
+                          f"there is room") from None
+    finally:
+        os.close(fd)
+
+
+def _record(line: bytes) -> bool:
+    try:
+        return isinstance(json.loads(line), dict)
+    except ValueError:
+        return False
+
+
+def _tail_is_whole(path: Path) -> bool:
+    """Whether the journal ends with a newline after a whole JSON record (or is empty)."""
+    size = path.stat().st_size
+    if size == 0:
+        return True
+    with path.open("rb") as f:
+        f.seek(max(0, size - MAX_RECORD_BYTES))
+        tail = f.read()
+    return tail.endswith(b"\n") and _record(tail[:-1].rsplit(b"\n", 1)[-1])
+
+
+def repair_journal(path: Path, *, full: bool = False) -> str | None:
+    """Set aside torn records: bytes that are no whole JSON line (a kill or a full disk in
+    mid-append) move to ``<journal>.torn``; a whole record appended after a torn one is kept.
+    Checks the tail only unless ``full``. Returns what was done, for the user, or None."""
+    if not path.is_file() or (not full and _tail_is_whole(path)):
+        return None
+    kept, torn = [], []
+    for line in path.read_bytes().splitlines(keepends=True):
+        if line.endswith(b"\n") and _record(line):
+            kept.append(line)
+            continue
+        cut = next((i for i in _starts(line) if line.endswith(b"\n") and _record(line[i:])),
+                   None)
+        torn.append(line[:cut] if cut is not None else line)
+        if cut is not None:
+            kept.append(line[cut:])
+    if not torn:
+        return None
+    side = path.with_name(path.name + ".torn")
+    junk = b"".join(t if t.endswith(b"\n") else t + b"\n" for t in torn)
+    try:
+        with side.open("ab") as f:
+            f.write(junk)
+        write_atomic(path, b"".join(kept))
+    except (OSError, TcfError) as exc:
+        raise SearchError(f"search.storage: {path} holds a torn record that cannot be set "
+                          f"aside ({exc})") from None
+    return (f"{path}: set aside {len(junk):,} bytes of {len(torn)} torn record(s) (an append "
+            f"cut short by a kill or a full disk) in {side}; every whole record is kept")
+
+
+def _starts(line: bytes) -> list[int]:
+    """Where a record may begin inside a torn line (after the torn start)."""
+    out, i = [], line.find(b'{"', 1)
+    while i > 0:
+        out.append(i)
+        i = line.find(b'{"', i + 1)
+    return out
+
+
+def _looks_like_journal(path: Path) -> bool:
+    with path.open("rb") as f:
+        first = f.readline(MAX_RECORD_BYTES)
+    try:
+        doc = json.loads(first)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and "op_code" in doc
+
+
+def check_journal(path: Path) -> None:
+    """A journal path must be absent, or a regular file holding an Optuna journal."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise SearchError(f"search.storage: cannot use journal file {path} "
+                          f"({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        what = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file (a device or FIFO)"
+        raise SearchError(f"search.storage: journal file {path} is {what}")
+    if st.st_size and not _looks_like_journal(path):
+        raise SearchError(f"search.storage: {path} is not an Optuna journal file; name a new "
+                          f"file or an existing journal")
+
+
 @contextlib.contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Hold a SIGINT that arrives inside the block and deliver it to the handler in place once
-    the block is done (main thread only: Python handles signals there)."""
+def _signals_deferred() -> Iterator[None]:
+    """Hold a SIGINT or SIGTERM that arrives inside the block and deliver it to the handler in
+    place once the block is done (main thread only: Python handles signals there)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     pending: list[tuple[int, FrameType | None]] = []
-    previous = signal.signal(signal.SIGINT, lambda sig, frame: pending.append((sig, frame)))
+    kinds = (signal.SIGINT, signal.SIGTERM)
+    previous: dict[int, Any] = {
+        k: signal.signal(k, lambda sig, frame: pending.append((sig, frame))) for k in kinds}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
-        if pending:
-            if callable(previous):
-                previous(*pending[0])
-            elif previous == signal.SIG_DFL:
-                os.kill(os.getpid(), signal.SIGINT)
+        for k in kinds:
+            signal.signal(k, previous[k])
+        for sig, frame in pending[:1]:
+            handler = previous[sig]
+            if callable(handler):
+                handler(sig, frame)
+            elif handler == signal.SIG_DFL:
+                os.kill(os.getpid(), sig)
+
+
+_sigint_deferred = _signals_deferred  # the name tests/test_robust_interrupt.py knows
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +226,7 @@ class StorageSpec:
 
     def open(self) -> BaseStorage:
         if self.journal is not None:
+            check_journal(self.journal)
             try:
                 self.journal.parent.mkdir(parents=True, exist_ok=True)
                 return JournalStorage(JournalFile(str(self.journal)))
@@ -108,16 +234,48 @@ class StorageSpec:
                 raise SearchError(f"search.storage: cannot use journal file {self.journal} "
                                   f"({exc.strerror or exc})") from None
         assert self.url is not None
+        if _in_memory(self.url):
+            raise SearchError(f"search.storage: {self.url} keeps trials in memory, so nothing "
+                              f"could resume the study or share it; use a file "
+                              f"(sqlite:///study.db) or the default journal")
         try:
             # Heartbeats let any host fail the trials of a worker that died on another host.
             with quiet():
                 return RDBStorage(self.url, heartbeat_interval=30, grace_period=120)
         except Exception as exc:  # SQLAlchemy raises many types; the message says what
-            raise SearchError(f"search.storage: cannot open {self.url!r}: "
-                              f"{str(exc).splitlines()[0]}") from None
+            text = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise SearchError(f"search.storage: cannot open {self.describe()!r}: "
+                              f"{_scrub(text, self.url)}") from None
 
     def describe(self) -> str:
         return str(self.journal) if self.journal is not None else _redact(self.url or "")
+
+
+def _in_memory(url: str) -> bool:
+    head, _, tail = url.partition("://")
+    return head.startswith("sqlite") and (tail in ("", "/", "/:memory:")
+                                          or "mode=memory" in tail or ":memory:" in tail)
+
+
+def _password(url: str) -> str | None:
+    tail = url.partition("://")[2]
+    if "@" not in tail:
+        return None
+    cred = tail.rsplit("@", 1)[0]
+    return cred.split(":", 1)[1] if ":" in cred else None
+
+
+def _scrub(text: str, url: str) -> str:
+    """``text`` without the URL's password (quoted or not) in it."""
+    import urllib.parse
+
+    secret = _password(url)
+    if not secret:
+        return text
+    for form in {secret, urllib.parse.unquote(secret), urllib.parse.quote(secret)}:
+        if form:
+            text = text.replace(form, "***")
+    return text
 
 
 def _redact(url: str) -> str:
@@ -138,12 +296,20 @@ def lock_journal(journal: Path) -> None:
     dropped by :func:`unlock_journal`, or by the kernel once every holder has exited."""
     import fcntl
 
-    journal.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        journal.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SearchError(f"search.storage: cannot create the folder of {journal} "
+                          f"({exc.strerror or exc})") from None
     key = journal.resolve()
     if key in _HELD:
         return
     # Not ``<journal>.lock``: Optuna's own append lock takes that name.
-    f = open(key.with_name(key.name + ".run-lock"), "a")  # noqa: SIM115 - held past this call
+    try:
+        f = open(key.with_name(key.name + ".run-lock"), "a")  # noqa: SIM115 - held past this
+    except OSError as exc:  # a read-only or full folder
+        raise SearchError(f"search.storage: cannot lock {journal} "
+                          f"({exc.strerror or exc})") from None
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -166,8 +332,21 @@ def open_study(spec: StorageSpec, name: str, directions: list[str],
     """Create or resume the study; refuse storage that holds another study under this name."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if spec.journal is not None:
+        check_journal(spec.journal)  # before the lock file: refuse a file that is no journal
         lock_journal(spec.journal)
-    storage = spec.open()
+        for full in (False, True):
+            note = repair_journal(spec.journal, full=full)  # one command holds the journal
+            if note:
+                print(f"note: {note}", file=sys.stderr)
+            try:
+                storage = spec.open()
+                break
+            except ValueError as exc:  # a torn record mid-file (left by an older version)
+                if full:
+                    raise SearchError(f"search.storage: cannot read {spec.journal} "
+                                      f"({exc})") from None
+    else:
+        storage = spec.open()
     study = optuna.create_study(
         storage=storage, study_name=name, load_if_exists=True,
         directions=[optuna.study.StudyDirection[d.upper()] for d in directions])

@@ -13,6 +13,7 @@ import yaml
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from costmodel.errors import TcfError
+from search.files import MIB, InputError, read_input
 from search.sections import (
     MAX_GPUS,
     MAX_LAYERS,
@@ -115,6 +116,8 @@ def parse_study(text: str, *, name: str = "study", base_dir: Path | str = ".") -
         raise StudyError(f"study: not valid YAML ({first})") from None
     except RecursionError:
         raise StudyError("study: not valid YAML (nested too deeply)") from None
+    except ValueError as exc:  # an integer of over 4,300 digits
+        raise StudyError(f"study: not valid YAML ({str(exc).splitlines()[0][:100]})") from None
     if not isinstance(raw, dict):
         got = "an empty file" if raw is None else type(raw).__name__
         raise StudyError(f"study: must be a YAML mapping (got {got})")
@@ -124,16 +127,31 @@ def parse_study(text: str, *, name: str = "study", base_dir: Path | str = ".") -
         raise StudyError(_one_line(exc)) from None
     if study.name is None:
         study = study.model_copy(update={"name": name})
+    for key, value in (("name", study.name), ("search.study_name", study.search.study_name)):
+        if value is not None and not _is_unicode(value):
+            raise StudyError(f"{key}: must be valid Unicode text (got {_short(value)})")
     study._base_dir = Path(base_dir)
     return study
 
 
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate ("\ud800" in YAML) no file can hold
+        return False
+    return "\x00" not in text
+
+
+MAX_STUDY_BYTES = 4 * MIB
+
+
 def load_study(path: str | Path) -> Study:
+    """A study file: a regular file of at most 4 MiB (never a FIFO or a device), UTF-8 YAML."""
     p = Path(path)
     try:
-        data = p.read_bytes()
-    except OSError as exc:
-        raise StudyError(f"study: cannot read {p} ({exc.strerror})") from None
+        data = read_input(p, "study", MAX_STUDY_BYTES)
+    except InputError as exc:
+        raise StudyError(str(exc)) from None
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

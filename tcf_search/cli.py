@@ -2,29 +2,39 @@
 
 ``tcf-search STUDY.yaml`` is ``tcf-search run STUDY.yaml``. Exit codes: 0 done (also when no
 layout fits: the answer then lists the nearest misses), 1 failure, 2 bad input (one line on
-stderr, no traceback), 130 interrupted (rerun the same command to resume).
+stderr, no traceback), 130 interrupted by Ctrl-C, 143 by SIGTERM (rerun the same command to
+resume). SIGTERM is raised as :class:`Terminated` (a ``KeyboardInterrupt``) where the process
+is, so every cleanup runs: no temporary file is left behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from importlib import metadata
 from pathlib import Path
+from types import FrameType
 from typing import Annotated, Any
 
-import typer
-from rich.console import Console
+try:  # Ctrl-C while the commands load (up to a second) is an interruption, not a traceback
+    import typer
+    from rich.console import Console
 
-from tcf_search.calibration.predict import predict_cmd
-from tcf_search.compare import compare_cmd
-from tcf_search.errors import TcfError, one_line
-from tcf_search.explain import explain_cmd
-from tcf_search.export.cli import export_cmd
-from tcf_search.nightly import nightly_cmd
-from tcf_search.report import report_cmd
-from tcf_search.validate.cli import calibrate_cmd, validate_cmd
+    from tcf_search.calibration.predict import predict_cmd
+    from tcf_search.compare import compare_cmd
+    from tcf_search.errors import TcfError, one_line
+    from tcf_search.explain import explain_cmd
+    from tcf_search.export.cli import export_cmd
+    from tcf_search.nightly import nightly_cmd
+    from tcf_search.report import report_cmd
+    from tcf_search.validate.cli import calibrate_cmd, validate_cmd
+except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+    raise SystemExit(130) from None
 
 DEFAULT_RUNS_DIR = Path("runs")
 
@@ -196,10 +206,54 @@ _CLICK_ERRORS = _click_classes("ClickException")
 _ABORTS = _click_classes("Abort")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that cleanups run as for Ctrl-C."""
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[list[int]]:
+    """SIGINT raises KeyboardInterrupt (as by default) and SIGTERM :class:`Terminated`; the
+    signals that came are listed, so that an error they caused (a C extension's import turns
+    KeyboardInterrupt into ImportError) still reads as the interruption it is."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        got.append(signum)
+        raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s, old in previous.items():
+        if old in (signal.SIG_DFL, signal.default_int_handler):  # not one ignored on purpose
+            signal.signal(s, handler)
+    try:
+        yield got
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0].endswith((".yaml", ".yml")):
         args.insert(0, "run")
+    with _signals_raise() as signals:
+        try:
+            code = _main(args)
+        except Exception:
+            if not signals:
+                raise
+            code = 130
+            typer.echo("interrupted: rerun the same command to resume from the output folder",
+                       err=True)
+    if signal.SIGTERM in signals:
+        return 128 + signal.SIGTERM
+    return 130 if signals else code
+
+
+def _main(args: list[str]) -> int:
     try:
         code = app(args=args, prog_name="tcf-search", standalone_mode=False)
     except _CLICK_ERRORS as exc:

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 from costmodel import Plan, StepEstimate, estimate
+from costmodel.specs import SpecError
 from search.specs import Specs, build_specs
 from search.study import load_study
 from tcf_search.errors import user_errors
@@ -75,6 +76,20 @@ def _sentence(label: str, deltas: dict[str, dict[str, Any]]) -> str:
     return f"{label}: " + ", ".join(parts)
 
 
+DEGREES = ("tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch")
+
+
+def _check_degrees(change: dict[str, Any]) -> None:
+    """A degree or micro-batch a technique sets is a positive integer below 2**53 (the repair
+    divides by them), checked by the plan's own rule before any repair."""
+    for key in DEGREES:
+        if key in change:
+            try:
+                Plan(**{"tp": 2, "pp": 2, key: change[key]})
+            except SpecError as exc:
+                raise PlanSpecError(str(exc)) from None
+
+
 def compare(specs: Specs, base: Plan, techniques: list[str]) -> dict[str, Any]:
     """The comparison document: the base, then one row per technique."""
     e0 = estimate(specs.model, specs.cluster, base, specs.training)
@@ -83,6 +98,7 @@ def compare(specs: Specs, base: Plan, techniques: list[str]) -> dict[str, Any]:
     for text in techniques:
         change = parse_assignments(text)
         try:
+            _check_degrees(change)
             plan, notes = apply_change(base, change, specs)
         except PlanSpecError as exc:
             raise PlanSpecError(f"--with {text}: {exc}") from None

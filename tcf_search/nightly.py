@@ -24,7 +24,7 @@ from typing import Annotated, Any
 import typer
 
 from costmodel.errors import TcfError
-from search.files import write_atomic
+from search.files import MIB, Output, path_component, read_input
 from tcf_search.errors import user_errors
 
 COLUMNS = ("date", "study", "sku", "num_gpus", "status", "best_plan", "tokens_per_s_per_gpu",
@@ -101,18 +101,24 @@ def on_sku(study: Any, sku: str | None) -> Any:
 # ---- the results table ----------------------------------------------------------------------
 
 def read_rows(path: Path) -> list[dict[str, str]]:
-    if not path.is_file():
+    if not path.exists():
         return []
-    with path.open(newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+    text = read_input(path, "nightly history", 256 * MIB)
+    try:
+        rows = list(csv.DictReader(io.StringIO(text.decode("utf-8"), newline="")))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise NightlyError(f"{path}: not a readable results table ({exc})") from None
+    if rows and not {"date", "study", "sku", "status"} <= set(rows[0]):
+        raise NightlyError(f"{path}: not a tcf-search nightly results table")
+    return rows
 
 
-def write_rows(path: Path, rows: list[dict[str, Any]]) -> None:
+def rows_csv(rows: list[dict[str, Any]]) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=COLUMNS, lineterminator="\n", extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
-    write_atomic(path, buf.getvalue())
+    return buf.getvalue()
 
 
 def previous_rows(rows: list[dict[str, str]], date: str) -> dict[tuple[str, str], dict[str, str]]:
@@ -124,6 +130,12 @@ def previous_rows(rows: list[dict[str, str]], date: str) -> dict[tuple[str, str]
     return out
 
 
+def run_folder(name: str, sku: str) -> str:
+    """The run's folder name in the night's folder: the study name and SKU are checked to be
+    one file-name component each, never a path."""
+    return path_component(f"{name}@{sku}", f"study name {name!r} on {sku}")
+
+
 # ---- one run ---------------------------------------------------------------------------------
 
 def run_one(study: Any, sku: str, date: str, out: Path, trials: int | None,
@@ -131,7 +143,7 @@ def run_one(study: Any, sku: str, date: str, out: Path, trials: int | None,
     from search.pipeline import RunOptions, run_study
 
     name = study.study_name
-    run_dir = out / date / f"{name}@{sku}"
+    run_dir = out / date / run_folder(name, sku)
     search = study.search.model_copy(update={"study_name": f"{name}@{sku}@{date}"})
     row: dict[str, Any] = {"date": date, "study": name, "sku": sku,
                            "num_gpus": study.cluster.num_gpus, "error": ""}
@@ -257,8 +269,13 @@ def run_night(files: list[Path], skus: list[str], out: Path, date: str, *,
 
         for sku in skus:
             get_gpu(sku)
+    history = Output(out, "nightly")
+    for study in studies:
+        for sku in skus or [study.cluster.gpu]:
+            run_folder(study.study_name, sku)
     table = out / RESULTS_FILE
     old = read_rows(table)
+    history.adopt = bool(old)  # a results table of a nightly history: the folder is nightly's
     night = Night(date=date, previous=previous_rows(old, date))
     storage = storage or f"journal:{out / 'optuna.journal'}"
     targets: list[str | None] = list(skus) if skus else [None]
@@ -269,18 +286,17 @@ def run_night(files: list[Path], skus: list[str], out: Path, date: str, *,
         night.rows.append(row)
         key = (row["study"], row["sku"])
         night.findings += diff(study, row, night.previous.get(key), threshold)
-        run_dir = out / date / f"{row['study']}@{row['sku']}"
+        run_dir = out / date / run_folder(row["study"], row["sku"])
         if report and row["status"] == "ok":
             night.reports[key] = _report(run_dir, out / date)
         if progress is not None:
             progress(done + 1, len(jobs))
     ran = {(r["study"], r["sku"]) for r in night.rows}
     kept = [r for r in old if not (r["date"] == date and (r["study"], r["sku"]) in ran)]
-    write_rows(table, kept + night.rows)
-    (out / date).mkdir(parents=True, exist_ok=True)
-    (out / date / "summary.md").write_text(summary_markdown(night, threshold), encoding="utf-8")
-    (out / date / "summary.json").write_text(json.dumps(night.to_dict(), indent=2) + "\n",
-                                             encoding="utf-8")
+    history.write_many({
+        RESULTS_FILE: rows_csv(kept + night.rows),
+        f"{date}/summary.md": summary_markdown(night, threshold),
+        f"{date}/summary.json": json.dumps(night.to_dict(), indent=2) + "\n"})
     return night
 
 

@@ -70,9 +70,16 @@ def test_rank_picks_top_file_and_missing_rank_lists_available(result_dir: Path) 
 
 def test_no_overwrite_without_force_then_force(result_dir: Path) -> None:
     assert run(str(result_dir), "--format", "megatron")[0] == 0
+    script = result_dir / "export" / "best" / "megatron.sh"
+    before = script.stat().st_mtime_ns
+    assert run(str(result_dir), "--format", "megatron")[0] == 0  # its own file: a no-op rerun
+    assert script.stat().st_mtime_ns == before
+    script.write_text("# the user's own script\n")
     code, out = run(str(result_dir), "--format", "megatron")
     assert code == 2 and "--force" in out
+    assert script.read_text() == "# the user's own script\n"
     assert run(str(result_dir), "--format", "megatron", "--force")[0] == 0
+    assert script.read_text() != "# the user's own script\n"
 
 
 def test_plan_file_input_refusal_exits_nonzero(tmp_path: Path) -> None:

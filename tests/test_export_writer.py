@@ -23,7 +23,7 @@ def test_writes_files_and_marks_scripts_executable(tmp_path: Path) -> None:
 
 
 def test_refuses_to_overwrite_without_force_and_writes_nothing(tmp_path: Path) -> None:
-    write_exports({"a.sh": "old\n"}, tmp_path)
+    (tmp_path / "a.sh").write_text("old\n")  # a file no export wrote
     with pytest.raises(ExportExists, match="--force"):
         write_exports({"b.sh": "new\n", "a.sh": "new\n"}, tmp_path)
     assert (tmp_path / "a.sh").read_text() == "old\n"
@@ -55,3 +55,24 @@ def test_refuses_to_replace_a_folder(tmp_path: Path) -> None:
     (tmp_path / "cfg.json").mkdir()
     with pytest.raises(ExportError, match="folder"):
         write_exports({"cfg.json": "x"}, tmp_path, force=True)
+
+
+def test_a_rerun_replaces_only_what_an_export_wrote(tmp_path: Path) -> None:
+    write_exports({"a.sh": "one\n", "b.json": "{}\n"}, tmp_path)
+    write_exports({"a.sh": "two\n", "b.json": "{}\n"}, tmp_path)  # its own files: no --force
+    assert (tmp_path / "a.sh").read_text() == "two\n"
+    (tmp_path / "b.json").write_text('{"edited": true}\n')  # the user's now
+    with pytest.raises(ExportExists, match="b.json"):
+        write_exports({"a.sh": "three\n", "b.json": "{}\n"}, tmp_path)
+    assert (tmp_path / "a.sh").read_text() == "two\n"
+    assert (tmp_path / "b.json").read_text() == '{"edited": true}\n'
+
+
+def test_files_follow_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o027)
+    try:
+        write_exports({"run.sh": "x\n", "cfg.json": "{}\n"}, tmp_path)
+    finally:
+        os.umask(old)
+    assert (tmp_path / "run.sh").stat().st_mode & 0o777 == 0o750
+    assert (tmp_path / "cfg.json").stat().st_mode & 0o777 == 0o640

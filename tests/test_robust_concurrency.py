@@ -59,6 +59,8 @@ def check_trials(study: optuna.Study, result: StudyResult, single: StudyResult) 
     assert not [t for t in held if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     numbers = [t.number for t in held]
     assert sorted(numbers) == list(range(len(held))), "no trial recorded twice or skipped"
+    units = [t.user_attrs["unit"] for t in complete]
+    assert len(set(units)) == len(units), "no parallel layout judged twice (the claim)"
     assert result.search["trials_this_run"] == TRIALS
     assert result.best is not None and single.best is not None
     # the optimum, though not always the same plan: the model ties layouts that move the same

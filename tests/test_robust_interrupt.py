@@ -266,6 +266,7 @@ def test_workers_die_with_their_command(tmp_path: Path, how: signal.Signals) -> 
     complete = [t for t in after if t.state == TrialState.COMPLETE]
     assert len(complete) == LONG
     assert len({t.number for t in after}) == len(after)
+    assert len({t.user_attrs["unit"] for t in complete}) == LONG, "a layout judged twice"
     assert all(completed(out)[n] == v for n, v in before.items())
 
 

@@ -141,7 +141,7 @@ def test_a_failed_write_keeps_the_previous_result_file(tmp_path: Path,
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(files.os, "replace", broken_replace)
-    with pytest.raises(OSError):
+    with pytest.raises(files.OutputError, match=r"^cannot write .*result.json: No space left"):
         files.write_atomic(target, '{"trials": 2}\n' * 1000)
     monkeypatch.undo()
     assert target.read_text() == '{"trials": 1}\n'

@@ -22,8 +22,9 @@ from costmodel import rules
 from costmodel.estimate import check_plan, estimate_batch
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import Plan, SpecError
-from search.files import write_atomic
+from search.files import MIB, OutputError, check_target, read_input, write_atomic
 from search.measured import KNOBS, Case, CaseError, case_from_row
+from tcf_search.errors import user_errors
 
 if TYPE_CHECKING:  # pandas loads when a command reads a CSV, not with the command line
     import pandas as pd
@@ -139,10 +140,16 @@ def predict_frame(frame: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+MAX_CSV_BYTES = 256 * MIB
+
+
 def predict_csv(src: Path, dst: Path) -> pd.DataFrame:
+    import io
+
     import pandas as pd
 
-    frame = pd.read_csv(src, dtype=str, keep_default_na=False)
+    data = read_input(src, "CASES.csv", MAX_CSV_BYTES)  # a regular file, bounded: never a FIFO
+    frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False)
     result = predict_frame(frame)
     write_atomic(dst, result.to_csv(index=False))
     return result
@@ -156,9 +163,14 @@ def predict_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="A JSON summary on stdout.")] = False,
 ) -> None:
     """Predict every row of CASES.csv (measured_runs.csv schema) into OUT.csv."""
-    if not cases.is_file():
+    if not cases.exists():
         typer.echo(f"error: CASES.csv: no such file: {cases}", err=True)
         raise typer.Exit(2)
+    try:
+        check_target(output)  # a device, FIFO, folder or symlink is never replaced
+    except OutputError as exc:
+        typer.echo(f"error: -o: {exc}", err=True)
+        raise typer.Exit(2) from None
     if output.exists() and not force:
         typer.echo(f"error: -o: {output} exists; pass --force to overwrite", err=True)
         raise typer.Exit(2)
@@ -168,7 +180,8 @@ def predict_cmd(
     import pandas as pd
 
     try:
-        result = predict_csv(cases, output)
+        with user_errors():
+            result = predict_csv(cases, output)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         typer.echo(f"error: CASES.csv: not a readable CSV ({str(e).splitlines()[0]})", err=True)
         raise typer.Exit(2) from None

@@ -11,7 +11,8 @@ import yaml
 
 from costmodel import Plan
 from costmodel.errors import TcfError
-from search.planfile import load_plan_file
+from search.files import read_input
+from search.planfile import MAX_PLAN_FILE_BYTES, load_plan_file
 from search.specs import Specs, build_specs, plan_file_specs
 from search.study import load_study
 from tcf_search.explain.planspec import PlanSpecError, check, parse_plan
@@ -34,9 +35,11 @@ class Subject:
 
 
 def is_plan_file(path: Path) -> bool:
+    """Whether ``path`` holds a plan file (else it is read as a study). What cannot be read
+    here (a FIFO, a device, a huge file) is left to the study reader, which says why."""
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        doc = yaml.safe_load(read_input(path, "STUDY", MAX_PLAN_FILE_BYTES).decode("utf-8"))
+    except (TcfError, UnicodeDecodeError, yaml.YAMLError, ValueError, RecursionError):
         return False
     return isinstance(doc, dict) and "format_version" in doc and "plan" in doc
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,37 +33,77 @@ class ExportReport:
         return dataclasses.asdict(self)
 
 
+def _kinds() -> dict[str, tuple[type, bool]]:
+    """Per export option: the type of its value and whether it may be None (not given)."""
+    defaults = ExportOptions()
+    return {f.name: (type(getattr(defaults, f.name)) if getattr(defaults, f.name) is not None
+                     else str, "None" in str(f.type)) for f in dataclasses.fields(ExportOptions)}
+
+
+def _option(key: str, value: Any, kind: type, optional: bool) -> Any:
+    where = f"export.options.{key}"
+    if value is None:
+        if optional:
+            return None
+        raise ExportError(f"{where} must be given as {kind.__name__}, but got null")
+    if kind is str:
+        if not isinstance(value, str):
+            raise ExportError(f"{where} must be text, but got {value!r} (quote it in YAML)")
+        return value
+    if kind in (int, float):
+        if isinstance(value, str):
+            try:
+                value = kind(value)
+            except ValueError:
+                raise ExportError(f"{where} must be a number, but got {value!r}") from None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ExportError(f"{where} must be a number, but got {value!r}")
+        if kind is int and not isinstance(value, int):
+            if not float(value).is_integer():
+                raise ExportError(f"{where} must be an integer, but got {value!r}")
+            value = int(value)
+        if not math.isfinite(value) or abs(value) >= 2**53:
+            raise ExportError(f"{where} must be a finite number below 2**53, but got {value!r}")
+        return kind(value)
+    return value
+
+
 def options_from_mapping(raw: Mapping[str, Any] | None) -> ExportOptions:
-    """ExportOptions from a study's ``export.options`` mapping; unknown keys are errors."""
+    """ExportOptions from a study's ``export.options`` mapping; unknown keys, values of the wrong
+    type, null for an option that needs a value and numbers that are not finite are errors."""
     raw = dict(raw or {})
-    names = {f.name for f in dataclasses.fields(ExportOptions)}
-    unknown = sorted(set(raw) - names)
+    kinds = _kinds()
+    unknown = sorted(set(raw) - set(kinds))
     if unknown:
         raise ExportError(f"export.options.{unknown[0]}: unknown key "
-                          f"(valid: {', '.join(sorted(names))})")
-    defaults = ExportOptions()
-    for key, value in raw.items():
-        kind = type(getattr(defaults, key))
-        if kind in (int, float) and isinstance(value, str):
-            try:
-                raw[key] = kind(value)
-            except ValueError:
-                raise ExportError(f"export.options.{key} must be a number, "
-                                  f"but got {value!r}") from None
+                          f"(valid: {', '.join(sorted(kinds))})")
+    values = {key: _option(key, value, *kinds[key]) for key, value in raw.items()}
     try:
-        return ExportOptions(**raw)
+        return ExportOptions(**values)
     except TypeError as e:
         raise ExportError(f"export.options: {e}") from None
 
 
 def parse_settings(items: Sequence[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs; values are YAML scalars (``1000``, ``3e-4``, ``null``, text)."""
+    """``KEY=VALUE`` pairs. A text option takes VALUE verbatim (``null`` or ``~``: not given);
+    a number is read as a YAML scalar (``1000``, ``3e-4``)."""
+    kinds = _kinds()
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
+        key = key.strip()
         if not sep or not key:
             raise ExportError(f"--set takes KEY=VALUE, but got {item!r}")
-        out[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        kind = kinds.get(key, (str, True))[0]
+        if value.strip() in ("null", "~", "Null", "NULL"):
+            out[key] = None
+        elif kind is str or not value.strip():
+            out[key] = value
+        else:
+            try:
+                out[key] = yaml.safe_load(value)
+            except (yaml.YAMLError, ValueError, RecursionError):
+                raise ExportError(f"--set {key}: not a number, but got {value!r}") from None
     return out
 
 

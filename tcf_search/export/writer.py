@@ -1,10 +1,15 @@
-"""The one place exports touch the disk: checked paths, no silent overwrite, atomic writes."""
+"""The one place exports touch the disk: checked paths, no silent overwrite, atomic writes.
+
+The output policy is :class:`search.files.Output`'s: an export replaces only files an earlier
+export wrote (so a rerun re-exports in place), anything else only with ``force``; devices,
+FIFOs, folders and symbolic links are never replaced.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-from search.files import write_atomic
+from search.files import Output, OutputError, OutputExists
 
 from .options import ExportError
 
@@ -15,32 +20,16 @@ class ExportExists(ExportError):
     """Refusing to overwrite existing files without ``force``."""
 
 
-def _target(root: Path, name: str) -> Path:
-    rel = PurePosixPath(name)
-    if not name or rel.is_absolute() or ".." in rel.parts or "\\" in name:
-        raise ExportError(f"export file name must be a relative path inside the output folder, "
-                          f"but got {name!r}")
-    path = root.joinpath(*rel.parts)
-    # resolve() follows symlinks, so a planted link pointing outside is caught too.
-    if not path.resolve().is_relative_to(root.resolve()):
-        raise ExportError(f"export file {name!r} resolves outside the output folder {root}")
-    if path.is_dir():
-        raise ExportError(f"export file {name!r} is an existing folder in {root}")
-    return path
-
-
 def write_exports(files: dict[str, str], out_dir: str | Path, force: bool = False) -> list[Path]:
     """Write ``files`` (relative name -> text) under ``out_dir``. Every name is checked, and
-    existing files are refused unless ``force``, before the first write; each file then lands
-    whole by temp file + ``os.replace``. Scripts (.sh, .sbatch) are made executable."""
-    root = Path(out_dir)
-    targets = {name: _target(root, name) for name in files}
-    existing = sorted(str(p) for p in targets.values() if p.exists() or p.is_symlink())
-    if existing and not force:
-        raise ExportExists(f"refusing to overwrite {', '.join(existing)}; pass --force to replace")
-    written: list[Path] = []
-    for name, text in files.items():
-        path = targets[name]
-        mode = 0o755 if path.suffix in EXECUTABLE_SUFFIXES else 0o644
-        written.append(write_atomic(path, text, mode=mode))
-    return written
+    files an export did not write are refused unless ``force``, before the first write; each
+    file then lands whole by temp file + ``os.replace``. Scripts (.sh, .sbatch) are executable."""
+    try:
+        out = Output(Path(out_dir), "export", force=force)
+        modes = {name: 0o777 if Path(name).suffix in EXECUTABLE_SUFFIXES else 0o666
+                 for name in files}
+        return out.write_many(files, modes)
+    except OutputExists as exc:
+        raise ExportExists(str(exc)) from None
+    except OutputError as exc:
+        raise ExportError(str(exc)) from None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from search.files import write_atomic
+from search.files import Output
 from tcf_search.report.data import ReportError, load_result
 
 
@@ -38,7 +38,10 @@ def _explain_best(folder: Path, study: Path | None) -> tuple[str | None, str | N
 
 
 def build_report(folder: Path, out_html: Path, png_dir: Path | None = None,
-                 study: Path | None = None) -> ReportFiles:
+                 study: Path | None = None, *, force: bool = False) -> ReportFiles:
+    """Write the report by the output policy of :class:`search.files.Output`: the HTML file
+    and the PNGs replace only files a report wrote (anything else needs ``force``), all
+    checked before the first write."""
     try:
         from tcf_search.report import plots
     except ImportError as exc:  # matplotlib is the ``report`` extra
@@ -46,18 +49,21 @@ def build_report(folder: Path, out_html: Path, png_dir: Path | None = None,
                           f"({exc})") from None
     from tcf_search.report.html import page
 
+    html_out = Output(out_html.parent, "report", force=force)
+    html_out.check([html_out.path(out_html.name)])
+    png_out = Output(png_dir, "report", force=force) if png_dir is not None else None
     data = load_result(folder)
     figures: dict[str, str] = {}
-    pngs: list[Path] = []
+    pngs: dict[str, bytes] = {}
     for name, draw in plots.FIGURES:
         fig = draw(data)
         if fig is None:
             continue
         png = plots.png_bytes(fig)
         figures[name] = plots.img_tag(png, name.replace("_", " "))
-        if png_dir is not None:
-            pngs.append(write_atomic(png_dir / f"{name}.png", png))
+        pngs[f"{name}.png"] = png
     explain_html, note = _explain_best(folder, study)
     notes = [note] if note else []
-    write_atomic(out_html, page(data, figures, explain_html, notes))
-    return ReportFiles(html=out_html, pngs=pngs, figures=list(figures), notes=notes)
+    written = png_out.write_many(pngs) if png_out is not None else []
+    html_out.write(out_html.name, page(data, figures, explain_html, notes))
+    return ReportFiles(html=out_html, pngs=written, figures=list(figures), notes=notes)

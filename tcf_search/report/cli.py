@@ -25,6 +25,8 @@ def report_cmd(
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")
                         ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing.")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace files at the outputs that no report wrote.")] = False,
 ) -> None:
     """One self-contained HTML report (and PNG figures) of a finished study."""
     from tcf_search.report.build import build_report
@@ -32,7 +34,7 @@ def report_cmd(
     out = output or result / "report.html"
     pngs = None if no_png else (png_dir or result / "report_png")
     with user_errors():
-        files = build_report(result, out, pngs, study)
+        files = build_report(result, out, pngs, study, force=force)
     if json_out:
         typer.echo(json.dumps(files.to_dict(), indent=2))
     elif not quiet:

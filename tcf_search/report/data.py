@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from costmodel.errors import TcfError
+from search.files import MIB, InputError, read_input
+
+MAX_RESULT_BYTES = 1024 * MIB
 
 
 class ReportError(TcfError):
@@ -66,10 +70,13 @@ def _int(raw: str | None) -> int | None:
 
 
 def read_trials(path: Path) -> list[Trial]:
-    if not path.is_file():
+    if not path.exists():
         return []
-    with path.open(newline="", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+    try:
+        text = read_input(path, "RESULT", MAX_RESULT_BYTES).decode("utf-8")
+        rows = list(csv.DictReader(io.StringIO(text, newline="")))
+    except (InputError, UnicodeDecodeError, csv.Error) as exc:
+        raise ReportError(f"{path}: not a readable trials table ({exc})") from None
     out = []
     for row in rows:
         number = _int(row.get("number"))
@@ -88,12 +95,14 @@ def load_result(folder: Path) -> ResultData:
     path = folder / "result.json"
     if not folder.is_dir():
         raise ReportError(f"RESULT: {folder} is not a folder (give a study's result folder)")
-    if not path.is_file():
+    if not path.exists():
         raise ReportError(f"RESULT: {path} is missing (run the study first)")
     try:
-        result = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{path}: not valid JSON ({exc})") from None
+        result = json.loads(read_input(path, "RESULT", MAX_RESULT_BYTES).decode("utf-8"))
+    except InputError as exc:
+        raise ReportError(str(exc)) from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ReportError(f"{path}: not valid JSON ({str(exc)[:120]})") from None
     if not isinstance(result, dict) or "cells" not in result or "top" not in result:
         raise ReportError(f"{path}: not a tcf-search result (needs keys top and cells)")
     return ResultData(folder=folder, result=result, trials=read_trials(folder / "trials.csv"))
