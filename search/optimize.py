@@ -25,7 +25,7 @@ from optuna.trial import TrialState
 
 from costmodel import PLAN_KEYS
 from search.evaluate import Evaluator
-from search.storage import SearchError, StorageSpec, quiet
+from search.storage import SearchError, StorageSpec, quiet, signals_deferred
 
 MAX_FAILURES = 20  # trials failing in a row (a bug, not bad luck) before a worker gives up
 
@@ -180,6 +180,7 @@ def _worker(ev: Evaluator, spec: StorageSpec, name: str, quota: int, sampler: st
     # Ctrl-C must not land inside a journal append (it would leave Optuna's lock held and the
     # trial RUNNING): the worker finishes its trial and stops.
     signal.signal(signal.SIGINT, _stop_after_trial)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the deferring handler forked with it
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=name, storage=spec.open())
     try:
@@ -210,9 +211,12 @@ def run_workers(ev: Evaluator, study: optuna.Study, spec: StorageSpec, target: i
     procs = [ctx.Process(target=_worker, daemon=False,
                          args=(ev, spec, study.study_name, q, sampler, seed, w, target))
              for w, q in enumerate(shares)]
-    for p in procs:
-        p.start()
     try:
+        # A Ctrl-C while forking would land in the at-fork hooks (logging's lock release) and
+        # print "Exception ignored": it is held until every worker has started, then raised.
+        with signals_deferred():
+            for p in procs:
+                p.start()
         while any(p.is_alive() for p in procs):
             time.sleep(poll_s)
             if progress is not None:

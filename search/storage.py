@@ -60,7 +60,7 @@ class JournalFile(JournalFileBackend):
                 + "\n").encode("utf-8")
         path = self._file_path
         # Ctrl-C or SIGTERM inside the lock's release leaves a stale lock file.
-        with _signals_deferred():
+        with signals_deferred():
             try:
                 self._lock.acquire()
             except OSError as exc:
@@ -179,7 +179,7 @@ def check_journal(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
+def signals_deferred() -> Iterator[None]:
     """Hold a SIGINT or SIGTERM that arrives inside the block and deliver it to the handler in
     place once the block is done (main thread only: Python handles signals there)."""
     if threading.current_thread() is not threading.main_thread():
@@ -202,7 +202,7 @@ def _signals_deferred() -> Iterator[None]:
                 os.kill(os.getpid(), sig)
 
 
-_sigint_deferred = _signals_deferred  # the name tests/test_robust_interrupt.py knows
+_sigint_deferred = signals_deferred  # the name tests/test_robust_interrupt.py knows
 
 
 @dataclass(frozen=True, slots=True)
