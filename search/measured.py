@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from costmodel.errors import TcfError
+from costmodel.mapping import counted_split
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
 from hardware_catalog import CatalogError, get_gpu
 from hardware_catalog.frameworks import resolve_framework
@@ -15,7 +16,12 @@ from search.specs import cluster_spec, training_spec
 
 __all__ = ["Case", "CaseError", "case_from_row"]
 
-KNOBS: tuple[str, ...] = ("micro_batch", "recompute", "zero_stage", "vpp", "sequence_parallel")
+KNOBS: tuple[str, ...] = ("micro_batch", "recompute", "zero_stage", "vpp", "sequence_parallel",
+                          "first_stage_layers", "last_stage_layers")
+# The pipeline split: given when any of these cells is; the last two are Megatron-LM's
+# account_for_embedding/loss_in_pipeline_split (costmodel.mapping.counted_split).
+SPLIT_COLUMNS: tuple[str, ...] = ("first_stage_layers", "last_stage_layers",
+                                  "embedding_in_pipeline_split", "loss_in_pipeline_split")
 # The schema gives the interconnect only inside `notes` ("gpu as published: A100 80GB (1600Gbps
 # RoCE)"); words there that name a fabric of hardware_catalog/fabrics.yaml. Selene is NVIDIA's
 # DGX SuperPOD on HDR InfiniBand (Narayanan et al., SC21, sec. 5.1). A `fabric` column wins.
@@ -82,6 +88,25 @@ def row_fabric(row: Mapping[str, object]) -> str:
     return next((fid for word, fid in FABRIC_WORDS if word in hardware), "")
 
 
+def row_split(row: Mapping[str, object], layers: int, pp: int) -> tuple[int, int]:
+    """The first and last pipeline ranks' layers a row gives (0 = even split). Megatron-LM
+    refuses first/last stage counts together with the embedding or the loss counted as layers
+    (megatron/core/transformer/transformer_config.py, ``__post_init__``); so does this."""
+    first, last = _int(row, "first_stage_layers", 0), _int(row, "last_stage_layers", 0)
+    emb, loss = _bool(row, "embedding_in_pipeline_split"), _bool(row, "loss_in_pipeline_split")
+    if not (emb or loss):
+        return first, last
+    if first or last:
+        raise CaseError("first_stage_layers, last_stage_layers: cannot be given with "
+                        "embedding_in_pipeline_split or loss_in_pipeline_split (Megatron-LM)")
+    counted = counted_split(layers, pp, emb, loss)
+    if counted[0] < 0:
+        units = layers + int(emb) + int(loss)
+        raise CaseError(f"embedding_in_pipeline_split, loss_in_pipeline_split: {units} layers "
+                        f"counting them must split evenly over pp={pp} ranks, >= 2 a rank")
+    return counted
+
+
 def case_from_row(row: Mapping[str, object]) -> Case:
     model = ModelSpec(
         name=_cell(row, "model_name") or "model",
@@ -104,18 +129,23 @@ def case_from_row(row: Mapping[str, object]) -> Case:
     training = training_spec(framework=framework, precision=_cell(row, "precision") or "bf16",
                              seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
                              compile=_bool(row, "compile"))
-    given = frozenset(k for k in KNOBS if _cell(row, k))
-    tp = _int(row, "tp", 1)
+    given = {k for k in KNOBS if _cell(row, k)}
+    if any(_cell(row, k) for k in SPLIT_COLUMNS):
+        given |= {"first_stage_layers", "last_stage_layers"}
+    tp, pp = _int(row, "tp", 1), _int(row, "pp", 1)
+    first, last = row_split(row, model.layers, pp)
     recompute = _cell(row, "recompute") or "none"
     sp_default = tp > 1
     plan = Plan(
-        tp=tp, pp=_int(row, "pp", 1), dp=_int(row, "dp", 1), cp=_int(row, "cp", 1),
+        tp=tp, pp=pp, dp=_int(row, "dp", 1), cp=_int(row, "cp", 1),
         ep=_int(row, "ep", 1), vpp=_int(row, "vpp", 1), zero_stage=_int(row, "zero_stage", 0),
         micro_batch=_int(row, "micro_batch", 1),
         recompute=recompute,  # type: ignore[arg-type]
         sequence_parallel=_bool(row, "sequence_parallel", sp_default) and tp > 1,
+        first_stage_layers=first, last_stage_layers=last,
     )
-    return Case(model=model, cluster=cluster, plan=plan, training=training, given=given,
+    return Case(model=model, cluster=cluster, plan=plan, training=training,
+                given=frozenset(given),
                 framework=framework)
 
 

@@ -91,11 +91,11 @@ class Specs:
 
 
 def search_switches(*, uneven_pipeline: bool, tp_in_node: bool) -> Switches:
-    """The rules' switches in a search: the study's, whole chunks per pipeline stage
-    (Megatron-LM's rule; pinned first/last stages come from the CP-SAT stage, for
-    non-interleaved layouts only) and one plan of each set the model cannot tell apart."""
+    """The rules' switches in a search: the study's, chunks Megatron-LM's own flags build
+    (pinned first/last stages come from the CP-SAT stage, after the rules: ``split_later``)
+    and one plan of each set the model cannot tell apart."""
     return Switches(uneven_pipeline=uneven_pipeline, uneven_chunks=False, tp_in_node=tp_in_node,
-                    canonical=True)
+                    split_later=uneven_pipeline, canonical=True)
 
 
 def cluster_spec(gpu: GpuSpec, num_gpus: int, gpus_per_node: int, fabric: str) -> ClusterSpec:
