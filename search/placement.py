@@ -23,6 +23,7 @@ with numpy for thousands of layouts at once. Tests check they agree on every sub
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
 
@@ -91,17 +92,21 @@ def objective_key(layers: int, longest: np.ndarray | int, r: np.ndarray | int,
             + (layers - n_middle))
 
 
+@cache
 def candidates(layers: int, pp: int, shift: bool, vpp: int = 1) -> np.ndarray:
     """All placements (n_first, n_middle, n_last) of ``layers`` on ``pp`` stages, as rows; with
     vpp > 1 chunks only those Megatron builds (:func:`costmodel.mapping.launchable_chunks`)."""
     rows = _splits(layers, pp, shift)
+    rows.flags.writeable = False  # cached: shared by every caller
     if vpp <= 1 or len(rows) == 0:
         return rows
     pinned = plan_fields(layers, np.asarray(pp), np.asarray(False),
                          np.column_stack([rows, np.zeros(len(rows), dtype=int)]))
     ok = launchable_chunks(layers, pp, vpp, pinned["first_stage_layers"],
                            pinned["last_stage_layers"])
-    return rows[ok]
+    out = rows[ok]
+    out.flags.writeable = False
+    return out
 
 
 def _splits(layers: int, pp: int, shift: bool) -> np.ndarray:

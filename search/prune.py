@@ -27,6 +27,7 @@ from search.placement import (
     STAGE_NAMES,
     Placement,
     Subproblem,
+    candidates,
     objective_weights,
     solve_many,
     stages_of,
@@ -96,27 +97,6 @@ def screen(cols: dict[str, np.ndarray], cap: dict[str, np.ndarray], layers: int,
     return np.where(uneven, fits_uneven, fits_even)
 
 
-def _launchable_chunks(m: cp_model.CpModel, n: dict[str, cp_model.IntVar], v: int, L: int
-                       ) -> None:
-    """The split makes v chunks a rank that Megatron builds with its own flags
-    (``costmodel.mapping.launchable_chunks``): every count a multiple of v (the first/last stage
-    flags), or the embedding and the loss counted as layers: c units a rank, c a multiple of v,
-    the middle ranks c layers and the ends c or c - 1."""
-    counted = m.new_bool_var("counted")
-    for s, var in n.items():
-        k = m.new_int_var(0, L // v, f"k_{s}")
-        m.add(var == v * k).only_enforce_if(~counted)
-    kc = m.new_int_var(1, L // v + 1, "k_c")
-    c = m.new_int_var(v, v * (L // v + 1), "c")
-    m.add(c == v * kc)
-    for s, var in n.items():
-        if s == "middle":
-            m.add(var == c).only_enforce_if(counted)
-        else:
-            m.add(var <= c).only_enforce_if(counted)
-            m.add(var >= c - 1).only_enforce_if(counted)
-
-
 def solve_placement(sp: Subproblem) -> Placement | None:
     """The placement model in CP-SAT; None when no placement fits."""
     L, pp = sp.layers, sp.pp
@@ -131,8 +111,12 @@ def solve_placement(sp: Subproblem) -> Placement | None:
         n = {s: m.new_int_var(1, cap[s], f"n_{s}") for s in stages}
         count = {"first": 1, "middle": pp - 2, "last": 1}
         m.add(sum(count[s] * n[s] for s in stages) == L)
-        if sp.vpp > 1:
-            _launchable_chunks(m, n, sp.vpp, L)
+        if sp.vpp > 1:  # the splits Megatron builds with vpp chunks (search.placement)
+            rows = candidates(L, pp, True, sp.vpp)
+            if len(rows) == 0:
+                return None
+            ends = [n["first"], n.get("middle", n["first"]), n.get("last", n["first"])]
+            m.add_allowed_assignments(ends, [tuple(int(x) for x in r) for r in rows])
     else:  # even split only (vpp > 1, or the study keeps stages even)
         if L % pp or min(cap.values()) < L // pp:
             return None

@@ -4,10 +4,9 @@ not, and name the same first rule."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import itertools
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest

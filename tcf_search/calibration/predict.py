@@ -5,8 +5,8 @@ evaluated and the fastest plan that fits is chosen (the one with least memory if
 choice is reported in ``pred_choice_<knob>``. The pipeline split is a knob: with none of
 ``first_stage_layers``, ``last_stage_layers``, ``embedding_in_pipeline_split``,
 ``loss_in_pipeline_split`` given, the even split and the launchable uneven ones near it are
-evaluated, and the first and last ranks' layers of the choice are reported. A row the model cannot handle gets a message in
-``pred_error`` and no crash.
+evaluated, and the first and last ranks' layers of the choice are reported. A row the model
+cannot handle gets a message in ``pred_error`` and no crash.
 """
 
 from __future__ import annotations
