@@ -121,7 +121,7 @@ class Evaluator:
                 raise AssertionError(f"CP-SAT found no placement for feasible layout {best}")
             row = {a: int(self.stage.cols[a][best]) for a in AXES}
             row.update(placement.plan_fields(self.specs.model.layers, row["pp"],
-                                             row["recompute"] == 2))
+                                             row["recompute"] == 2, row["vpp"]))
             plan = plan_from_row(row)
             out = estimate_batch(self.specs.model, self.specs.cluster, self.specs.training,
                                  plans_to_arrays([plan]))
@@ -138,7 +138,7 @@ class Evaluator:
         assert ok.all(), "the screen and the placement disagree"
         cols = plan_arrays({a: self.stage.cols[a][idx] for a in AXES})
         cols.update(plan_fields(self.specs.model.layers, cols["pp"], cols["recompute"] == 2,
-                                rows))
+                                rows, cols["vpp"]))
         out = estimate_batch(self.specs.model, self.specs.cluster, self.specs.training, cols)
         return cols, out
 

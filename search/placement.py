@@ -57,19 +57,21 @@ class Placement:
     n_last: int
     recomputed: int
 
-    def plan_fields(self, layers: int, pp: int, full: bool) -> dict[str, int]:
+    def plan_fields(self, layers: int, pp: int, full: bool, vpp: int = 1) -> dict[str, int]:
         """The ``Plan`` fields: 0 means an even split / all layers recomputed."""
         f = plan_fields(layers, np.asarray(pp), np.asarray(full), np.asarray([
-            [self.n_first, self.n_middle, self.n_last, self.recomputed]]))
+            [self.n_first, self.n_middle, self.n_last, self.recomputed]]), np.asarray(vpp))
         return {k: int(v[0]) for k, v in f.items()}
 
 
-def plan_fields(layers: int, pp: np.ndarray, full: np.ndarray, rows: np.ndarray
-                ) -> dict[str, np.ndarray]:
+def plan_fields(layers: int, pp: np.ndarray, full: np.ndarray, rows: np.ndarray,
+                vpp: np.ndarray | int = 1) -> dict[str, np.ndarray]:
     """Placements ``(n_first, n_middle, n_last, r)`` as ``Plan`` columns, where 0 means an even
-    split (first/last stage layers) and all layers (recompute_layers)."""
+    split (first/last stage layers; only where vpp chunks split it evenly too, else the counts
+    are written out) and all layers (recompute_layers)."""
     nf, nm, nl, r = rows.T
-    even = (layers % pp == 0) & (nf == layers // pp) & (nl == layers // pp)
+    even = ((layers % (pp * np.asarray(vpp)) == 0) & (nf == layers // pp)
+            & (nl == layers // pp))
     uneven = (pp > 1) & ~even
     most = np.maximum(np.maximum(nf, np.where(pp > 2, nm, 0)), np.where(pp > 1, nl, 0))
     return {"first_stage_layers": np.where(uneven, nf, 0),
@@ -100,10 +102,9 @@ def candidates(layers: int, pp: int, shift: bool, vpp: int = 1) -> np.ndarray:
     rows.flags.writeable = False  # cached: shared by every caller
     if vpp <= 1 or len(rows) == 0:
         return rows
-    pinned = plan_fields(layers, np.asarray(pp), np.asarray(False),
-                         np.column_stack([rows, np.zeros(len(rows), dtype=int)]))
-    ok = launchable_chunks(layers, pp, vpp, pinned["first_stage_layers"],
-                           pinned["last_stage_layers"])
+    # as pinned counts: an even-looking split is launchable when the counts are (47 + 47 on
+    # pp 2, vpp 3: the embedding and loss counted), though 94 % (2 * 3) != 0
+    ok = launchable_chunks(layers, pp, vpp, rows[:, 0], rows[:, 2])
     out = rows[ok]
     out.flags.writeable = False
     return out

@@ -140,7 +140,8 @@ def test_cpsat_placement_fits_and_is_optimal() -> None:
         placement = stage.place(i)
         assert placement is not None
         row = {a: int(stage.cols[a][i]) for a in AXES}
-        row.update(placement.plan_fields(specs.model.layers, row["pp"], row["recompute"] == 2))
+        row.update(placement.plan_fields(specs.model.layers, row["pp"], row["recompute"] == 2,
+                                         row["vpp"]))
         plan = plan_from_row(row)
         assert estimate(specs.model, specs.cluster, plan, specs.training).memory.fits
         best = min(proxy_key(specs, stage, p) for p in plans)
