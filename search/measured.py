@@ -7,6 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from costmodel.attention import MLA_FIELDS, MlaError, MlaSpec
 from costmodel.errors import TcfError
 from costmodel.mapping import counted_split
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
@@ -107,17 +108,33 @@ def row_split(row: Mapping[str, object], layers: int, pp: int) -> tuple[int, int
     return counted
 
 
+def row_mla(row: Mapping[str, object]) -> MlaSpec | None:
+    """Multi-head latent attention from the optional columns of the same names (all of
+    kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim; q_lora_rank may be empty)."""
+    if not _cell(row, "kv_lora_rank"):
+        return None
+    try:
+        return MlaSpec(q_lora_rank=_int(row, "q_lora_rank", 0),
+                       **{k: _int(row, k) for k in MLA_FIELDS if k != "q_lora_rank"})
+    except MlaError as e:
+        raise CaseError(str(e)) from None
+
+
 def case_from_row(row: Mapping[str, object]) -> Case:
+    mla = row_mla(row)
+    heads = _int(row, "heads")
     model = ModelSpec(
         name=_cell(row, "model_name") or "model",
         layers=_int(row, "layers"), hidden=_int(row, "hidden"),
         ffn_hidden=_int(row, "ffn_hidden"), heads=_int(row, "heads"),
-        kv_heads=_int(row, "kv_heads", _int(row, "heads")), vocab=_int(row, "vocab"),
+        kv_heads=heads if mla else _int(row, "kv_heads", heads), vocab=_int(row, "vocab"),
         ffn_type=(_cell(row, "ffn_type") or "swiglu"),  # type: ignore[arg-type]
         tied_embeddings=_bool(row, "tied_embeddings"),
         moe_experts=_int(row, "moe_experts", 0), moe_topk=_int(row, "moe_topk", 0),
         moe_ffn_hidden=_int(row, "moe_ffn_hidden", 0),
         moe_shared_experts=_int(row, "moe_shared_experts", 0),
+        mla=mla, head_dim=mla.v_head_dim if mla else 0, qkv_bias=_bool(row, "qkv_bias"),
+        sliding_window=_int(row, "sliding_window", 0),
     )
     gpu = get_gpu(_cell(row, "gpu"))
     try:

@@ -63,7 +63,7 @@ def candidates(case: Case) -> list[Plan]:
         "sequence_parallel": ([p.sequence_parallel] if "sequence_parallel" in given or p.tp == 1
                               else [False, True]),
     }
-    plans = []
+    plans: list[Plan] = []
     for values in itertools.product(*axes.values()):
         try:
             plan = replace(p, **dict(zip(axes, values, strict=True)))  # type: ignore[arg-type]

@@ -114,8 +114,8 @@ def split_args(f: LaunchView) -> list[Group]:
                                           ("--decoder-last-pipeline-num-layers", f.last)) if n]
     first, last = stages[0], stages[-1]
     c = stages[1] if f.pp > 2 else max(first, last) + int(first == last)
-    return ([("--account-for-embedding-in-pipeline-split",)] * (c - first)
-            + [("--account-for-loss-in-pipeline-split",)] * (c - last))
+    out: list[Group] = [("--account-for-embedding-in-pipeline-split",)] * (c - first)
+    return out + [("--account-for-loss-in-pipeline-split",)] * (c - last)
 
 
 def precision_args(precision: str) -> Group:
