@@ -96,12 +96,14 @@ class Specs:
     switches: Switches = dataclasses.field(default_factory=Switches)
 
 
-def search_switches(*, uneven_pipeline: bool, tp_in_node: bool) -> Switches:
-    """The rules' switches in a search: the study's, chunks Megatron-LM's own flags build
-    (pinned first/last stages come from the CP-SAT stage, after the rules: ``split_later``)
-    and one plan of each set the model cannot tell apart."""
+def search_switches(*, uneven_pipeline: bool, tp_in_node: bool, split_later: bool = False
+                    ) -> Switches:
+    """The rules' switches in a search: the study's, chunks Megatron-LM's own flags build, and
+    one plan of each set the model cannot tell apart. ``split_later``: the space's own rules,
+    before the CP-SAT stage pins the first/last stages (a plan, as explain reads it, has its
+    split already)."""
     return Switches(uneven_pipeline=uneven_pipeline, uneven_chunks=False, tp_in_node=tp_in_node,
-                    split_later=uneven_pipeline, canonical=True)
+                    split_later=split_later and uneven_pipeline, canonical=True)
 
 
 def cluster_spec(gpu: GpuSpec, num_gpus: int, gpus_per_node: int, fabric: str) -> ClusterSpec:

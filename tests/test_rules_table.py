@@ -15,7 +15,14 @@ from costmodel import Plan, SpecError, check_plan, rules
 from costmodel.mapping import rank_split, stage_counts, stage_layers
 from costmodel.plans import as_plan_arrays
 from search.planfile import PlanFile
-from search.space import SearchSpace, build_space, enumerate_layouts, plan_from_row, violations
+from search.space import (
+    SearchSpace,
+    build_space,
+    enumerate_layouts,
+    plan_from_row,
+    space_facts,
+    violations,
+)
 from search.specs import Specs, build_specs
 from search.study import load_study, parse_study
 from tcf_search.explain.planspec import PlanSpecError, apply_change, format_plan, parse_plan
@@ -110,9 +117,11 @@ def test_search_generates_only_plans_the_table_accepts(specs: Specs, space: Sear
     layouts = enumerate_layouts(space)
     assert 0 < len(layouts) < space.size
     cols = layouts.columns
+    # before the CP-SAT stage pins the split: the space's switches (split_later)
+    switches = space_facts(space).switches
     for i in range(0, len(layouts), max(1, len(layouts) // 200)):
         plan = plan_from_row({a: int(v[i]) for a, v in cols.items()})
-        check_plan(specs.model, specs.cluster, plan, specs.training, specs.switches)
+        check_plan(specs.model, specs.cluster, plan, specs.training, switches)
 
 
 def test_uneven_interleaved_405b_gets_one_verdict() -> None:
@@ -130,6 +139,8 @@ def test_uneven_interleaved_405b_gets_one_verdict() -> None:
                 first_stage_layers=7, last_stage_layers=7)
     assert not violations(build_space(study, specs), plan)
     check_plan(specs.model, specs.cluster, plan, specs.training, specs.switches)
+    with pytest.raises(PlanSpecError, match="vpp_layers: "):  # no split given: 126 % 64 != 0
+        parse_plan(text.replace(",first_stage_layers=7,last_stage_layers=7", ""), specs)
     odd = text.replace("first_stage_layers=7,last_stage_layers=7",
                        "first_stage_layers=6,last_stage_layers=8")
     with pytest.raises(PlanSpecError, match="vpp_layers: .*first_stage_layers=6"):
