@@ -77,6 +77,9 @@ def test_megatron_export_counts_the_embedding_and_the_loss() -> None:
     assert "--account-for" not in flags
     with pytest.raises(ExportRefused, match="vpp_layers"):
         render("megatron", _plan_405b(6, 8))
+    nemo = render("nemo", _plan_405b(7, 7))["nemo.sh"]  # Megatron-Bridge: the same fields
+    assert "model.account_for_embedding_in_pipeline_split=true" in nemo
+    assert "num_layers_in_first_pipeline_stage" not in nemo
 
 
 def test_virtual_chunks_leave_the_embedding_and_loss_slot_empty() -> None:
