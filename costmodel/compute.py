@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodel.attention import causal_keys, qk_dim, qkv_params, v_dim
+from costmodel.attention import rope_elems as rope_width
 from costmodel.mapping import StageLayers, expert_tp
 from costmodel.params import attention_params
 from costmodel.plans import PlanArrays
@@ -174,7 +176,7 @@ def _elementwise(model: ModelSpec, tr: Training, kn: Kernels) -> _Elementwise:
     """Per token, in elements: two norms (read+write) and two residual adds (2 reads + 1 write)
     act on the full width unless sequence parallel shards them; RoPE and the activation function
     act on TP-sharded tensors."""
-    h, f, a, g, d = model.hidden, model.ffn_hidden, model.heads, model.kv_heads, model.d_head
+    h, f = model.hidden, model.ffn_hidden
     gated = model.ffn_type == "swiglu"
     if tr.fused_elementwise:
         norm_elems, rope_elems, act_per_f = 2.0, 2.0, 3.0 if gated else 2.0
@@ -185,7 +187,7 @@ def _elementwise(model: ModelSpec, tr: Training, kn: Kernels) -> _Elementwise:
         kernels_fwd = EAGER_FWD_KERNELS_PER_LAYER
     replicated = (2.0 * norm_elems + 6.0) * h / np.where(kn.sp, kn.tp, 1.0)
     act_elems = act_per_f * f
-    sharded = (rope_elems * (a + g) * d + act_elems) / kn.tp
+    sharded = (rope_elems * rope_width(model) + act_elems) / kn.tp
     return _Elementwise(fwd_s=kn.tokens * (replicated + sharded) * kn.act / kn.hbm,
                         replicated=replicated, rope_elems=rope_elems, act_elems=act_elems,
                         kernels_fwd=kernels_fwd,
@@ -194,15 +196,17 @@ def _elementwise(model: ModelSpec, tr: Training, kn: Kernels) -> _Elementwise:
 
 def _attention_fwd(model: ModelSpec, tr: Training, kn: Kernels) -> np.ndarray:
     gpu, eff = kn.cluster.gpu, kn.cluster.gpu.efficiency
-    a, d, s, M = model.heads, model.d_head, float(tr.seq_len), kn.tokens
+    a, s, M = model.heads, float(tr.seq_len), kn.tokens
+    dqv = float(qk_dim(model) + v_dim(model))  # scores over d_qk, values over d_v
     if tr.flash_attention:
-        attn_flops_fwd = 4.0 * M * (s / 2.0) * a * d / kn.tp  # causal: half the keys on average
+        # causal: half the keys on average, or the sliding window's
+        attn_flops_fwd = 2.0 * M * causal_keys(model, tr.seq_len) * a * dqv / kn.tp
         attn_eff = eff.attention_peak_fraction
         if tr.attention_kernel == "flash3" and gpu.family in FLASH3_FAMILIES:
             attn_eff = min(attn_eff * FLASH3_OVER_FLASH2, 1.0)
         return attn_flops_fwd / (gpu.peak_flops_bf16 * attn_eff) + _cp_split_s(model, kn)
     # two batched GEMMs over all s x s scores, and the scores through softmax in HBM
-    attn_flops_fwd = 4.0 * M * s * a * d / kn.tp
+    attn_flops_fwd = 2.0 * M * s * a * dqv / kn.tp
     return (attn_flops_fwd / (gpu.peak_flops_bf16 * eff.gemm_peak_fraction)
             + 4.0 * kn.act * M * s * a / kn.tp / kn.hbm)
 
@@ -213,7 +217,7 @@ def _cp_split_s(model: ModelSpec, kn: Kernels) -> np.ndarray:
     partial output into the running one by their log-sum-exp (read both, write one). Ring and
     all-gather variants alike (Megatron-Core's / Transformer Engine's p2p ring, PyTorch's
     templated ring attention)."""
-    out_bytes = kn.tokens * model.heads / kn.tp * model.d_head * kn.act
+    out_bytes = kn.tokens * model.heads / kn.tp * v_dim(model) * kn.act
     merge_s = 3.0 * out_bytes / kn.hbm + kn.cluster.gpu.efficiency.kernel_overhead_s
     return (kn.cp - 1.0) * (kn.cluster.gpu.efficiency.kernel_overhead_s + merge_s)
 
@@ -241,10 +245,10 @@ class _DenseLayer:
 
 
 def _dense_layer(model: ModelSpec, tr: Training, kn: Kernels) -> _DenseLayer:
-    h, f, a, g, d = model.hidden, model.ffn_hidden, model.heads, model.kv_heads, model.d_head
+    h, f, a = model.hidden, model.ffn_hidden, model.heads
     tp = kn.tp
-    qkv = kn.gemm((a + 2 * g) * d / tp, float(h), split=True)
-    out = kn.gemm(float(h), a * d / tp, split=True)
+    qkv = kn.gemm(qkv_params(model) / h / tp, float(h), split=True)
+    out = kn.gemm(float(h), a * v_dim(model) / tp, split=True)
     n_up = 2.0 * f if model.ffn_type == "swiglu" else float(f)
     mlp = kn.gemm(n_up / tp, float(h), split=True) + kn.gemm(float(h), f / tp, split=True)
     gemm_s = qkv + out + mlp
@@ -267,7 +271,7 @@ class _MoeLayer:
 
 
 def _moe_layer(model: ModelSpec, p: PlanArrays, kn: Kernels, dense: _DenseLayer) -> _MoeLayer:
-    h, f, a, g, d = model.hidden, model.ffn_hidden, model.heads, model.kv_heads, model.d_head
+    h, f = model.hidden, model.ffn_hidden
     fe, topk, E = model.expert_ffn_hidden, model.moe_topk, model.moe_experts
     M, tp, elem = kn.tokens, kn.tp, dense.elem
     n_up_e = 2.0 * fe if model.ffn_type == "swiglu" else float(fe)
@@ -292,7 +296,8 @@ def _moe_layer(model: ModelSpec, p: PlanArrays, kn: Kernels, dense: _DenseLayer)
     moe_mlp = routed + shared + router + permute
     gemm_s = dense.qkv_s + dense.out_s + moe_mlp
     elem_s = M * (elem.replicated
-                  + (elem.rope_elems * (a + g) * d + topk * (elem.act_elems / f) * fe) / tp)
+                  + (elem.rope_elems * rope_width(model) + topk * (elem.act_elems / f) * fe)
+                  / tp)
     elem_s = elem_s * kn.act / kn.hbm
     kernels = 2.0  # router, permute, grouped GEMMs, unpermute, combine on top of attention
     fwd, bwd = _fwd_bwd(gemm_s, dense.attention_s, elem_s, elem.overhead_fwd_s, kernels)

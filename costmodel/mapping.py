@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from costmodel.plans import PlanArrays
 
@@ -80,6 +81,69 @@ def stage_counts(num_layers: int, pp: int, first: int, last: int) -> tuple[int, 
         return (num_layers,)
     ends = int(split.first[0]), int(split.last[0])
     return (ends[0], *[int(split.middle[0])] * (pp - 2), ends[1])
+
+
+def counted_split(num_layers: int, pp: int, embedding: bool, loss: bool) -> tuple[int, int]:
+    """First and last pipeline ranks' transformer layers when the embedding and the loss count
+    as one layer each (Megatron-LM's ``account_for_embedding_in_pipeline_split`` and
+    ``account_for_loss_in_pipeline_split``, megatron/core/transformer/transformer_config.py,
+    ``__post_init__``): the ``layers + e + l`` units split evenly over the pp ranks, so rank 0
+    holds one transformer layer fewer for the embedding and the last rank one fewer for the loss.
+    (0, 0) when neither counts (an even split); (-1, -1) when the units do not split evenly or a
+    rank would hold no transformer layer. Example: 126 layers, pp 16, both counted: 128 / 16 = 8
+    units a rank, so 7 + 14 * 8 + 7 (Llama 3.1 405B, Dubey et al. 2024, sec. 3.3)."""
+    if not (embedding or loss):
+        return 0, 0
+    units = num_layers + int(embedding) + int(loss)
+    share = units // pp
+    if pp < 2 or units % pp or share - 1 < 1:
+        return -1, -1
+    return share - int(embedding), share - int(loss)
+
+
+def launchable_chunks(num_layers: int, pp: ArrayLike, vpp: ArrayLike, first: ArrayLike,
+                      last: ArrayLike) -> np.ndarray:
+    """Whether Megatron-LM builds vpp model chunks per rank from this split with its own flags
+    (transformer_config.py ``__post_init__`` and megatron/training/arguments.py):
+
+    * even (nothing pinned): ``layers % (pp * vpp) == 0``;
+    * ``--decoder-first/last-pipeline-num-layers``: the first, last and each middle rank's
+      layers are each divisible by vpp;
+    * ``--account-for-embedding/loss-in-pipeline-split``: the ranks hold c - e, c, ..., c - l
+      layers (e, l in {0, 1}) with c divisible by vpp; the embedding and the loss fill the
+      first and last chunk's missing layer.
+
+    Any other split needs ``--pipeline-model-parallel-layout`` (see ``Switches.uneven_chunks``).
+    """
+    pp, vpp, first, last = (np.asarray(x, dtype=np.int64) for x in (pp, vpp, first, last))
+    split, _ = rank_split(num_layers, pp, first, last)
+    nf, nm, nl = split.first, split.middle, split.last
+    v = np.maximum(vpp, 1)
+    flags = (nf % v == 0) & (nl % v == 0) & ((pp <= 2) | (nm % v == 0))
+    hi, lo = np.maximum(nf, nl), np.minimum(nf, nl)
+    # c: the units a rank holds; the middle ranks' layers, or with pp == 2 the larger end (or
+    # one more when both ends give a layer to the embedding and the loss)
+    counted_mid = (nm % v == 0) & (nf <= nm) & (nf >= nm - 1) & (nl <= nm) & (nl >= nm - 1)
+    counted_two = (((hi % v == 0) & (lo >= hi - 1)) | ((nf == nl) & ((nf + 1) % v == 0)))
+    counted = np.where(pp > 2, counted_mid, counted_two)
+    pinned = (first > 0) | (last > 0)
+    even = num_layers % np.maximum(pp * v, 1) == 0
+    return (vpp <= 1) | np.where(pinned, flags | counted, even)
+
+
+def chunk_split_exists(num_layers: int, pp: ArrayLike, vpp: ArrayLike) -> np.ndarray:
+    """Whether some split of the layers over pp ranks passes :func:`launchable_chunks` (the
+    search places the split after its rules run): whole chunks of the first/last flags
+    (``layers % vpp == 0`` and ``vpp`` layers a rank at least), or the embedding and/or the
+    loss counted (``(layers + k) % (pp * vpp) == 0`` for k = 0, 1, 2, a rank holding 2 or more
+    units when any is counted)."""
+    pp, vpp = (np.asarray(x, dtype=np.int64) for x in (pp, vpp))
+    L, v = num_layers, np.maximum(vpp, 1)
+    flags = (L % v == 0) & (L >= pp * v)
+    counted = np.zeros(np.broadcast(pp, vpp).shape, dtype=bool)
+    for k in (0, 1, 2):
+        counted |= ((L + k) % (pp * v) == 0) & ((L + k) // np.maximum(pp, 1) >= 1 + (k > 0))
+    return (vpp <= 1) | ((pp > 1) & (flags | counted))
 
 
 def micro_batches(global_batch: int, p: PlanArrays) -> np.ndarray:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodel.attention import qk_dim, qkv_act_elems, score_keys, v_dim
 from costmodel.mapping import (
     STAGES,
     StageLayers,
@@ -93,7 +94,7 @@ def activation_bytes_per_layer(model: ModelSpec, tr: Training,
                                p: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(stored under the plan's recompute mode, stored when fully recomputed, all of a layer)
     for one micro-batch, before the calibrated ``activation_factor``."""
-    h, f, a, g, d = model.hidden, model.ffn_hidden, model.heads, model.kv_heads, model.d_head
+    h, f, a = model.hidden, model.ffn_hidden, model.heads
     tp = p.tp.astype(float)
     sp_div = np.where(p.sequence_parallel > 0, tp, 1.0)
     M = p.micro_batch * tr.seq_len / p.cp  # tokens of a micro-batch on this GPU
@@ -101,9 +102,12 @@ def activation_bytes_per_layer(model: ModelSpec, tr: Training,
     outside = 8.0 * M * h / sp_div
     if tr.sp_saves_gathered_input:  # the two norm outputs also kept whole, as gathered
         outside = outside + 4.0 * M * h * (1.0 - 1.0 / sp_div)
-    attention = (2.0 * M * (a + 2 * g) * d + 2.0 * M * a * d) / tp + 4.0 * M * a / tp
+    # q, k, v as attention reads them (MLA: up-projected, and its latents), the attention
+    # output, and the log-sum-exp
+    attention = ((2.0 * M * qkv_act_elems(model) + 2.0 * M * a * v_dim(model)) / tp
+                 + 4.0 * M * a / tp)
     if not tr.flash_attention:  # fp16 scores, fp32 softmax output (Korthikanti: 5as/h terms)
-        attention = attention + 5.0 * M * tr.seq_len * a / tp
+        attention = attention + 5.0 * M * score_keys(model, tr.seq_len) * a / tp
     if model.is_moe:
         fe, k = model.expert_ffn_hidden, model.moe_topk + model.moe_shared_experts
         width = k * fe
@@ -120,7 +124,7 @@ def activation_bytes_per_layer(model: ModelSpec, tr: Training,
         outside = outside - 2.0 * M * h / sp_div
         if tr.sp_saves_gathered_input:
             outside = outside - 2.0 * M * h * (1.0 - 1.0 / sp_div)
-        attention = attention - M * a * d / tp
+        attention = attention - M * a * v_dim(model) / tp
         mlp_all = mlp_all - M * width / tp
         mlp_selective = mlp_selective - M * width / tp
     full_layer = outside + attention + mlp_all
@@ -128,7 +132,8 @@ def activation_bytes_per_layer(model: ModelSpec, tr: Training,
         # torchtitan's op-level policy keeps the layer's input, the outputs of the GEMMs it
         # does not recompute (q, v, the MLP's first and, gated, its last), attention's output
         # and log-sum-exp, and the TP reduce-scatters' outputs; the rest is recomputed
-        saved_mm = (2.0 * a + g) * d / tp + width / tp + (h if gated else 0.0)
+        qk, v = qk_dim(model), v_dim(model)
+        saved_mm = (a * qk + model.kv_heads * v + a * v) / tp + width / tp + (h if gated else 0.0)
         rs = np.where(tp > 1, 2.0 * h / sp_div, 0.0)
         selective = 2.0 * M * (h / sp_div + saved_mm + rs) + 4.0 * M * a / tp + routing
     else:

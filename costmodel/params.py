@@ -8,13 +8,14 @@ and Kaplan et al. (2020).
 
 from __future__ import annotations
 
+from costmodel.attention import out_params, qk_dim, qkv_params, score_keys, v_dim
 from costmodel.specs import ModelSpec
 
 
 def attention_params(m: ModelSpec) -> int:
-    """Q, K, V and output projections: h*(a*d) + 2*h*(g*d) + (a*d)*h."""
-    h, a, g, d = m.hidden, m.heads, m.kv_heads, m.d_head
-    return h * a * d + 2 * h * g * d + a * d * h
+    """Q, K, V and output projections: h*(a*d) + 2*h*(g*d) + (a*d)*h for grouped-query
+    attention; MLA's low-rank factors (costmodel.attention.qkv_params)."""
+    return qkv_params(m) + out_params(m)
 
 
 def mlp_matrices(m: ModelSpec) -> int:
@@ -64,7 +65,10 @@ def active_params(m: ModelSpec) -> int:
 
 def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
     """Training FLOPs per token, the PaLM/Megatron convention: 6·N_active (embedding lookup
-    excluded, LM head included) + 12·L·(a·d)·s for attention scores, no causal halving."""
+    excluded, LM head included) + 6·L·a·(d_qk + d_v)·s for attention scores and values
+    (12·L·(a·d)·s when d_qk = d_v = d), no causal halving; s is the window under sliding-window
+    attention."""
     n_matmul = active_params(m) - m.hidden - (0 if m.tied_embeddings else embedding_params(m))
     n_matmul -= m.layers * norm_params(m)
-    return 6.0 * n_matmul + 12.0 * m.layers * m.heads * m.d_head * seq_len
+    keys = score_keys(m, seq_len)
+    return 6.0 * n_matmul + 6.0 * m.layers * m.heads * (qk_dim(m) + v_dim(m)) * keys

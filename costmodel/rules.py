@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from costmodel.mapping import rank_split
+from costmodel.mapping import chunk_split_exists, launchable_chunks, rank_split
 from costmodel.specs import (
     RECOMPUTE_CODES,
     SCHEDULE_CODES,
@@ -55,13 +55,16 @@ class Switches:
         (Megatron-LM's ``--decoder-first/last-pipeline-num-layers``), and, with neither pinned,
         a layer count that pp does not divide goes to the first stages (nanotron); off, layers
         must split evenly. The search's study switch: the CP-SAT stage places the ends later.
-    uneven_chunks: with pinned first/last stages, a stage's layers need not split into vpp
-        equal chunks (torchtitan and Llama 3's own stack put fewer layers in some chunks;
-        Megatron-LM does the same when it counts the embedding and the loss as layers,
-        ``account_for_*_in_pipeline_split``). Off: Megatron-LM's rule, every stage holds whole
-        chunks. An even split (nothing pinned) holds whole chunks either way, as
+    uneven_chunks: with pinned first/last stages, any split makes vpp chunks (torchtitan's
+        per-stage module lists, Megatron-LM's ``--pipeline-model-parallel-layout``). Off: only
+        the splits Megatron-LM's first/last stage flags or its ``account_for_*_in_pipeline_split``
+        switches build (:func:`costmodel.mapping.launchable_chunks`). An even split (nothing
+        pinned) needs ``layers % (pp * vpp) == 0`` either way, as
         ``--num-layers-per-virtual-pipeline-stage`` requires.
     tp_in_node: tensor parallelism stays inside one NVLink domain (a study switch).
+    split_later: the first/last stage layers are chosen after the rules run (the search's
+        CP-SAT stage): an interleaved layout with no split yet holds when some split Megatron-LM
+        launches exists (:func:`costmodel.mapping.chunk_split_exists`; needs uneven_pipeline).
     canonical: generate one plan of a set the cost model cannot tell apart (the search):
         ZeRO with no data-parallel rank to shard over is ZeRO-0, GPipe without a pipeline is
         1F1B. Not a validity rule: such plans run.
@@ -70,6 +73,7 @@ class Switches:
     uneven_pipeline: bool = True
     uneven_chunks: bool = True
     tp_in_node: bool = False
+    split_later: bool = False
     canonical: bool = False
 
 
@@ -94,6 +98,7 @@ class Facts:
                 "global_batch": self.global_batch, "num_gpus": self.num_gpus,
                 "nvlink_domain": self.nvlink_domain, "uneven_pipeline": s.uneven_pipeline,
                 "uneven_chunks": s.uneven_chunks, "tp_in_node": s.tp_in_node,
+                "split_later": s.split_later,
                 "canonical": s.canonical}
 
 
@@ -132,18 +137,18 @@ def _pipeline_split(c: Columns, f: Facts) -> np.ndarray:
 
 
 def _whole_chunks(c: Columns, f: Facts) -> np.ndarray:
-    """Every pipeline stage's layers split into vpp equal chunks (Megatron-LM: an even split
-    needs layers % (pp * vpp) == 0, megatron/training/arguments.py; pinned first/last stages and
-    each middle stage need their own counts % vpp == 0, transformer_config.py "Uneven PP").
-    ``uneven_chunks`` lifts it for a pinned split (see :class:`Switches`)."""
+    """Every pipeline stage's layers make vpp chunks Megatron-LM builds with its own flags
+    (:func:`costmodel.mapping.launchable_chunks`: an even split, the first/last stage flags, or
+    the embedding and the loss counted as layers). ``uneven_chunks`` lifts it for a pinned
+    split; ``split_later`` (the search) asks only that some such split exist."""
     pp, vpp = c["pp"], c["vpp"]
     first, last = c["first_stage_layers"], c["last_stage_layers"]
-    split, _ = rank_split(f.layers, pp, first, last)
-    pinned_ok = (((first == 0) | (first % vpp == 0)) & ((last == 0) | (last % vpp == 0))
-                 & (split.middle % vpp == 0)) | f.switches.uneven_chunks
-    even_ok = f.layers % (pp * vpp) == 0
-    chunks_ok = np.where((first > 0) | (last > 0), pinned_ok, even_ok)
-    return (vpp == 1) | ((pp > 1) & chunks_ok)
+    pinned = (first > 0) | (last > 0)
+    ok = launchable_chunks(f.layers, pp, vpp, first, last)
+    ok = ok | (pinned & f.switches.uneven_chunks)
+    later = chunk_split_exists(f.layers, pp, vpp) & f.switches.uneven_pipeline
+    ok = ok | (~pinned & f.switches.split_later & later)
+    return (vpp == 1) | ((pp > 1) & ok)
 
 
 def _schedule(c: Columns, f: Facts) -> np.ndarray:
@@ -172,9 +177,10 @@ RULES: tuple[Rule, ...] = (
          _pipeline_split),
     Rule("vpp_layers", ("vpp", "pp", "first_stage_layers", "last_stage_layers"),
          ("layers", "uneven_chunks"),
-         "vpp == 1, or pp > 1 and every stage's layers split into vpp whole chunks: layers % "
-         "(pp * vpp) == 0 for an even split, each stage's layers % vpp == 0 for a pinned split "
-         "(unless uneven_chunks)",
+         "vpp == 1, or pp > 1 and the stages' layers make vpp chunks a launcher builds: layers % "
+         "(pp * vpp) == 0 for an even split; for a pinned split each stage's layers % vpp == 0, "
+         "or the ends one layer short of the middle's c with c % vpp == 0 (the embedding and "
+         "the loss counted as layers), unless uneven_chunks",
          _whole_chunks),
     # load-balanced causal context parallelism cuts each sequence into 2 * cp chunks
     # (megatron/training/arguments.py: seq_length % (context_parallel_size * 2) == 0)

@@ -11,6 +11,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Literal
 
+from costmodel.attention import MlaSpec
 from costmodel.errors import SpecError, require_positive
 from costmodel.hardware import ClusterSpec, Efficiency, GpuSpec
 
@@ -51,6 +52,9 @@ class ModelSpec:
     moe_ffn_hidden: int = 0
     moe_shared_experts: int = 0
     moe_dense_layers: int = 0
+    mla: MlaSpec | None = None  # multi-head latent attention (costmodel.attention)
+    qkv_bias: bool = False  # biases on the Q, K and V projections (Qwen2.x)
+    sliding_window: int = 0  # tokens each query attends to at most (0: the whole sequence)
 
     def __post_init__(self) -> None:
         require_positive("model", layers=self.layers, hidden=self.hidden,
@@ -71,6 +75,8 @@ class ModelSpec:
         if self.moe_experts and not 0 < self.moe_topk <= self.moe_experts:
             raise SpecError(f"model.moe_topk must be in 1..moe_experts={self.moe_experts}, "
                             f"but got moe_topk={self.moe_topk}")
+        if self.sliding_window < 0:
+            raise SpecError(f"model.sliding_window must be >= 0, but got {self.sliding_window}")
         if not 0 <= self.moe_dense_layers <= self.layers:
             raise SpecError(f"model.moe_dense_layers must be in 0..layers, "
                             f"but got {self.moe_dense_layers}")

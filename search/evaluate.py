@@ -128,7 +128,7 @@ class Evaluator:
                     f"partial_recompute: false, or fewer layers or pp values")
             row = {a: int(self.stage.cols[a][best]) for a in AXES}
             row.update(placement.plan_fields(self.specs.model.layers, row["pp"],
-                                             row["recompute"] == 2))
+                                             row["recompute"] == 2, row["vpp"]))
             plan = plan_from_row(row)
             out = estimate_batch(self.specs.model, self.specs.cluster, self.specs.training,
                                  plans_to_arrays([plan]))
@@ -145,7 +145,7 @@ class Evaluator:
         assert ok.all(), "the screen and the placement disagree"
         cols = plan_arrays({a: self.stage.cols[a][idx] for a in AXES})
         cols.update(plan_fields(self.specs.model.layers, cols["pp"], cols["recompute"] == 2,
-                                rows))
+                                rows, cols["vpp"]))
         out = estimate_batch(self.specs.model, self.specs.cluster, self.specs.training, cols)
         return cols, out
 

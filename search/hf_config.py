@@ -1,16 +1,21 @@
 """Read a Hugging Face ``config.json`` into a :class:`costmodel.ModelSpec`.
 
 Covers the decoder families the presets come from: Llama/Mistral, Mixtral, Qwen2/Qwen3 (dense and
-MoE), DeepSeek-V2/V3 and GPT-2-style configs. DeepSeek's multi-head latent attention is
-approximated as MHA with ``v_head_dim``-sized heads, as in the ``deepseek-v3`` preset.
+MoE), DeepSeek-V2/V3 and Kimi K2 (multi-head latent attention: ``kv_lora_rank`` and friends,
+transformers' ``DeepseekV3Config``), GPT-2-style configs. QKV biases (Qwen2's
+``Qwen2Attention`` always has them; ``attention_bias`` elsewhere) and a sliding window
+(``sliding_window``, off where ``use_sliding_window`` is false) are read. A key that changes the
+cost and is not modelled is named in one warning line (logger ``tcf_search``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
+from costmodel.attention import MlaSpec
 from costmodel.errors import TcfError
 from costmodel.specs import ModelSpec, SpecError
 from search.files import MIB, InputError, read_input
@@ -59,6 +64,46 @@ def _moe_fields(cfg: dict[str, Any], layers: int, ffn: int) -> dict[str, int]:
             "moe_shared_experts": shared, "moe_dense_layers": min(dense_layers, layers)}
 
 
+LOG = logging.getLogger("tcf_search")
+QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")  # transformers' Qwen2Attention: q, k, v with bias
+
+
+def _mla(cfg: dict[str, Any]) -> MlaSpec | None:
+    if "kv_lora_rank" not in cfg:
+        return None
+    return MlaSpec(q_lora_rank=_int(cfg, "q_lora_rank", default=0),
+                   kv_lora_rank=_int(cfg, "kv_lora_rank"),
+                   qk_nope_head_dim=_int(cfg, "qk_nope_head_dim"),
+                   qk_rope_head_dim=_int(cfg, "qk_rope_head_dim"),
+                   v_head_dim=_int(cfg, "v_head_dim"))
+
+
+def _window(cfg: dict[str, Any], layers: int) -> tuple[int, list[str]]:
+    """The sliding window every layer uses, and what of it is not modelled."""
+    w = cfg.get("sliding_window")
+    if not isinstance(w, int) or isinstance(w, bool) or w <= 0 or (
+            cfg.get("use_sliding_window") is False):
+        return 0, []
+    kinds = cfg.get("layer_types")
+    if isinstance(kinds, list) and kinds and any(k != "sliding_attention" for k in kinds):
+        windowed = sum(k == "sliding_attention" for k in kinds)
+        return 0, [f"sliding_window={w} on {windowed} of {layers} layers (layer_types; every "
+                   f"layer modelled with full attention)"]
+    return w, []
+
+
+def _not_modelled(cfg: dict[str, Any]) -> list[str]:
+    out = []
+    if _int(cfg, "num_nextn_predict_layers", default=0):
+        out.append(f"num_nextn_predict_layers={cfg['num_nextn_predict_layers']} (the "
+                   f"multi-token-prediction module is left out)")
+    if cfg.get("mlp_bias"):
+        out.append("mlp_bias=true")
+    if cfg.get("attention_bias") and "o_proj_bias" not in cfg:
+        out.append("attention_bias=true on the output projection (q, k, v biases modelled)")
+    return out
+
+
 def model_from_hf_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
     """The ModelSpec of one parsed ``config.json`` mapping."""
     layers = _int(cfg, "num_hidden_layers", "n_layer")
@@ -69,14 +114,23 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
     head_dim = _int(cfg, "head_dim", default=0)
     if heads <= 0:
         raise HfConfigError(f"config.json num_attention_heads: must be positive (got {heads})")
-    if "kv_lora_rank" in cfg:  # DeepSeek MLA, approximated as MHA (see module docstring)
-        kv_heads = heads
-        head_dim = _int(cfg, "v_head_dim", default=hidden // heads)
+    try:
+        mla = _mla(cfg)
+    except TcfError as exc:
+        raise HfConfigError(f"config.json: {exc}") from None
+    if mla is not None:  # MLA: every head has its own (up-projected) key and value
+        kv_heads, head_dim = heads, mla.v_head_dim
+    window, skipped = _window(cfg, layers)
+    skipped += _not_modelled(cfg)
+    if skipped:
+        LOG.warning("config.json: not modelled: %s", "; ".join(skipped))
     fields: dict[str, Any] = {
         "name": name, "layers": layers, "hidden": hidden, "ffn_hidden": ffn, "heads": heads,
         "kv_heads": kv_heads, "head_dim": head_dim,
         "vocab": _int(cfg, "vocab_size"), "ffn_type": _ffn_type(cfg),
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", "n_embd" in cfg)),
+        "mla": mla, "sliding_window": window,
+        "qkv_bias": bool(cfg.get("attention_bias")) or cfg.get("model_type") in QKV_BIAS_TYPES,
     }
     fields.update(_moe_fields(cfg, layers, ffn))
     try:

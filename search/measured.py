@@ -7,7 +7,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from costmodel.attention import MLA_FIELDS, MlaError, MlaSpec
 from costmodel.errors import TcfError
+from costmodel.mapping import counted_split
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
 from hardware_catalog import CatalogError, get_gpu
 from hardware_catalog.frameworks import resolve_framework
@@ -15,7 +17,12 @@ from search.specs import cluster_spec, training_spec
 
 __all__ = ["Case", "CaseError", "case_from_row"]
 
-KNOBS: tuple[str, ...] = ("micro_batch", "recompute", "zero_stage", "vpp", "sequence_parallel")
+KNOBS: tuple[str, ...] = ("micro_batch", "recompute", "zero_stage", "vpp", "sequence_parallel",
+                          "first_stage_layers", "last_stage_layers")
+# The pipeline split: given when any of these cells is; the last two are Megatron-LM's
+# account_for_embedding/loss_in_pipeline_split (costmodel.mapping.counted_split).
+SPLIT_COLUMNS: tuple[str, ...] = ("first_stage_layers", "last_stage_layers",
+                                  "embedding_in_pipeline_split", "loss_in_pipeline_split")
 # The schema gives the interconnect only inside `notes` ("gpu as published: A100 80GB (1600Gbps
 # RoCE)"); words there that name a fabric of hardware_catalog/fabrics.yaml. Selene is NVIDIA's
 # DGX SuperPOD on HDR InfiniBand (Narayanan et al., SC21, sec. 5.1). A `fabric` column wins.
@@ -82,17 +89,52 @@ def row_fabric(row: Mapping[str, object]) -> str:
     return next((fid for word, fid in FABRIC_WORDS if word in hardware), "")
 
 
+def row_split(row: Mapping[str, object], layers: int, pp: int) -> tuple[int, int]:
+    """The first and last pipeline ranks' layers a row gives (0 = even split). Megatron-LM
+    refuses first/last stage counts together with the embedding or the loss counted as layers
+    (megatron/core/transformer/transformer_config.py, ``__post_init__``); so does this."""
+    first, last = _int(row, "first_stage_layers", 0), _int(row, "last_stage_layers", 0)
+    emb, loss = _bool(row, "embedding_in_pipeline_split"), _bool(row, "loss_in_pipeline_split")
+    if not (emb or loss):
+        return first, last
+    if first or last:
+        raise CaseError("first_stage_layers, last_stage_layers: cannot be given with "
+                        "embedding_in_pipeline_split or loss_in_pipeline_split (Megatron-LM)")
+    counted = counted_split(layers, pp, emb, loss)
+    if counted[0] < 0:
+        units = layers + int(emb) + int(loss)
+        raise CaseError(f"embedding_in_pipeline_split, loss_in_pipeline_split: {units} layers "
+                        f"counting them must split evenly over pp={pp} ranks, >= 2 a rank")
+    return counted
+
+
+def row_mla(row: Mapping[str, object]) -> MlaSpec | None:
+    """Multi-head latent attention from the optional columns of the same names (all of
+    kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim; q_lora_rank may be empty)."""
+    if not _cell(row, "kv_lora_rank"):
+        return None
+    try:
+        return MlaSpec(q_lora_rank=_int(row, "q_lora_rank", 0),
+                       **{k: _int(row, k) for k in MLA_FIELDS if k != "q_lora_rank"})
+    except MlaError as e:
+        raise CaseError(str(e)) from None
+
+
 def case_from_row(row: Mapping[str, object]) -> Case:
+    mla = row_mla(row)
+    heads = _int(row, "heads")
     model = ModelSpec(
         name=_cell(row, "model_name") or "model",
         layers=_int(row, "layers"), hidden=_int(row, "hidden"),
         ffn_hidden=_int(row, "ffn_hidden"), heads=_int(row, "heads"),
-        kv_heads=_int(row, "kv_heads", _int(row, "heads")), vocab=_int(row, "vocab"),
+        kv_heads=heads if mla else _int(row, "kv_heads", heads), vocab=_int(row, "vocab"),
         ffn_type=(_cell(row, "ffn_type") or "swiglu"),  # type: ignore[arg-type]
         tied_embeddings=_bool(row, "tied_embeddings"),
         moe_experts=_int(row, "moe_experts", 0), moe_topk=_int(row, "moe_topk", 0),
         moe_ffn_hidden=_int(row, "moe_ffn_hidden", 0),
         moe_shared_experts=_int(row, "moe_shared_experts", 0),
+        mla=mla, head_dim=mla.v_head_dim if mla else 0, qkv_bias=_bool(row, "qkv_bias"),
+        sliding_window=_int(row, "sliding_window", 0),
     )
     gpu = get_gpu(_cell(row, "gpu"))
     try:
@@ -104,18 +146,23 @@ def case_from_row(row: Mapping[str, object]) -> Case:
     training = training_spec(framework=framework, precision=_cell(row, "precision") or "bf16",
                              seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
                              compile=_bool(row, "compile"))
-    given = frozenset(k for k in KNOBS if _cell(row, k))
-    tp = _int(row, "tp", 1)
+    given = {k for k in KNOBS if _cell(row, k)}
+    if any(_cell(row, k) for k in SPLIT_COLUMNS):
+        given |= {"first_stage_layers", "last_stage_layers"}
+    tp, pp = _int(row, "tp", 1), _int(row, "pp", 1)
+    first, last = row_split(row, model.layers, pp)
     recompute = _cell(row, "recompute") or "none"
     sp_default = tp > 1
     plan = Plan(
-        tp=tp, pp=_int(row, "pp", 1), dp=_int(row, "dp", 1), cp=_int(row, "cp", 1),
+        tp=tp, pp=pp, dp=_int(row, "dp", 1), cp=_int(row, "cp", 1),
         ep=_int(row, "ep", 1), vpp=_int(row, "vpp", 1), zero_stage=_int(row, "zero_stage", 0),
         micro_batch=_int(row, "micro_batch", 1),
         recompute=recompute,  # type: ignore[arg-type]
         sequence_parallel=_bool(row, "sequence_parallel", sp_default) and tp > 1,
+        first_stage_layers=first, last_stage_layers=last,
     )
-    return Case(model=model, cluster=cluster, plan=plan, training=training, given=given,
+    return Case(model=model, cluster=cluster, plan=plan, training=training,
+                given=frozenset(given),
                 framework=framework)
 
 

@@ -16,10 +16,11 @@ from search.stage_memory import stage_bytes
 
 
 def balanced(layers: int, pp: np.ndarray, vpp: np.ndarray) -> dict[str, np.ndarray]:
-    """The most even placement: layers per first, middle and last stage."""
+    """The most even placement: layers per first, middle and last stage (``vpp`` is not read:
+    a miss is explained on the most even split, launchable or not)."""
     mid = layers // pp
     rest = layers - np.maximum(pp - 2, 0) * mid
-    even = (layers % pp == 0) | (vpp > 1)
+    even = layers % pp == 0
     first = np.where(pp == 1, layers, np.where(even, mid, rest // 2))
     last = np.where(pp == 1, layers, np.where(even, mid, rest - rest // 2))
     return {"first": first, "middle": np.where(pp > 2, mid, first), "last": last}

@@ -4,7 +4,10 @@ Given a layout (pp stages, recompute mode) and, per stage, ``need[n]``: the fewe
 recomputed layers with which the stage fits holding n layers (``> n`` when it cannot), choose
 
 * ``n_first``, ``n_middle``, ``n_last`` with ``n_first + (pp-2)*n_middle + n_last = layers``
-  (Megatron's uneven first/last pipeline stages; all equal when ``shift`` is off), and
+  (Megatron's uneven first/last pipeline stages; all equal when ``shift`` is off), which with
+  ``vpp`` > 1 chunks must be a split Megatron builds with its own flags
+  (``costmodel.mapping.launchable_chunks``: each count divisible by vpp, or the ends one short
+  of a middle divisible by vpp, the embedding and the loss counted as layers), and
 * ``r``, the layers per stage fully recomputed (Megatron's ``--recompute-num-layers``; each stage
   recomputes ``min(r, n_stage)``), at least 1 under 'full' recompute and 0 otherwise,
 
@@ -20,8 +23,11 @@ with numpy for thousands of layouts at once. Tests check they agree on every sub
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 import numpy as np
+
+from costmodel.mapping import launchable_chunks
 
 STAGE_NAMES = ("first", "middle", "last")
 
@@ -37,10 +43,11 @@ class Subproblem:
     layers: int
     pp: int
     full: bool  # recompute 'full': r >= 1
-    shift: bool  # uneven first/last stages allowed (vpp == 1 and the study allows it)
+    shift: bool  # uneven first/last stages allowed (the study allows it)
     partial: bool  # fewer than all layers may be recomputed
     head_units: int
     need: tuple[tuple[int, ...], ...]  # per stage of stages_of(pp), for n = 0..layers
+    vpp: int = 1  # model chunks per rank: the split must be one Megatron builds (launchable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,19 +57,21 @@ class Placement:
     n_last: int
     recomputed: int
 
-    def plan_fields(self, layers: int, pp: int, full: bool) -> dict[str, int]:
+    def plan_fields(self, layers: int, pp: int, full: bool, vpp: int = 1) -> dict[str, int]:
         """The ``Plan`` fields: 0 means an even split / all layers recomputed."""
         f = plan_fields(layers, np.asarray(pp), np.asarray(full), np.asarray([
-            [self.n_first, self.n_middle, self.n_last, self.recomputed]]))
+            [self.n_first, self.n_middle, self.n_last, self.recomputed]]), np.asarray(vpp))
         return {k: int(v[0]) for k, v in f.items()}
 
 
-def plan_fields(layers: int, pp: np.ndarray, full: np.ndarray, rows: np.ndarray
-                ) -> dict[str, np.ndarray]:
+def plan_fields(layers: int, pp: np.ndarray, full: np.ndarray, rows: np.ndarray,
+                vpp: np.ndarray | int = 1) -> dict[str, np.ndarray]:
     """Placements ``(n_first, n_middle, n_last, r)`` as ``Plan`` columns, where 0 means an even
-    split (first/last stage layers) and all layers (recompute_layers)."""
+    split (first/last stage layers; only where vpp chunks split it evenly too, else the counts
+    are written out) and all layers (recompute_layers)."""
     nf, nm, nl, r = rows.T
-    even = (layers % pp == 0) & (nf == layers // pp) & (nl == layers // pp)
+    even = ((layers % (pp * np.asarray(vpp)) == 0) & (nf == layers // pp)
+            & (nl == layers // pp))
     uneven = (pp > 1) & ~even
     most = np.maximum(np.maximum(nf, np.where(pp > 2, nm, 0)), np.where(pp > 1, nl, 0))
     return {"first_stage_layers": np.where(uneven, nf, 0),
@@ -85,8 +94,23 @@ def objective_key(layers: int, longest: np.ndarray | int, r: np.ndarray | int,
             + (layers - n_middle))
 
 
-def candidates(layers: int, pp: int, shift: bool) -> np.ndarray:
-    """All placements (n_first, n_middle, n_last) of ``layers`` on ``pp`` stages, as rows."""
+@cache
+def candidates(layers: int, pp: int, shift: bool, vpp: int = 1) -> np.ndarray:
+    """All placements (n_first, n_middle, n_last) of ``layers`` on ``pp`` stages, as rows; with
+    vpp > 1 chunks only those Megatron builds (:func:`costmodel.mapping.launchable_chunks`)."""
+    rows = _splits(layers, pp, shift)
+    rows.flags.writeable = False  # cached: shared by every caller
+    if vpp <= 1 or len(rows) == 0:
+        return rows
+    # as pinned counts: an even-looking split is launchable when the counts are (47 + 47 on
+    # pp 2, vpp 3: the embedding and loss counted), though 94 % (2 * 3) != 0
+    ok = launchable_chunks(layers, pp, vpp, rows[:, 0], rows[:, 2])
+    out = rows[ok]
+    out.flags.writeable = False
+    return out
+
+
+def _splits(layers: int, pp: int, shift: bool) -> np.ndarray:
     L = layers
     if pp == 1:
         return np.array([[L, L, L]])
@@ -103,15 +127,15 @@ def candidates(layers: int, pp: int, shift: bool) -> np.ndarray:
 
 
 def solve_many(need: dict[str, np.ndarray], pp: int, full: np.ndarray, shift: bool,
-               partial: bool, layers: int, head_units: int,
+               partial: bool, layers: int, head_units: int, vpp: int = 1,
                max_cells: int = 2_000_000) -> tuple[np.ndarray, np.ndarray]:
-    """Optimal placements of many layouts sharing ``pp`` and ``shift``.
+    """Optimal placements of many layouts sharing ``pp``, ``shift`` and ``vpp``.
 
     ``need[stage]`` is (layouts x layers+1). Returns ``(rows, ok)``: rows of
     ``(n_first, n_middle, n_last, r)`` and whether any placement fits.
     """
     L = layers
-    cand = candidates(L, pp, shift)
+    cand = candidates(L, pp, shift, vpp)
     k = next(iter(need.values())).shape[0]
     out = np.zeros((k, 4), dtype=np.int64)
     ok = np.zeros(k, dtype=bool)

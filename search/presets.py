@@ -7,7 +7,12 @@ preset approximates it and says so in :data:`APPROXIMATIONS`.
 
 from __future__ import annotations
 
+from costmodel.attention import MlaSpec
 from costmodel.specs import ModelSpec
+
+# DeepSeek-V3's multi-head latent attention (config.json: q_lora_rank, kv_lora_rank, ...)
+DEEPSEEK_V3_MLA = MlaSpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128,
+                          qk_rope_head_dim=64, v_head_dim=128)
 
 PRESETS: dict[str, ModelSpec] = {
     # Llama 3 (Meta, 2024): GQA with 8 KV heads, SwiGLU, 128,256-token vocabulary, untied.
@@ -27,11 +32,18 @@ PRESETS: dict[str, ModelSpec] = {
                               heads=32, kv_heads=8, vocab=32000, moe_experts=8, moe_topk=2,
                               moe_ffn_hidden=14336),
     # DeepSeek-V3 (DeepSeek-AI, 2024): 61 layers, the first 3 dense (18,432 wide), then 256
-    # routed experts of width 2,048, top-8, plus 1 shared expert. MLA: see APPROXIMATIONS.
+    # routed experts of width 2,048, top-8, plus 1 shared expert; multi-head latent attention
+    # (DEEPSEEK_V3_MLA).
     "deepseek-v3": ModelSpec(name="deepseek-v3", layers=61, hidden=7168, ffn_hidden=18432,
                              heads=128, kv_heads=128, head_dim=128, vocab=129280,
                              moe_experts=256, moe_topk=8, moe_ffn_hidden=2048,
-                             moe_shared_experts=1, moe_dense_layers=3),
+                             moe_shared_experts=1, moe_dense_layers=3, mla=DEEPSEEK_V3_MLA),
+    # Kimi K2 (Moonshot AI, 2025, config.json): DeepSeek-V3's shape with 64 heads, 384
+    # experts and one dense layer; 1.04T total, 32B active published
+    "kimi-k2": ModelSpec(name="kimi-k2", layers=61, hidden=7168, ffn_hidden=18432, heads=64,
+                         kv_heads=64, head_dim=128, vocab=163840, moe_experts=384, moe_topk=8,
+                         moe_ffn_hidden=2048, moe_shared_experts=1, moe_dense_layers=1,
+                         mla=DEEPSEEK_V3_MLA),
     # Qwen3 MoE (Qwen team, 2025): GQA with 4 KV heads of 128 dims, 128 experts, top-8, no
     # shared expert, every layer MoE.
     "qwen3-30b-a3b": ModelSpec(name="qwen3-30b-a3b", layers=48, hidden=2048, ffn_hidden=6144,
@@ -48,13 +60,8 @@ PRESETS: dict[str, ModelSpec] = {
 }
 
 APPROXIMATIONS: dict[str, str] = {
-    "deepseek-v3": (
-        "Multi-head latent attention is modelled as MHA with 128 heads of 128 dims: K and V have "
-        "the size they have after up-projection in training (128x128 per token each, vs. 128x192 "
-        "for K in MLA), so attention FLOPs and CP traffic are within ~20%; attention weights are "
-        "over-counted by ~0.28B per layer (~2.6% of 671B total). The multi-token-prediction "
-        "module is left out."
-    ),
+    "deepseek-v3": "The multi-token-prediction module (14B, one layer) is left out: 671B total.",
+    "kimi-k2": "The multi-token-prediction module is left out.",
 }
 
 

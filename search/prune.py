@@ -27,6 +27,7 @@ from search.placement import (
     STAGE_NAMES,
     Placement,
     Subproblem,
+    candidates,
     objective_weights,
     solve_many,
     stages_of,
@@ -80,7 +81,7 @@ def screen(cols: dict[str, np.ndarray], cap: dict[str, np.ndarray], layers: int,
            uneven: bool) -> np.ndarray:
     """Whether some placement fits, for every layout at once."""
     L = layers
-    pp, vpp = cols["pp"], cols["vpp"]
+    pp = cols["pp"]
     cf, cm, cl = cap["first"], cap["middle"], cap["last"]
     even = L // pp
     fits_even = ((L % pp == 0) & (cf >= even) & ((pp < 3) | (cm >= even))
@@ -92,7 +93,8 @@ def screen(cols: dict[str, np.ndarray], cap: dict[str, np.ndarray], layers: int,
         pp == 1, cf >= L,
         np.where(pp == 2, (cf >= 1) & (cl >= 1) & (cf + cl >= L),
                  (cf >= 1) & (cl >= 1) & (lo <= hi)))
-    return np.where(uneven & (vpp == 1), fits_uneven, fits_even)
+    # interleaved layouts: a relaxation here, made exact by the placement (memory_stage)
+    return np.where(uneven, fits_uneven, fits_even)
 
 
 def solve_placement(sp: Subproblem) -> Placement | None:
@@ -109,6 +111,12 @@ def solve_placement(sp: Subproblem) -> Placement | None:
         n = {s: m.new_int_var(1, cap[s], f"n_{s}") for s in stages}
         count = {"first": 1, "middle": pp - 2, "last": 1}
         m.add(sum(count[s] * n[s] for s in stages) == L)
+        if sp.vpp > 1:  # the splits Megatron builds with vpp chunks (search.placement)
+            rows = candidates(L, pp, True, sp.vpp)
+            if len(rows) == 0:
+                return None
+            ends = [n["first"], n.get("middle", n["first"]), n.get("last", n["first"])]
+            m.add_allowed_assignments(ends, [tuple(int(x) for x in r) for r in rows])
     else:  # even split only (vpp > 1, or the study keeps stages even)
         if L % pp or min(cap.values()) < L // pp:
             return None
@@ -178,9 +186,10 @@ class MemoryStage:
         pp = int(self.cols["pp"][i])
         return Subproblem(
             layers=self.space.layers, pp=pp, full=bool(self.cols["recompute"][i] == 2),
-            shift=self.space.uneven_pipeline and int(self.cols["vpp"][i]) == 1,
-            partial=self.space.partial_recompute, head_units=self.head_units,
-            need=tuple(tuple(int(x) for x in self.need[s][i]) for s in stages_of(pp)))
+            shift=self.space.uneven_pipeline, partial=self.space.partial_recompute,
+            head_units=self.head_units,
+            need=tuple(tuple(int(x) for x in self.need[s][i]) for s in stages_of(pp)),
+            vpp=int(self.cols["vpp"][i]))
 
     def place(self, i: int) -> Placement | None:
         """The CP-SAT placement of valid layout ``i`` (cached by subproblem)."""
@@ -196,17 +205,14 @@ class MemoryStage:
         rows = np.zeros((len(index), 4), dtype=np.int64)
         ok = np.zeros(len(index), dtype=bool)
         pp, vpp = self.cols["pp"][index], self.cols["vpp"][index]
-        for p in np.unique(pp):
-            for shift in (False, True):
-                sel = (pp == p) & ((vpp == 1) & self.space.uneven_pipeline == shift)
-                if not sel.any():
-                    continue
-                idx = index[sel]
-                got, fits = solve_many(
-                    {s: self.need[s][idx] for s in stages_of(int(p))}, int(p),
-                    self.cols["recompute"][idx] == 2, shift, self.space.partial_recompute,
-                    self.space.layers, self.head_units)
-                rows[sel], ok[sel] = got, fits
+        for p, v in sorted(set(zip(pp.tolist(), vpp.tolist(), strict=True))):
+            sel = (pp == p) & (vpp == v)
+            idx = index[sel]
+            got, fits = solve_many(
+                {s: self.need[s][idx] for s in stages_of(int(p))}, int(p),
+                self.cols["recompute"][idx] == 2, self.space.uneven_pipeline,
+                self.space.partial_recompute, self.space.layers, self.head_units, int(v))
+            rows[sel], ok[sel] = got, fits
         return rows, ok
 
 
@@ -218,5 +224,12 @@ def memory_stage(specs: Specs, space: SearchSpace, cols: dict[str, np.ndarray],
     terms = stage_terms(specs, plan_arrays(cols))
     need = need_tables(terms, cols["recompute"], space.layers, headroom_gib * GIB)
     feasible = screen(cols, capacities(need), space.layers, space.uneven_pipeline)
-    return MemoryStage(space=space, cols=cols, terms=terms, need=need, feasible=feasible,
-                       head_units=head_cost_units(specs))
+    stage = MemoryStage(space=space, cols=cols, terms=terms, need=need, feasible=feasible,
+                        head_units=head_cost_units(specs))
+    if space.uneven_pipeline:
+        # interleaved and uneven: which splits Megatron builds is not a capacity bound, so
+        # the screen of those layouts is the vectorised placement itself
+        hard = np.flatnonzero(feasible & (cols["vpp"] > 1))
+        if len(hard):
+            feasible[hard] = stage.place_many(hard)[1]
+    return stage

@@ -95,6 +95,16 @@ class Moe(_Section):
     dense_layers: Int = Field(default=0, ge=0)
 
 
+class Mla(_Section):
+    """Multi-head latent attention (costmodel.attention.MlaSpec)."""
+
+    q_lora_rank: Int = Field(default=0, ge=0)  # 0: queries projected directly
+    kv_lora_rank: Int = Field(gt=0)
+    qk_nope_head_dim: Int = Field(gt=0)
+    qk_rope_head_dim: Int = Field(gt=0)
+    v_head_dim: Int = Field(gt=0)
+
+
 class Architecture(_Section):
     layers: Int = Field(gt=0)
     hidden: Int = Field(gt=0)
@@ -106,6 +116,9 @@ class Architecture(_Section):
     ffn_type: Literal["swiglu", "gelu"] = "swiglu"
     tied_embeddings: Bool = False
     moe: Moe | None = None
+    mla: Mla | None = None
+    qkv_bias: Bool = False
+    sliding_window: Int = Field(default=0, ge=0)  # 0: attend to the whole sequence
 
 
 class ModelSection(_Section):

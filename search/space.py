@@ -123,7 +123,8 @@ def space_facts(s: SearchSpace) -> rules.Facts:
         layers=s.layers, heads=s.heads, kv_heads=s.kv_heads, experts=s.experts,
         seq_len=s.seq_len, global_batch=s.global_batch, num_gpus=s.num_gpus,
         nvlink_domain=s.nvlink_domain,
-        switches=search_switches(uneven_pipeline=s.uneven_pipeline, tp_in_node=s.tp_in_node))
+        switches=search_switches(uneven_pipeline=s.uneven_pipeline, tp_in_node=s.tp_in_node,
+                                 split_later=True))
 
 
 def _on_axes(rule: rules.Rule, f: rules.Facts) -> Rule:
@@ -257,6 +258,7 @@ def violations(space: SearchSpace, plan: Plan) -> list[str]:
               for axis in AXES if values[axis] not in space.domains[axis]]
     if values[DERIVED] not in space.domains[DERIVED]:
         broken.append(f"dp_domain: dp in {list(space.domains[DERIVED])}")
-    f = space_facts(space)
+    f = space_facts(space)  # the plan's split is its own: nothing is placed later
+    f = dataclasses.replace(f, switches=dataclasses.replace(f.switches, split_later=False))
     broken += [f"{r.name}: {r.text}" for r in rules.broken(plan, f)]
     return broken

@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from costmodel.attention import MlaSpec
 from costmodel.rules import Switches
 from costmodel.specs import ClusterSpec, GpuSpec, ModelSpec, SpecError, Training
 from hardware_catalog import CatalogError, fabric_fraction, get_gpu, with_overrides
@@ -33,12 +34,17 @@ def build_model(study: Study) -> ModelSpec:
             spec = ModelSpec(
                 name=section.name or study.name or "model", layers=arch.layers,
                 hidden=arch.hidden, ffn_hidden=arch.ffn_hidden, heads=arch.heads,
-                kv_heads=arch.kv_heads or arch.heads, vocab=arch.vocab, head_dim=arch.head_dim,
+                # MLA: every head has its own up-projected key and value
+                kv_heads=(arch.kv_heads if arch.kv_heads and not arch.mla else arch.heads),
+                vocab=arch.vocab,
+                head_dim=arch.head_dim or (arch.mla.v_head_dim if arch.mla else 0),
                 ffn_type=arch.ffn_type, tied_embeddings=arch.tied_embeddings,
                 moe_experts=moe.experts if moe else 0, moe_topk=moe.topk if moe else 0,
                 moe_ffn_hidden=moe.ffn_hidden if moe else 0,
                 moe_shared_experts=moe.shared_experts if moe else 0,
-                moe_dense_layers=moe.dense_layers if moe else 0)
+                moe_dense_layers=moe.dense_layers if moe else 0,
+                mla=MlaSpec(**arch.mla.model_dump()) if arch.mla else None,
+                qkv_bias=arch.qkv_bias, sliding_window=arch.sliding_window)
     except HfConfigError as exc:
         raise StudyError(f"model.hf_config: {exc}") from None
     except SpecError as exc:
@@ -90,12 +96,14 @@ class Specs:
     switches: Switches = dataclasses.field(default_factory=Switches)
 
 
-def search_switches(*, uneven_pipeline: bool, tp_in_node: bool) -> Switches:
-    """The rules' switches in a search: the study's, whole chunks per pipeline stage
-    (Megatron-LM's rule; pinned first/last stages come from the CP-SAT stage, for
-    non-interleaved layouts only) and one plan of each set the model cannot tell apart."""
+def search_switches(*, uneven_pipeline: bool, tp_in_node: bool, split_later: bool = False
+                    ) -> Switches:
+    """The rules' switches in a search: the study's, chunks Megatron-LM's own flags build, and
+    one plan of each set the model cannot tell apart. ``split_later``: the space's own rules,
+    before the CP-SAT stage pins the first/last stages (a plan, as explain reads it, has its
+    split already)."""
     return Switches(uneven_pipeline=uneven_pipeline, uneven_chunks=False, tp_in_node=tp_in_node,
-                    canonical=True)
+                    split_later=split_later and uneven_pipeline, canonical=True)
 
 
 def cluster_spec(gpu: GpuSpec, num_gpus: int, gpus_per_node: int, fabric: str) -> ClusterSpec:

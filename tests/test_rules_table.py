@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,7 +15,14 @@ from costmodel import Plan, SpecError, check_plan, rules
 from costmodel.mapping import rank_split, stage_counts, stage_layers
 from costmodel.plans import as_plan_arrays
 from search.planfile import PlanFile
-from search.space import SearchSpace, build_space, enumerate_layouts, plan_from_row, violations
+from search.space import (
+    SearchSpace,
+    build_space,
+    enumerate_layouts,
+    plan_from_row,
+    space_facts,
+    violations,
+)
 from search.specs import Specs, build_specs
 from search.study import load_study, parse_study
 from tcf_search.explain.planspec import PlanSpecError, apply_change, format_plan, parse_plan
@@ -109,24 +117,36 @@ def test_search_generates_only_plans_the_table_accepts(specs: Specs, space: Sear
     layouts = enumerate_layouts(space)
     assert 0 < len(layouts) < space.size
     cols = layouts.columns
+    # before the CP-SAT stage pins the split: the space's switches (split_later)
+    switches = space_facts(space).switches
     for i in range(0, len(layouts), max(1, len(layouts) // 200)):
         plan = plan_from_row({a: int(v[i]) for a, v in cols.items()})
-        check_plan(specs.model, specs.cluster, plan, specs.training, specs.switches)
+        check_plan(specs.model, specs.cluster, plan, specs.training, switches)
 
 
 def test_uneven_interleaved_405b_gets_one_verdict() -> None:
-    """126 layers, pp=16, vpp=4 with 7 layers on the first and the last stage: Megatron-LM
-    (transformer_config.py, uneven PP) needs 7 % 4 == 0, so the search and explain refuse it;
-    the cost model, asked about Llama 3's own stack (uneven chunks), prices it."""
+    """126 layers, pp=16, vpp=4 with 7 layers on the first and the last stage (Meta's layout):
+    Megatron-LM's first/last stage flags need 7 % 4 == 0, but counting the embedding and the
+    loss as layers builds it (transformer_config.py: (126 + 2) / 16 = 8 units a rank, 8 % 4 ==
+    0; the first and last ranks hold 8 - 1 = 7 layers), so the search and explain accept it.
+    6 + 14 * 8 + 8 is neither (6 % 4 != 0, and 6 is not 8 - 1): refused, priced only with
+    uneven chunks (Llama 3's own stack, torchtitan)."""
     study = load_study("studies/llama3.1-405b-h100x16384.yaml")
     specs = build_specs(study)
     text = "tp=8,pp=16,vpp=4,dp=128,mbs=1,zero=1,sp=true,first_stage_layers=7,last_stage_layers=7"
-    with pytest.raises(PlanSpecError, match="vpp_layers: .*first_stage_layers=7"):
-        parse_plan(text, specs)
+    parse_plan(text, specs)
     plan = Plan(tp=8, pp=16, vpp=4, dp=128, zero_stage=1, sequence_parallel=True,
                 first_stage_layers=7, last_stage_layers=7)
-    assert any(v.startswith("vpp_layers") for v in violations(build_space(study, specs), plan))
-    check_plan(specs.model, specs.cluster, plan, specs.training)  # default: uneven chunks
+    assert not violations(build_space(study, specs), plan)
+    check_plan(specs.model, specs.cluster, plan, specs.training, specs.switches)
+    with pytest.raises(PlanSpecError, match="vpp_layers: "):  # no split given: 126 % 64 != 0
+        parse_plan(text.replace(",first_stage_layers=7,last_stage_layers=7", ""), specs)
+    odd = text.replace("first_stage_layers=7,last_stage_layers=7",
+                       "first_stage_layers=6,last_stage_layers=8")
+    with pytest.raises(PlanSpecError, match="vpp_layers: .*first_stage_layers=6"):
+        parse_plan(odd, specs)
+    check_plan(specs.model, specs.cluster, replace(plan, first_stage_layers=6, last_stage_layers=8),
+               specs.training)  # default: uneven chunks
     even = Plan(tp=8, pp=16, vpp=2, dp=128, zero_stage=1, sequence_parallel=True,
                 first_stage_layers=8, last_stage_layers=6)
     check_plan(specs.model, specs.cluster, even, specs.training, specs.switches)

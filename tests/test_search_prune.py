@@ -54,14 +54,32 @@ def setup() -> tuple[Specs, MemoryStage]:
     return specs, memory_stage(specs, space, enumerate_layouts(space).columns, headroom_gib=0.0)
 
 
+def _megatron_builds(layers: int, pp: int, vpp: int, first: int, last: int) -> bool:
+    """Megatron-LM's own flags, restated: each rank's layers divisible by vpp (first/last stage
+    flags), or the embedding and/or the loss counted as layers: (layers + e + l) / pp = c units
+    a rank, c divisible by vpp, the first rank c - e layers and the last c - l."""
+    middle = (layers - first - last) // (pp - 2) if pp > 2 else first
+    if first % vpp == 0 and last % vpp == 0 and (pp == 2 or middle % vpp == 0):
+        return True
+    for e, loss in itertools.product((0, 1), repeat=2):
+        units = layers + e + loss
+        c = units // pp
+        if units % pp == 0 and c % vpp == 0 and (first, last) == (c - e, c - loss):
+            return True
+    return False
+
+
 def placements(layers: int, pp: int, vpp: int, full: bool) -> list[dict[str, int]]:
     """Every placement a Plan can express for one layout (independent of search.placement)."""
-    splits = [(0, 0)] if layers % pp == 0 else []
-    if vpp == 1 and pp == 2:
+    splits = [(0, 0)] if layers % (pp * vpp) == 0 else []
+    if pp == 2:
         splits += [(f, layers - f) for f in range(1, layers)]
-    elif vpp == 1 and pp > 2:
+    elif pp > 2:
         splits += [(f, last) for f in range(1, layers) for last in range(1, layers)
                    if layers - f - last >= pp - 2 and (layers - f - last) % (pp - 2) == 0]
+    if vpp > 1:
+        splits = [(0, 0)] * ((0, 0) in splits) + [
+            (f, last) for f, last in splits if f and _megatron_builds(layers, pp, vpp, f, last)]
     recompute = range(0, layers + 1) if full else [0]
     return [{"first_stage_layers": f, "last_stage_layers": last, "recompute_layers": r}
             for (f, last), r in itertools.product(splits, recompute)]
@@ -122,7 +140,8 @@ def test_cpsat_placement_fits_and_is_optimal() -> None:
         placement = stage.place(i)
         assert placement is not None
         row = {a: int(stage.cols[a][i]) for a in AXES}
-        row.update(placement.plan_fields(specs.model.layers, row["pp"], row["recompute"] == 2))
+        row.update(placement.plan_fields(specs.model.layers, row["pp"], row["recompute"] == 2,
+                                         row["vpp"]))
         plan = plan_from_row(row)
         assert estimate(specs.model, specs.cluster, plan, specs.training).memory.fits
         best = min(proxy_key(specs, stage, p) for p in plans)

@@ -35,6 +35,23 @@ search_space:
 """
 
 
+def _some_split(layers: int, pp: int, vpp: int) -> bool:
+    """Some first/last split Megatron builds with vpp chunks, by trying them all: every rank's
+    layers divisible by vpp, or the ends c - e and c - l around middles of c, c % vpp == 0."""
+    for first, last in itertools.product(range(1, layers + 1), repeat=2):
+        rest = layers - first - last
+        if pp == 2 and rest != 0 or pp > 2 and (rest < pp - 2 or rest % (pp - 2)):
+            continue
+        c = rest // (pp - 2) if pp > 2 else max(first, last)
+        ranks = [first, *[c] * (pp - 2), last]
+        if all(n % vpp == 0 for n in ranks):
+            return True
+        for cc in (c, c + 1) if pp == 2 else (c,):
+            if cc % vpp == 0 and cc - 1 <= first <= cc and cc - 1 <= last <= cc:
+                return True
+    return False
+
+
 def valid_by_hand(s: SearchSpace, v: dict[str, int]) -> bool:
     """The validity rules restated independently of ``search.space``."""
     tp, pp, cp, ep, vpp = v["tp"], v["pp"], v["cp"], v["ep"], v["vpp"]
@@ -48,7 +65,8 @@ def valid_by_hand(s: SearchSpace, v: dict[str, int]) -> bool:
         cp == 1 or s.seq_len % (2 * cp) == 0,
         dp in s.domains["dp"],
         ep == 1 or (s.experts % ep == 0 and (tp * dp * cp) % ep == 0),
-        vpp == 1 or (pp > 1 and s.layers % (pp * vpp) == 0),
+        vpp == 1 or (pp > 1 and (s.layers % (pp * vpp) == 0
+                                 or (s.uneven_pipeline and _some_split(s.layers, pp, vpp)))),
         s.global_batch % (v["micro_batch"] * dp) == 0,
         v["zero_stage"] == 0 or dp * cp > 1,
         v["sequence_parallel"] == 0 or tp > 1,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel import comm
+from costmodel.attention import kv_dims
 from costmodel.comm import CollectiveArrays
 from costmodel.compute import LayerTimes
 from costmodel.parallel.mesh import Mesh
@@ -48,8 +49,9 @@ class ContextComm:
 def context_parallel(model: ModelSpec, tr: Training, g: Mesh, lt: LayerTimes) -> ContextComm:
     cp = g.cp
     # each TP rank exchanges the K and V of its own KV heads (one replicated head when
-    # tp > kv_heads)
-    x_kv = (2.0 * g.tokens * np.maximum(model.kv_heads / g.tp, 1.0) * model.d_head
+    # tp > kv_heads); under MLA the up-projected keys (nope + rope) and values (Megatron-Core
+    # runs its ring on them)
+    x_kv = (g.tokens * np.maximum(model.kv_heads / g.tp, 1.0) * kv_dims(model)
             * tr.activation_dtype_bytes)
     block_fwd = lt.attention_fwd_s / cp  # one key block's attention, balanced by zig-zag
     block_bwd = BWD_OVER_FWD * block_fwd

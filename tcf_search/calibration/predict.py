@@ -2,8 +2,11 @@
 
 Only configuration columns are read. An empty knob cell means *not given*: every valid value is
 evaluated and the fastest plan that fits is chosen (the one with least memory if none fits); the
-choice is reported in ``pred_choice_<knob>``. A row the model cannot handle gets a message in
-``pred_error`` and no crash.
+choice is reported in ``pred_choice_<knob>``. The pipeline split is a knob: with none of
+``first_stage_layers``, ``last_stage_layers``, ``embedding_in_pipeline_split``,
+``loss_in_pipeline_split`` given, the even split and the launchable uneven ones near it are
+evaluated, and the first and last ranks' layers of the choice are reported. A row the model
+cannot handle gets a message in ``pred_error`` and no crash.
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ import typer
 
 from costmodel import rules
 from costmodel.estimate import check_plan, estimate_batch
+from costmodel.mapping import chunk_split_exists, stage_counts
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import Plan, SpecError
 from search.files import MIB, OutputError, check_target, read_input, write_atomic
 from search.measured import KNOBS, Case, CaseError, case_from_row
+from search.placement import candidates as placement_candidates
 from tcf_search.errors import user_errors
 
 if TYPE_CHECKING:  # pandas loads when a command reads a CSV, not with the command line
@@ -55,21 +60,42 @@ def candidates(case: Case) -> list[Plan]:
         "recompute": [p.recompute] if "recompute" in given else ["none", "selective", "full"],
         "zero_stage": [p.zero_stage] if "zero_stage" in given else [0, 1, 2, 3],
         "vpp": ([p.vpp] if "vpp" in given or p.pp == 1
-                else [v for v in range(1, 9) if m.layers % (p.pp * v) == 0]),
+                else [v for v in range(1, 9) if chunk_split_exists(m.layers, p.pp, v)]),
         "sequence_parallel": ([p.sequence_parallel] if "sequence_parallel" in given or p.tp == 1
                               else [False, True]),
     }
-    plans = []
+    plans: list[Plan] = []
     for values in itertools.product(*axes.values()):
         try:
             plan = replace(p, **dict(zip(axes, values, strict=True)))  # type: ignore[arg-type]
         except (SpecError, ValueError):
             continue
-        plans.append(plan)
+        plans.extend(plan if "first_stage_layers" in given else with_split
+                     for with_split in _splits(plan, m.layers))
     if not plans:
         return plans
     keep = rules.valid(plans, rules.facts_of(m, case.cluster, tr))  # check_plan, on columns
     return [plan for plan, ok in zip(plans, keep, strict=True) if ok]
+
+
+def _splits(plan: Plan, layers: int) -> list[Plan]:
+    """The plan with each pipeline split a launcher builds near the even one (the even split
+    first, then the first/last ranks within max(vpp, 2) layers of the middle ranks): Megatron's
+    first/last stage flags, or the embedding and the loss counted as layers."""
+    if plan.pp == 1:
+        return [plan]
+    reach = max(plan.vpp, 2)
+    rows = placement_candidates(layers, plan.pp, True, plan.vpp)
+    near = (np.abs(rows[:, 0] - rows[:, 1]) <= reach) & (np.abs(rows[:, 2] - rows[:, 1]) <= reach)
+    out = [plan] if layers % plan.pp == 0 else []
+    for nf, _nm, nl in rows[near]:
+        if int(nf) == int(nl) == layers // plan.pp and layers % plan.pp == 0:
+            continue
+        try:
+            out.append(replace(plan, first_stage_layers=int(nf), last_stage_layers=int(nl)))
+        except (SpecError, ValueError):
+            continue
+    return out
 
 
 def _pick(res: dict[str, np.ndarray]) -> int:
@@ -130,9 +156,13 @@ def predict_frame(frame: pd.DataFrame) -> pd.DataFrame:
             }
             for k, v in values.items():
                 cols[k][i] = round(float(v), 6) if not isinstance(v, str) else v
+            counts = stage_counts(case.model.layers, chosen.pp, chosen.first_stage_layers,
+                                  chosen.last_stage_layers)
+            ends = {"first_stage_layers": counts[0] if counts else chosen.first_stage_layers,
+                    "last_stage_layers": counts[-1] if counts else chosen.last_stage_layers}
             for knob in KNOBS:
                 if knob not in case.given:
-                    v = getattr(chosen, knob)
+                    v = ends.get(knob, getattr(chosen, knob))
                     cols[f"pred_choice_{knob}"][i] = (str(v).lower() if isinstance(v, bool)
                                                       else v)
     for k, v in cols.items():

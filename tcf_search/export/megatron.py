@@ -95,13 +95,27 @@ def parallel_args(f: LaunchView) -> list[Group]:
     if f.vpp > 1:
         # This flag (not --num-layers-per-virtual-pipeline-stage) also works with uneven stages.
         out.append(("--num-virtual-stages-per-pipeline-rank", f.vpp))
-    if f.first:
-        out.append(("--decoder-first-pipeline-num-layers", f.first))
-    if f.last:
-        out.append(("--decoder-last-pipeline-num-layers", f.last))
+    out += split_args(f)
     if f.sp:
         out.append(("--sequence-parallel",))
     return out
+
+
+def split_args(f: LaunchView) -> list[Group]:
+    """The uneven split as Megatron takes it (megatron/core/transformer/transformer_config.py,
+    ``__post_init__``): first/last stage counts when each rank's layers divide into the vpp
+    chunks, else the embedding and/or the loss counted as a layer (the ranks hold c - e, c, ...,
+    c - l; the table's ``vpp_layers`` rule has checked that one of the two holds)."""
+    if not f.uneven:
+        return []
+    v, stages = f.vpp, f.stage_layers
+    if v == 1 or all(n % v == 0 for n in stages):
+        return [(flag, n) for flag, n in (("--decoder-first-pipeline-num-layers", f.first),
+                                          ("--decoder-last-pipeline-num-layers", f.last)) if n]
+    first, last = stages[0], stages[-1]
+    c = stages[1] if f.pp > 2 else max(first, last) + int(first == last)
+    out: list[Group] = [("--account-for-embedding-in-pipeline-split",)] * (c - first)
+    return out + [("--account-for-loss-in-pipeline-split",)] * (c - last)
 
 
 def precision_args(precision: str) -> Group:

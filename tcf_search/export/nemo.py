@@ -8,6 +8,7 @@ from __future__ import annotations
 from search.planfile import PlanFile
 
 from . import rules
+from .megatron import split_args
 from .options import ExportOptions
 from .shell import Group, command, script, torchrun_head
 from .view import LaunchView, facts_of
@@ -36,10 +37,16 @@ def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, 
         "model.expert_model_parallel_size": f.ep,
         "model.sequence_parallel": f.sp,
     }
-    if f.first:
-        o["model.num_layers_in_first_pipeline_stage"] = f.first
-    if f.last:
-        o["model.num_layers_in_last_pipeline_stage"] = f.last
+    # the same split Megatron-LM takes (megatron.split_args): first/last stage counts, or the
+    # embedding and the loss counted as layers (TransformerConfig's account_for_* fields)
+    for group in split_args(f):
+        key = {"--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
+               "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage",
+               "--account-for-embedding-in-pipeline-split":
+                   "account_for_embedding_in_pipeline_split",
+               "--account-for-loss-in-pipeline-split": "account_for_loss_in_pipeline_split"}[
+                   str(group[0])]
+        o[f"model.{key}"] = group[1] if len(group) > 1 else True
     if f.recompute == "selective":
         o["model.recompute_granularity"] = "selective"
     elif f.recompute == "full":

@@ -1,0 +1,117 @@
+"""The attention block's shapes: grouped-query attention, or multi-head latent attention (MLA,
+DeepSeek-AI, "DeepSeek-V2", 2024, sec. 2.1; DeepSeek-V3, Kimi K2).
+
+MLA projects the hidden state down to a latent ``c_q`` (``q_lora_rank``, absent when 0) and a
+latent ``c_kv`` (``kv_lora_rank``) plus one shared rotary key of ``qk_rope_head_dim``; up
+projections give every head a query and key of ``qk_nope_head_dim + qk_rope_head_dim`` and a
+value of ``v_head_dim``. Training materialises the up-projected keys and values (Megatron-Core's
+``MLASelfAttention``, megatron/core/transformer/multi_latent_attention.py, runs the ordinary
+core attention on them), so attention FLOPs, its activations and the context-parallel exchange
+are those of ``heads`` heads of those widths; the weights are the low-rank factors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from costmodel.errors import TcfError
+
+if TYPE_CHECKING:
+    from costmodel.specs import ModelSpec
+
+
+class MlaError(TcfError):
+    """An MLA description breaks a rule; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MlaSpec:
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int = 0  # 0: queries projected from the hidden state directly (V2-Lite)
+
+    def __post_init__(self) -> None:
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise MlaError(f"model.mla.{name} must be a whole number >= 1, but got {v!r}")
+        q = self.q_lora_rank
+        if not isinstance(q, int) or isinstance(q, bool) or q < 0:
+            raise MlaError(f"model.mla.q_lora_rank must be a whole number >= 0, but got {q!r}")
+
+
+MLA_FIELDS: tuple[str, ...] = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                               "qk_rope_head_dim", "v_head_dim")
+
+
+def qk_dim(m: ModelSpec) -> int:
+    """Width of one head's query and key."""
+    return m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim if m.mla else m.d_head
+
+
+def v_dim(m: ModelSpec) -> int:
+    """Width of one head's value (and of its attention output)."""
+    return m.mla.v_head_dim if m.mla else m.d_head
+
+
+def kv_dims(m: ModelSpec) -> int:
+    """Key plus value width of one KV head as attention reads them (MLA: up-projected)."""
+    return qk_dim(m) + v_dim(m)
+
+
+def qkv_params(m: ModelSpec) -> int:
+    """Weights before the output projection. GQA: h*(a*d) + 2*h*(g*d), plus a*d + 2*g*d biases
+    with ``qkv_bias`` (Qwen2). MLA: h*q_lora + q_lora*a*(nope+rope) (or h*a*(nope+rope)
+    without a query latent), h*(kv_lora + rope) + kv_lora*a*(nope + v), and the two latents'
+    RMSNorm weights."""
+    h, a = m.hidden, m.heads
+    if m.mla is None:
+        width = a * m.d_head + 2 * m.kv_heads * m.d_head
+        return h * width + (width if m.qkv_bias else 0)
+    x = m.mla
+    qk = x.qk_nope_head_dim + x.qk_rope_head_dim
+    q = h * a * qk if not x.q_lora_rank else (h + 1 + a * qk) * x.q_lora_rank
+    kv = h * (x.kv_lora_rank + x.qk_rope_head_dim) + x.kv_lora_rank * (
+        1 + a * (x.qk_nope_head_dim + x.v_head_dim))
+    return q + kv
+
+
+def out_params(m: ModelSpec) -> int:
+    return m.heads * v_dim(m) * m.hidden
+
+
+def qkv_act_elems(m: ModelSpec) -> int:
+    """Per token, the elements the QKV path keeps for backward after its input: q, k, v as
+    attention reads them, and under MLA the two latents and the shared rotary key."""
+    a, g = m.heads, m.kv_heads
+    kept = a * qk_dim(m) + g * kv_dims(m)
+    if m.mla:
+        kept += m.mla.q_lora_rank + m.mla.kv_lora_rank + m.mla.qk_rope_head_dim
+    return kept
+
+
+def rope_elems(m: ModelSpec) -> int:
+    """Per token, the elements RoPE rotates: every query and key head (MLA: the rotary part of
+    each query head and the one shared rotary key)."""
+    if m.mla:
+        return (m.heads + 1) * m.mla.qk_rope_head_dim
+    return (m.heads + m.kv_heads) * m.d_head
+
+
+def causal_keys(m: ModelSpec, seq_len: int) -> float:
+    """Keys a query attends to on average under a causal mask: s/2, or with a sliding window
+    of w < s tokens (Mistral 7B, gpt-oss's windowed layers) query i sees min(i + 1, w) keys,
+    w - w^2 / (2s) on average."""
+    s, w = float(seq_len), float(m.sliding_window)
+    if w <= 0 or w >= s:
+        return s / 2.0
+    return w - w * w / (2.0 * s)
+
+
+def score_keys(m: ModelSpec, seq_len: int) -> float:
+    """Keys per query in the model-FLOPs convention (no causal halving): s, or the window."""
+    w = m.sliding_window
+    return float(min(seq_len, w) if w > 0 else seq_len)

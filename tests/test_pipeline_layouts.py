@@ -1,0 +1,124 @@
+"""Pipeline layouts as Megatron-LM builds them: uneven first/last stages with interleaving, the
+embedding and the loss counted as layers; one representation (first/last stage layers) read by
+the rules, the search's placement, predict and the Megatron export."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from costmodel.mapping import chunk_split_exists, counted_split, launchable_chunks
+from search.measured import CaseError, case_from_row
+from search.placement import candidates
+from search.planfile import load_plan_file
+from tcf_search.calibration.predict import predict_csv
+from tcf_search.export import ExportRefused, render
+from tcf_search.export.options import ExportOptions
+from tcf_search.export.view import facts_of, virtual_stage_layers
+
+PLANS = Path(__file__).parent / "golden" / "export" / "plans"
+
+
+def test_counted_split_worked_examples() -> None:
+    # Llama 3.1 405B, pp 16, both counted: (126 + 2) / 16 = 8 units a rank -> 7 + 14*8 + 7
+    assert counted_split(126, 16, True, True) == (7, 7)
+    # MLPerf's pp 8: 128 / 8 = 16 -> 15 + 6*16 + 15
+    assert counted_split(126, 8, True, True) == (15, 15)
+    # the loss alone: (61 + 1) / 2 = 31 -> 31 on the first rank, 30 on the last
+    assert counted_split(61, 2, False, True) == (31, 30)
+    assert counted_split(126, 16, False, False) == (0, 0)
+    assert counted_split(126, 5, True, True) == (-1, -1)  # 128 % 5 != 0
+
+
+@pytest.mark.parametrize(("layers", "pp", "vpp", "first", "last", "ok"), [
+    (126, 16, 4, 7, 7, True),    # counted: c = 8, 8 % 4 == 0, ends 8 - 1
+    (126, 16, 8, 7, 7, True),    # c = 8, 8 % 8 == 0
+    (126, 16, 4, 6, 8, False),   # 6 % 4 != 0 and 6 != 8 - 1
+    (126, 8, 8, 15, 15, True),   # dgxc / MLPerf: c = 16
+    (126, 16, 2, 8, 6, True),    # flags: 8, 8, 6 all % 2 == 0
+    (126, 16, 4, 0, 0, False),   # even: 126 % 64 != 0
+    (128, 16, 4, 0, 0, True),    # even: 128 % 64 == 0
+    (61, 2, 2, 31, 30, False),   # c = 31 is odd
+    (62, 2, 2, 31, 31, True),    # both counted: c = 32 a rank, 32 % 2 == 0
+])
+def test_launchable_chunks(layers: int, pp: int, vpp: int, first: int, last: int,
+                           ok: bool) -> None:
+    assert bool(launchable_chunks(layers, pp, vpp, first, last)) is ok
+
+
+def test_some_split_exists_exactly_when_a_candidate_does() -> None:
+    for layers in (61, 94, 126):
+        for pp in (2, 3, 4, 8, 16):
+            for vpp in (2, 3, 4, 8):
+                assert bool(chunk_split_exists(layers, pp, vpp)) == bool(
+                    len(candidates(layers, pp, True, vpp))), (layers, pp, vpp)
+
+
+def _plan_405b(first: int, last: int, vpp: int = 4):  # type: ignore[no-untyped-def]
+    pf = load_plan_file(PLANS / "dense70b.yaml")
+    model = dataclasses.replace(pf.model, layers=126)
+    plan = dataclasses.replace(pf.plan, tp=8, pp=16, dp=1, vpp=vpp, first_stage_layers=first,
+                               last_stage_layers=last, recompute="none", recompute_layers=0)
+    return dataclasses.replace(pf, model=model, plan=plan)
+
+
+def test_megatron_export_counts_the_embedding_and_the_loss() -> None:
+    files = render("megatron", _plan_405b(7, 7))
+    script = files["megatron.sh"]
+    assert "--account-for-embedding-in-pipeline-split" in script
+    assert "--account-for-loss-in-pipeline-split" in script
+    assert "--decoder-first-pipeline-num-layers" not in script
+    flags = render("megatron", _plan_405b(8, 6, vpp=2))["megatron.sh"]
+    assert "--decoder-first-pipeline-num-layers 8" in flags
+    assert "--account-for" not in flags
+    with pytest.raises(ExportRefused, match="vpp_layers"):
+        render("megatron", _plan_405b(6, 8))
+    nemo = render("nemo", _plan_405b(7, 7))["nemo.sh"]  # Megatron-Bridge: the same fields
+    assert "model.account_for_embedding_in_pipeline_split=true" in nemo
+    assert "num_layers_in_first_pipeline_stage" not in nemo
+
+
+def test_virtual_chunks_leave_the_embedding_and_loss_slot_empty() -> None:
+    view = facts_of(_plan_405b(7, 7), ExportOptions())
+    chunks = virtual_stage_layers(view)  # chunk c of rank r at c * 16 + r, 2 layers a chunk
+    assert sum(chunks) == 126
+    assert chunks[0] == 1 and chunks[-1] == 1  # rank 0's first, rank 15's last chunk
+    assert chunks.count(1) == 2 and chunks.count(2) == 62
+
+
+HEADER = ("case_id,model_name,layers,hidden,ffn_hidden,heads,kv_heads,vocab,seq_len,ffn_type,"
+          "gpu,gpus_per_node,num_gpus,tp,pp,vpp,cp,dp,zero_stage,micro_batch,global_batch,"
+          "recompute,sequence_parallel,precision,framework,first_stage_layers,last_stage_layers,"
+          "embedding_in_pipeline_split,loss_in_pipeline_split")
+LLAMA405 = "l405,126,16384,53248,128,8,128256,8192,swiglu,h100-sxm-80gb,8,1024"
+
+
+def test_predict_chooses_and_reports_the_split(tmp_path: Path) -> None:
+    rows = [f"free,{LLAMA405},8,8,8,1,16,1,1,512,full,true,bf16,megatron,,,,",
+            f"counted,{LLAMA405},8,8,8,1,16,1,1,512,full,true,bf16,megatron,,,true,true",
+            f"flags,{LLAMA405},8,16,2,1,8,1,1,512,full,true,bf16,megatron,8,6,,",
+            f"bad,{LLAMA405},8,8,8,1,16,1,1,512,full,true,bf16,megatron,15,,true,"]
+    src = tmp_path / "cases.csv"
+    src.write_text(HEADER + "\n" + "\n".join(rows) + "\n")
+    out = predict_csv(src, tmp_path / "out.csv").set_index("case_id")
+    free, counted = out.loc["free"], out.loc["counted"]
+    # 126 on pp 8 x vpp 8: only the counted split (15 + 6*16 + 15) is launchable
+    assert (int(free["pred_choice_first_stage_layers"]),
+            int(free["pred_choice_last_stage_layers"])) == (15, 15)
+    assert free["pred_tokens_per_sec_per_gpu"] == counted["pred_tokens_per_sec_per_gpu"]
+    assert pd.isna(counted["pred_choice_first_stage_layers"])  # given
+    assert pd.isna(out.loc["flags", "pred_error"]) or not out.loc["flags", "pred_error"]
+    assert "cannot be given with" in out.loc["bad", "pred_error"]
+
+
+def test_measured_row_with_a_split_that_does_not_count() -> None:
+    row = dict(zip(HEADER.split(","), (f"x,{LLAMA405},8,8,8,1,16,1,1,512,full,true,bf16,"
+                                       "megatron,,,true,true").split(","), strict=True))
+    row["pp"] = "5"
+    with pytest.raises(CaseError, match="split evenly over pp=5"):
+        case_from_row(row)
+    assert np.asarray(launchable_chunks(126, 8, 8, 15, 15)).all()
