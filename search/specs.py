@@ -35,6 +35,8 @@ def build_model(study: Study) -> ModelSpec:
                 hidden=arch.hidden, ffn_hidden=arch.ffn_hidden, heads=arch.heads,
                 kv_heads=arch.kv_heads or arch.heads, vocab=arch.vocab, head_dim=arch.head_dim,
                 ffn_type=arch.ffn_type, tied_embeddings=arch.tied_embeddings,
+                norm=arch.norm, position_embedding=arch.position_embedding,
+                rope_base=arch.rope_base, bias=arch.bias,
                 moe_experts=moe.experts if moe else 0, moe_topk=moe.topk if moe else 0,
                 moe_ffn_hidden=moe.ffn_hidden if moe else 0,
                 moe_shared_experts=moe.shared_experts if moe else 0,

@@ -45,7 +45,7 @@ class ExportOptions:
     train_script: str = "train.py"  # DeepSpeed / Accelerate user script
     titan_module: str = "llama3"
     titan_config: str = "llama3_8b"
-    titan_flavor: str = "8B"  # 0.2 TOML only
+    titan_flavor: str | None = None  # 0.2 TOML only; default: the flavour of the model's shape
     nanotron_script: str = "run_train.py"
     slurm_launcher: str = "megatron"
     slurm_partition: str | None = None
