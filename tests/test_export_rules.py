@@ -131,11 +131,13 @@ def test_nanotron_0_4_has_no_recompute_but_main_has_whole_layer_recompute() -> N
     assert "not in 0.4" in refusal("nanotron", pf, ExportOptions(target_version="0.4"))
 
 
-def test_torchtitan_0_3_refuses_ep_with_tp_but_0_2_maps_etp() -> None:
+def test_torchtitan_refuses_a_moe_model_on_its_dense_llama() -> None:
+    # Mixtral exported to torchtitan's Llama 3 would train a dense model under EP flags.
     pf = example("moe_ep")
     assert "folds EP" in refusal("torchtitan", pf)
-    assert "expert_tensor_parallel_degree = 2" in render(
-        "torchtitan", pf, ExportOptions(target_version="0.2"))["torchtitan.toml"]
+    for version in ("0.3", "0.2"):
+        reason = refusal("torchtitan", pf, ExportOptions(target_version=version))
+        assert "Llama 3 model is dense, but the model has 8 experts" in reason
 
 
 def test_common_world_size_and_batch_rules() -> None:

@@ -41,7 +41,7 @@ class ExportOptions:
     run_name: str | None = None  # default: the study name
     megatron_script: str = "pretrain_gpt.py"
     nemo_script: str = "scripts/training/run_recipe.py"
-    nemo_recipe: str = "llama3_8b_pretrain_config"
+    nemo_recipe: str | None = None  # default: the named model's recipe (export/nemo.py RECIPES)
     train_script: str = "train.py"  # DeepSpeed / Accelerate user script
     titan_module: str = "llama3"
     titan_config: str = "llama3_8b"

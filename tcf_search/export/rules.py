@@ -92,6 +92,13 @@ MEGATRON: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
          "--recompute-num-layers counts layers per model chunk, so recompute_layers % vpp == 0 "
          "must hold, but got recompute_layers={recompute_layers}, vpp={vpp}",
          "megatron/core/transformer/transformer_block.py (block recompute)"),
+    Rule(lambda f: not (f.zero == 2 and f.fsdp_impl == "torch"),
+         "--use-torch-fsdp2 always shards parameters (ZeRO-3); Megatron has no torch-FSDP "
+         "ZeRO-2, but got zero_stage=2 with fsdp_impl=torch (use fsdp_impl=megatron)",
+         "megatron/training/arguments.py (--use-torch-fsdp2)"),
+    Rule(lambda f: f.model.rope_base == int(f.model.rope_base),
+         "--rotary-base takes an integer, but the model has rope_base={model.rope_base}",
+         "megatron/training/arguments.py"),
     Rule(lambda f: not (f.zero == 3 and f.fsdp_impl == "torch") or f.pp == 1,
          "--use-torch-fsdp2 is not supported with pipeline parallelism, but got pp={pp}",
          "megatron/training/arguments.py validate_args"),
@@ -209,6 +216,17 @@ TORCHTITAN: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + TITAN_LLAMA + (
 )
 
 NANOTRON: tuple[AnyRule, ...] = COMMON + (
+    Rule(lambda f: f.model.norm == "rmsnorm" and f.model.position_embedding == "rope"
+         and f.model.bias == "none" and f.model.ffn_type == "swiglu" and not f.model.is_moe
+         and f.model.d_head * f.model.heads == f.model.hidden,
+         "nanotron's LlamaConfig is a dense RMSNorm/RoPE/SwiGLU model without biases and with "
+         "head_dim = hidden / heads, but the model has norm={model.norm}, position_embedding="
+         "{model.position_embedding}, bias={model.bias}, ffn_type={model.ffn_type}, "
+         "experts={model.moe_experts}, head_dim={model.d_head}",
+         "nanotron/config/models_config.py"),
+    Rule(lambda f: f.version != "0.4" or f.model.rope_base == 10000.0,
+         "nanotron 0.4's LlamaConfig has no rope_theta (RoPE base 10000), but the model has "
+         "rope_base={model.rope_base}", "nanotron 0.4 nanotron/config/models_config.py"),
     Rule(lambda f: f.zero in (0, 1),
          "nanotron implements ZeRO-0/1 only, but got zero_stage={zero}",
          "nanotron/helpers.py (optimizer builder)"),

@@ -20,7 +20,9 @@ torchrun --nnodes 16 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --master-a
     --num-attention-heads 64 \
     --group-query-attention --num-query-groups 8 \
     --seq-length 8192 --max-position-embeddings 8192 \
-    --position-embedding-type rope --normalization RMSNorm --disable-bias-linear \
+    --normalization RMSNorm --position-embedding-type rope \
+    --rotary-base 500000 \
+    --disable-bias-linear \
     --swiglu \
     --untie-embeddings-and-output-weights \
     --optimizer adam --lr 0.0003 --min-lr 3e-05 --lr-decay-style cosine --train-iters 1000 \

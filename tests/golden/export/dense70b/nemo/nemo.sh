@@ -5,7 +5,7 @@ set -euo pipefail
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 
 torchrun --nnodes 16 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --master-addr "${MASTER_ADDR:-localhost}" --master-port "${MASTER_PORT:-29500}" scripts/training/run_recipe.py \
-    --recipe llama3_8b_pretrain_config \
+    --recipe llama3_70b_pretrain_config \
     model.tensor_model_parallel_size=8 \
     model.pipeline_model_parallel_size=4 \
     model.virtual_pipeline_model_parallel_size=2 \
@@ -25,6 +25,13 @@ torchrun --nnodes 16 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --master-a
     model.seq_length=8192 \
     dataset.seq_length=8192 \
     model.share_embeddings_and_output_weights=false \
+    model.normalization=RMSNorm \
+    model.position_embedding_type=rope \
+    model.add_bias_linear=false \
+    model.add_qkv_bias=false \
+    model.gated_linear_unit=true \
+    tokenizer.vocab_size=128256 \
+    model.rotary_base=500000 \
     train.micro_batch_size=1 \
     train.global_batch_size=256 \
     train.train_iters=1000 \

@@ -22,6 +22,13 @@ torchrun --nnodes 8 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --master-ad
     model.seq_length=4096 \
     dataset.seq_length=4096 \
     model.share_embeddings_and_output_weights=false \
+    model.normalization=RMSNorm \
+    model.position_embedding_type=rope \
+    model.add_bias_linear=false \
+    model.add_qkv_bias=false \
+    model.gated_linear_unit=true \
+    tokenizer.vocab_size=128256 \
+    model.rotary_base=500000 \
     train.micro_batch_size=2 \
     train.global_batch_size=512 \
     train.train_iters=1000 \
@@ -34,5 +41,4 @@ torchrun --nnodes 8 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --master-ad
     ddp.data_parallel_sharding_strategy=optim_grads_params \
     checkpoint.ckpt_format=fsdp_dtensor \
     ddp.overlap_grad_reduce=true \
-    ddp.overlap_param_gather=true \
-    comm_overlap.tp_comm_overlap=false
+    ddp.overlap_param_gather=true

@@ -7,7 +7,7 @@ torchrun --nnodes 8 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --master-ad
     --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 \
     --micro-batch-size 2 --global-batch-size 512 \
     --recompute-granularity full --recompute-method uniform --recompute-num-layers 1 \
-    --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --ckpt-format fsdp_dtensor \
+    --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params --use-distributed-optimizer --no-gradient-accumulation-fusion --ckpt-format fsdp_dtensor \
     --overlap-grad-reduce \
     --overlap-param-gather \
     --bf16 \
@@ -15,7 +15,9 @@ torchrun --nnodes 8 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --master-ad
     --num-attention-heads 32 \
     --group-query-attention --num-query-groups 8 \
     --seq-length 4096 --max-position-embeddings 4096 \
-    --position-embedding-type rope --normalization RMSNorm --disable-bias-linear \
+    --normalization RMSNorm --position-embedding-type rope \
+    --rotary-base 500000 \
+    --disable-bias-linear \
     --swiglu \
     --untie-embeddings-and-output-weights \
     --optimizer adam --lr 0.0003 --min-lr 3e-05 --lr-decay-style cosine --train-iters 1000 \

@@ -18,7 +18,9 @@ torchrun --nnodes 8 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --master-ad
     --num-attention-heads 32 \
     --group-query-attention --num-query-groups 8 \
     --seq-length 4096 --max-position-embeddings 4096 \
-    --position-embedding-type rope --normalization RMSNorm --disable-bias-linear \
+    --normalization RMSNorm --position-embedding-type rope \
+    --rotary-base 1000000 \
+    --disable-bias-linear \
     --swiglu \
     --untie-embeddings-and-output-weights \
     --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 14336 \
