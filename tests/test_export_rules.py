@@ -43,7 +43,7 @@ def refusal(fmt: str, pf: PlanFile, options: ExportOptions | None = None) -> str
 
 @pytest.mark.parametrize("fmt", sorted(RULES))
 def test_every_reason_template_formats(fmt: str) -> None:
-    f = facts_of(example("dense70b"), ExportOptions())
+    f = facts_of(example("dense70b"), ExportOptions(), "megatron")
     for rule in RULES[fmt]:
         text = rule.describe(f)
         assert "{" not in text and text, rule
@@ -159,16 +159,16 @@ def test_one_end_pinned_takes_the_cost_models_other_end() -> None:
     # costmodel/mapping.py (rank_split, as Megatron-LM): the unpinned stages, the last among
     # them, share the layers the pinned first stage leaves.
     pf = with_plan(example("pp8b"), pp=4, dp=1, first_stage_layers=5)
-    f: LaunchView = facts_of(pf, ExportOptions())
+    f: LaunchView = facts_of(pf, ExportOptions(), "megatron")
     # 32 layers: first 5, the other 27 over 3 stages, 9 each
     assert f.stage_layers == (5, 9, 9, 9) and f.first == 5 and f.last == 9
     pf = with_plan(pf, first_stage_layers=6)
-    f = facts_of(pf, ExportOptions())
+    f = facts_of(pf, ExportOptions(), "megatron")
     assert f.stage_layers == ()  # 26 layers do not split over 3 stages
 
 
 def test_virtual_stages_cover_every_layer_once() -> None:
-    f = facts_of(example("dense70b"), ExportOptions())
+    f = facts_of(example("dense70b"), ExportOptions(), "megatron")
     chunks = virtual_stage_layers(f)
     assert chunks == [9, 11, 11, 9, 9, 11, 11, 9] and sum(chunks) == 80
 

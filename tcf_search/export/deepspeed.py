@@ -57,9 +57,9 @@ def config(pf: PlanFile, f: LaunchView) -> dict[str, Any]:
 
 
 def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
-    f = facts_of(pf, options)
+    f = facts_of(pf, options, "deepspeed")
     rules.check("deepspeed", rules.DEEPSPEED, f)
     text = json.dumps(config(pf, f), indent=2) + "\n"
     body = command([*torchrun_head(f, options.master_port), options.train_script],
                    [("--deepspeed", "--deepspeed_config", Raw(f'"$(dirname "$0")/{CONFIG}"'))])
-    return {CONFIG: text, LAUNCHER: script("deepspeed", pf, body)}
+    return {CONFIG: text, LAUNCHER: script("deepspeed", pf, body, None, f.version)}

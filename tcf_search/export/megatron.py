@@ -144,7 +144,7 @@ def weight_and_grad_dtype_args(pf: PlanFile) -> list[Group]:
 
 
 def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
-    f = facts_of(pf, options)
+    f = facts_of(pf, options, "megatron")
     rules.check("megatron", rules.MEGATRON, f)
     run = options.run_name or pf.study
     groups: list[Group] = [
@@ -165,4 +165,4 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
     # Megatron asserts this for TP/CP before Blackwell; FSDP modes assert the opposite.
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (f.tp > 1 or f.cp > 1) and f.zero < 2 else {}
     body = command([*torchrun_head(f, options.master_port), options.megatron_script], groups)
-    return {FILENAME: script("megatron", pf, body, env)}
+    return {FILENAME: script("megatron", pf, body, env, f.version)}

@@ -14,11 +14,10 @@ import yaml
 from search.planfile import PlanFile
 
 from . import rules
-from .options import ExportError, ExportOptions
+from .options import ExportOptions
 from .shell import Raw, command, comment_safe, script, torchrun_head
 from .view import LaunchView, facts_of
 
-VERSIONS = ("main", "0.4")
 CONFIG = "nanotron.yaml"
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
@@ -82,15 +81,12 @@ def sections(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, A
 
 
 def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
-    version = options.target_version or "main"
-    if version not in VERSIONS:
-        raise ExportError(f"options.target_version for nanotron must be one of {VERSIONS}, "
-                          f"but got {version!r}")
-    f = facts_of(pf, options, default_version="main")
+    f = facts_of(pf, options, "nanotron")
+    version = f.version
     rules.check("nanotron", rules.NANOTRON, f)
     head = (f"# nanotron {version} config for study {comment_safe(pf.study)}, rank {pf.rank}; "
             "dummy data, no tokenizer: set data.dataset and tokenizer to train on real text.\n")
     text = head + yaml.safe_dump(sections(pf, f, options), sort_keys=False)
     body = command([*torchrun_head(f, options.master_port), options.nanotron_script],
                    [("--config-file", Raw('"$(dirname "$0")/nanotron.yaml"'))])
-    return {CONFIG: text, "nanotron.sh": script("nanotron", pf, body)}
+    return {CONFIG: text, "nanotron.sh": script("nanotron", pf, body, None, f.version)}

@@ -122,7 +122,7 @@ def recipe_of(pf: PlanFile, options: ExportOptions) -> tuple[str, bool]:
 
 
 def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
-    f = facts_of(pf, options)
+    f = facts_of(pf, options, "nemo")
     rules.check("nemo", rules.NEMO, f)
     recipe, has_comm_overlap = recipe_of(pf, options)
     o = overrides(pf, f, options)
@@ -135,4 +135,4 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
     groups += [(f"{k}={_value(v)}",) for k, v in o.items()]
     body = command([*torchrun_head(f, options.master_port), options.nemo_script], groups)
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (f.tp > 1 or f.cp > 1) and f.zero < 2 else {}
-    return {FILENAME: script("nemo", pf, body, env)}
+    return {FILENAME: script("nemo", pf, body, env, f.version)}

@@ -42,7 +42,7 @@ def render_with(launchers: dict[str, Renderer], pf: PlanFile,
                           f"but got {name!r}")
     files = launchers[name](pf, options)  # raises ExportRefused with that launcher's rules
     launcher_script = next(p for p in files if p.endswith(".sh"))
-    f = facts_of(pf, options)
+    f = facts_of(pf, options, name)
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={job_name(options.run_name or pf.study)}",

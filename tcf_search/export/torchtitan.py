@@ -20,7 +20,6 @@ from .options import ExportError, ExportOptions
 from .shell import Raw, command, comment_safe, script, torchrun_head
 from .view import LaunchView, facts_of, virtual_stage_ranges
 
-VERSIONS = ("0.3", "0.2")
 PY_MODULE = "tcf_titan_config"
 PY_FUNCTION = "tcf_plan"
 SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe"}
@@ -181,18 +180,15 @@ def render_toml(pf: PlanFile, f: LaunchView, options: ExportOptions) -> str:
 
 
 def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
-    version = options.target_version or "0.3"
-    if version not in VERSIONS:
-        raise ExportError(f"options.target_version for torchtitan must be one of {VERSIONS}, "
-                          f"but got {version!r}")
-    f = facts_of(pf, options, default_version="0.3")
+    f = facts_of(pf, options, "torchtitan")
+    version = f.version
     rules.check("torchtitan", rules.TORCHTITAN, f)
     head = [*torchrun_head(f, options.master_port), "-m", "torchtitan.train"]
     if version == "0.3":
         body = command(head, [("--module", PY_MODULE, "--config", PY_FUNCTION)])
         env = {"PYTHONPATH": Raw('"$(dirname "$0")${PYTHONPATH:+:$PYTHONPATH}"')}
         return {f"{PY_MODULE}.py": render_python(pf, f, options),
-                "torchtitan.sh": script("torchtitan", pf, body, env)}
+                "torchtitan.sh": script("torchtitan", pf, body, env, f.version)}
     body = command(head, [("--job.config_file", Raw('"$(dirname "$0")/torchtitan.toml"'))])
     return {"torchtitan.toml": render_toml(pf, f, options),
-            "torchtitan.sh": script("torchtitan", pf, body)}
+            "torchtitan.sh": script("torchtitan", pf, body, None, f.version)}
