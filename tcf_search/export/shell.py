@@ -62,5 +62,6 @@ def script(fmt: str, pf: PlanFile, body: str, env: Mapping[str, str] | None = No
         "# Run once per node with NODE_RANK and MASTER_ADDR set (the sbatch export does this).",
         "set -euo pipefail",
     ]
-    head += [f"export {name}={word(value)}" for name, value in (env or {}).items()]
+    for name, value in (env or {}).items():  # assign, then export: a failing $(...) is seen
+        head += [f"{name}={word(value)}", f"export {name}"]
     return "\n".join(head) + "\n\n" + body
