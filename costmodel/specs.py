@@ -12,11 +12,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from costmodel.errors import TcfError
+from costmodel.layer_style import Bias, Norm, PositionEmbedding, style_errors
 
 FfnType = Literal["swiglu", "gelu"]
-Norm = Literal["rmsnorm", "layernorm"]
-PositionEmbedding = Literal["rope", "learned"]
-Bias = Literal["none", "qkv", "all"]  # linear-layer biases: none, QKV only (Qwen2), every one
 Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
 PipelineSchedule = Literal["1f1b", "interleaved", "gpipe"]
@@ -48,8 +46,6 @@ class ModelSpec:
 
     ``ffn_hidden`` is the dense MLP width; ``moe_ffn_hidden`` the per-expert width (defaults to
     ``ffn_hidden``). ``moe_dense_layers`` leading layers stay dense (DeepSeek-V3 keeps 3).
-    ``norm``, ``position_embedding``, ``rope_base`` and ``bias`` do not change the cost model's
-    figures beyond rounding; they are carried so that an export trains the model searched.
     """
 
     name: str = "model"
@@ -67,7 +63,7 @@ class ModelSpec:
     moe_ffn_hidden: int = 0
     moe_shared_experts: int = 0
     moe_dense_layers: int = 0
-    norm: Norm = "rmsnorm"
+    norm: Norm = "rmsnorm"  # norm .. bias: see costmodel/layer_style.py
     position_embedding: PositionEmbedding = "rope"
     rope_base: float = 10000.0  # RoPE theta; unused with learned positions
     bias: Bias = "none"
@@ -76,13 +72,9 @@ class ModelSpec:
         _positive("model", layers=self.layers, hidden=self.hidden, ffn_hidden=self.ffn_hidden,
                   heads=self.heads, kv_heads=self.kv_heads, vocab=self.vocab,
                   rope_base=self.rope_base)
-        for name, value, allowed in (("norm", self.norm, ("rmsnorm", "layernorm")),
-                                     ("position_embedding", self.position_embedding,
-                                      ("rope", "learned")),
-                                     ("bias", self.bias, ("none", "qkv", "all"))):
-            if value not in allowed:
-                raise SpecError(f"model.{name} must be one of {', '.join(allowed)}, "
-                                f"but got {value!r}")
+        if errors := style_errors("model", norm=self.norm, bias=self.bias,
+                                  position_embedding=self.position_embedding):
+            raise SpecError(errors[0])
         if self.heads % self.kv_heads:
             raise SpecError(f"model.heads % model.kv_heads == 0 must hold, but got "
                             f"heads={self.heads}, kv_heads={self.kv_heads}")

@@ -95,14 +95,16 @@ def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, 
     o["optimizer.use_distributed_optimizer"] = distributed
     if f.zero == 3 and f.fsdp_impl == "torch":
         o |= {"dist.use_torch_fsdp2": True, "checkpoint.ckpt_format": "torch_dist"}
-    elif f.zero in (2, 3):
+    elif f.zero in (2, 3):  # Megatron-FSDP's required settings, as in megatron.py
         o |= {"dist.use_megatron_fsdp": True, "ddp.use_megatron_fsdp": True,
+              "model.gradient_accumulation_fusion": False,
               "ddp.data_parallel_sharding_strategy":
                   "optim_grads" if f.zero == 2 else "optim_grads_params",
               "checkpoint.ckpt_format": "fsdp_dtensor"}
     o["ddp.overlap_grad_reduce"] = t.overlap_grad_reduce and f.dp * f.cp > 1
     o["ddp.overlap_param_gather"] = (t.overlap_param_gather and t.overlap_grad_reduce
-                                     and f.zero >= 1 and f.dp * f.cp > 1)
+                                     and f.zero >= 1 and f.dp * f.cp > 1
+                                     and f.fsdp_impl != "torch")  # not with torch FSDP2
     return o
 
 

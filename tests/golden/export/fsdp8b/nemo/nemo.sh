@@ -38,6 +38,7 @@ torchrun --nnodes 8 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --master-ad
     optimizer.use_distributed_optimizer=true \
     dist.use_megatron_fsdp=true \
     ddp.use_megatron_fsdp=true \
+    model.gradient_accumulation_fusion=false \
     ddp.data_parallel_sharding_strategy=optim_grads_params \
     checkpoint.ckpt_format=fsdp_dtensor \
     ddp.overlap_grad_reduce=true \
