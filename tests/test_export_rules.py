@@ -11,7 +11,7 @@ import pytest
 
 from costmodel.specs import Plan, Training
 from search.planfile import PlanFile, load_plan_file
-from tcf_search.export import ExportOptions, ExportRefused, render
+from tcf_search.export import ExportError, ExportOptions, ExportRefused, render
 from tcf_search.export.rules import RULES
 from tcf_search.export.view import LaunchView, facts_of, virtual_stage_layers
 
@@ -178,3 +178,14 @@ def test_plan_validity_is_still_the_specs_job() -> None:
         Plan(tp=1, sequence_parallel=True)
     with pytest.raises(ValueError):
         Training(seq_len=0, global_batch=1)
+
+
+def test_target_version_names_one_release_or_one_per_format() -> None:
+    pf = example("pp8b")
+    both = ExportOptions(target_version="torchtitan=0.2, megatron=0.16")
+    assert "torchtitan.toml" in render("torchtitan", pf, both)
+    assert "# megatron 0.16 launch" in render("megatron", pf, both)["megatron.sh"]
+    assert "# nemo 0.3 launch" in render("nemo", pf, both)["nemo.sh"]  # not named: default
+    for bad in ("0.15", "megatron=0.15", "titan=0.2"):
+        with pytest.raises(ExportError):
+            render("megatron", pf, ExportOptions(target_version=bad))
