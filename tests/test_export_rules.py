@@ -183,7 +183,7 @@ def test_plan_validity_is_still_the_specs_job() -> None:
 def test_target_version_names_one_release_or_one_per_format() -> None:
     pf = example("pp8b")
     both = ExportOptions(target_version="torchtitan=0.2, megatron=0.16")
-    assert "torchtitan.toml" in render("torchtitan", pf, both)
+    assert "torchtitan 0.2 always applies sequence parallelism" in refusal("torchtitan", pf, both)
     assert "# megatron 0.16 launch" in render("megatron", pf, both)["megatron.sh"]
     assert "# nemo 0.3 launch" in render("nemo", pf, both)["nemo.sh"]  # not named: default
     for bad in ("0.15", "megatron=0.15", "titan=0.2"):
