@@ -14,6 +14,7 @@ from typing import Literal
 from costmodel.attention import MlaSpec
 from costmodel.errors import SpecError, require_positive
 from costmodel.hardware import ClusterSpec, Efficiency, GpuSpec
+from costmodel.layer_style import Bias, Norm, PositionEmbedding, style_errors
 
 FfnType = Literal["swiglu", "gelu"]
 Recompute = Literal["none", "selective", "full"]
@@ -53,13 +54,19 @@ class ModelSpec:
     moe_shared_experts: int = 0
     moe_dense_layers: int = 0
     mla: MlaSpec | None = None  # multi-head latent attention (costmodel.attention)
-    qkv_bias: bool = False  # biases on the Q, K and V projections (Qwen2.x)
     sliding_window: int = 0  # tokens each query attends to at most (0: the whole sequence)
+    norm: Norm = "rmsnorm"  # norm .. bias: see costmodel/layer_style.py
+    position_embedding: PositionEmbedding = "rope"
+    rope_base: float = 10000.0  # RoPE theta; unused with learned positions
+    bias: Bias = "none"  # linear-layer biases: none, QKV only (Qwen2.x), every one (GPT-3)
 
     def __post_init__(self) -> None:
         require_positive("model", layers=self.layers, hidden=self.hidden,
                          ffn_hidden=self.ffn_hidden, heads=self.heads, kv_heads=self.kv_heads,
-                         vocab=self.vocab)
+                         vocab=self.vocab, rope_base=self.rope_base)
+        if errors := style_errors("model", norm=self.norm, bias=self.bias,
+                                  position_embedding=self.position_embedding):
+            raise SpecError(errors[0])
         if self.heads % self.kv_heads:
             raise SpecError(f"model.heads % model.kv_heads == 0 must hold, but got "
                             f"heads={self.heads}, kv_heads={self.kv_heads}")
@@ -84,6 +91,11 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.moe_experts > 0
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Biases on the Q, K and V projections (the only ones the cost model counts)."""
+        return self.bias != "none"
 
     @property
     def d_head(self) -> int:

@@ -46,6 +46,17 @@ def _ffn_type(cfg: dict[str, Any]) -> str:
     return "swiglu" if act in ("silu", "swish", "swiglu") else "gelu"
 
 
+def _layer_style(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Norm, positions and biases: GPT-2-style configs (``n_embd``) use LayerNorm, learned
+    positions and biases everywhere; Llama-style ones RMSNorm and RoPE at ``rope_theta``, with
+    QKV biases where ``attention_bias`` is set or the model is Qwen2 (its modeling code always
+    adds them)."""
+    if "n_embd" in cfg:
+        return {"norm": "layernorm", "position_embedding": "learned", "bias": "all"}
+    qkv = bool(cfg.get("attention_bias")) or cfg.get("model_type") in QKV_BIAS_TYPES
+    return {"rope_base": float(cfg.get("rope_theta", 10000.0)), "bias": "qkv" if qkv else "none"}
+
+
 def _moe_fields(cfg: dict[str, Any], layers: int, ffn: int) -> dict[str, int]:
     experts = _int(cfg, "num_local_experts", "n_routed_experts", "num_experts", default=0)
     if experts == 0:
@@ -130,7 +141,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
         "vocab": _int(cfg, "vocab_size"), "ffn_type": _ffn_type(cfg),
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", "n_embd" in cfg)),
         "mla": mla, "sliding_window": window,
-        "qkv_bias": bool(cfg.get("attention_bias")) or cfg.get("model_type") in QKV_BIAS_TYPES,
+        **_layer_style(cfg),
     }
     fields.update(_moe_fields(cfg, layers, ffn))
     try:

@@ -133,7 +133,8 @@ def case_from_row(row: Mapping[str, object]) -> Case:
         moe_experts=_int(row, "moe_experts", 0), moe_topk=_int(row, "moe_topk", 0),
         moe_ffn_hidden=_int(row, "moe_ffn_hidden", 0),
         moe_shared_experts=_int(row, "moe_shared_experts", 0),
-        mla=mla, head_dim=mla.v_head_dim if mla else 0, qkv_bias=_bool(row, "qkv_bias"),
+        mla=mla, head_dim=mla.v_head_dim if mla else 0,
+        bias=_cell(row, "bias") or "none",  # type: ignore[arg-type]
         sliding_window=_int(row, "sliding_window", 0),
     )
     gpu = get_gpu(_cell(row, "gpu"))

@@ -15,25 +15,29 @@ DEEPSEEK_V3_MLA = MlaSpec(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=1
                           qk_rope_head_dim=64, v_head_dim=128)
 
 PRESETS: dict[str, ModelSpec] = {
-    # Llama 3 (Meta, 2024): GQA with 8 KV heads, SwiGLU, 128,256-token vocabulary, untied.
+    # Llama 3 (Meta, 2024): GQA with 8 KV heads, SwiGLU, 128,256-token vocabulary, untied;
+    # RMSNorm, RoPE with rope_theta 500000, no biases (config.json of each release).
     "llama3-8b": ModelSpec(name="llama3-8b", layers=32, hidden=4096, ffn_hidden=14336,
-                           heads=32, kv_heads=8, vocab=128256),
+                           heads=32, kv_heads=8, vocab=128256, rope_base=500000.0),
     "llama3-70b": ModelSpec(name="llama3-70b", layers=80, hidden=8192, ffn_hidden=28672,
-                            heads=64, kv_heads=8, vocab=128256),
+                            heads=64, kv_heads=8, vocab=128256, rope_base=500000.0),
     "llama3.1-405b": ModelSpec(name="llama3.1-405b", layers=126, hidden=16384,
-                               ffn_hidden=53248, heads=128, kv_heads=8, vocab=128256),
+                               ffn_hidden=53248, heads=128, kv_heads=8, vocab=128256,
+                               rope_base=500000.0),
     # GPT-3 175B (Brown et al., 2020, Table 2.1): MHA, GELU 4h MLP, tied embeddings; the
-    # vocabulary is padded to 51,200 as Megatron-LM does (a multiple of 128 * TP).
+    # vocabulary is padded to 51,200 as Megatron-LM does (a multiple of 128 * TP). GPT-2's
+    # architecture (paper, section 2.1): learned positions, LayerNorm, biases on every linear.
     "gpt3-175b": ModelSpec(name="gpt3-175b", layers=96, hidden=12288, ffn_hidden=49152,
                            heads=96, kv_heads=96, vocab=51200, ffn_type="gelu",
-                           tied_embeddings=True),
-    # Mixtral 8x7B (Mistral AI, 2024): 8 experts, top-2, every layer MoE.
+                           tied_embeddings=True, norm="layernorm", position_embedding="learned",
+                           bias="all"),
+    # Mixtral 8x7B (Mistral AI, 2024): 8 experts, top-2, every layer MoE; rope_theta 1e6.
     "mixtral-8x7b": ModelSpec(name="mixtral-8x7b", layers=32, hidden=4096, ffn_hidden=14336,
                               heads=32, kv_heads=8, vocab=32000, moe_experts=8, moe_topk=2,
-                              moe_ffn_hidden=14336),
+                              moe_ffn_hidden=14336, rope_base=1.0e6),
     # DeepSeek-V3 (DeepSeek-AI, 2024): 61 layers, the first 3 dense (18,432 wide), then 256
-    # routed experts of width 2,048, top-8, plus 1 shared expert; multi-head latent attention
-    # (DEEPSEEK_V3_MLA).
+    # routed experts of width 2,048, top-8, plus 1 shared expert; rope_theta 10000 (with YaRN
+    # scaling, not carried); multi-head latent attention (DEEPSEEK_V3_MLA).
     "deepseek-v3": ModelSpec(name="deepseek-v3", layers=61, hidden=7168, ffn_hidden=18432,
                              heads=128, kv_heads=128, head_dim=128, vocab=129280,
                              moe_experts=256, moe_topk=8, moe_ffn_hidden=2048,
@@ -45,14 +49,15 @@ PRESETS: dict[str, ModelSpec] = {
                          moe_ffn_hidden=2048, moe_shared_experts=1, moe_dense_layers=1,
                          mla=DEEPSEEK_V3_MLA),
     # Qwen3 MoE (Qwen team, 2025): GQA with 4 KV heads of 128 dims, 128 experts, top-8, no
-    # shared expert, every layer MoE.
+    # shared expert, every layer MoE; rope_theta 1e6, no QKV bias (attention_bias: false).
     "qwen3-30b-a3b": ModelSpec(name="qwen3-30b-a3b", layers=48, hidden=2048, ffn_hidden=6144,
                                heads=32, kv_heads=4, head_dim=128, vocab=151936,
-                               moe_experts=128, moe_topk=8, moe_ffn_hidden=768),
+                               moe_experts=128, moe_topk=8, moe_ffn_hidden=768,
+                               rope_base=1.0e6),
     "qwen3-235b-a22b": ModelSpec(name="qwen3-235b-a22b", layers=94, hidden=4096,
                                  ffn_hidden=12288, heads=64, kv_heads=4, head_dim=128,
                                  vocab=151936, moe_experts=128, moe_topk=8,
-                                 moe_ffn_hidden=1536),
+                                 moe_ffn_hidden=1536, rope_base=1.0e6),
     # A few-million-parameter Llama for real runs on CPU (tiny-cpu study): 4 layers of width
     # 256, 8 heads of 32 dims, 4 KV heads, so TP=2/4 and PP=2/4 all divide it. ~5.0M params.
     "tiny": ModelSpec(name="tiny", layers=4, hidden=256, ffn_hidden=768, heads=8, kv_heads=4,

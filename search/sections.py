@@ -115,9 +115,12 @@ class Architecture(_Section):
     head_dim: Int = Field(default=0, ge=0)
     ffn_type: Literal["swiglu", "gelu"] = "swiglu"
     tied_embeddings: Bool = False
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    position_embedding: Literal["rope", "learned"] = "rope"
+    rope_base: float = Field(default=10000.0, gt=0)
+    bias: Literal["none", "qkv", "all"] = "none"
     moe: Moe | None = None
     mla: Mla | None = None
-    qkv_bias: Bool = False
     sliding_window: Int = Field(default=0, ge=0)  # 0: attend to the whole sequence
 
 

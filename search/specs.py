@@ -39,12 +39,14 @@ def build_model(study: Study) -> ModelSpec:
                 vocab=arch.vocab,
                 head_dim=arch.head_dim or (arch.mla.v_head_dim if arch.mla else 0),
                 ffn_type=arch.ffn_type, tied_embeddings=arch.tied_embeddings,
+                norm=arch.norm, position_embedding=arch.position_embedding,
+                rope_base=arch.rope_base, bias=arch.bias,
                 moe_experts=moe.experts if moe else 0, moe_topk=moe.topk if moe else 0,
                 moe_ffn_hidden=moe.ffn_hidden if moe else 0,
                 moe_shared_experts=moe.shared_experts if moe else 0,
                 moe_dense_layers=moe.dense_layers if moe else 0,
                 mla=MlaSpec(**arch.mla.model_dump()) if arch.mla else None,
-                qkv_bias=arch.qkv_bias, sliding_window=arch.sliding_window)
+                sliding_window=arch.sliding_window)
     except HfConfigError as exc:
         raise StudyError(f"model.hf_config: {exc}") from None
     except SpecError as exc:

@@ -54,7 +54,7 @@ def test_mla_attention_flops_use_the_query_key_and_value_widths() -> None:
 def test_qkv_bias_adds_one_bias_per_output() -> None:
     m = ModelSpec(layers=2, hidden=1024, ffn_hidden=4096, heads=8, kv_heads=2, vocab=1000)
     # 1024 * (8*128 + 2*2*128) weights; with bias + (8*128 + 2*2*128) = 1536 more
-    assert qkv_params(dataclasses.replace(m, qkv_bias=True)) - qkv_params(m) == 1536
+    assert qkv_params(dataclasses.replace(m, bias="qkv")) - qkv_params(m) == 1536
 
 
 def test_sliding_window_caps_the_keys() -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from costmodel.specs import Plan, Training
 from search.planfile import PlanFile, load_plan_file
-from tcf_search.export import ExportOptions, ExportRefused, render
+from tcf_search.export import ExportError, ExportOptions, ExportRefused, render
 from tcf_search.export.rules import RULES
 from tcf_search.export.view import LaunchView, facts_of, virtual_stage_layers
 
@@ -43,7 +43,7 @@ def refusal(fmt: str, pf: PlanFile, options: ExportOptions | None = None) -> str
 
 @pytest.mark.parametrize("fmt", sorted(RULES))
 def test_every_reason_template_formats(fmt: str) -> None:
-    f = facts_of(example("dense70b"), ExportOptions())
+    f = facts_of(example("dense70b"), ExportOptions(), "megatron")
     for rule in RULES[fmt]:
         text = rule.describe(f)
         assert "{" not in text and text, rule
@@ -131,11 +131,13 @@ def test_nanotron_0_4_has_no_recompute_but_main_has_whole_layer_recompute() -> N
     assert "not in 0.4" in refusal("nanotron", pf, ExportOptions(target_version="0.4"))
 
 
-def test_torchtitan_0_3_refuses_ep_with_tp_but_0_2_maps_etp() -> None:
+def test_torchtitan_refuses_a_moe_model_on_its_dense_llama() -> None:
+    # Mixtral exported to torchtitan's Llama 3 would train a dense model under EP flags.
     pf = example("moe_ep")
     assert "folds EP" in refusal("torchtitan", pf)
-    assert "expert_tensor_parallel_degree = 2" in render(
-        "torchtitan", pf, ExportOptions(target_version="0.2"))["torchtitan.toml"]
+    for version in ("0.3", "0.2"):
+        reason = refusal("torchtitan", pf, ExportOptions(target_version=version))
+        assert "Llama 3 model is dense, but the model has 8 experts" in reason
 
 
 def test_common_world_size_and_batch_rules() -> None:
@@ -157,16 +159,16 @@ def test_one_end_pinned_takes_the_cost_models_other_end() -> None:
     # costmodel/mapping.py (rank_split, as Megatron-LM): the unpinned stages, the last among
     # them, share the layers the pinned first stage leaves.
     pf = with_plan(example("pp8b"), pp=4, dp=1, first_stage_layers=5)
-    f: LaunchView = facts_of(pf, ExportOptions())
+    f: LaunchView = facts_of(pf, ExportOptions(), "megatron")
     # 32 layers: first 5, the other 27 over 3 stages, 9 each
     assert f.stage_layers == (5, 9, 9, 9) and f.first == 5 and f.last == 9
     pf = with_plan(pf, first_stage_layers=6)
-    f = facts_of(pf, ExportOptions())
+    f = facts_of(pf, ExportOptions(), "megatron")
     assert f.stage_layers == ()  # 26 layers do not split over 3 stages
 
 
 def test_virtual_stages_cover_every_layer_once() -> None:
-    f = facts_of(example("dense70b"), ExportOptions())
+    f = facts_of(example("dense70b"), ExportOptions(), "megatron")
     chunks = virtual_stage_layers(f)
     assert chunks == [9, 11, 11, 9, 9, 11, 11, 9] and sum(chunks) == 80
 
@@ -176,3 +178,14 @@ def test_plan_validity_is_still_the_specs_job() -> None:
         Plan(tp=1, sequence_parallel=True)
     with pytest.raises(ValueError):
         Training(seq_len=0, global_batch=1)
+
+
+def test_target_version_names_one_release_or_one_per_format() -> None:
+    pf = example("pp8b")
+    both = ExportOptions(target_version="torchtitan=0.2, megatron=0.16")
+    assert "torchtitan 0.2 always applies sequence parallelism" in refusal("torchtitan", pf, both)
+    assert "# megatron 0.16 launch" in render("megatron", pf, both)["megatron.sh"]
+    assert "# nemo 0.3 launch" in render("nemo", pf, both)["nemo.sh"]  # not named: default
+    for bad in ("0.15", "megatron=0.15", "titan=0.2"):
+        with pytest.raises(ExportError):
+            render("megatron", pf, ExportOptions(target_version=bad))

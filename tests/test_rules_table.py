@@ -107,7 +107,7 @@ def test_check_plan_space_explain_and_export_agree(plan: Plan, specs: Specs,
     pf = PlanFile(study="rules-table", model=specs.model, gpu=specs.cluster.gpu.id,
                   num_gpus=specs.cluster.num_gpus, gpus_per_node=specs.cluster.gpus_per_node,
                   training=specs.training, plan=plan)
-    f = facts_of(pf, ExportOptions())
+    f = facts_of(pf, ExportOptions(), "megatron")
     exported = [r.rule.name for r in COMMON if isinstance(r, Shared) and not r.holds(f)]
     # the exporters read the same table with their own switches (whole chunks, any plan)
     assert (exported[0] if exported else "ok") == check_verdict(plan, specs, EXPORT_SWITCHES)

@@ -178,7 +178,7 @@ def _config(tmp_path: Path, cfg: dict[str, object]) -> Path:
 def test_hf_config_llama_mixtral_qwen_deepseek(tmp_path: Path) -> None:
     llama = {"num_hidden_layers": 32, "hidden_size": 4096, "intermediate_size": 14336,
              "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-             "hidden_act": "silu", "tie_word_embeddings": False}
+             "hidden_act": "silu", "tie_word_embeddings": False, "rope_theta": 500000.0}
     parsed = load_hf_config(_config(tmp_path, llama))
     assert dataclasses.replace(parsed, name="llama3-8b") == PRESETS["llama3-8b"]
     mixtral = {**llama, "vocab_size": 32000, "num_local_experts": 8, "num_experts_per_tok": 2}
@@ -188,6 +188,11 @@ def test_hf_config_llama_mixtral_qwen_deepseek(tmp_path: Path) -> None:
             "moe_intermediate_size": 768}
     q = load_hf_config(_config(tmp_path, qwen))
     assert (q.moe_experts, q.expert_ffn_hidden, q.head_dim) == (128, 768, 128)
+    qwen2 = load_hf_config(_config(tmp_path, {**llama, "model_type": "qwen2"}))
+    assert (qwen2.bias, qwen2.norm, qwen2.position_embedding) == ("qkv", "rmsnorm", "rope")
+    gpt2 = load_hf_config(_config(tmp_path, {"n_layer": 12, "n_embd": 768, "n_head": 12,
+                                             "vocab_size": 50257}))
+    assert (gpt2.bias, gpt2.norm, gpt2.position_embedding) == ("all", "layernorm", "learned")
     deepseek = {**llama, "num_attention_heads": 128, "num_key_value_heads": 128,
                 "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
                 "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256,

@@ -56,7 +56,7 @@ def config(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, Any
 
 
 def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
-    f = facts_of(pf, options)
+    f = facts_of(pf, options, "accelerate")
     rules.check("accelerate", rules.ACCELERATE, f)
     head = (f"# Accelerate config for study {comment_safe(pf.study)}, rank {pf.rank}; "
             f"per-GPU micro-batch {f.micro_batch}, gradient accumulation {f.microbatches}.\n")
@@ -68,4 +68,4 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
         [(options.train_script,),
          ("--per_device_train_batch_size", f.micro_batch,
           "--gradient_accumulation_steps", f.microbatches)])
-    return {CONFIG: text, "accelerate.sh": script("accelerate", pf, body)}
+    return {CONFIG: text, "accelerate.sh": script("accelerate", pf, body, None, f.version)}

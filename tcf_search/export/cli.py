@@ -180,7 +180,8 @@ def export_cmd(
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing files.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON report.")] = False,
     target_version: Annotated[str | None, typer.Option(
-        "--target-version", help="torchtitan 0.3|0.2, nanotron main|0.4.")] = None,
+        "--target-version", help="Launcher release: V or FMT=V[,FMT=V] (torchtitan 0.3|0.2, "
+        "nanotron main|0.4; megatron 0.16, nemo 0.3, deepspeed 0.19, accelerate 1.15).")] = None,
     launcher: Annotated[str, typer.Option(
         "--launcher", help="Launcher the slurm script runs.")] = "megatron",
     settings: Annotated[list[str] | None, typer.Option(

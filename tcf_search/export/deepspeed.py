@@ -2,7 +2,11 @@
 AutoEP) plus the ``torchrun`` line that starts the user's script with it.
 
 Batch keys obey DeepSpeed's own identity, checked in ``deepspeed/runtime/config.py``:
-``train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp``.
+``train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * world``,
+where ``world`` is the data-parallel size when an mpu is given (the pipeline engine's grid) and
+every rank otherwise. ``deepspeed.initialize`` with AutoTP passes no mpu (its TP groups are made
+in ``merge_tp_model_init_into_config``), so each TP rank counts: with tp > 1 the config gives the
+micro-batch and accumulation steps only and DeepSpeed derives its batch figure from them.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ LAUNCHER = "deepspeed.sh"
 
 def config(pf: PlanFile, f: LaunchView) -> dict[str, Any]:
     t = pf.training
-    cfg: dict[str, Any] = {
-        "train_batch_size": f.global_batch,
+    cfg: dict[str, Any] = {} if f.tp > 1 and f.pp == 1 else {"train_batch_size": f.global_batch}
+    cfg |= {
         "train_micro_batch_size_per_gpu": f.micro_batch,
         "gradient_accumulation_steps": f.microbatches,
         "gradient_clipping": 1.0,
@@ -53,9 +57,9 @@ def config(pf: PlanFile, f: LaunchView) -> dict[str, Any]:
 
 
 def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
-    f = facts_of(pf, options)
+    f = facts_of(pf, options, "deepspeed")
     rules.check("deepspeed", rules.DEEPSPEED, f)
     text = json.dumps(config(pf, f), indent=2) + "\n"
     body = command([*torchrun_head(f, options.master_port), options.train_script],
                    [("--deepspeed", "--deepspeed_config", Raw(f'"$(dirname "$0")/{CONFIG}"'))])
-    return {CONFIG: text, LAUNCHER: script("deepspeed", pf, body)}
+    return {CONFIG: text, LAUNCHER: script("deepspeed", pf, body, None, f.version)}

@@ -8,6 +8,7 @@ Megatron's own data-parallel modes: 1 = distributed optimizer, 2/3 = Megatron-FS
 
 from __future__ import annotations
 
+from costmodel.specs import ModelSpec
 from search.planfile import PlanFile
 
 from . import rules
@@ -41,15 +42,39 @@ def data_parallel_args(f: LaunchView, pf: PlanFile) -> list[Group]:
         out.append(("--use-torch-fsdp2", "--no-gradient-accumulation-fusion",
                     "--ckpt-format", "torch_dist"))
     elif f.zero in (2, 3):
+        # Megatron-FSDP's required flags (megatron/core/distributed/fsdp/src/README.md and
+        # the examples that run it): the sharding strategy, the distributed optimizer, no
+        # gradient-accumulation fusion, and its own checkpoint format.
         strategy = "optim_grads" if f.zero == 2 else "optim_grads_params"
         out.append(("--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy,
+                    "--use-distributed-optimizer", "--no-gradient-accumulation-fusion",
                     "--ckpt-format", "fsdp_dtensor"))
     if t.overlap_grad_reduce and f.dp * f.cp > 1:
         out.append(("--overlap-grad-reduce",))
-        if t.overlap_param_gather and f.zero >= 1:
+        # validate_args: --overlap-param-gather only with the distributed optimizer or
+        # Megatron-FSDP, not torch FSDP2 (which overlaps its all-gathers itself).
+        if t.overlap_param_gather and f.zero >= 1 and f.fsdp_impl != "torch":
             out.append(("--overlap-param-gather",))
     if t.tp_comm_overlap:
         out.append(("--tp-comm-overlap",))
+    return out
+
+
+NORMALIZATION = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
+POSITIONS = {"rope": "rope", "learned": "learned_absolute"}
+
+
+def layer_style_args(m: ModelSpec) -> list[Group]:
+    """Norm, positions and biases (megatron/training/arguments.py: --normalization,
+    --position-embedding-type, --rotary-base, --disable-bias-linear, --add-qkv-bias)."""
+    out: list[Group] = [("--normalization", NORMALIZATION[m.norm],
+                         "--position-embedding-type", POSITIONS[m.position_embedding])]
+    if m.position_embedding == "rope":
+        out.append(("--rotary-base", int(m.rope_base)))
+    if m.bias != "all":
+        out.append(("--disable-bias-linear",))
+    if m.bias == "qkv":
+        out.append(("--add-qkv-bias",))
     return out
 
 
@@ -64,8 +89,7 @@ def model_args(pf: PlanFile) -> list[Group]:
     if m.head_dim:
         out.append(("--kv-channels", m.head_dim))
     out.append(("--seq-length", t.seq_len, "--max-position-embeddings", t.seq_len))
-    out.append(("--position-embedding-type", "rope", "--normalization", "RMSNorm",
-                "--disable-bias-linear"))
+    out += layer_style_args(m)
     if m.ffn_type == "swiglu":
         out.append(("--swiglu",))
     if not m.tied_embeddings:
@@ -134,7 +158,7 @@ def weight_and_grad_dtype_args(pf: PlanFile) -> list[Group]:
 
 
 def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
-    f = facts_of(pf, options)
+    f = facts_of(pf, options, "megatron")
     rules.check("megatron", rules.MEGATRON, f)
     run = options.run_name or pf.study
     groups: list[Group] = [
@@ -155,4 +179,4 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
     # Megatron asserts this for TP/CP before Blackwell; FSDP modes assert the opposite.
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (f.tp > 1 or f.cp > 1) and f.zero < 2 else {}
     body = command([*torchrun_head(f, options.master_port), options.megatron_script], groups)
-    return {FILENAME: script("megatron", pf, body, env)}
+    return {FILENAME: script("megatron", pf, body, env, f.version)}

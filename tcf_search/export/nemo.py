@@ -9,11 +9,29 @@ from search.planfile import PlanFile
 
 from . import rules
 from .megatron import split_args
-from .options import ExportOptions
+from .options import ExportOptions, ExportRefused
 from .shell import Group, command, script, torchrun_head
 from .view import LaunchView, facts_of
 
 FILENAME = "nemo.sh"
+
+# Megatron-Bridge recipes by the model the user named (megatron/bridge/recipes/*): the recipe and
+# whether it sets ``comm_overlap`` (a None section takes no ``comm_overlap.*`` override). The
+# Llama and Qwen recipes read the named model's Hugging Face config at start (AutoBridge), which
+# the user asked for by naming the model; the GPT-3 recipe builds GPTProvider175B locally.
+RECIPES: dict[str, tuple[str, bool]] = {
+    "llama3-8b": ("llama3_8b_pretrain_config", False),
+    "llama3-70b": ("llama3_70b_pretrain_config", True),
+    "llama3.1-405b": ("llama31_405b_pretrain_config", True),
+    "gpt3-175b": ("gpt3_175b_pretrain_config", True),
+    "qwen3-30b-a3b": ("qwen3_30b_a3b_pretrain_config", False),
+    "qwen3-235b-a22b": ("qwen3_235b_a22b_pretrain_config", False),
+}
+# Any other GELU model starts from the GPT-3 recipe (no download) with every size overridden; a
+# recipe's activation_func is a callable, which Hydra overrides cannot change.
+GELU_BASE = RECIPES["gpt3-175b"]
+NORMALIZATION = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
+POSITIONS = {"rope": "rope", "learned": "learned_absolute"}
 
 MIXED_PRECISION = {"bf16": "bf16_mixed", "fp16": "fp16_mixed",
                    "fp8": "bf16_with_fp8_delayed_scaling_mixed"}
@@ -62,6 +80,12 @@ def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, 
     }
     if m.head_dim:
         o["model.kv_channels"] = m.head_dim
+    o |= {"model.normalization": NORMALIZATION[m.norm],
+          "model.position_embedding_type": POSITIONS[m.position_embedding],
+          "model.add_bias_linear": m.bias == "all", "model.add_qkv_bias": m.bias != "none",
+          "model.gated_linear_unit": m.ffn_type == "swiglu", "tokenizer.vocab_size": m.vocab}
+    if m.position_embedding == "rope":
+        o["model.rotary_base"] = int(m.rope_base)
     if m.is_moe:
         o |= {"model.num_moe_experts": m.moe_experts, "model.moe_router_topk": m.moe_topk,
               "model.moe_ffn_hidden_size": m.expert_ffn_hidden}
@@ -78,24 +102,46 @@ def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, 
     o["optimizer.use_distributed_optimizer"] = distributed
     if f.zero == 3 and f.fsdp_impl == "torch":
         o |= {"dist.use_torch_fsdp2": True, "checkpoint.ckpt_format": "torch_dist"}
-    elif f.zero in (2, 3):
+    elif f.zero in (2, 3):  # Megatron-FSDP's required settings, as in megatron.py
         o |= {"dist.use_megatron_fsdp": True, "ddp.use_megatron_fsdp": True,
+              "model.gradient_accumulation_fusion": False,
               "ddp.data_parallel_sharding_strategy":
                   "optim_grads" if f.zero == 2 else "optim_grads_params",
               "checkpoint.ckpt_format": "fsdp_dtensor"}
     o["ddp.overlap_grad_reduce"] = t.overlap_grad_reduce and f.dp * f.cp > 1
     o["ddp.overlap_param_gather"] = (t.overlap_param_gather and t.overlap_grad_reduce
-                                     and f.zero >= 1 and f.dp * f.cp > 1)
-    o["comm_overlap.tp_comm_overlap"] = t.tp_comm_overlap
+                                     and f.zero >= 1 and f.dp * f.cp > 1
+                                     and f.fsdp_impl != "torch")  # not with torch FSDP2
     return o
 
 
+def recipe_of(pf: PlanFile, options: ExportOptions) -> tuple[str, bool]:
+    """The recipe and whether it has a comm_overlap section; refuses a model without one."""
+    if options.nemo_recipe:
+        return options.nemo_recipe, True
+    m = pf.model
+    if m.name in RECIPES:
+        return RECIPES[m.name]
+    if m.ffn_type == "gelu":
+        return GELU_BASE
+    raise ExportRefused("nemo", [
+        f"a SwiGLU model needs a Megatron-Bridge recipe of its family (activation_func is a "
+        f"callable no override changes), and those read a named model's Hugging Face config; "
+        f"{m.name!r} is none of {', '.join(RECIPES)} (pass --set nemo_recipe=... to choose one)"])
+
+
 def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
-    f = facts_of(pf, options)
+    f = facts_of(pf, options, "nemo")
     rules.check("nemo", rules.NEMO, f)
+    recipe, has_comm_overlap = recipe_of(pf, options)
     o = overrides(pf, f, options)
-    groups: list[Group] = [("--recipe", options.nemo_recipe)]
+    if has_comm_overlap:
+        o["comm_overlap.tp_comm_overlap"] = pf.training.tp_comm_overlap
+    elif pf.training.tp_comm_overlap:
+        raise ExportRefused("nemo", [f"recipe {recipe} has no comm_overlap section, so "
+                                     "tp_comm_overlap=true cannot be set by an override"])
+    groups: list[Group] = [("--recipe", recipe)]
     groups += [(f"{k}={_value(v)}",) for k, v in o.items()]
     body = command([*torchrun_head(f, options.master_port), options.nemo_script], groups)
     env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (f.tp > 1 or f.cp > 1) and f.zero < 2 else {}
-    return {FILENAME: script("nemo", pf, body, env)}
+    return {FILENAME: script("nemo", pf, body, env, f.version)}

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel import rules as costmodel_rules
+from costmodel.specs import ModelSpec
 
 from .options import ExportRefused
 from .view import LaunchView
@@ -91,6 +92,13 @@ MEGATRON: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
          "--recompute-num-layers counts layers per model chunk, so recompute_layers % vpp == 0 "
          "must hold, but got recompute_layers={recompute_layers}, vpp={vpp}",
          "megatron/core/transformer/transformer_block.py (block recompute)"),
+    Rule(lambda f: not (f.zero == 2 and f.fsdp_impl == "torch"),
+         "--use-torch-fsdp2 always shards parameters (ZeRO-3); Megatron has no torch-FSDP "
+         "ZeRO-2, but got zero_stage=2 with fsdp_impl=torch (use fsdp_impl=megatron)",
+         "megatron/training/arguments.py (--use-torch-fsdp2)"),
+    Rule(lambda f: f.model.rope_base == int(f.model.rope_base),
+         "--rotary-base takes an integer, but the model has rope_base={model.rope_base}",
+         "megatron/training/arguments.py"),
     Rule(lambda f: not (f.zero == 3 and f.fsdp_impl == "torch") or f.pp == 1,
          "--use-torch-fsdp2 is not supported with pipeline parallelism, but got pp={pp}",
          "megatron/training/arguments.py validate_args"),
@@ -147,7 +155,36 @@ def _dp_shard(f: LaunchView) -> int:
     return f.dp if f.zero > 0 else 1
 
 
-TORCHTITAN: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
+# torchtitan's Llama 3 parts (torchtitan/models/llama3/__init__.py, models/common): RMSNorm,
+# RoPE, bias-free linears, SwiGLU, a dense FFN and head_dim = dim // n_heads.
+TITAN_LLAMA: tuple[AnyRule, ...] = (
+    Rule(lambda f: f.model.norm == "rmsnorm" and f.model.position_embedding == "rope"
+         and f.model.bias == "none" and f.model.ffn_type == "swiglu",
+         "torchtitan's Llama 3 model has RMSNorm, RoPE, SwiGLU and no biases, but the model has "
+         "norm={model.norm}, position_embedding={model.position_embedding}, "
+         "bias={model.bias}, ffn_type={model.ffn_type}", "torchtitan/models/llama3/__init__.py"),
+    Rule(lambda f: not f.model.is_moe,
+         "torchtitan's Llama 3 model is dense, but the model has {model.moe_experts} experts "
+         "(its MoE modules are other models' code)", "torchtitan/models/llama3/__init__.py"),
+    Rule(lambda f: f.model.d_head * f.model.heads == f.model.hidden,
+         "torchtitan's Llama 3 attention takes head_dim = dim // n_heads, but the model has "
+         "head_dim={model.d_head}, hidden={model.hidden}, heads={model.heads}",
+         "torchtitan/models/common/config_utils.py make_gqa_config"),
+)
+
+# torchtitan 0.2 picks a registered flavour by name (torchtitan/models/llama3/__init__.py,
+# llama3_configs): layers, hidden, heads, KV heads, FFN width, vocab; all RoPE theta 500000.
+TITAN_FLAVORS_02: dict[str, tuple[int, int, int, int, int, int]] = {
+    "8B": (32, 4096, 32, 8, 14336, 128256),
+    "70B": (80, 8192, 64, 8, 28672, 128256),
+    "405B": (126, 16384, 128, 8, 53248, 128256),
+}
+
+
+def model_shape(m: ModelSpec) -> tuple[int, int, int, int, int, int]:
+    return (m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.vocab)
+
+TORCHTITAN: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + TITAN_LLAMA + (
     Rule(lambda f: f.kv_heads % f.tp == 0,
          "kv_heads % tp == 0 must hold (column-sharded wk/wv split whole KV heads), but got "
          "kv_heads={kv_heads}, tp={tp}", "torchtitan/models/llama3/parallelize.py"),
@@ -165,6 +202,11 @@ TORCHTITAN: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
          "EP borrows FSDP ranks, so (dp_shard*cp) % ep == 0 must hold, but got "
          "dp={dp} (zero_stage={zero}), cp={cp}, ep={ep}",
          "torchtitan/distributed/parallel_dims.py"),
+    Rule(lambda f: f.version != "0.2" or (
+        model_shape(f.model) in TITAN_FLAVORS_02.values() and f.model.rope_base == 500000.0
+        and not f.model.tied_embeddings),
+         "torchtitan 0.2 trains a registered Llama 3 flavour (8B, 70B, 405B) picked by name, but "
+         "the model ({model.name}) is none of them", "torchtitan/models/llama3/__init__.py"),
     Rule(lambda f: f.version != "0.2" or f.tp == 1 or f.sp,
          "torchtitan 0.2 always applies sequence parallelism with TP, but the plan has "
          "tp={tp} without it", "torchtitan 0.2 tensor_parallel"),
@@ -174,6 +216,17 @@ TORCHTITAN: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
 )
 
 NANOTRON: tuple[AnyRule, ...] = COMMON + (
+    Rule(lambda f: f.model.norm == "rmsnorm" and f.model.position_embedding == "rope"
+         and f.model.bias == "none" and f.model.ffn_type == "swiglu" and not f.model.is_moe
+         and f.model.d_head * f.model.heads == f.model.hidden,
+         "nanotron's LlamaConfig is a dense RMSNorm/RoPE/SwiGLU model without biases and with "
+         "head_dim = hidden / heads, but the model has norm={model.norm}, position_embedding="
+         "{model.position_embedding}, bias={model.bias}, ffn_type={model.ffn_type}, "
+         "experts={model.moe_experts}, head_dim={model.d_head}",
+         "nanotron/config/models_config.py"),
+    Rule(lambda f: f.version != "0.4" or f.model.rope_base == 10000.0,
+         "nanotron 0.4's LlamaConfig has no rope_theta (RoPE base 10000), but the model has "
+         "rope_base={model.rope_base}", "nanotron 0.4 nanotron/config/models_config.py"),
     Rule(lambda f: f.zero in (0, 1),
          "nanotron implements ZeRO-0/1 only, but got zero_stage={zero}",
          "nanotron/helpers.py (optimizer builder)"),

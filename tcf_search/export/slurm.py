@@ -42,7 +42,7 @@ def render_with(launchers: dict[str, Renderer], pf: PlanFile,
                           f"but got {name!r}")
     files = launchers[name](pf, options)  # raises ExportRefused with that launcher's rules
     launcher_script = next(p for p in files if p.endswith(".sh"))
-    f = facts_of(pf, options)
+    f = facts_of(pf, options, name)
     lines = [
         "#!/bin/bash",
         f"#SBATCH --job-name={job_name(options.run_name or pf.study)}",
@@ -60,6 +60,7 @@ def render_with(launchers: dict[str, Renderer], pf: PlanFile,
         "export MASTER_ADDR MASTER_PORT",
         f'LAUNCHER="$SLURM_SUBMIT_DIR/{launcher_script}"',
         # Single quotes: each node expands its own SLURM_NODEID, not the batch host's.
+        "# shellcheck disable=SC2016  # single quotes: each node expands its own SLURM_NODEID",
         "srun --kill-on-bad-exit=1 bash -c 'NODE_RANK=\"$SLURM_NODEID\" exec bash \"$0\"' "
         '"$LAUNCHER"',
         "",

@@ -12,9 +12,10 @@ from typing import Any
 
 from costmodel import rules
 from costmodel.mapping import stage_counts
+from costmodel.specs import ModelSpec
 from search.planfile import PlanFile
 
-from .options import ExportOptions
+from .options import ExportOptions, target_for
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,6 +56,7 @@ class LaunchView:
     middle_stages: int
     fsdp_impl: str
     version: str
+    model: ModelSpec  # the searched model, for the architecture rules
     plan_columns: dict[str, Any]  # the plan as the validity table reads it (costmodel.rules)
     rule_facts: rules.Facts
 
@@ -87,7 +89,7 @@ def _stage_split(layers: int, pp: int, first: int, last: int
 EXPORT_SWITCHES = rules.Switches(uneven_chunks=False)
 
 
-def facts_of(pf: PlanFile, options: ExportOptions, *, default_version: str = "") -> LaunchView:
+def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
     p, t, m = pf.plan, pf.training, pf.model
     denominator = p.micro_batch * p.dp
     microbatches = t.global_batch // denominator if t.global_batch % denominator == 0 else 0
@@ -108,7 +110,7 @@ def facts_of(pf: PlanFile, options: ExportOptions, *, default_version: str = "")
         world=p.world_size, num_gpus=pf.num_gpus, gpus_per_node=pf.gpus_per_node,
         nodes=max(1, pf.num_gpus // pf.gpus_per_node), nproc_per_node=nproc,
         stage_layers=stages, middle_layers=middle_layers, middle_stages=middle_stages,
-        fsdp_impl=options.fsdp_impl, version=options.target_version or default_version,
+        fsdp_impl=options.fsdp_impl, version=target_for(fmt, options), model=m,
         plan_columns=rules.plan_columns(p),
         rule_facts=rules.Facts(layers=m.layers, heads=m.heads, kv_heads=m.kv_heads,
                                experts=m.moe_experts, seq_len=t.seq_len,
