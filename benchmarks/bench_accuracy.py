@@ -58,13 +58,14 @@ def main() -> int:
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
-    print(f"{'figure':<22}{'bar':>10}{'held-out':>12}{'all rows':>12}")
     keys = list(dict.fromkeys([*out["all"], *out["held_out"]]))
+    width = max(len(k) for k in keys) + 2
+    print(f"{'figure':<{width}}{'bar':>10}{'held-out':>12}{'all rows':>12}")
     for key in keys:
         bar = BARS.get(key)
         bar_s = f"{bar[0]}{bar[1]:g}" if bar else ""
         h, a = out["held_out"].get(key, float("nan")), out["all"].get(key, float("nan"))
-        print(f"{key:<22}{bar_s:>10}{h:>12.3f}{a:>12.3f}")
+        print(f"{key:<{width}}{bar_s:>10}{h:>12.3f}{a:>12.3f}")
     cov = out["interval_coverage"]
     print(f"80% interval on tokens/s holds {cov['within']:.1%} of {cov['rows']} held-out rows "
           "(quantiles of the other half of the held-out groups); by regime: "
