@@ -10,8 +10,9 @@ reaches ``gemm_peak_fraction * x / (x + gemm_half_size)`` of peak, and never run
 operands stream from HBM. Flash attention (Dao, 2023) runs at ``attention_peak_fraction`` with
 causal masking halving the work, its backward doing 2.5x the forward's FLOPs. Elementwise kernels
 (norms, residual adds, RoPE, activation functions, casts) are memory bound. Every kernel also
-pays ``kernel_overhead_s``. With fp8, GEMMs run at the fp8 peak and pay the casts of their inputs
-and weights.
+pays ``kernel_overhead_s``. With fp8, GEMMs run at ``fp8_gemm_peak_fraction`` of the fp8 peak
+and pay the quantisation of their inputs (and of their weights where the framework does not cache
+the weights' fp8 copies between micro-batches).
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ from costmodel.recompute import (
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 
 BF16 = 2.0
-# The calibrated attention efficiency is FlashAttention-2's generation (every measured stack ran
-# it); the Hopper-only generation (FlashAttention-3, cuDNN fused attention) runs 1.5-2.0x faster
-# on H100 (Shah et al., 2024, "FlashAttention-3", abstract and sec. 4.1): the low end is taken.
-FLASH3_OVER_FLASH2 = 1.5
+# FlashAttention-2's generation runs at ``attention_peak_fraction``; the Hopper-and-later one
+# (FlashAttention-3, cuDNN fused attention; 1.5-2.0x faster on H100: Shah et al., 2024,
+# "FlashAttention-3", abstract and sec. 4.1) at ``flash3_attention_peak_fraction``, each fitted on
+# the runs that used it (the Playbook's nanotron; NeMo's DGX Cloud tables)
 FLASH3_FAMILIES = ("hopper", "blackwell")
 FWD_KERNELS_PER_LAYER = 14.0  # norms, GEMMs, RoPE, attention, activation, residual adds
 BWD_KERNEL_FACTOR = 2.0
@@ -99,7 +100,8 @@ def _gemm_time(m: np.ndarray, n: np.ndarray, k: np.ndarray, peak: float, c: Clus
     flops = 2.0 * m * n * k
     x = np.minimum(np.minimum(m, n), k)
     sat = x / (x + eff.gemm_half_size)
-    compute_s = flops / (peak * eff.gemm_peak_fraction * sat)
+    frac = eff.fp8_gemm_peak_fraction if in_bytes == 1.0 else eff.gemm_peak_fraction
+    compute_s = flops / (peak * frac * sat)
     bytes_moved = in_bytes * (m * k + k * n) + max(in_bytes, BF16) * m * n  # fp8 writes bf16
     return np.maximum(compute_s, bytes_moved / c.gpu.hbm_bw_bytes_per_s) + eff.kernel_overhead_s
 
@@ -120,6 +122,7 @@ class Kernels:
     act: float  # bytes of an activation element
     hbm: float  # achieved bandwidth of elementwise kernels
     fp8: bool
+    fp8_weight_cache: bool = True
 
     def gemm(self, n: np.ndarray | float, k: np.ndarray | float,
              split: bool = False) -> np.ndarray:
@@ -130,9 +133,12 @@ class Kernels:
                                          self.in_bytes)
         else:
             t = _gemm_time(M, n_arr, k_arr, self.peak, c, self.in_bytes)
-        if self.fp8:  # quantize the input and the weight (read bf16, write fp8; Transformer
-            # Engine casts weights every micro-batch) plus the amax reductions that pick the scales
-            t = t + 3.0 * (M * k_arr + k_arr * n_arr) / self.hbm + 2.0 * eff.kernel_overhead_s
+        if self.fp8:  # quantize the input (Transformer Engine's cast_transpose with its amax
+            # reduction); Megatron-Core's TE layers cache the weights' fp8 copies after the
+            # first micro-batch (is_first_microbatch, megatron/core/extensions/
+            # transformer_engine.py), so the weight's cast is paid once per step, not here
+            cast = M * k_arr + (0.0 if self.fp8_weight_cache else k_arr * n_arr)
+            t = t + eff.fp8_cast_bytes_per_element * cast / self.hbm + 2.0 * eff.kernel_overhead_s
         return t
 
     def layer_gemm(self, g: Gemm, split: bool) -> np.ndarray:
@@ -156,7 +162,8 @@ def kernels_of(cluster: ClusterSpec, tr: Training, p: PlanArrays) -> Kernels:
                    sp=sp,
                    pieces=pieces, peak=gpu.peak_flops(tr.precision),
                    in_bytes=1.0 if fp8 else act, act=act,
-                   hbm=gpu.hbm_bw_bytes_per_s * gpu.efficiency.memory_bw_fraction, fp8=fp8)
+                   hbm=gpu.hbm_bw_bytes_per_s * gpu.efficiency.memory_bw_fraction, fp8=fp8,
+                   fp8_weight_cache=tr.fp8_weight_cache)
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,7 +210,7 @@ def _attention_fwd(model: ModelSpec, tr: Training, kn: Kernels) -> np.ndarray:
         attn_flops_fwd = 2.0 * M * causal_keys(model, tr.seq_len) * a * dqv / kn.tp
         attn_eff = eff.attention_peak_fraction
         if tr.attention_kernel == "flash3" and gpu.family in FLASH3_FAMILIES:
-            attn_eff = min(attn_eff * FLASH3_OVER_FLASH2, 1.0)
+            attn_eff = eff.flash3_attention_peak_fraction
         return attn_flops_fwd / (gpu.peak_flops_bf16 * attn_eff) + _cp_split_s(model, kn)
     # two batched GEMMs over all s x s scores, and the scores through softmax in HBM
     attn_flops_fwd = 2.0 * M * s * a * dqv / kn.tp

@@ -17,19 +17,29 @@ class Efficiency:
     gemm_peak_fraction: the fraction of dense peak a large, well-shaped GEMM reaches.
     gemm_half_size: the GEMM's smallest dimension at which it reaches half of that fraction's
         headroom above the memory roofline (captures small, TP-sharded GEMMs losing efficiency).
-    attention_peak_fraction: fraction of dense peak reached by flash-attention kernels.
+    attention_peak_fraction: fraction of dense peak reached by flash-attention kernels
+        (FlashAttention-2's generation).
+    flash3_attention_peak_fraction: the same for the Hopper-and-later generation
+        (FlashAttention-3, cuDNN fused attention through Transformer Engine), on the families
+        that have it.
     memory_bw_fraction: fraction of HBM bandwidth reached by memory-bound elementwise kernels.
     kernel_overhead_s: fixed launch/synchronisation time per kernel on the GPU.
     collective_overhead_s: fixed cost of one collective call beyond link latency (launch,
         stream synchronisation, the host waiting on the result in eager frameworks).
     nvlink_bw_fraction / network_bw_fraction: collective bus bandwidth reached, as a fraction
         of the link's unidirectional bandwidth.
+    fp8_gemm_peak_fraction: the fraction of the dense fp8 peak a large fp8 GEMM reaches (fp8
+        tensor cores reach a smaller share of their doubled peak than bf16 ones of theirs).
+    fp8_cast_bytes_per_element: HBM bytes Transformer Engine's quantisation moves per GEMM input
+        element, forward: the cast and transpose (read bf16, write fp8 twice: 4) and its amax
+        reduction; backward does the same for the output gradient (the 2x of the backward).
     source: where the numbers come from (a fit and its rows, or a prior).
     """
 
     gemm_peak_fraction: float = 0.75
     gemm_half_size: float = 256.0
     attention_peak_fraction: float = 0.55
+    flash3_attention_peak_fraction: float = 0.6
     memory_bw_fraction: float = 0.7
     kernel_overhead_s: float = 4e-6
     collective_overhead_s: float = 20e-6
@@ -38,6 +48,8 @@ class Efficiency:
     # host time one op on a TP-sharded DTensor costs beyond a plain op (sharding propagation,
     # redistribute bookkeeping in Python): measured by `tcf-search calibrate`, 0 where not
     dtensor_op_overhead_s: float = 0.0
+    fp8_gemm_peak_fraction: float = 0.6
+    fp8_cast_bytes_per_element: float = 4.0
     source: str = "prior"
 
 

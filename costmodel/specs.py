@@ -277,6 +277,10 @@ class Training:
     # Engine's fp8 primary weights): 1 byte per weight instead of bf16 plus an fp8 cast, and the
     # distributed optimizer all-gathers fp8 parameters; fp32 master weights stay in the optimizer
     fp8_param_gather: bool = False
+    # fp8 casts of the weights are cached after a step's first micro-batch (Megatron-Core's TE
+    # layers pass is_first_microbatch, megatron/core/extensions/transformer_engine.py); torchao's
+    # float8 linear casts them at every call
+    fp8_weight_cache: bool = True
     # Norms, RoPE and the activation function run as fused kernels (custom kernels, as in
     # nanotron and Transformer Engine, or torch.compile); False: eager PyTorch composites that
     # pass over HBM several times each (costmodel.compute.EAGER_*)

@@ -70,6 +70,12 @@ def framework_settings(framework: str, precision: str = "bf16") -> dict[str, obj
     return settings
 
 
+def row_defaults(framework: str) -> dict[str, object]:
+    """What ``framework``'s published recipes run where a measured row leaves a cell empty
+    (plan knobs and Training switches; ``row_defaults`` in frameworks.yaml)."""
+    return dict((load_profiles().get("row_defaults") or {}).get(resolve_framework(framework), {}))
+
+
 def frameworks() -> list[str]:
     """Names of the known framework profiles and their aliases."""
     profiles = load_profiles()

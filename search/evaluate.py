@@ -29,6 +29,7 @@ from search.space import AXES, DERIVED, decode, plan_from_row
 from search.specs import Specs
 from search.storage import SearchError
 from search.study import Study
+from search.uncertainty import interval, p_oom, plan_regime, uncertainty_metrics
 
 OUTER_AXES = ("tp", "pp", "cp", "ep")
 # How much one ordinal step along an axis costs when repairing a sample: parallel degrees first.
@@ -149,12 +150,22 @@ class Evaluator:
         out = estimate_batch(self.specs.model, self.specs.cluster, self.specs.training, cols)
         return cols, out
 
+    @property
+    def regime(self) -> tuple[str, ...]:
+        return plan_regime(self.specs.model, self.specs.cluster, self.specs.training)
+
     def _vector(self, name: str, out: dict[str, np.ndarray]) -> np.ndarray:
-        return objective_vector(
+        values = objective_vector(
             OBJECTIVES[name][0], out, num_gpus=self.specs.cluster.num_gpus,
             token_budget=self.study.training.token_budget,
             price_per_gpu_hour=self.study.cluster.price_per_gpu_hour,
             headroom_gib=self.specs.headroom_gib)
+        risk = self.study.objective.risk
+        if risk is None or name != "tokens_per_s":
+            return values
+        # ranked by the tokens/s reached with probability 1 - risk, times the chance it fits
+        _, factor, _ = interval(1.0, self.regime, risk, risk)
+        return values * factor * (1.0 - p_oom(out["peak_mem_bytes"], out["usable_bytes"]))
 
     def _rank(self, out: dict[str, np.ndarray]) -> np.ndarray:
         """Positions sorted best first by the primary objective (stable: ties keep order)."""
@@ -168,7 +179,10 @@ class Evaluator:
         m = metrics_from_batch(out, k, num_gpus=self.specs.cluster.num_gpus,
                                headroom_gib=self.specs.headroom_gib,
                                token_budget=t.token_budget, price_per_gpu_hour=c.price_per_gpu_hour)
-        values = tuple(float(m[OBJECTIVES[name][0]]) for name in self.metric_names)
+        m.update(uncertainty_metrics(m, self.regime, self.study.objective.risk))
+        values = tuple(float(m["tokens_per_s_at_risk"] * (1.0 - m["p_oom"])
+                             if name == "tokens_per_s" and "tokens_per_s_at_risk" in m
+                             else m[OBJECTIVES[name][0]]) for name in self.metric_names)
         return Evaluation(unit=unit, plan=plan, metrics=m, values=values, candidates=candidates)
 
     def exhaustive(self, top_k: int) -> Exhaustive:

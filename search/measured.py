@@ -12,7 +12,7 @@ from costmodel.errors import TcfError
 from costmodel.mapping import counted_split
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
 from hardware_catalog import CatalogError, get_gpu
-from hardware_catalog.frameworks import resolve_framework
+from hardware_catalog.frameworks import resolve_framework, row_defaults
 from search.specs import cluster_spec, training_spec
 
 __all__ = ["Case", "CaseError", "case_from_row"]
@@ -144,9 +144,11 @@ def case_from_row(row: Mapping[str, object]) -> Case:
     except CatalogError as e:
         raise CaseError(f"fabric: {e}") from None
     framework = resolve_framework(_cell(row, "framework"), _cell(row, "source"))
+    defaults = row_defaults(framework)  # what the framework's recipes run where a cell is empty
+    zero_default = int(defaults.pop("zero_stage", 0))  # type: ignore[call-overload]
     training = training_spec(framework=framework, precision=_cell(row, "precision") or "bf16",
                              seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
-                             compile=_bool(row, "compile"))
+                             compile=_bool(row, "compile"), switches=defaults)
     given = {k for k in KNOBS if _cell(row, k)}
     if any(_cell(row, k) for k in SPLIT_COLUMNS):
         given |= {"first_stage_layers", "last_stage_layers"}
@@ -156,7 +158,8 @@ def case_from_row(row: Mapping[str, object]) -> Case:
     sp_default = tp > 1
     plan = Plan(
         tp=tp, pp=pp, dp=_int(row, "dp", 1), cp=_int(row, "cp", 1),
-        ep=_int(row, "ep", 1), vpp=_int(row, "vpp", 1), zero_stage=_int(row, "zero_stage", 0),
+        ep=_int(row, "ep", 1), vpp=_int(row, "vpp", 1),
+        zero_stage=_int(row, "zero_stage", zero_default),
         micro_batch=_int(row, "micro_batch", 1),
         recompute=recompute,  # type: ignore[arg-type]
         sequence_parallel=_bool(row, "sequence_parallel", sp_default) and tp > 1,

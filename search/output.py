@@ -102,12 +102,30 @@ def _no_layout(result: StudyResult, console: Console) -> None:
             console.print(f"  {name}: {escape(result.rules[name])} ({count:,} layouts)")
 
 
+def _interval_label(m: dict[str, Any]) -> str:
+    lo_hi = m.get("tokens_per_s_interval")
+    return f"{lo_hi[0]:,.0f}–{lo_hi[1]:,.0f}" if lo_hi else ""
+
+
+def interval_text(m: dict[str, Any]) -> str:
+    """'1,100 tokens/s, 80% interval 950–1,230; P(OOM) 3%' for one plan's metrics."""
+    text = f"{m['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU"
+    if m.get("tokens_per_s_interval"):
+        text += (f", {m['interval_level']:.0%} interval {_interval_label(m)}"
+                 f"; P(OOM) {m['p_oom']:.0%}")
+        if m.get("interval_note"):
+            text += f" ({m['interval_note']})"
+    return text
+
+
 def render(result: StudyResult, console: Console) -> None:
     """The ranked table and the few lines around it."""
     console.print(f"[bold]{result.study}[/bold]: {result.model} on {result.num_gpus}× "
                   f"{result.gpu} — {result.space_size:,} layouts, {result.valid_count:,} valid, "
                   f"{result.feasible_count:,} fit in memory; {result.trials} trials, "
                   f"{result.elapsed_s:.1f} s")
+    if result.calibration:
+        console.print(result.calibration["line"], markup=False)
     pruned = ", ".join(f"{k} {v:,}" for k, v in result.pruned_by.items() if v)
     if pruned:
         console.print(f"pruned: {pruned}")
@@ -124,8 +142,8 @@ def render(result: StudyResult, console: Console) -> None:
                                             result.objective.get("second"))
              if m in OBJECTIVE_COLUMNS]  # what was optimised, first among the metrics
     columns = ["#", "×".join(knobs), "zero", "mbs", "recomp", "sp", "stages",
-               *(name for name, _, _ in shown), "tok/s/GPU", "MFU", "step s", "mem GiB",
-               "bound by"]
+               *(name for name, _, _ in shown), "tok/s/GPU", "80% interval", "P(OOM)", "MFU",
+               "step s", "mem GiB", "bound by"]
     for col in columns:
         table.add_column(col, justify="left" if col in ("recomp", "stages", "bound by")
                          else "right", no_wrap=True)
@@ -135,7 +153,8 @@ def render(result: StudyResult, console: Console) -> None:
             str(r.rank), "×".join(str(p[k]) for k in knobs), str(p["zero_stage"]),
             str(p["micro_batch"]), _recompute_label(p), "y" if p["sequence_parallel"] else "-",
             _stages_label(p), *(fmt.format(m[key]) for _, key, fmt in shown),
-            f"{m['tokens_per_s_per_gpu']:,.0f}", f"{m['mfu']:.1%}",
+            f"{m['tokens_per_s_per_gpu']:,.0f}", _interval_label(m),
+            f"{m['p_oom']:.0%}" if "p_oom" in m else "", f"{m['mfu']:.1%}",
             f"{m['step_time_s']:.2f}", f"{m['peak_mem_gib']:.1f}/{m['usable_mem_gib']:.1f}",
             m["dominant_challenge"])
     console.print(table)

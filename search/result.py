@@ -46,6 +46,8 @@ class StudyResult:
     output_dir: str
     optimum: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    # what the cluster's numbers rest on (search.uncertainty.calibration_status)
+    calibration: dict[str, Any] = field(default_factory=dict)
 
     @property
     def best(self) -> RankedPlan | None:
@@ -72,6 +74,7 @@ class StudyResult:
             "elapsed_s": round(self.elapsed_s, 3),
             "output_dir": self.output_dir,
             "notes": list(self.notes),
+            "calibration": dict(self.calibration),
         }
         if self.optimum is not None:
             doc["optimum"] = self.optimum

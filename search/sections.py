@@ -269,6 +269,9 @@ class ObjectiveSection(_Section):
     # as the caching allocator frees and retries (issue #2's closing note).
     memory_headroom_gib: Float | None = Field(default=None, ge=0)
     memory_headroom_fraction: Float = Field(default=0.1, ge=0, lt=1)
+    # rank tokens/s plans by this quantile of the held-out error (0.2: the tokens/s a plan
+    # reaches with 80% probability) times the probability that it fits (search/uncertainty.py)
+    risk: Float | None = Field(default=None, gt=0, lt=1)
 
 
 class SearchSection(_Section):

@@ -237,17 +237,18 @@ def test_flash3_attention_runs_faster_only_where_it_exists(llama8b, gpu_id: str,
                                                           faster: bool) -> None:
     from dataclasses import replace
 
-    from costmodel.compute import FLASH3_OVER_FLASH2
     from hardware_catalog import get_gpu
 
     cluster = ClusterSpec(gpu=get_gpu(gpu_id), num_gpus=8)
+    eff = cluster.gpu.efficiency
     base = Training(seq_len=32768, global_batch=8)
     plan = Plan(dp=8)
     times = {k: estimate(llama8b, cluster, plan, replace(base, attention_kernel=k)).step_time_s
              for k in ("flash2", "flash3")}
     assert (times["flash3"] < times["flash2"]) == faster
     if faster:  # only attention speeds up, so the step gains less than the kernel's factor
-        assert times["flash2"] / times["flash3"] < FLASH3_OVER_FLASH2
+        assert times["flash2"] / times["flash3"] < (eff.flash3_attention_peak_fraction
+                                                    / eff.attention_peak_fraction)
 
 
 def test_an_unknown_attention_kernel_names_the_field() -> None:
@@ -355,7 +356,9 @@ def test_each_kv_transfer_hides_only_behind_its_own_block(h100, llama8b) -> None
     plan = Plan(cp=8, dp=1)
     arrays = as_plan_arrays(plans_to_arrays([plan]))
     shown_only_per_step = []
-    for bw in (5e9, 20e9, 30e9, 100e9, 450e9):
+    # the window (block < hop <= 8/7 block) is 14% wide: steps of 8% cannot miss it, whatever
+    # the calibrated attention efficiency
+    for bw in np.geomspace(5e9, 450e9, 60):
         gpu = dataclasses.replace(h100, intra_node_bw_bytes_per_s=bw)
         cluster = ClusterSpec(gpu=gpu, num_gpus=8)
         g, lt = mesh_of(cluster, tr, arrays), layer_times(llama8b, cluster, tr, arrays)

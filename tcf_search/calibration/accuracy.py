@@ -7,6 +7,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from hardware_catalog import CatalogError, get_gpu
+
 GIB = 2**30
 # The tool recommends only plans predicted to leave this fraction of usable memory free: runs
 # predicted above 90% of usable memory ran 22% slower (median) in the Playbook sweep, where the
@@ -31,6 +33,36 @@ def throughput_rows(frame: pd.DataFrame) -> pd.Series:
     pb = frame["source"].eq("playbook") & frame["status"].eq("ok")
     fixed = frame["after_pp_fix"].astype(str).str.lower().eq("true")
     return pb & (frame["pp"].eq(1) | fixed)
+
+
+def regime(frame: pd.DataFrame) -> pd.Series:
+    """Each row's regime for the accuracy split and the uncertainty: SKU family, precision and
+    dense or MoE (``hopper/fp8/dense``)."""
+    family = frame["gpu"].map(lambda g: _family(str(g)))
+    moe = np.where(frame["moe_experts"].fillna(0).astype(float) > 0, "moe", "dense")
+    return family + "/" + frame["precision"].fillna("bf16").astype(str) + "/" + moe
+
+
+def _family(gpu: str) -> str:
+    try:
+        return get_gpu(gpu).family
+    except CatalogError:
+        return "unknown"
+
+
+def dgxc_figures(f: pd.DataFrame, tok: pd.Series) -> dict[str, Any]:
+    """Tokens/s errors on NVIDIA's DGX Cloud tables, in all and by regime."""
+    rows = f["source"].eq("dgxc-benchmarking") & f["status"].eq("ok") & tok.notna()
+    out: dict[str, Any] = {"dgxc_rows": int(rows.sum())}
+    if not rows.any():
+        return out
+    ape = _ape(tok[rows], f.loc[rows, "tokens_per_sec_per_gpu"])
+    out["dgxc_median_ape"] = float(ape.median())
+    out["dgxc_mape"] = float(ape.mean())
+    for name, e in ape.groupby(regime(f[rows])):
+        out[f"dgxc_{name}_median_ape"] = float(e.median())
+        out[f"dgxc_{name}_rows"] = int(e.size)
+    return out
 
 
 def report(frame: pd.DataFrame, pred: dict[str, np.ndarray],
@@ -81,6 +113,7 @@ def report(frame: pd.DataFrame, pred: dict[str, np.ndarray],
     out["pick_vs_best_mean"] = float(np.mean(picks)) if picks else float("nan")
     out["pick_vs_best_min"] = float(np.min(picks)) if picks else float("nan")
 
+    out.update(dgxc_figures(f, tok))
     for src in ("megatron-sc21", "llm-foundry"):
         rows = f["source"].eq(src) & f["status"].eq("ok") & tok.notna()
         if rows.any():

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from costmodel import StepEstimate, estimate
+from search.uncertainty import calibration_status, plan_regime, uncertainty_metrics
 from tcf_search.explain.neighbours import best_move, improves, neighbours
 from tcf_search.explain.planspec import format_plan
 from tcf_search.explain.source import Subject
@@ -112,6 +113,12 @@ def explain(subject: Subject) -> dict[str, Any]:
         "memory": _memory(e), "compute": _compute(e), "communication": _communication(e),
         "step": {"step_time_s": e.step_time_s, "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
                  "tokens_per_step": e.tokens_per_step, "breakdown": breakdown},
+        "uncertainty": uncertainty_metrics(
+            {"tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
+             "peak_mem_gib": e.memory.peak_bytes / GIB,
+             "usable_mem_gib": e.memory.usable_bytes / GIB},
+            plan_regime(s.model, s.cluster, s.training)),
+        "calibration": calibration_status(s.cluster),
         "verdict": {"binding": binding, "reason": REASONS[binding],
                     "best_change": best.to_dict() if best else None, "improves": better,
                     "advice": advice,

@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from search.output import interval_text
 from tcf_search.explain.analysis import MEMORY_PARTS
 
 
@@ -102,7 +103,15 @@ def render(doc: dict[str, Any], con: Console) -> None:
     c = doc["cluster"]
     con.print(f"[bold]{doc['study']}[/bold]: {doc['model']} on {c['num_gpus']}× {c['gpu']}, "
               f"seq {doc['training']['seq_len']}, batch {doc['training']['global_batch']}")
-    con.print(f"plan [bold]{doc['plan_text']}[/bold] ({doc['origin']})\n")
+    con.print(f"plan [bold]{doc['plan_text']}[/bold] ({doc['origin']})")
+    if doc.get("calibration"):
+        con.print(doc["calibration"]["line"], markup=False)
+    if doc.get("uncertainty"):
+        con.print("predicted " + interval_text({**doc["uncertainty"],
+                                                "tokens_per_s_per_gpu":
+                                                doc["step"]["tokens_per_s_per_gpu"]}),
+                  markup=False)
+    con.print()
     _memory(doc, con)
     _compute(doc, con)
     _communication(doc, con)

@@ -41,13 +41,17 @@ def _top_table(data: ResultData) -> str:
     cols = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero_stage", "micro_batch", "recompute",
             "sequence_parallel")
     head = "".join(f"<th>{c.replace('_', ' ')}</th>" for c in ("#", *cols))
-    head += "<th>tok/s/GPU</th><th>MFU</th><th>step s</th><th>mem GiB</th><th class=l>bound by</th>"
+    head += ("<th>tok/s/GPU</th><th>80% interval</th><th>P(OOM)</th><th>MFU</th><th>step s</th>"
+             "<th>mem GiB</th><th class=l>bound by</th>")
     rows = []
     for r in data.top:
         p, m = r["plan"], r["predicted"]
         cells = "".join(f"<td>{_esc(p[c])}</td>" for c in cols)
+        lo_hi = m.get("tokens_per_s_interval")
+        band = f"{lo_hi[0]:,.0f}–{lo_hi[1]:,.0f}" if lo_hi else ""
+        p_oom = f"{m['p_oom']:.0%}" if "p_oom" in m else ""
         rows.append(f"<tr><td>{r['rank']}</td>{cells}<td>{m['tokens_per_s_per_gpu']:,.0f}</td>"
-                    f"<td>{m['mfu']:.1%}</td><td>{m['step_time_s']:.2f}</td>"
+                    f"<td>{band}</td><td>{p_oom}</td><td>{m['mfu']:.1%}</td><td>{m['step_time_s']:.2f}</td>"
                     f"<td>{m['peak_mem_gib']:.1f}/{m['usable_mem_gib']:.1f}</td>"
                     f"<td class=l>{_esc(m['dominant_challenge'])}</td></tr>")
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
@@ -68,6 +72,8 @@ def page(data: ResultData, figures: dict[str, str], explain_html: str | None,
         f"({_esc(r['objective']['direction'])})</div>",
         f"<div class=sub>pruned: {pruned or 'nothing'}</div>",
     ]
+    if r.get("calibration"):
+        parts.append(f"<div class=sub>{_esc(r['calibration']['line'])}</div>")
     parts += [f"<p class=note>{_esc(n)}</p>" for n in [*r.get("notes", []), *notes]]
     if data.top:
         parts += ["<h2>Top plans</h2>", _top_table(data)]

@@ -1,0 +1,135 @@
+"""How far off a prediction may be: an interval on tokens/s and a probability of running out of
+memory, from the cost model's held-out residuals (``hardware_catalog/uncertainty.yaml``, written
+by ``python -m tcf_search.calibration.fit --write``), and what the calibration of a cluster
+rests on (fitted, or borrowed from another SKU family).
+
+A regime is SKU family / precision / dense or MoE / scale (up to 64 GPUs or more). Where a regime
+has fewer than ``MIN_ROWS`` held-out rows, the next coarser one that has them answers, and the
+answer says so ("borrowed from hopper/bf16").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import yaml
+
+from costmodel.specs import ClusterSpec, ModelSpec, Training
+from hardware_catalog import CATALOG_DIR
+from hardware_catalog.fabrics import load_fabrics
+
+UNCERTAINTY_FILE = CATALOG_DIR / "uncertainty.yaml"
+LEVELS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 5%, 10%, ..., 95%
+MIN_ROWS = 8
+INTERVAL = (0.1, 0.9)  # the 80% interval shown
+SMALL_SCALE_GPUS = 64
+
+
+def scale_of(num_gpus: int) -> str:
+    return "small" if int(num_gpus) <= SMALL_SCALE_GPUS else "large"
+
+
+def regime_keys(family: str, precision: str, kind: str, scale: str) -> list[str]:
+    """The regime and every coarser one it falls back to, finest first."""
+    return [f"{family}/{precision}/{kind}/{scale}", f"{family}/{precision}/{kind}",
+            f"{family}/{precision}", family, "all"]
+
+
+@dataclass(frozen=True, slots=True)
+class Uncertainty:
+    throughput: dict[str, dict[str, Any]]  # regime key -> {n, q: quantiles at LEVELS}
+    memory: dict[str, Any]  # {n, q}
+
+    def quantiles(self, family: str, precision: str, kind: str,
+                  scale: str) -> tuple[list[float], str]:
+        """Quantiles of log(measured / predicted tokens/s) and the regime key they are of."""
+        for key in regime_keys(family, precision, kind, scale):
+            if key in self.throughput:
+                return list(self.throughput[key]["q"]), key
+        return [0.0] * len(LEVELS), ""
+
+
+@lru_cache(maxsize=1)
+def load_uncertainty() -> Uncertainty:
+    doc = yaml.safe_load(UNCERTAINTY_FILE.read_text()) if UNCERTAINTY_FILE.exists() else {}
+    doc = doc or {}
+    return Uncertainty(throughput=doc.get("throughput") or {}, memory=doc.get("memory") or {})
+
+
+def plan_regime(model: ModelSpec, cluster: ClusterSpec, tr: Training) -> tuple[str, ...]:
+    kind = "moe" if model.moe_experts > 0 else "dense"
+    return cluster.gpu.family, tr.precision, kind, scale_of(cluster.num_gpus)
+
+
+def p_oom(peak_bytes: np.ndarray | float, usable_bytes: np.ndarray | float,
+          unc: Uncertainty | None = None) -> np.ndarray:
+    """Probability that the true peak exceeds usable memory: the share of the memory residuals
+    log(measured / predicted) above log(usable / predicted)."""
+    unc = unc or load_uncertainty()
+    peak = np.asarray(peak_bytes, dtype=float)
+    margin = np.log(np.asarray(usable_bytes, dtype=float) / np.maximum(peak, 1.0))
+    q = unc.memory.get("q")
+    if not q:
+        return np.where(margin < 0, 1.0, 0.0)
+    levels = np.concatenate([[0.0], LEVELS, [1.0]])
+    # beyond the outer quantiles the tails are extended by the 5-95% spread
+    spread = q[-1] - q[0]
+    grid = np.concatenate([[q[0] - spread], q, [q[-1] + spread]])
+    return 1.0 - np.interp(margin, grid, levels)
+
+
+def interval(tokens: float, regime: tuple[str, ...], lo: float = INTERVAL[0],
+             hi: float = INTERVAL[1], unc: Uncertainty | None = None) -> tuple[float, float, str]:
+    """The [lo, hi] quantile interval of tokens/s around a prediction, and the regime it is
+    taken from."""
+    unc = unc or load_uncertainty()
+    q, key = unc.quantiles(*regime)
+    a, b = np.exp(np.interp([lo, hi], LEVELS, q))
+    return float(tokens * a), float(tokens * b), key
+
+
+def uncertainty_metrics(m: dict[str, Any], regime: tuple[str, ...],
+                        risk: float | None = None) -> dict[str, Any]:
+    """The interval, P(OOM) and (with ``risk``) the tokens/s at that quantile, for a plan's
+    report-unit metrics ``m``."""
+    lo, hi, key = interval(m["tokens_per_s_per_gpu"], regime)
+    out: dict[str, Any] = {
+        "tokens_per_s_interval": [lo, hi], "interval_level": INTERVAL[1] - INTERVAL[0],
+        "interval_regime": key,
+        "p_oom": float(p_oom(m["peak_mem_gib"], m["usable_mem_gib"])),
+    }
+    exact = "/".join(regime)
+    if key != exact:
+        out["interval_note"] = f"residuals borrowed from {key or 'nothing (no data)'}"
+    if risk is not None:
+        out["tokens_per_s_at_risk"] = interval(m["tokens_per_s_per_gpu"], regime, risk, risk)[0]
+    return out
+
+
+def calibration_status(cluster: ClusterSpec) -> dict[str, Any]:
+    """What the cluster's numbers rest on: the SKU family's efficiency (fitted on measured runs,
+    or borrowed from another family, unvalidated) and the fabric's network fraction."""
+    eff, family = cluster.gpu.efficiency, cluster.gpu.family
+    src = eff.source
+    borrowed = ""
+    if "transferred from the " in src:
+        borrowed = src.split("transferred from the ", 1)[1].split(" ", 1)[0]
+    validated = src.startswith("fitted") and not borrowed
+    fabric = cluster.fabric
+    fabrics = load_fabrics() if fabric else {}
+    fab_src = (str(fabrics[fabric].source) if fabric in fabrics
+               else f"none given: the {family} family's network fraction")
+    if borrowed:
+        line = f"{family} efficiency borrowed from {borrowed}, unvalidated"
+    elif "borrowed from hopper, unvalidated" in src:
+        line = f"{family} GEMM terms fitted; other terms borrowed from hopper, unvalidated"
+    elif validated:
+        line = f"{family} efficiency fitted on measured runs"
+    else:
+        line = f"{family} efficiency is a prior, unvalidated"
+    return {"family": family, "efficiency_source": src, "borrowed_from": borrowed or None,
+            "validated": validated, "fabric": fabric or None, "fabric_source": fab_src,
+            "line": f"calibration: {line}; fabric: {fabric or 'not given'} ({fab_src})"}
