@@ -83,7 +83,7 @@ def test_megatron_export_counts_the_embedding_and_the_loss() -> None:
 
 
 def test_virtual_chunks_leave_the_embedding_and_loss_slot_empty() -> None:
-    view = facts_of(_plan_405b(7, 7), ExportOptions())
+    view = facts_of(_plan_405b(7, 7), ExportOptions(), "megatron")
     chunks = virtual_stage_layers(view)  # chunk c of rank r at c * 16 + r, 2 layers a chunk
     assert sum(chunks) == 126
     assert chunks[0] == 1 and chunks[-1] == 1  # rank 0's first, rank 15's last chunk
