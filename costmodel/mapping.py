@@ -83,6 +83,23 @@ def stage_counts(num_layers: int, pp: int, first: int, last: int) -> tuple[int, 
     return (ends[0], *[int(split.middle[0])] * (pp - 2), ends[1])
 
 
+def chunk_counts(rank_layers: tuple[int, ...], vpp: int) -> tuple[int, ...]:
+    """Layers of each model chunk in virtual-stage order, Megatron-LM's interleaved placement:
+    chunk c of pipeline rank r is virtual stage ``c * pp + r`` and holds ``rank_layers[r] / vpp``
+    layers. A rank short of whole chunks (the embedding or the loss counted as a layer,
+    :func:`launchable_chunks`) misses them from its first chunks on rank 0 (the embedding's)
+    and from its last chunks elsewhere (the loss's)."""
+    pp = len(rank_layers)
+    out = [[0] * pp for _ in range(vpp)]
+    for rank, n in enumerate(rank_layers):
+        base = -(-n // vpp)
+        short = vpp * base - n
+        for chunk in range(vpp):
+            missing = chunk < short if rank == 0 else chunk >= vpp - short
+            out[chunk][rank] = base - int(missing)
+    return tuple(n for chunk in out for n in chunk)
+
+
 def counted_split(num_layers: int, pp: int, embedding: bool, loss: bool) -> tuple[int, int]:
     """First and last pipeline ranks' transformer layers when the embedding and the loss count
     as one layer each (Megatron-LM's ``account_for_embedding_in_pipeline_split`` and

@@ -81,6 +81,26 @@ def test_interleaved_rank_holds_both_virtual_stages() -> None:
     assert {a[1] for a in acts} == {0, 2}
 
 
+@pytest.mark.parametrize(("layers", "plan"), [
+    (126, Plan(tp=8, pp=16, vpp=4, first_stage_layers=7, last_stage_layers=7)),  # Llama 3.1 405B
+    (32, Plan(pp=4, first_stage_layers=5, last_stage_layers=9)),
+    (32, Plan(pp=4, vpp=2)),
+])
+def test_harness_places_layers_as_the_exports_do(layers: int, plan: Plan) -> None:
+    pytest.importorskip("torch", reason="the harness's stage split lives beside its torch code")
+    from costmodel.mapping import chunk_counts, stage_counts
+    from tcf_search.validate.parallel import stage_layers
+
+    ranges = stage_layers(layers, plan)
+    ranks = stage_counts(layers, plan.pp, plan.first_stage_layers or 0,
+                         plan.last_stage_layers or 0)
+    assert [len(r) for r in ranges] == list(chunk_counts(ranks, plan.vpp))
+    # chunk c of rank r is virtual stage c * pp + r, and the ranks hold their pinned counts
+    held = [sum(len(ranges[c * plan.pp + r]) for c in range(plan.vpp)) for r in range(plan.pp)]
+    assert tuple(held) == ranks
+    assert [i for r in ranges for i in r] == list(range(layers))
+
+
 def test_run_config_round_trips_through_json() -> None:
     cfg = RunConfig(model=TINY, plan=Plan(tp=2, sequence_parallel=True), training=TRAIN,
                     steps=2, fault="crash")

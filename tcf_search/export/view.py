@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from costmodel import rules
-from costmodel.mapping import stage_counts
+from costmodel.mapping import chunk_counts, stage_counts
 from costmodel.specs import ModelSpec
 from search.planfile import PlanFile
 
@@ -120,19 +120,9 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
 
 
 def virtual_stage_layers(f: LaunchView) -> list[int]:
-    """Layers of each model chunk in pipeline-stage order (chunk c of rank r is stage c*pp + r),
-    Megatron's interleaved placement. A rank one layer short of whole chunks (the embedding or
-    the loss counted as a layer, ``costmodel.mapping.launchable_chunks``) has it missing from
-    its first chunk (rank 0, the embedding's) or its last (the loss's); assumes the table's
-    ``vpp_layers`` rule holds."""
-    out = [[0] * f.pp for _ in range(f.vpp)]
-    for rank, n in enumerate(f.stage_layers):
-        base = -(-n // f.vpp)
-        short = f.vpp * base - n
-        for chunk in range(f.vpp):
-            missing = chunk < short if rank == 0 else chunk >= f.vpp - short
-            out[chunk][rank] = base - int(missing)
-    return [n for chunk in out for n in chunk]
+    """Layers of each model chunk in pipeline-stage order (``costmodel.mapping.chunk_counts``);
+    assumes the table's ``vpp_layers`` rule holds."""
+    return list(chunk_counts(f.stage_layers, f.vpp))
 
 
 def virtual_stage_ranges(f: LaunchView) -> list[range]:

@@ -31,6 +31,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from costmodel.mapping import chunk_counts, stage_counts
 from costmodel.specs import Plan
 from tcf_search.validate.model import Attention, Block, Decoder
 
@@ -80,26 +81,19 @@ def apply_context_parallel(model: Decoder, cp_mesh: DeviceMesh) -> None:
 
 
 def stage_layers(layers: int, plan: Plan) -> list[range]:
-    """Layer ids of each virtual stage, in order. Uneven first/last stage sizes apply without
-    interleaving; otherwise the remainder of an uneven split goes to the earliest stages."""
-    n_stages = plan.pp * plan.vpp
-    if plan.vpp == 1 and (plan.first_stage_layers or plan.last_stage_layers) and plan.pp > 1:
-        first = plan.first_stage_layers or 0
-        last = plan.last_stage_layers or 0
-        middle_stages = plan.pp - (first > 0) - (last > 0)
-        rest = layers - first - last
-        sizes = _even(rest, middle_stages) if middle_stages else []
-        sizes = ([first] if first else []) + sizes + ([last] if last else [])
+    """Layer ids of each virtual stage, in stage order, as the launchers place them: the ranks'
+    counts by ``costmodel.mapping.stage_counts`` (pinned first/last stages, with or without
+    interleaving) cut into chunks by ``chunk_counts``; a split that is not whole (nanotron's
+    remainder) gives the earliest stages one layer more."""
+    ranks = stage_counts(layers, plan.pp, plan.first_stage_layers or 0,
+                         plan.last_stage_layers or 0)
+    if ranks and all(n >= plan.vpp for n in ranks):
+        sizes = list(chunk_counts(ranks, plan.vpp))
     else:
-        sizes = _even(layers, n_stages)
-    assert len(sizes) == n_stages and sum(sizes) == layers, (sizes, layers)
-    starts = [sum(sizes[:i]) for i in range(n_stages)]
+        base, rest = divmod(layers, plan.pp * plan.vpp)
+        sizes = [base + (i < rest) for i in range(plan.pp * plan.vpp)]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
-
-
-def _even(total: int, parts: int) -> list[int]:
-    base, rest = divmod(total, parts)
-    return [base + (i < rest) for i in range(parts)]
 
 
 def rank_stage_ids(pp_rank: int, plan: Plan) -> list[int]:
