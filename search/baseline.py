@@ -25,6 +25,7 @@ from typing import Any
 
 from costmodel import Plan, StepEstimate, estimate, rules
 from costmodel.rules import Switches
+from costmodel.specs import SCHEDULE_CODES, SCHEDULE_NAMES
 from search.planspec import SHORT, PlanSpecError, format_plan, parse_plan
 from search.space import AXES, DERIVED, SearchSpace, decode, plan_columns, space_facts
 from search.specs import Specs
@@ -104,8 +105,14 @@ def figures(e: StepEstimate, headroom_gib: float) -> dict[str, Any]:
 
 
 def _changes(base: Plan, plan: Plan) -> list[str]:
-    return [f"{short} {str(getattr(base, k)).lower()}→{str(getattr(plan, k)).lower()}"
-            for k, short in SHORT if getattr(base, k) != getattr(plan, k)]
+    """The knobs that differ, the schedule as it runs (vpp > 1 is interleaved either way)."""
+    def value(p: Plan, k: str) -> str:
+        if k == "pp_schedule":
+            return SCHEDULE_NAMES[int(rules.schedule_code(SCHEDULE_CODES[p.pp_schedule], p.vpp))]
+        return str(getattr(p, k)).lower()
+
+    return [f"{short} {value(base, k)}→{value(plan, k)}" for k, short in SHORT
+            if value(base, k) != value(plan, k)]
 
 
 def _memory_line(b: dict[str, Any], p: dict[str, Any], changes: list[str]) -> str:
