@@ -118,10 +118,8 @@ def _changes(base: Plan, plan: Plan) -> list[str]:
 def _memory_line(b: dict[str, Any], p: dict[str, Any], changes: list[str]) -> str:
     head = (f"memory: {b['peak_mem_gib']:.0f} → {p['peak_mem_gib']:.0f} GiB peak (headroom "
             f"{b['headroom_gib']:.1f} → {p['headroom_gib']:.1f} GiB)")
-    if not b["fits"]:
-        return (f"{head}; the baseline does not fit ({b['peak_mem_gib']:.1f} > "
-                f"{b['usable_mem_gib']:.1f} GiB usable): memory is a hard constraint, it "
-                f"cannot run as written")
+    if not b["fits"]:  # the summary leads with it
+        return head
     more = p["peak_mem_gib"] - b["peak_mem_gib"]
     if not changes or abs(more) < 0.5:
         return head
