@@ -30,6 +30,7 @@ from tcf_search.errors import user_errors
 from tcf_search.explain.planspec import (
     PlanSpecError,
     apply_change,
+    check,
     format_plan,
     parse_assignments,
     parse_plan,
@@ -187,9 +188,10 @@ def render(doc: dict[str, Any], con: Console) -> None:
 
 def compare_cmd(
     study_file: Annotated[Path, typer.Argument(help="The study YAML.", show_default=False)],
-    base: Annotated[str, typer.Option(
-        "--base", help="The base plan, e.g. 'tp=4,pp=4,mbs=1,recompute=selective,zero=1'.",
-        show_default=False)],
+    base: Annotated[str | None, typer.Option(
+        "--base", help="The base plan, e.g. 'tp=4,pp=4,mbs=1,recompute=selective,zero=1' "
+                       "[default: the best plan of the finished study, see --result].",
+        show_default=False)] = None,
     techniques: Annotated[list[str] | None, typer.Option(
         "--with", help="A technique: knob=value[,knob=value]; repeat for more.",
         show_default=False)] = None,
@@ -200,18 +202,22 @@ def compare_cmd(
     baseline: Annotated[str | None, typer.Option(
         "--baseline", help="Your current plan, shown beside the base with the gain split by "
                            "challenge (overrides the study's baseline).")] = None,
+    result: Annotated[Path | None, typer.Option(
+        "--result", help="The study's result folder, whose best plan is the base when --base "
+                         "is not given [default: runs/<study stem>].")] = None,
 ) -> None:
     """The trade-off table: what each technique does to memory, compute and communication."""
     with user_errors():
         study = load_study(study_file)
         specs = build_specs(study)
-        plan = parse_plan(base, specs)
+        plan = parse_plan(base, specs) if base is not None else _best(study_file, specs, result)
         found = baseline_of(study, specs, baseline)
         if not techniques and found is None:
             raise PlanSpecError("--with: give a technique (knob=value), or a baseline "
                                 "(--baseline or the study's baseline:) to compare with")
         doc = compare(specs, plan, list(techniques or []), found and baseline_doc(
-            specs, *found, space=build_space(study, specs), best=plan, label="the base"))
+            specs, *found, space=build_space(study, specs), best=plan,
+            label="the base" if base is not None else "the best"))
     if json_out:
         typer.echo(json.dumps(doc, indent=2, default=_json_default))
     elif quiet:
@@ -222,6 +228,24 @@ def compare_cmd(
     else:
         con = Console(highlight=False)
         render(doc, con if con.is_terminal else Console(width=140, highlight=False))
+
+
+def _best(study_file: Path, specs: Specs, result: Path | None) -> Plan:
+    """The best plan of the study's result folder, checked against the study."""
+    from search.planfile import load_plan_file
+    from tcf_search.explain.source import DEFAULT_RUNS_DIR, SourceError, ranked_plan_path
+
+    folder = result or DEFAULT_RUNS_DIR / study_file.stem
+    if not folder.is_dir():
+        raise SourceError(f"--base: not given, and {folder} is not a result folder to take the "
+                          f"best plan from (give --base PLAN, or --result DIR)")
+    pf = load_plan_file(ranked_plan_path(folder, None))
+    try:
+        check(pf.plan, specs)
+    except PlanSpecError as exc:
+        raise SourceError(f"--result: the best plan of {folder} does not match {study_file}: "
+                          f"{exc}") from None
+    return pf.plan
 
 
 def _json_default(x: Any) -> Any:

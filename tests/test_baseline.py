@@ -161,6 +161,9 @@ def test_explain_of_the_best_compare_and_report(finished: tuple[Path, Path, dict
     code, text, err = run(capsys, "compare", str(study), "--base", best, "-q")
     assert code == 0 and text.strip().startswith("the base vs the baseline:"), err
 
+    code, text, err = run(capsys, "compare", str(study), "--result", str(out), "-q")
+    assert code == 0 and text.strip().startswith("the best vs the baseline:"), err
+
     html = tmp_path / "r.html"
     code, _, err = run(capsys, "report", str(out), "-o", str(html), "--no-png")
     assert code == 0, err
