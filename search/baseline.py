@@ -27,7 +27,7 @@ from costmodel import Plan, StepEstimate, estimate, rules
 from costmodel.rules import Switches
 from costmodel.specs import SCHEDULE_CODES, SCHEDULE_NAMES
 from search.planspec import SHORT, PlanSpecError, format_plan, parse_plan
-from search.space import AXES, DERIVED, SearchSpace, decode, plan_columns, space_facts
+from search.space import SearchSpace, exclusions
 from search.specs import Specs
 from search.study import Study
 
@@ -59,34 +59,6 @@ def baseline_of(study: Study | None, specs: Specs, flag: str | None) -> tuple[Pl
     if study is not None and study.baseline is not None:
         return parse_baseline(study.baseline, specs, "baseline"), "study baseline"
     return None
-
-
-def exclusions(space: SearchSpace, plan: Plan) -> list[dict[str, Any]]:
-    """Why the search space does not hold ``plan``: each axis whose searched values miss its
-    value, then each rule (``costmodel.rules``, with the study's search switches) it breaks.
-    Empty: the space holds it."""
-    values = plan_columns(plan)
-    out: list[dict[str, Any]] = []
-    for axis in AXES:
-        if values[axis] not in space.domains[axis]:
-            shown = [decode(axis, v) for v in space.domains[axis]]
-            what = ("the values dp takes (num_gpus / (tp * pp * cp), restricted by "
-                    "search_space.dp)" if axis == DERIVED else
-                    f"the searched values of search_space.{axis}")
-            value = decode(axis, values[axis])
-            out.append({"kind": "axis", "name": axis, "value": value, "searched": shown,
-                        "text": f"{axis}={value} is not among {what}: {shown}"})
-    f = space_facts(space)  # the plan's split is its own: nothing is placed later
-    f = dataclasses.replace(f, switches=dataclasses.replace(f.switches, split_later=False))
-    cols = rules.plan_columns(plan)
-    for r in rules.broken(plan, f):
-        out.append({"kind": "rule", "name": r.name, "rule": r.text,
-                    "text": f"rule {r.message(cols, f)}"})
-    if plan.recompute_layers and not space.partial_recompute:
-        out.append({"kind": "switch", "name": "partial_recompute",
-                    "text": f"search_space.partial_recompute is false, so the search recomputes "
-                            f"every layer of a stage, not recompute_n={plan.recompute_layers}"})
-    return out
 
 
 def figures(e: StepEstimate, headroom_gib: float) -> dict[str, Any]:
