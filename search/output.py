@@ -133,6 +133,8 @@ def render(result: StudyResult, console: Console) -> None:
         _no_layout(result, console)
         for note in result.notes:
             console.print(f"note: {note}")
+        for line in (result.baseline or {}).get("lines", []):
+            console.print(line, markup=False, soft_wrap=True)
         return
     plans = [r.to_dict()["plan"] for r in result.top]
     knobs = [k for k in ("tp", "pp", "dp", "cp", "ep", "vpp") if k in ("tp", "pp", "dp")
@@ -168,4 +170,6 @@ def render(result: StudyResult, console: Console) -> None:
                       f"trials")
     for note in result.notes:
         console.print(f"note: {note}")
+    for line in (result.baseline or {}).get("lines", []):
+        console.print(line, markup=False, soft_wrap=True)
     console.print(f"results in {result.output_dir}")

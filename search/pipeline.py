@@ -16,6 +16,7 @@ import optuna
 
 from costmodel import Plan
 from search import optimize as opt
+from search.baseline import baseline_doc, baseline_of
 from search.evaluate import Evaluation, Evaluator, Exhaustive
 from search.files import output_folder
 from search.misses import nearest_misses
@@ -42,6 +43,7 @@ class RunOptions:
     workers: int | None = None
     storage: str | None = None
     exhaustive: bool = False
+    baseline: str | None = None  # --baseline: overrides the study's baseline
 
 
 def run_study(study: Study, options: RunOptions, *, export: ExportHook | None = None,
@@ -50,6 +52,7 @@ def run_study(study: Study, options: RunOptions, *, export: ExportHook | None = 
     output_folder(options.out_dir)
     specs = build_specs(study)  # validate: the study's numbers as cost-model inputs
     space = build_space(study, specs)
+    base = baseline_of(study, specs, options.baseline)  # bad input fails before the search
     layouts = enumerate_layouts(space)  # only valid layouts, pruning counted per rule
     headroom = specs.headroom_gib
     stage = memory_stage(specs, space, layouts.columns, headroom)  # memory first
@@ -61,6 +64,9 @@ def run_study(study: Study, options: RunOptions, *, export: ExportHook | None = 
     top = rank(ev, ostudy, exhaustive, study.search.top_k)
     result = summarize(study, ev, layouts, top, ostudy, exhaustive, search_info,
                        elapsed_s=time.perf_counter() - started, out_dir=options.out_dir)
+    if base is not None:
+        result = dataclasses.replace(result, baseline=baseline_doc(
+            specs, base[0], base[1], space=space, best=top[0].plan if top else None))
     write_outputs(result, specs, opt.trial_rows(ostudy) if ostudy else [], options.out_dir,
                   adopt=adopt)
     if export is not None and study.export is not None and result.best is not None:

@@ -48,6 +48,8 @@ class StudyResult:
     notes: list[str] = field(default_factory=list)
     # what the cluster's numbers rest on (search.uncertainty.calibration_status)
     calibration: dict[str, Any] = field(default_factory=dict)
+    # the user's recipe beside the best (search.baseline.baseline_doc), when one is given
+    baseline: dict[str, Any] | None = None
 
     @property
     def best(self) -> RankedPlan | None:
@@ -78,4 +80,6 @@ class StudyResult:
         }
         if self.optimum is not None:
             doc["optimum"] = self.optimum
+        if self.baseline is not None:
+            doc["baseline"] = self.baseline
         return doc

@@ -250,15 +250,36 @@ def plan_columns(plan: Plan) -> dict[str, int]:
     return values
 
 
-def violations(space: SearchSpace, plan: Plan) -> list[str]:
-    """The rules (and domains) a plan breaks; empty for a plan this space can generate. The
-    plan's own first/last stage layers are read, as ``check_plan`` reads them."""
+def exclusions(space: SearchSpace, plan: Plan) -> list[dict[str, Any]]:
+    """Why the search space does not hold ``plan``: each axis whose searched values miss its
+    value, then each rule (``costmodel.rules``, with the study's search switches) it breaks.
+    Empty: the space holds it."""
     values = plan_columns(plan)
-    broken = [f"{axis}={values[axis]} is outside its domain {list(space.domains[axis])}"
-              for axis in AXES if values[axis] not in space.domains[axis]]
-    if values[DERIVED] not in space.domains[DERIVED]:
-        broken.append(f"dp_domain: dp in {list(space.domains[DERIVED])}")
+    out: list[dict[str, Any]] = []
+    for axis in AXES:
+        if values[axis] not in space.domains[axis]:
+            shown = [decode(axis, v) for v in space.domains[axis]]
+            what = ("the values dp takes (num_gpus / (tp * pp * cp), restricted by "
+                    "search_space.dp)" if axis == DERIVED else
+                    f"the searched values of search_space.{axis}")
+            value = decode(axis, values[axis])
+            out.append({"kind": "axis", "name": axis, "value": value, "searched": shown,
+                        "text": f"{axis}={value} is not among {what}: {shown}"})
     f = space_facts(space)  # the plan's split is its own: nothing is placed later
     f = dataclasses.replace(f, switches=dataclasses.replace(f.switches, split_later=False))
-    broken += [f"{r.name}: {r.text}" for r in rules.broken(plan, f)]
-    return broken
+    cols = rules.plan_columns(plan)
+    for r in rules.broken(plan, f):
+        out.append({"kind": "rule", "name": r.name, "rule": r.text,
+                    "text": f"rule {r.message(cols, f)}"})
+    if plan.recompute_layers and not space.partial_recompute:
+        out.append({"kind": "switch", "name": "partial_recompute",
+                    "text": f"search_space.partial_recompute is false, so the search recomputes "
+                            f"every layer of a stage, not recompute_n={plan.recompute_layers}"})
+    return out
+
+
+def violations(space: SearchSpace, plan: Plan) -> list[str]:
+    """The rules (and domains) a plan breaks, ``name: text``; empty for a plan this space can
+    generate. The plan's own first/last stage layers are read, as ``check_plan`` reads them."""
+    return [f"{x['name']}: {x['rule']}" if x["kind"] == "rule" else x["text"]
+            for x in exclusions(space, plan)]

@@ -7,10 +7,10 @@ A YAML document validated by a pydantic schema (unknown keys rejected). Every er
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import Field, PrivateAttr, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, Strict, ValidationError, model_validator
 
 from costmodel.errors import TcfError
 from search.files import MIB, InputError, read_input
@@ -50,6 +50,9 @@ class Study(_Section):
     search: SearchSection = Field(default_factory=SearchSection)
     export: ExportSection | None = None
     validation: ValidationSection | None = None
+    # the user's current recipe, in the plan syntax of ``explain --plan`` (search.planspec),
+    # shown beside the recommendation (search.baseline); ``--baseline`` overrides it
+    baseline: Annotated[str, Strict()] | None = None
     _base_dir: Path = PrivateAttr(default=Path("."))
 
     @model_validator(mode="after")

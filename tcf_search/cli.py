@@ -88,6 +88,9 @@ def run_cmd(
     json_out: Annotated[bool, typer.Option(
         "--json", help="Print the result document as JSON on stdout.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No table, no progress.")] = False,
+    baseline: Annotated[str | None, typer.Option(
+        "--baseline", help="Your current plan, e.g. 'tp=4,pp=4,mbs=1,recompute=selective,zero=1'"
+                           ", shown beside the best (overrides the study's baseline).")] = None,
 ) -> None:
     """Run a study (resumes when the output folder already holds it)."""
     from search.pipeline import RunOptions, run_study
@@ -95,7 +98,8 @@ def run_cmd(
 
     study = load_study(study_file)
     options = RunOptions(out_dir=output or DEFAULT_RUNS_DIR / study_file.stem, trials=trials,
-                         workers=workers, storage=storage, exhaustive=exhaustive)
+                         workers=workers, storage=storage, exhaustive=exhaustive,
+                         baseline=baseline)
     err = Console(stderr=True)
     try:
         with _progress(err, enabled=not quiet and err.is_terminal) as progress:

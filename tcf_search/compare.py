@@ -22,12 +22,15 @@ from rich.table import Table
 
 from costmodel import Plan, StepEstimate, estimate
 from costmodel.specs import SpecError
+from search.baseline import baseline_doc, baseline_of
+from search.space import build_space
 from search.specs import Specs, build_specs
 from search.study import load_study
 from tcf_search.errors import user_errors
 from tcf_search.explain.planspec import (
     PlanSpecError,
     apply_change,
+    check,
     format_plan,
     parse_assignments,
     parse_plan,
@@ -90,8 +93,22 @@ def _check_degrees(change: dict[str, Any]) -> None:
                 raise PlanSpecError(str(exc)) from None
 
 
-def compare(specs: Specs, base: Plan, techniques: list[str]) -> dict[str, Any]:
-    """The comparison document: the base, then one row per technique."""
+def _row(label: str, plan: Plan, notes: list[str], specs: Specs, m0: dict[str, float]
+         ) -> dict[str, Any]:
+    e = estimate(specs.model, specs.cluster, plan, specs.training)
+    m = measures(e)
+    deltas = {k: {"value": m[k], "absolute": m[k] - m0[k], "relative": _relative(m[k], m0[k])}
+              for k in m}
+    return {"technique": label, "plan": dataclasses.asdict(plan),
+            "plan_text": format_plan(plan), "adjusted": notes,
+            "fits": e.memory.fits, "binding": e.dominant_challenge,
+            "deltas": deltas, "summary": _sentence(label, deltas)}
+
+
+def compare(specs: Specs, base: Plan, techniques: list[str],
+            baseline: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The comparison document: the base, then one row per technique; with ``baseline``
+    (:func:`search.baseline.baseline_doc` against the base), the baseline's row too."""
     e0 = estimate(specs.model, specs.cluster, base, specs.training)
     m0 = measures(e0)
     rows = []
@@ -102,19 +119,16 @@ def compare(specs: Specs, base: Plan, techniques: list[str]) -> dict[str, Any]:
             plan, notes = apply_change(base, change, specs)
         except PlanSpecError as exc:
             raise PlanSpecError(f"--with {text}: {exc}") from None
-        e = estimate(specs.model, specs.cluster, plan, specs.training)
-        m = measures(e)
-        deltas = {k: {"value": m[k], "absolute": m[k] - m0[k], "relative": _relative(m[k], m0[k])}
-                  for k in m}
-        rows.append({"technique": text, "plan": dataclasses.asdict(plan),
-                     "plan_text": format_plan(plan), "adjusted": notes,
-                     "fits": e.memory.fits, "binding": e.dominant_challenge,
-                     "deltas": deltas, "summary": _sentence(text, deltas)})
-    return {"model": specs.model.name, "gpu": specs.cluster.gpu.id,
-            "num_gpus": specs.cluster.num_gpus, "usable_gib": e0.memory.usable_bytes / GIB,
-            "base": {"plan": dataclasses.asdict(base), "plan_text": format_plan(base),
-                     "fits": e0.memory.fits, "binding": e0.dominant_challenge, "values": m0},
-            "techniques": rows}
+        rows.append(_row(text, plan, notes, specs, m0))
+    doc = {"model": specs.model.name, "gpu": specs.cluster.gpu.id,
+           "num_gpus": specs.cluster.num_gpus, "usable_gib": e0.memory.usable_bytes / GIB,
+           "base": {"plan": dataclasses.asdict(base), "plan_text": format_plan(base),
+                    "fits": e0.memory.fits, "binding": e0.dominant_challenge, "values": m0},
+           "techniques": rows}
+    if baseline is not None:
+        plan = Plan(**baseline["plan"])
+        doc["baseline"] = {**baseline, "row": _row("baseline", plan, [], specs, m0)}
+    return doc
 
 
 COLUMNS = (("weights", "mem_weights_gib"), ("grads", "mem_grads_gib"),
@@ -158,7 +172,8 @@ def render(doc: dict[str, Any], con: Console) -> None:
     for label, _ in COLUMNS:
         t.add_column(label, justify="right")
     t.add_column("fits")
-    for row in doc["techniques"]:
+    baseline = doc.get("baseline")
+    for row in [*([baseline["row"]] if baseline else []), *doc["techniques"]]:
         t.add_row(row["technique"], *(_cell(k, row["deltas"][k]) for _, k in COLUMNS),
                   "yes" if row["fits"] else "[red]no[/red]")
     con.print(t)
@@ -167,33 +182,70 @@ def render(doc: dict[str, Any], con: Console) -> None:
         if row["adjusted"]:
             con.print(f"    [dim]to stay valid: {'; '.join(row['adjusted'])} → "
                       f"{row['plan_text']}[/dim]")
+    for line in baseline["lines"] if baseline else []:
+        con.print(f"  {line}", markup=False, soft_wrap=True)
 
 
 def compare_cmd(
     study_file: Annotated[Path, typer.Argument(help="The study YAML.", show_default=False)],
-    base: Annotated[str, typer.Option(
-        "--base", help="The base plan, e.g. 'tp=4,pp=4,mbs=1,recompute=selective,zero=1'.",
-        show_default=False)],
-    techniques: Annotated[list[str], typer.Option(
+    base: Annotated[str | None, typer.Option(
+        "--base", help="The base plan, e.g. 'tp=4,pp=4,mbs=1,recompute=selective,zero=1' "
+                       "[default: the best plan of the finished study, see --result].",
+        show_default=False)] = None,
+    techniques: Annotated[list[str] | None, typer.Option(
         "--with", help="A technique: knob=value[,knob=value]; repeat for more.",
-        show_default=False)],
+        show_default=False)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")
                         ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the summary lines.")
                      ] = False,
+    baseline: Annotated[str | None, typer.Option(
+        "--baseline", help="Your current plan, shown beside the base with the gain split by "
+                           "challenge (overrides the study's baseline).")] = None,
+    result: Annotated[Path | None, typer.Option(
+        "--result", help="The study's result folder, whose best plan is the base when --base "
+                         "is not given [default: runs/<study stem>].")] = None,
 ) -> None:
     """The trade-off table: what each technique does to memory, compute and communication."""
     with user_errors():
-        specs = build_specs(load_study(study_file))
-        doc = compare(specs, parse_plan(base, specs), list(techniques))
+        study = load_study(study_file)
+        specs = build_specs(study)
+        plan = parse_plan(base, specs) if base is not None else _best(study_file, specs, result)
+        found = baseline_of(study, specs, baseline)
+        if not techniques and found is None:
+            raise PlanSpecError("--with: give a technique (knob=value), or a baseline "
+                                "(--baseline or the study's baseline:) to compare with")
+        doc = compare(specs, plan, list(techniques or []), found and baseline_doc(
+            specs, *found, space=build_space(study, specs), best=plan,
+            label="the base" if base is not None else "the best"))
     if json_out:
         typer.echo(json.dumps(doc, indent=2, default=_json_default))
     elif quiet:
         for row in doc["techniques"]:
             typer.echo(row["summary"])
+        if doc.get("baseline"):
+            typer.echo(doc["baseline"]["versus"]["summary"])
     else:
         con = Console(highlight=False)
         render(doc, con if con.is_terminal else Console(width=140, highlight=False))
+
+
+def _best(study_file: Path, specs: Specs, result: Path | None) -> Plan:
+    """The best plan of the study's result folder, checked against the study."""
+    from search.planfile import load_plan_file
+    from tcf_search.explain.source import DEFAULT_RUNS_DIR, SourceError, ranked_plan_path
+
+    folder = result or DEFAULT_RUNS_DIR / study_file.stem
+    if not folder.is_dir():
+        raise SourceError(f"--base: not given, and {folder} is not a result folder to take the "
+                          f"best plan from (give --base PLAN, or --result DIR)")
+    pf = load_plan_file(ranked_plan_path(folder, None))
+    try:
+        check(pf.plan, specs)
+    except PlanSpecError as exc:
+        raise SourceError(f"--result: the best plan of {folder} does not match {study_file}: "
+                          f"{exc}") from None
+    return pf.plan
 
 
 def _json_default(x: Any) -> Any:

@@ -6,10 +6,8 @@ documents it: an export no launcher accepts).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
-import io
 import json
 import os
 import tempfile
@@ -18,6 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
+from clirunner import cli as run_cli
+from clirunner import one_line_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -50,18 +50,12 @@ def count_input(kind: str) -> None:
 
 
 def cli(*args: str, allowed: tuple[int, ...] = (0, 2)) -> tuple[int, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(args))
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-    text = err.getvalue()
-    assert "Traceback" not in text + out.getvalue(), text[-800:]
+    """Exit code and stderr; never a traceback, bad input as one line."""
+    code, out, text = run_cli(*args)
+    assert "Traceback" not in text + out, text[-800:]
     assert code in allowed, f"exit {code}: {text[-600:]}"
     if code == 2:
-        lines = text.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: "), lines
+        one_line_error(code, text)
     return code, text
 
 

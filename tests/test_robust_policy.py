@@ -16,7 +16,6 @@ nothing, a rerun is harmless, names are not paths, and every bad input or signal
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil
@@ -28,12 +27,12 @@ from pathlib import Path
 
 import optuna
 import pytest
+from clirunner import cli, one_line_error
 from optuna.trial import TrialState
 
 from search import files
 from search.files import Output, OutputError, OutputExists, write_atomic
 from search.storage import JournalFile, SearchError, repair_journal
-from tcf_search.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = (ROOT / "studies" / "tiny-cpu.yaml").read_text()
@@ -42,25 +41,6 @@ MOE = ("name: moe\nmodel: {preset: mixtral-8x7b}\n"
        "training: {seq_len: 8192, global_batch: 1024}\n"
        "cluster: {gpu: h100-sxm-80gb, nodes: 128}\n"
        "search_space: {cp: auto, ep: auto}\nsearch: {seed: 3, trials: 120}\n")
-
-
-def cli(*args: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(list(args))
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-    return code, out.getvalue(), err.getvalue()
-
-
-def one_line_error(code: int, err: str, *words: str) -> None:
-    assert code == 2, f"exit {code}: {err[-600:]}"
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), lines
-    for word in words:
-        assert word in lines[0], (word, lines[0])
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,8 @@ import dataclasses
 from typing import Any
 
 from costmodel import StepEstimate, estimate
+from search.baseline import baseline_doc, baseline_of, step_breakdown
+from search.space import build_space
 from search.uncertainty import calibration_status, plan_regime, uncertainty_metrics
 from tcf_search.explain.neighbours import best_move, improves, neighbours
 from tcf_search.explain.planspec import format_plan
@@ -61,14 +63,6 @@ def _communication(e: StepEstimate) -> dict[str, Any]:
     return {"time_s": e.comm_time_s, "exposed_s": e.comm_exposed_s,
             "hidden_s": e.comm_time_s - e.comm_exposed_s,
             "bytes": sum(c.bytes for c in e.collectives), "collectives": rows}
-
-
-def step_breakdown(e: StepEstimate) -> dict[str, float]:
-    """Where the step goes; ``other`` is what the parts do not account for (stage imbalance)."""
-    parts = {"compute": e.compute.time_s, "exposed_comm": e.comm_exposed_s,
-             "bubble": e.bubble_time_s, "optimizer": e.compute.optimizer_time_s}
-    parts["other"] = max(e.step_time_s - sum(parts.values()), 0.0)
-    return parts
 
 
 REASONS = {
@@ -125,3 +119,16 @@ def explain(subject: Subject) -> dict[str, Any]:
                     "alternatives": [m.to_dict() for m in moves[:5]],
                     "neighbours_evaluated": len(moves)},
     }
+
+
+def with_baseline(doc: dict[str, Any], subject: Subject, flag: str | None) -> dict[str, Any]:
+    """``doc`` with the baseline (``--baseline``, else the study's) beside the explained plan:
+    whether the study's space holds it, its figures, and the gain split by challenge."""
+    base = baseline_of(subject.study, subject.specs, flag)
+    if base is None:
+        return doc
+    s = subject.specs
+    space = build_space(subject.study, s) if subject.study is not None else None
+    label = "the best" if subject.origin.startswith("rank 1 ") else "this plan"
+    return {**doc, "baseline": baseline_doc(s, *base, space=space, best=subject.plan,
+                                            label=label)}

@@ -30,20 +30,26 @@ def explain_cmd(
                         ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Only the verdict line.")
                      ] = False,
+    baseline: Annotated[str | None, typer.Option(
+        "--baseline", help="Your current plan, shown beside this one with the gain split by "
+                           "challenge (overrides the study's baseline).")] = None,
 ) -> None:
     """Why a plan is as fast as it is: memory, compute, communication, and the change that
     helps most."""
-    from tcf_search.explain.analysis import explain
+    from tcf_search.explain.analysis import explain, with_baseline
     from tcf_search.explain.render import render
     from tcf_search.explain.source import resolve
 
     with user_errors():
-        doc = explain(resolve(target, plan, rank, result))
+        subject = resolve(target, plan, rank, result)
+        doc = with_baseline(explain(subject), subject, baseline)
     if json_out:
         typer.echo(json.dumps(doc, indent=2))
     elif quiet:
         v = doc["verdict"]
         typer.echo(f"{doc['plan_text']}: bound by {v['binding']}; {v['advice']}")
+        if doc.get("baseline", {}).get("versus"):
+            typer.echo(doc["baseline"]["versus"]["summary"])
     else:
         con = Console(highlight=False)
         render(doc, con if con.is_terminal else Console(width=120, highlight=False))

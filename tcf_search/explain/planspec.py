@@ -1,8 +1,7 @@
-"""Plans written on the command line: ``"tp=8,pp=4,vpp=2,dp=32,mbs=1,recompute=selective,zero=1"``.
+"""Plans written on the command line, parsed by :mod:`search.planspec` (re-exported here).
 
-Keys are the fields of :class:`costmodel.Plan`, with the short names people type (``mbs``,
-``zero``, ``sp``, ``schedule``). A change to one knob that breaks validity (``tp=8`` with ``dp``
-unchanged alters the world size) is repaired by :func:`apply_change`, which says what it moved.
+A change to one knob that breaks validity (``tp=8`` with ``dp`` unchanged alters the world
+size) is repaired by :func:`apply_change`, which says what it moved.
 """
 
 from __future__ import annotations
@@ -11,106 +10,26 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from costmodel import Plan, SpecError, check_plan, rules
-from costmodel.errors import TcfError
+from costmodel import Plan, rules
+from search.planspec import (
+    ALIASES,
+    CHOICES,
+    FALSE,
+    PLAN_FIELDS,
+    SHORT,
+    TRUE,
+    PlanSpecError,
+    check,
+    format_plan,
+    make_plan,
+    parse_assignments,
+    parse_plan,
+)
 from search.specs import Specs
 
-ALIASES: dict[str, str] = {"mbs": "micro_batch", "zero": "zero_stage", "sp": "sequence_parallel",
-                           "schedule": "pp_schedule", "recompute_n": "recompute_layers"}
-PLAN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Plan))
-CHOICES: dict[str, tuple[str, ...]] = {"recompute": ("none", "selective", "full"),
-                                       "pp_schedule": ("1f1b", "interleaved", "gpipe")}
-TRUE, FALSE = ("true", "yes", "on", "1", "y"), ("false", "no", "off", "0", "n")
-# The short form of a plan, in the order people read them.
-SHORT = (("tp", "tp"), ("pp", "pp"), ("vpp", "vpp"), ("dp", "dp"), ("cp", "cp"), ("ep", "ep"),
-         ("micro_batch", "mbs"), ("recompute", "recompute"), ("recompute_layers", "recompute_n"),
-         ("zero_stage", "zero"), ("sequence_parallel", "sp"), ("pp_schedule", "schedule"),
-         ("first_stage_layers", "first_stage_layers"), ("last_stage_layers", "last_stage_layers"))
-
-
-class PlanSpecError(TcfError):
-    """A plan written as ``key=value,...`` is malformed; the message names the key and value."""
-
-
-def _value(key: str, raw: str) -> Any:
-    text = raw.strip().lower()
-    if key in CHOICES:
-        if text not in CHOICES[key]:
-            raise PlanSpecError(f"plan: {key} must be one of {', '.join(CHOICES[key])}, "
-                                f"but got {raw!r}")
-        return text
-    if key == "sequence_parallel":
-        if text not in TRUE + FALSE:
-            raise PlanSpecError(f"plan: sequence_parallel must be true or false, but got {raw!r}")
-        return text in TRUE
-    try:
-        return int(text)
-    except ValueError:
-        raise PlanSpecError(f"plan: {key} must be an integer, but got {raw!r}") from None
-
-
-def parse_assignments(text: str) -> dict[str, Any]:
-    """``"tp=8, zero=1"`` to ``{"tp": 8, "zero_stage": 1}`` (aliases resolved, values typed)."""
-    out: dict[str, Any] = {}
-    for item in (part.strip() for part in text.split(",")):
-        if not item:
-            continue
-        key, sep, raw = item.partition("=")
-        key = key.strip().lower().replace("-", "_")
-        if not sep or not key or not raw.strip():
-            raise PlanSpecError(f"plan: each item must be key=value, but got {item!r}")
-        name = ALIASES.get(key, key)
-        if name not in PLAN_FIELDS:
-            valid = sorted({*PLAN_FIELDS, *ALIASES})
-            raise PlanSpecError(f"plan: unknown key {key!r} (valid: {', '.join(valid)})")
-        if name in out:
-            raise PlanSpecError(f"plan: {key} is given twice in {text!r}")
-        out[name] = _value(name, raw)
-    if not out:
-        raise PlanSpecError(f"plan: expected key=value pairs such as 'tp=8,pp=4', got {text!r}")
-    return out
-
-
-def make_plan(values: dict[str, Any]) -> Plan:
-    try:
-        return Plan(**values)
-    except SpecError as exc:
-        raise PlanSpecError(str(exc)) from None
-
-
-def parse_plan(text: str, specs: Specs) -> Plan:
-    """A full plan from its short form; ``dp`` defaults to what fills the cluster."""
-    values = parse_assignments(text)
-    if "dp" not in values:
-        inner = values.get("tp", 1) * values.get("pp", 1) * values.get("cp", 1)
-        n = specs.cluster.num_gpus
-        if inner <= 0 or n % inner:
-            raise PlanSpecError(f"plan: tp * pp * cp must divide num_gpus to derive dp, but got "
-                                f"tp * pp * cp = {inner}, num_gpus={n}")
-        values["dp"] = n // inner
-    plan = make_plan(values)
-    check(plan, specs)
-    return plan
-
-
-def check(plan: Plan, specs: Specs) -> None:
-    """The table's rules with the study's switches: the verdict the search gives."""
-    try:
-        check_plan(specs.model, specs.cluster, plan, specs.training, specs.switches)
-    except SpecError as exc:
-        raise PlanSpecError(f"plan {format_plan(plan)}: {exc}") from None
-
-
-def format_plan(plan: Plan) -> str:
-    """The short form, defaults left out except the degrees people always state."""
-    default = Plan()
-    always = {"tp", "pp", "dp", "micro_batch", "recompute", "zero_stage"}
-    parts = []
-    for name, short in SHORT:
-        v = getattr(plan, name)
-        if name in always or v != getattr(default, name):
-            parts.append(f"{short}={str(v).lower() if isinstance(v, bool) else v}")
-    return ",".join(parts)
+__all__ = ["ALIASES", "CHOICES", "FALSE", "PLAN_FIELDS", "REPAIRS", "SHORT", "TRUE",
+           "PlanSpecError", "apply_change", "check", "format_plan", "make_plan",
+           "parse_assignments", "parse_plan"]
 
 
 def _largest_divisor_at_most(n: int, cap: int) -> int:

@@ -116,6 +116,10 @@ def render(doc: dict[str, Any], con: Console) -> None:
     _compute(doc, con)
     _communication(doc, con)
     _verdict(doc, con)
+    if doc.get("baseline"):
+        con.print("\n[bold]Baseline[/bold] (your current recipe beside this plan):")
+        for line in doc["baseline"]["lines"]:
+            con.print(f"   {line}", markup=False, soft_wrap=True)
 
 
 def render_html(doc: dict[str, Any], width: int = 110) -> str:

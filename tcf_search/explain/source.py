@@ -14,7 +14,7 @@ from costmodel.errors import TcfError
 from search.files import read_input
 from search.planfile import MAX_PLAN_FILE_BYTES, load_plan_file
 from search.specs import Specs, build_specs, plan_file_specs
-from search.study import load_study
+from search.study import Study, load_study
 from tcf_search.explain.planspec import PlanSpecError, check, parse_plan
 
 DEFAULT_RUNS_DIR = Path("runs")  # where ``tcf-search run`` writes when -o is not given
@@ -32,6 +32,7 @@ class Subject:
     specs: Specs
     plan: Plan
     origin: str  # "--plan", "rank 1 of runs/x", a plan file path
+    study: Study | None = None  # when a study file was given: its baseline and search space
 
 
 def is_plan_file(path: Path) -> bool:
@@ -75,7 +76,7 @@ def resolve(target: Path, plan_text: str | None, rank: int | None,
     specs = build_specs(study)
     if plan_text is not None:
         return Subject(name=study.study_name, specs=specs, plan=parse_plan(plan_text, specs),
-                       origin="--plan")
+                       origin="--plan", study=study)
     if rank is None:
         raise SourceError("give the plan to explain: --plan 'tp=8,pp=4,...' or --rank N of a "
                           "finished study (its result folder with --result)")
@@ -89,4 +90,4 @@ def resolve(target: Path, plan_text: str | None, rank: int | None,
     except PlanSpecError as exc:
         raise SourceError(f"rank {rank} of {folder} does not match {target}: {exc}") from None
     return Subject(name=study.study_name, specs=specs, plan=pf.plan,
-                   origin=f"rank {rank} of {folder}")
+                   origin=f"rank {rank} of {folder}", study=study)

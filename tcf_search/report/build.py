@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from search.files import Output
 from tcf_search.report.data import ReportError, load_result
@@ -37,8 +39,35 @@ def _explain_best(folder: Path, study: Path | None) -> tuple[str | None, str | N
         return None, f"explain of the best plan unavailable: {exc}"
 
 
+def _baseline(folder: Path, study_path: Path | None, flag: str) -> dict[str, Any]:
+    """``--baseline`` judged on the study (its space too) or, without one, on the specs the
+    best plan's file records; set beside the best plan."""
+    from search.baseline import baseline_doc, baseline_of
+    from search.planfile import load_plan_file
+    from search.space import build_space
+    from search.specs import build_specs, plan_file_specs
+    from search.study import load_study
+
+    best_path = folder / "best_plan.yaml"
+    best = load_plan_file(best_path) if best_path.is_file() else None
+    if study_path is not None:
+        study = load_study(study_path)
+        specs = build_specs(study)
+        found = baseline_of(None, specs, flag)
+        assert found is not None
+        return baseline_doc(specs, *found, space=build_space(study, specs),
+                            best=best.plan if best else None)
+    if best is None:
+        raise ReportError(f"--baseline: {best_path} is missing; give the study with --study")
+    specs = plan_file_specs(best)
+    found = baseline_of(None, specs, flag)
+    assert found is not None
+    return baseline_doc(specs, *found, best=best.plan)
+
+
 def build_report(folder: Path, out_html: Path, png_dir: Path | None = None,
-                 study: Path | None = None, *, force: bool = False) -> ReportFiles:
+                 study: Path | None = None, *, force: bool = False,
+                 baseline: str | None = None) -> ReportFiles:
     """Write the report by the output policy of :class:`search.files.Output`: the HTML file
     and the PNGs replace only files a report wrote (anything else needs ``force``), all
     checked before the first write."""
@@ -53,6 +82,9 @@ def build_report(folder: Path, out_html: Path, png_dir: Path | None = None,
     html_out.check([html_out.path(out_html.name)])
     png_out = Output(png_dir, "report", force=force) if png_dir is not None else None
     data = load_result(folder)
+    if baseline is not None:
+        data = dataclasses.replace(data, result={**data.result,
+                                                 "baseline": _baseline(folder, study, baseline)})
     figures: dict[str, str] = {}
     pngs: dict[str, bytes] = {}
     for name, draw in plots.FIGURES:

@@ -27,6 +27,10 @@ def report_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Print nothing.")] = False,
     force: Annotated[bool, typer.Option(
         "--force", help="Replace files at the outputs that no report wrote.")] = False,
+    baseline: Annotated[str | None, typer.Option(
+        "--baseline", help="Your current plan, marked beside the best (overrides the run's "
+                           "baseline; judged on --study, else on the best plan's file).")
+    ] = None,
 ) -> None:
     """One self-contained HTML report (and PNG figures) of a finished study."""
     from tcf_search.report.build import build_report
@@ -34,7 +38,7 @@ def report_cmd(
     out = output or result / "report.html"
     pngs = None if no_png else (png_dir or result / "report_png")
     with user_errors():
-        files = build_report(result, out, pngs, study, force=force)
+        files = build_report(result, out, pngs, study, force=force, baseline=baseline)
     if json_out:
         typer.echo(json.dumps(files.to_dict(), indent=2))
     elif not quiet:

@@ -42,6 +42,12 @@ class ResultData:
         return list(self.result.get("top") or [])
 
     @property
+    def baseline(self) -> dict[str, Any] | None:
+        """The user's recipe (``search.baseline.baseline_doc``), when the run had one."""
+        doc = self.result.get("baseline")
+        return doc if isinstance(doc, dict) and "figures" in doc and "plan" in doc else None
+
+    @property
     def usable_gib(self) -> float | None:
         for row in self.top:
             return float(row["predicted"]["usable_mem_gib"])

@@ -57,6 +57,32 @@ def _top_table(data: ResultData) -> str:
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
 
+BASELINE_ROWS = (("tokens/s per GPU", "tokens_per_s_per_gpu", "{:,.0f}"),
+                 ("step s", "step_time_s", "{:.2f}"), ("MFU", "mfu", "{:.1%}"),
+                 ("compute challenge s (kernels, bubble, optimizer)", "compute_challenge_s",
+                  "{:.2f}"), ("recomputation s", "recompute_s", "{:.2f}"),
+                 ("bubble share", "bubble_share", "{:.0%}"),
+                 ("exposed communication s", "exposed_comm_s", "{:.2f}"),
+                 ("peak memory GiB", "peak_mem_gib", "{:.1f}"),
+                 ("headroom GiB", "headroom_gib", "{:.1f}"))
+
+
+def _baseline_table(data: ResultData) -> str:
+    b = data.baseline
+    assert b is not None
+    v = b.get("versus")
+    head = (f"<tr><th class=l></th><th>baseline {_esc(b['plan_text'])}</th>"
+            + (f"<th>{_esc(v['label'])} {_esc(v['plan_text'])}</th>" if v else "") + "</tr>")
+    rows = [f"<tr><td class=l>{label}</td><td>{fmt.format(b['figures'][key])}</td>"
+            + (f"<td>{fmt.format(v['figures'][key])}</td>" if v else "") + "</tr>"
+            for label, key, fmt in BASELINE_ROWS]
+    fits = "yes" if b["figures"]["fits"] else "no (memory is a hard constraint)"
+    rows.append(f"<tr><td class=l>fits</td><td>{fits}</td>"
+                + ("<td>yes</td>" if v and v["figures"]["fits"] else "<td></td>" if v else "")
+                + "</tr>")
+    return f"<table id=baseline>{head}{''.join(rows)}</table>"
+
+
 def page(data: ResultData, figures: dict[str, str], explain_html: str | None,
          notes: list[str]) -> str:
     r = data.result
@@ -80,6 +106,10 @@ def page(data: ResultData, figures: dict[str, str], explain_html: str | None,
     else:
         misses = "".join(f"<li>{_esc(m.get('reason', m))}</li>" for m in r.get("near_misses", []))
         parts += ["<h2>No layout fits</h2>", f"<ul>{misses}</ul>"]
+    if data.baseline is not None:
+        parts += ["<h2>Baseline: your current recipe beside the best</h2>",
+                  _baseline_table(data),
+                  *(f"<p class=sub>{_esc(line.strip())}</p>" for line in data.baseline["lines"])]
     if explain_html:
         parts += ["<h2>Why the best plan is fast: memory, compute, communication</h2>",
                   explain_html]

@@ -117,6 +117,11 @@ def throughput_scatter(data: ResultData) -> Figure | None:
         best = data.top[0]["predicted"]
         ax.scatter([best["peak_mem_gib"]], [best["tokens_per_s_per_gpu"]], marker="*", s=220,
                    color="#dd8452", edgecolor="black", zorder=5, label="best plan")
+    if data.baseline is not None:
+        f = data.baseline["figures"]
+        ax.scatter([f["peak_mem_gib"]], [f["tokens_per_s_per_gpu"]], marker="D", s=90,
+                   color="white", edgecolor="black", lw=1.5, zorder=6,
+                   label="baseline" + ("" if f["fits"] else " (does not fit)"))
     if data.usable_gib is not None:
         ax.axvline(data.usable_gib, color="black", lw=1, ls="--", label="usable HBM")
     ax.set_xlabel("peak memory per GPU (GiB)")
@@ -196,6 +201,7 @@ def layout_heatmap(data: ResultData) -> Figure | None:
         if not np.isnan(value):
             ax.text(j, i, f"{value:,.0f}", ha="center", va="center", fontsize=7,
                     color="white" if value < np.nanmax(grid) * 0.97 else "black")
+    _baseline_cell(ax, data, tps, pps)
     ax.set_xticks(range(len(pps)), [str(p) for p in pps])
     ax.set_yticks(range(len(tps)), [str(t) for t in tps])
     ax.set_xlim(-0.5, len(pps) - 0.5)
@@ -205,6 +211,25 @@ def layout_heatmap(data: ResultData) -> Figure | None:
     ax.set_title("Best tokens/s per GPU by (tp, pp); grey: pruned, labelled by the constraint")
     fig.colorbar(img, ax=ax, label="best tokens/s per GPU", shrink=0.85)
     return fig
+
+
+def _baseline_cell(ax: Any, data: ResultData, tps: list[int], pps: list[int]) -> None:
+    """The baseline's (tp, pp) cell outlined in red; a baseline off the grid is said in the
+    title's place instead (its tp or pp is not among the searched values)."""
+    if data.baseline is None:
+        return
+    tp, pp = data.baseline["plan"]["tp"], data.baseline["plan"]["pp"]
+    if tp in tps and pp in pps:
+        from matplotlib.patches import Rectangle
+
+        j, i = pps.index(pp), tps.index(tp)
+        ax.add_patch(Rectangle((j - 0.46, i - 0.46), 0.92, 0.92, fill=False, edgecolor="red",
+                               lw=2.2, zorder=6))
+        ax.text(j, i - 0.32, "baseline", ha="center", va="center", fontsize=6, color="red",
+                zorder=7)
+    else:
+        ax.text(0.5, -0.02, f"baseline tp={tp}, pp={pp} is off this grid",
+                transform=ax.transAxes, ha="center", va="top", fontsize=7, color="red")
 
 
 def _rect(x: float, y: float, colour: str) -> Any:

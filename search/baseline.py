@@ -1,0 +1,166 @@
+"""Your current recipe beside the recommendation.
+
+A study's ``baseline:`` (or ``--baseline``, which overrides it) is a plan in the syntax of
+``explain --plan`` (:mod:`search.planspec`). It must be a valid plan for the model and cluster
+(the rules table with the switches the cost model prices): else it is bad input. The search
+space may still exclude it — an axis whose searched values do not hold its value, or a rule the
+study's search switches add — and :func:`exclusions` names which; its figures are the tool's own
+either way, and a baseline that does not fit in memory is said to (memory is a hard constraint).
+
+:func:`versus` splits the gain of a plan over the baseline by challenge. Tokens per step are the
+same for both (same model, batch and cluster), so tokens/s goes as 1 / step time and
+
+    gain = T_base / T_plan - 1 = sum over parts k of (t_base,k - t_plan,k) / T_plan
+
+exactly, with the step's parts as ``step_breakdown`` reads them off the estimate: compute
+(kernels with recomputation, the pipeline bubble, the optimizer, stage imbalance) and exposed
+communication. Memory costs no time of its own: what it changes is what a plan can afford, so its
+line names the peak, the headroom and the knobs the difference paid for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from costmodel import Plan, StepEstimate, estimate, rules
+from costmodel.rules import Switches
+from costmodel.specs import SCHEDULE_CODES, SCHEDULE_NAMES
+from search.planspec import SHORT, PlanSpecError, format_plan, parse_plan
+from search.space import SearchSpace, exclusions
+from search.specs import Specs
+from search.study import Study
+
+GIB = 2**30
+COMPUTE_PARTS = ("compute", "bubble", "optimizer", "other")  # the compute challenge's time
+
+
+def step_breakdown(e: StepEstimate) -> dict[str, float]:
+    """Where the step goes; ``other`` is what the parts do not account for (stage imbalance)."""
+    parts = {"compute": e.compute.time_s, "exposed_comm": e.comm_exposed_s,
+             "bubble": e.bubble_time_s, "optimizer": e.compute.optimizer_time_s}
+    parts["other"] = max(e.step_time_s - sum(parts.values()), 0.0)
+    return parts
+
+
+def parse_baseline(text: str, specs: Specs, field: str = "baseline") -> Plan:
+    """The baseline plan; bad input names ``field`` (``baseline`` or ``--baseline``) and the
+    rule. Checked by the rules the cost model prices, not the study's search switches."""
+    try:
+        return parse_plan(text, specs, Switches())
+    except PlanSpecError as exc:
+        raise PlanSpecError(field + str(exc).removeprefix("plan")) from None
+
+
+def baseline_of(study: Study | None, specs: Specs, flag: str | None) -> tuple[Plan, str] | None:
+    """The baseline and where it came from: ``--baseline`` over the study's ``baseline:``."""
+    if flag is not None:
+        return parse_baseline(flag, specs, "--baseline"), "--baseline"
+    if study is not None and study.baseline is not None:
+        return parse_baseline(study.baseline, specs, "baseline"), "study baseline"
+    return None
+
+
+def figures(e: StepEstimate, headroom_gib: float) -> dict[str, Any]:
+    """One plan's figures on the three challenges, in report units."""
+    parts = step_breakdown(e)
+    usable, peak = e.memory.usable_bytes / GIB, e.memory.peak_bytes / GIB
+    return {"tokens_per_s_per_gpu": e.tokens_per_s_per_gpu, "step_time_s": e.step_time_s,
+            "peak_mem_gib": peak, "usable_mem_gib": usable, "headroom_gib": usable - peak,
+            "fits": bool(e.memory.fits), "within_headroom": bool(usable - peak >= headroom_gib),
+            "compute_challenge_s": sum(parts[k] for k in COMPUTE_PARTS),
+            "compute_s": parts["compute"], "recompute_s": e.compute.recompute_time_s,
+            "bubble_s": parts["bubble"], "bubble_share": parts["bubble"] / e.step_time_s,
+            "optimizer_s": parts["optimizer"], "other_s": parts["other"],
+            "exposed_comm_s": parts["exposed_comm"], "mfu": e.mfu,
+            "binding": e.dominant_challenge}
+
+
+def _changes(base: Plan, plan: Plan) -> list[str]:
+    """The knobs that differ, the schedule as it runs (vpp > 1 is interleaved either way)."""
+    def value(p: Plan, k: str) -> str:
+        if k == "pp_schedule":
+            return SCHEDULE_NAMES[int(rules.schedule_code(SCHEDULE_CODES[p.pp_schedule], p.vpp))]
+        return str(getattr(p, k)).lower()
+
+    return [f"{short} {value(base, k)}→{value(plan, k)}" for k, short in SHORT
+            if value(base, k) != value(plan, k)]
+
+
+def _memory_line(b: dict[str, Any], p: dict[str, Any], changes: list[str]) -> str:
+    head = (f"memory: {b['peak_mem_gib']:.0f} → {p['peak_mem_gib']:.0f} GiB peak (headroom "
+            f"{b['headroom_gib']:.1f} → {p['headroom_gib']:.1f} GiB)")
+    if not b["fits"]:  # the summary leads with it
+        return head
+    more = p["peak_mem_gib"] - b["peak_mem_gib"]
+    if not changes or abs(more) < 0.5:
+        return head
+    verb = f"{more:.0f} GiB more buys" if more > 0 else f"{-more:.0f} GiB less comes from"
+    return f"{head}; {verb} {', '.join(changes)}"
+
+
+def versus(specs: Specs, base: Plan, plan: Plan, label: str = "the best") -> dict[str, Any]:
+    """``plan`` against the baseline ``base``: both plans' figures and the gain in tokens/s
+    split by challenge (the parts add up to the total; see the module docstring)."""
+    b = figures(estimate(specs.model, specs.cluster, base, specs.training), specs.headroom_gib)
+    p = figures(estimate(specs.model, specs.cluster, plan, specs.training), specs.headroom_gib)
+    t_plan = p["step_time_s"]
+    gain = {"total": p["tokens_per_s_per_gpu"] / b["tokens_per_s_per_gpu"] - 1.0,
+            "compute": (b["compute_challenge_s"] - p["compute_challenge_s"]) / t_plan,
+            "communication": (b["exposed_comm_s"] - p["exposed_comm_s"]) / t_plan,
+            "memory": 0.0}  # no time of its own: see the memory line
+    changes = _changes(base, plan)
+    memory = _memory_line(b, p, changes)
+    oom = (f"the baseline does not fit in memory ({b['peak_mem_gib']:.1f} > "
+           f"{b['usable_mem_gib']:.1f} GiB usable), so {label} is what runs; by time alone, "
+           if not b["fits"] else "")
+    summary = (f"{label} vs the baseline: {oom}{gain['total']:+.1%} tokens/s: compute "
+               f"{gain['compute']:+.1%} (bubble {b['bubble_share']:.0%}→{p['bubble_share']:.0%},"
+               f" recomputation {b['recompute_s']:.1f} s → {p['recompute_s']:.1f} s, MFU "
+               f"{b['mfu']:.1%} → {p['mfu']:.1%}), communication {gain['communication']:+.1%} "
+               f"(exposed {b['exposed_comm_s']:.2f} s → {p['exposed_comm_s']:.2f} s), {memory}")
+    return {"plan": dataclasses.asdict(plan), "plan_text": format_plan(plan), "label": label,
+            "baseline_figures": b, "figures": p, "gain": gain, "changes": changes,
+            "memory": memory, "summary": summary}
+
+
+def baseline_doc(specs: Specs, plan: Plan, origin: str, *, space: SearchSpace | None = None,
+                 best: Plan | None = None, label: str = "the best") -> dict[str, Any]:
+    """The baseline's document: its plan, where it came from, whether the space holds it (and
+    what excludes it), its figures, and ``best`` against it; ``lines`` says it in words."""
+    e = estimate(specs.model, specs.cluster, plan, specs.training)
+    doc: dict[str, Any] = {"plan": dataclasses.asdict(plan), "plan_text": format_plan(plan),
+                           "origin": origin, "figures": figures(e, specs.headroom_gib)}
+    if space is not None:
+        doc["excluded_by"] = exclusions(space, plan)
+        doc["in_space"] = not doc["excluded_by"]
+    if best is not None:
+        doc["versus"] = versus(specs, plan, best, label)
+    doc["lines"] = baseline_lines(doc, specs.headroom_gib)
+    return doc
+
+
+def baseline_lines(doc: dict[str, Any], headroom_gib: float = 0.0) -> list[str]:
+    """The baseline in words, one statement a line (terminal, explain, compare, report)."""
+    f = doc["figures"]
+    fit = ("fits" if f["within_headroom"] else
+           f"fits, but inside the {headroom_gib:.1f} GiB headroom the search keeps free"
+           if f["fits"] else f"does NOT fit: {-f['headroom_gib']:.1f} GiB over usable memory "
+                             f"(a hard constraint: it cannot run as written)")
+    lines = [f"baseline {doc['plan_text']} ({doc['origin']}): {f['tokens_per_s_per_gpu']:,.0f} "
+             f"tokens/s per GPU, MFU {f['mfu']:.1%}, step {f['step_time_s']:.2f} s, peak "
+             f"{f['peak_mem_gib']:.1f}/{f['usable_mem_gib']:.1f} GiB — {fit}; bound by "
+             f"{f['binding']}"]
+    if doc.get("in_space") is False:
+        lines.append("  outside the search space:")
+        lines += [f"    {x['text']}" for x in doc["excluded_by"]]
+    elif doc.get("in_space"):
+        lines.append("  inside the search space")
+    v = doc.get("versus")
+    if v is not None:
+        lines.append(f"  {v['summary']}")
+        if v["gain"]["total"] < -5e-4 and doc.get("in_space") and f["within_headroom"]:
+            lines.append("  the baseline beats the search's best, though the space holds it: "
+                         "the search has not converged (more trials, or --exhaustive)")
+    return lines
+
