@@ -23,8 +23,9 @@ import numpy as np
 
 from costmodel.attention import causal_keys, qk_dim, qkv_params, v_dim
 from costmodel.attention import rope_elems as rope_width
-from costmodel.kernels import Kernels, fwd_bwd, gemm_time, kernels_of
-from costmodel.mapping import StageLayers, expert_tp
+from costmodel.kernels import Kernels, fwd_bwd, kernels_of
+from costmodel.mapping import StageLayers
+from costmodel.moe import MoeLayer, moe_layer
 from costmodel.params import attention_params
 from costmodel.plans import PlanArrays
 from costmodel.recompute import (
@@ -183,53 +184,8 @@ def _dense_layer(model: ModelSpec, tr: Training, kn: Kernels) -> _DenseLayer:
                        attention_s=attention_s, elem=elem, fwd_s=fwd, bwd_s=bwd)
 
 
-@dataclass(frozen=True, slots=True)
-class _MoeLayer:
-    routed_s: np.ndarray
-    permute_s: np.ndarray
-    elem_s: np.ndarray
-    kernels: float  # kernel launches relative to a dense layer
-    fwd_s: np.ndarray
-    bwd_s: np.ndarray
-
-
-def _moe_layer(model: ModelSpec, p: PlanArrays, kn: Kernels, dense: _DenseLayer) -> _MoeLayer:
-    h, f = model.hidden, model.ffn_hidden
-    fe, topk, E = model.expert_ffn_hidden, model.moe_topk, model.moe_experts
-    M, tp, elem = kn.tokens, kn.tp, dense.elem
-    n_up_e = 2.0 * fe if model.ffn_type == "swiglu" else float(fe)
-    # a rank's experts process the routed copies of all M tokens of its TP group (gathered
-    # over the expert-TP ranks) with 1/tp of each expert when the experts are
-    # tensor-parallel (etp = tp), or of its own M / tp sequence shard with whole experts
-    # when EP folds over the TP ranks (etp = 1): the same FLOPs, other GEMM shapes
-    etp = expert_tp(p).astype(float)
-    own = etp / tp  # share of the micro-batch's tokens this rank's experts process
-    tokens_per_expert = M * own * topk * p.ep / E
-    m_e = np.maximum(tokens_per_expert, 1.0)
-    h_arr = np.broadcast_to(float(h), M.shape)
-    expert_one = (gemm_time(m_e, n_up_e / etp, h_arr, kn.peak, kn.cluster, kn.in_bytes)
-                  + gemm_time(m_e, h_arr, fe / etp, kn.peak, kn.cluster, kn.in_bytes))
-    experts_local = E / p.ep
-    routed = expert_one * experts_local
-    shared = model.moe_shared_experts * (kn.gemm(n_up_e / tp, float(h))
-                                         + kn.gemm(float(h), fe / tp))
-    router = kn.gemm(float(E), float(h))
-    # permute/unpermute copies of the routed tokens, and the combine
-    permute = 4.0 * M * own * topk * h * kn.act / kn.hbm
-    moe_mlp = routed + shared + router + permute
-    gemm_s = dense.qkv_s + dense.out_s + moe_mlp
-    elem_s = M * (elem.replicated
-                  + (elem.rope_elems * rope_width(model) + topk * (elem.act_elems / f) * fe)
-                  / tp)
-    elem_s = elem_s * kn.act / kn.hbm
-    kernels = 2.0  # router, permute, grouped GEMMs, unpermute, combine on top of attention
-    fwd, bwd = fwd_bwd(gemm_s, dense.attention_s, elem_s, elem.overhead_fwd_s, kernels)
-    return _MoeLayer(routed_s=routed, permute_s=permute, elem_s=elem_s, kernels=kernels,
-                     fwd_s=fwd, bwd_s=bwd)
-
-
 def _selective_extra(model: ModelSpec, tr: Training, kn: Kernels, dense: _DenseLayer,
-                     moe: _MoeLayer | None) -> tuple[np.ndarray, np.ndarray]:
+                     moe: MoeLayer | None) -> tuple[np.ndarray, np.ndarray]:
     """What selective recompute adds to a dense and to a MoE layer's backward."""
     elem, eff = dense.elem, kn.cluster.gpu.efficiency
     if tr.selective_recompute == "every_other_mm":
@@ -256,7 +212,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
                 p: PlanArrays) -> LayerTimes:
     kn = kernels_of(cluster, tr, p)
     dense = _dense_layer(model, tr, kn)
-    moe = _moe_layer(model, p, kn, dense) if model.is_moe else None
+    moe = moe_layer(model, tr, p, kn, dense) if model.is_moe else None
     selective_dense, selective_moe = _selective_extra(model, tr, kn, dense, moe)
     kernels_fwd, kernels = dense.elem.kernels_fwd, moe.kernels if moe else 1.0
     head = kn.gemm(model.vocab / kn.tp, float(model.hidden))
@@ -269,7 +225,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         attention_fwd_s=dense.attention_s, gemm_fwd_dense_s=dense.gemm_s,
         selective_extra_s=selective_dense, selective_extra_moe_s=selective_moe,
         host_fwd_dense_s=np.full_like(kn.tokens, kernels_fwd * tr.host_overhead_s),
-        host_fwd_moe_s=np.full_like(kn.tokens, kernels_fwd * kernels * tr.host_overhead_s),
+        host_fwd_moe_s=kernels_fwd * kernels * tr.host_overhead_s * np.ones_like(kn.tokens),
         head_fwd_s=head + loss_s, head_bwd_s=2.0 * head + loss_s,
         gemm_efficiency=dense.gemm_flops / dense.gemm_s / kn.peak,
         gemm_flops_fwd_dense=dense.gemm_flops,

@@ -18,15 +18,15 @@ BWD_KERNEL_FACTOR = 2.0
 
 
 def gemm_time(m: np.ndarray, n: np.ndarray, k: np.ndarray, peak: float, c: ClusterSpec,
-               in_bytes: float, scale: float = 1.0) -> np.ndarray:
-    """One GEMM of m x k by k x n: FLOPs at the size-dependent fraction of ``peak`` (times
-    ``scale``: grouped expert GEMMs), never faster than its operands stream from HBM."""
+               in_bytes: float) -> np.ndarray:
+    """One GEMM of m x k by k x n: FLOPs at the size-dependent fraction of ``peak``, never
+    faster than its operands stream from HBM."""
     eff = c.gpu.efficiency
     flops = 2.0 * m * n * k
     x = np.minimum(np.minimum(m, n), k)
     sat = x / (x + eff.gemm_half_size)
     frac = eff.fp8_gemm_peak_fraction if in_bytes == 1.0 else eff.gemm_peak_fraction
-    compute_s = flops / (peak * frac * scale * sat)
+    compute_s = flops / (peak * frac * sat)
     bytes_moved = in_bytes * (m * k + k * n) + max(in_bytes, BF16) * m * n  # fp8 writes bf16
     return np.maximum(compute_s, bytes_moved / c.gpu.hbm_bw_bytes_per_s) + eff.kernel_overhead_s
 
