@@ -100,18 +100,22 @@ ASYNC_TP_TABLES = frozenset({"5", "6"})
 # from the code of the release, not fitted; all run --moe-permute-fusion: the Qwen3 providers'
 # and the DeepSeek-V3 recipe's default). 25.09 (v0.1.0rc4 scripts/performance/run_script.py):
 # Qwen3 everywhere and DeepSeek-V3 on B200/GB200 drop tokens at capacity factor 1.0 with padding
-# (apply_moe_token_drop) under the alltoall dispatcher; DeepSeek-V3 on H100 runs DeepEP (flex)
-# with force-balanced routing and the EP all-to-all overlapped (overlap_moe_expert_parallel_comm,
-# "A2A_1F1B"). 25.11 (v0.2.2 scripts/performance/configs/qwen3/workload_base_configs.py): the H100
-# Qwen3 recipes keep the alltoall dispatcher with moe_a2a_overlap. 26.04 (configs/qwen/
-# qwen3_workload_base_configs.py QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1): HybridEP (flex),
-# no overlap. Every one is balanced by construction (force-balanced or padded to capacity).
+# (apply_moe_token_drop) under the alltoall dispatcher, DeepSeek-V3 there with its shared expert
+# overlapped with the dispatch (moe_shared_expert_overlap; Qwen3 has none); DeepSeek-V3 on H100
+# runs DeepEP (flex) with force-balanced routing and the EP all-to-all overlapped
+# (overlap_moe_expert_parallel_comm, "A2A_1F1B"). 25.11 (v0.2.2 scripts/performance/configs/
+# qwen3/workload_base_configs.py): the H100 Qwen3 recipes keep the alltoall dispatcher with
+# moe_a2a_overlap. 26.04 (configs/qwen/qwen3_workload_base_configs.py
+# QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1): HybridEP (flex), no overlap. Every one is
+# balanced by construction (force-balanced or padded to capacity).
 MOE_RECIPES: dict[tuple[str, str], dict[str, object]] = {
     ("25.09", "DGX-H100"): {"moe_dispatcher": "flex", "moe_a2a_overlap": True},
     ("25.11", "DGX-H100"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": True},
     ("26.04.01", "DGX-H100"): {"moe_dispatcher": "flex", "moe_a2a_overlap": False},
-    ("25.09", "DGX-B200"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": False},
-    ("25.09", "DGX-GB200"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": False},
+    ("25.09", "DGX-B200"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": False,
+                            "moe_shared_expert_overlap": True},
+    ("25.09", "DGX-GB200"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": False,
+                             "moe_shared_expert_overlap": True},
 }
 
 

@@ -71,6 +71,7 @@ class LayerTimes:
     head_bwd_s: np.ndarray
     gemm_efficiency: np.ndarray  # achieved fraction of the GEMM peak, dense layer forward
     gemm_flops_fwd_dense: np.ndarray
+    shared_expert_fwd_s: np.ndarray  # a MoE layer's shared experts, forward (0 without)
 
     def _average(self, dense: np.ndarray, moe: np.ndarray) -> np.ndarray:
         return (1 - self.moe_fraction) * dense + self.moe_fraction * moe
@@ -229,6 +230,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         head_fwd_s=head + loss_s, head_bwd_s=2.0 * head + loss_s,
         gemm_efficiency=dense.gemm_flops / dense.gemm_s / kn.peak,
         gemm_flops_fwd_dense=dense.gemm_flops,
+        shared_expert_fwd_s=moe.shared_s if moe else np.zeros_like(kn.tokens),
     )
 
 

@@ -57,6 +57,7 @@ class MoeLayer:
     routed_s: np.ndarray  # the routed experts' GEMMs (and their fp8 casts)
     permute_s: np.ndarray  # the dispatcher's local copies
     router_s: np.ndarray
+    shared_s: np.ndarray  # the shared experts' GEMMs
     elem_s: np.ndarray
     kernels: np.ndarray  # kernels the host issues, relative to a dense layer
     fwd_s: np.ndarray
@@ -148,5 +149,7 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
               + 2.0 * model.moe_experts / p.ep + 4.0)
     kernels = np.broadcast_to(issued / elem.kernels_fwd, kn.tokens.shape).astype(float)
     fwd, bwd = fwd_bwd(gemm_s, dense.attention_s, elem_s, elem.overhead_fwd_s, 1.0)
-    return MoeLayer(routed_s=routed, permute_s=permute, router_s=router, elem_s=elem_s,
+    return MoeLayer(routed_s=routed, permute_s=permute, router_s=router,
+                    shared_s=np.broadcast_to(shared, kn.tokens.shape).astype(float),
+                    elem_s=elem_s,
                     kernels=kernels, fwd_s=fwd, bwd_s=bwd)

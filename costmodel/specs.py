@@ -303,6 +303,9 @@ class Training:
     # --overlap-moe-expert-parallel-comm (Megatron-Bridge moe_a2a_overlap): the EP all-to-all of
     # one micro-batch overlaps another's compute; off by default, nothing hides it
     moe_a2a_overlap: bool = False
+    # --moe-shared-expert-overlap (alltoall dispatcher): the shared experts' MLP runs on a side
+    # stream during the dispatch and combine all-to-alls (megatron/core/transformer/moe/README.md)
+    moe_shared_expert_overlap: bool = False
     # the busiest EP rank's routed tokens over the mean (>= 1): 1 under force-balanced routing
     # (--moe-router-force-load-balancing) or capacity padding (--moe-pad-expert-input-to-capacity)
     moe_load_imbalance: float = 1.0

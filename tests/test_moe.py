@@ -176,3 +176,20 @@ def test_moe_stage_rewrites_only_its_part_of_the_source() -> None:
     twice = with_moe_source(once, "fitted on 8 rows")
     assert once == twice and once.source.count(MOE_MARK) == 1
     assert once.source.startswith("dense fit on 845 rows")
+
+
+def test_shared_expert_overlap_hides_only_behind_shared_experts(h100: GpuSpec) -> None:
+    """--moe-shared-expert-overlap runs the shared experts' MLP during the exchange: less of it
+    shows with a shared expert, nothing changes without one."""
+    plan = Plan(dp=16, ep=16)
+    cluster = ClusterSpec(gpu=h100, num_gpus=16)
+    base = Training(seq_len=4096, global_batch=64)
+    over = replace(base, moe_shared_expert_overlap=True)
+    shared = replace(FINE, moe_shared_experts=1)
+    for model, hides in ((shared, True), (FINE, False)):
+        off, on = (_a2a(estimate(model, cluster, plan, t)) for t in (base, over))
+        assert on.time_s == pytest.approx(off.time_s)  # type: ignore[attr-defined]
+        if hides:
+            assert on.exposed_s < off.exposed_s  # type: ignore[attr-defined]
+        else:
+            assert on.exposed_s == pytest.approx(off.exposed_s)  # type: ignore[attr-defined]

@@ -17,7 +17,9 @@ link's own. The busiest rank
 receives ``moe_load_imbalance`` times the mean and the exchange waits on it. Nothing overlaps it
 (Megatron runs the dispatch on the compute stream) unless ``moe_a2a_overlap``
 (--overlap-moe-expert-parallel-comm): then one micro-batch's forward exchange hides behind
-another's backward compute and vice versa, and only what exceeds the layer's compute shows."""
+another's backward compute and vice versa, and only what exceeds the layer's compute shows; or,
+with the alltoall dispatcher, ``moe_shared_expert_overlap`` (--moe-shared-expert-overlap): the
+shared experts' MLP runs during the exchange."""
 
 from __future__ import annotations
 
@@ -124,6 +126,11 @@ def expert_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mes
         # a forward's exchange behind another micro-batch's backward, and the other way round
         shown = np.maximum(2.0 * layer_fwd - (lt.fwd_moe_s + lt.bwd_moe_s), 0.0) / 2.0
         fwd_s, bwd_s = shown, shown
+    elif (tr.moe_shared_expert_overlap and tr.moe_dispatcher == "alltoall"
+          and not g.synchronous):
+        # the shared experts' MLP behind the exchange (its backward: twice the forward's GEMMs)
+        fwd_s = np.maximum(layer_fwd - lt.shared_expert_fwd_s, 0.0)
+        bwd_s = np.maximum(layer_fwd - 2.0 * lt.shared_expert_fwd_s, 0.0)
     else:
         fwd_s, bwd_s = layer_fwd, layer_fwd
     return ExpertComm(token_bytes=x_tok, moe_fraction=model.moe_layers / model.layers,
