@@ -96,6 +96,36 @@ TP_OVERLAP_PRESETS = frozenset({"llama3-70b", "llama3.1-405b"})
 ASYNC_TP_TABLES = frozenset({"5", "6"})
 
 
+# The MoE recipes' dispatch as each release's Megatron-Bridge performance scripts set it (facts
+# from the code of the release, not fitted; all run --moe-permute-fusion: the Qwen3 providers'
+# and the DeepSeek-V3 recipe's default). 25.09 (v0.1.0rc4 scripts/performance/run_script.py):
+# Qwen3 everywhere and DeepSeek-V3 on B200/GB200 drop tokens at capacity factor 1.0 with padding
+# (apply_moe_token_drop) under the alltoall dispatcher, DeepSeek-V3 there with its shared expert
+# overlapped with the dispatch (moe_shared_expert_overlap; Qwen3 has none); DeepSeek-V3 on H100
+# runs DeepEP (flex) with force-balanced routing and the EP all-to-all overlapped
+# (overlap_moe_expert_parallel_comm, "A2A_1F1B"). 25.11 (v0.2.2 scripts/performance/configs/
+# qwen3/workload_base_configs.py): the H100 Qwen3 recipes keep the alltoall dispatcher with
+# moe_a2a_overlap. 26.04 (configs/qwen/qwen3_workload_base_configs.py
+# QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1): HybridEP (flex), no overlap. Every one is
+# balanced by construction (force-balanced or padded to capacity).
+MOE_RECIPES: dict[tuple[str, str], dict[str, object]] = {
+    ("25.09", "DGX-H100"): {"moe_dispatcher": "flex", "moe_a2a_overlap": True},
+    ("25.11", "DGX-H100"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": True},
+    ("26.04.01", "DGX-H100"): {"moe_dispatcher": "flex", "moe_a2a_overlap": False},
+    ("25.09", "DGX-B200"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": False,
+                            "moe_shared_expert_overlap": True},
+    ("25.09", "DGX-GB200"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": False,
+                             "moe_shared_expert_overlap": True},
+}
+
+
+def moe_switches(release: str, system: str, is_moe: bool) -> dict[str, object]:
+    if not is_moe:
+        return {}
+    return {"moe_permute_fusion": True, "moe_load_imbalance": 1.0,
+            **MOE_RECIPES.get((release, system), {})}
+
+
 def recipe_switches(preset: str, tp: int) -> dict[str, object]:
     return {"tp_comm_overlap": True} if preset in TP_OVERLAP_PRESETS and tp > 1 else {}
 
@@ -160,7 +190,8 @@ def megatron_bridge_table() -> None:
     performance recipes. FP8 with the Megatron FP8 recipe's switches (fp8 parameter gather, bf16
     gradients), InfiniBand at the fabric's fitted fraction, ZeRO-3 where the table's FSDP column
     is set and the distributed optimizer otherwise. The tables say MoE tokens are force-balanced
-    over the experts, as the model assumes. Blackwell carries the hopper fit over."""
+    over the experts, as the model assumes; the dispatcher and its overlap are each release's
+    recipe's (MOE_RECIPES). Blackwell carries the hopper fit over."""
     print("\nMegatron-Bridge performance summary (docs/performance-summary-archive.md), megatron "
           "profile, fp8, infiniband")
     print(f"{'release':<10}{'system':<11}{'model':<17}{'GPUs':>5}{'published':>11}"
@@ -169,10 +200,11 @@ def megatron_bridge_table() -> None:
     for (release, system, preset, gpus, batch, mb, seq, fsdp, tp, pp, cp, vp, ep,
          published) in BRIDGE:
         gpu_id, per_node = BRIDGE_SYSTEMS[system]
+        model = PRESETS[preset]
         training = training_spec(framework="megatron", precision="fp8", seq_len=seq,
                                  global_batch=batch,
-                                 switches={**MEGATRON_FP8_RECIPE, **recipe_switches(preset, tp)})
-        model = PRESETS[preset]
+                                 switches={**MEGATRON_FP8_RECIPE, **recipe_switches(preset, tp),
+                                           **moe_switches(release, system, model.is_moe)})
         head = f"{release:<10}{system:<11}{preset:<17}{gpus:>5}{published:>11,.0f}"
         try:
             cluster = ClusterSpec(gpu=get_gpu(gpu_id), num_gpus=gpus, gpus_per_node=per_node,

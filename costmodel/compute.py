@@ -23,25 +23,24 @@ import numpy as np
 
 from costmodel.attention import causal_keys, qk_dim, qkv_params, v_dim
 from costmodel.attention import rope_elems as rope_width
-from costmodel.mapping import StageLayers, expert_tp
+from costmodel.kernels import Kernels, fwd_bwd, kernels_of
+from costmodel.mapping import StageLayers
+from costmodel.moe import MoeLayer, moe_layer
 from costmodel.params import attention_params
 from costmodel.plans import PlanArrays
 from costmodel.recompute import (
-    Gemm,
     every_other_gemm,
     every_other_gemm_flops_per_token,
     recomputed_layers,
 )
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 
-BF16 = 2.0
 # FlashAttention-2's generation runs at ``attention_peak_fraction``; the Hopper-and-later one
 # (FlashAttention-3, cuDNN fused attention; 1.5-2.0x faster on H100: Shah et al., 2024,
 # "FlashAttention-3", abstract and sec. 4.1) at ``flash3_attention_peak_fraction``, each fitted on
 # the runs that used it (the Playbook's nanotron; NeMo's DGX Cloud tables)
 FLASH3_FAMILIES = ("hopper", "blackwell")
 FWD_KERNELS_PER_LAYER = 14.0  # norms, GEMMs, RoPE, attention, activation, residual adds
-BWD_KERNEL_FACTOR = 2.0
 # Eager PyTorch composites (no fused kernels, no torch.compile), counted op by op in HBM bytes
 # per element at 2-byte activations; a fused kernel reads and writes once (4 bytes):
 # RMSNorm: to fp32 (2+4), pow (4+4), mean (4), scale (4+4), back to bf16 (4+2), weight (2+2) = 36;
@@ -72,6 +71,7 @@ class LayerTimes:
     head_bwd_s: np.ndarray
     gemm_efficiency: np.ndarray  # achieved fraction of the GEMM peak, dense layer forward
     gemm_flops_fwd_dense: np.ndarray
+    shared_expert_fwd_s: np.ndarray  # a MoE layer's shared experts, forward (0 without)
 
     def _average(self, dense: np.ndarray, moe: np.ndarray) -> np.ndarray:
         return (1 - self.moe_fraction) * dense + self.moe_fraction * moe
@@ -92,78 +92,6 @@ class LayerTimes:
     @property
     def selective_extra_avg_s(self) -> np.ndarray:
         return self._average(self.selective_extra_s, self.selective_extra_moe_s)
-
-
-def _gemm_time(m: np.ndarray, n: np.ndarray, k: np.ndarray, peak: float, c: ClusterSpec,
-               in_bytes: float) -> np.ndarray:
-    eff = c.gpu.efficiency
-    flops = 2.0 * m * n * k
-    x = np.minimum(np.minimum(m, n), k)
-    sat = x / (x + eff.gemm_half_size)
-    frac = eff.fp8_gemm_peak_fraction if in_bytes == 1.0 else eff.gemm_peak_fraction
-    compute_s = flops / (peak * frac * sat)
-    bytes_moved = in_bytes * (m * k + k * n) + max(in_bytes, BF16) * m * n  # fp8 writes bf16
-    return np.maximum(compute_s, bytes_moved / c.gpu.hbm_bw_bytes_per_s) + eff.kernel_overhead_s
-
-
-@dataclass(frozen=True, slots=True)
-class Kernels:
-    """What one GPU's kernels of one micro-batch run on: its tokens, the plan's TP sharding, the
-    peaks and the achieved HBM bandwidth; :meth:`gemm` times one of its GEMMs."""
-
-    cluster: ClusterSpec
-    tokens: np.ndarray  # M, tokens of the micro-batch on this GPU
-    tp: np.ndarray
-    cp: np.ndarray
-    sp: np.ndarray
-    pieces: np.ndarray  # rows pieces a TP GEMM runs as under overlapped TP communication
-    peak: float
-    in_bytes: float  # bytes of a GEMM input element
-    act: float  # bytes of an activation element
-    hbm: float  # achieved bandwidth of elementwise kernels
-    fp8: bool
-    fp8_weight_cache: bool = True
-
-    def gemm(self, n: np.ndarray | float, k: np.ndarray | float,
-             split: bool = False) -> np.ndarray:
-        M, c, eff = self.tokens, self.cluster, self.cluster.gpu.efficiency
-        n_arr, k_arr = np.broadcast_to(n, M.shape), np.broadcast_to(k, M.shape)
-        if split:
-            t = self.pieces * _gemm_time(M / self.pieces, n_arr, k_arr, self.peak, c,
-                                         self.in_bytes)
-        else:
-            t = _gemm_time(M, n_arr, k_arr, self.peak, c, self.in_bytes)
-        if self.fp8:  # quantize the input (Transformer Engine's cast_transpose with its amax
-            # reduction); Megatron-Core's TE layers cache the weights' fp8 copies after the
-            # first micro-batch (is_first_microbatch, megatron/core/extensions/
-            # transformer_engine.py), so the weight's cast is paid once per step, not here
-            cast = M * k_arr + (0.0 if self.fp8_weight_cache else k_arr * n_arr)
-            t = t + eff.fp8_cast_bytes_per_element * cast / self.hbm + 2.0 * eff.kernel_overhead_s
-        return t
-
-    def layer_gemm(self, g: Gemm, split: bool) -> np.ndarray:
-        """One of a layer's weight GEMMs, sharded by TP along the dimension it names."""
-        if g.column_parallel:
-            return self.gemm(g.n / self.tp, float(g.k), split=split)
-        return self.gemm(float(g.n), g.k / self.tp, split=split)
-
-
-def kernels_of(cluster: ClusterSpec, tr: Training, p: PlanArrays) -> Kernels:
-    gpu = cluster.gpu
-    tp, cp = p.tp.astype(float), p.cp.astype(float)
-    sp = p.sequence_parallel.astype(bool)
-    fp8 = tr.precision == "fp8"
-    act = tr.activation_dtype_bytes
-    # Overlapping TP communication with the GEMMs (Transformer Engine's userbuffers ring
-    # exchange, PyTorch's async TP) runs each TP GEMM as tp pieces of M / tp rows, one per step
-    # of the all-gather or reduce-scatter ring: smaller GEMMs, one launch each
-    pieces = np.where(sp & (tp > 1) & tr.tp_comm_overlap & (not gpu.synchronous), tp, 1.0)
-    return Kernels(cluster=cluster, tokens=p.micro_batch * float(tr.seq_len) / cp, tp=tp, cp=cp,
-                   sp=sp,
-                   pieces=pieces, peak=gpu.peak_flops(tr.precision),
-                   in_bytes=1.0 if fp8 else act, act=act,
-                   hbm=gpu.hbm_bw_bytes_per_s * gpu.efficiency.memory_bw_fraction, fp8=fp8,
-                   fp8_weight_cache=tr.fp8_weight_cache)
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,16 +157,6 @@ def _cp_split_s(model: ModelSpec, kn: Kernels) -> np.ndarray:
     return (kn.cp - 1.0) * (kn.cluster.gpu.efficiency.kernel_overhead_s + merge_s)
 
 
-def _fwd_bwd(gemm_s: np.ndarray, attention_s: np.ndarray, elem_s: np.ndarray,
-             overhead_s: float, kernels: float) -> tuple[np.ndarray, np.ndarray]:
-    """A layer's forward and backward: backward runs twice the GEMMs, 2.5x flash attention's
-    forward FLOPs, twice the elementwise traffic and ``BWD_KERNEL_FACTOR`` times the kernels."""
-    fwd = gemm_s + attention_s + elem_s + overhead_s * kernels
-    bwd = (2.0 * gemm_s + 2.5 * attention_s + 2.0 * elem_s
-           + BWD_KERNEL_FACTOR * overhead_s * kernels)
-    return fwd, bwd
-
-
 @dataclass(frozen=True, slots=True)
 class _DenseLayer:
     qkv_s: np.ndarray
@@ -261,59 +179,14 @@ def _dense_layer(model: ModelSpec, tr: Training, kn: Kernels) -> _DenseLayer:
     gemm_s = qkv + out + mlp
     attention_s = _attention_fwd(model, tr, kn)
     elem = _elementwise(model, tr, kn)
-    fwd, bwd = _fwd_bwd(gemm_s, attention_s, elem.fwd_s, elem.overhead_fwd_s, 1.0)
+    fwd, bwd = fwd_bwd(gemm_s, attention_s, elem.fwd_s, elem.overhead_fwd_s, 1.0)
     return _DenseLayer(qkv_s=qkv, out_s=out, gemm_s=gemm_s,
                        gemm_flops=2.0 * kn.tokens * (attention_params(model) + (n_up + f) * h) / tp,
                        attention_s=attention_s, elem=elem, fwd_s=fwd, bwd_s=bwd)
 
 
-@dataclass(frozen=True, slots=True)
-class _MoeLayer:
-    routed_s: np.ndarray
-    permute_s: np.ndarray
-    elem_s: np.ndarray
-    kernels: float  # kernel launches relative to a dense layer
-    fwd_s: np.ndarray
-    bwd_s: np.ndarray
-
-
-def _moe_layer(model: ModelSpec, p: PlanArrays, kn: Kernels, dense: _DenseLayer) -> _MoeLayer:
-    h, f = model.hidden, model.ffn_hidden
-    fe, topk, E = model.expert_ffn_hidden, model.moe_topk, model.moe_experts
-    M, tp, elem = kn.tokens, kn.tp, dense.elem
-    n_up_e = 2.0 * fe if model.ffn_type == "swiglu" else float(fe)
-    # a rank's experts process the routed copies of all M tokens of its TP group (gathered
-    # over the expert-TP ranks) with 1/tp of each expert when the experts are
-    # tensor-parallel (etp = tp), or of its own M / tp sequence shard with whole experts
-    # when EP folds over the TP ranks (etp = 1): the same FLOPs, other GEMM shapes
-    etp = expert_tp(p).astype(float)
-    own = etp / tp  # share of the micro-batch's tokens this rank's experts process
-    tokens_per_expert = M * own * topk * p.ep / E
-    m_e = np.maximum(tokens_per_expert, 1.0)
-    h_arr = np.broadcast_to(float(h), M.shape)
-    expert_one = (_gemm_time(m_e, n_up_e / etp, h_arr, kn.peak, kn.cluster, kn.in_bytes)
-                  + _gemm_time(m_e, h_arr, fe / etp, kn.peak, kn.cluster, kn.in_bytes))
-    experts_local = E / p.ep
-    routed = expert_one * experts_local
-    shared = model.moe_shared_experts * (kn.gemm(n_up_e / tp, float(h))
-                                         + kn.gemm(float(h), fe / tp))
-    router = kn.gemm(float(E), float(h))
-    # permute/unpermute copies of the routed tokens, and the combine
-    permute = 4.0 * M * own * topk * h * kn.act / kn.hbm
-    moe_mlp = routed + shared + router + permute
-    gemm_s = dense.qkv_s + dense.out_s + moe_mlp
-    elem_s = M * (elem.replicated
-                  + (elem.rope_elems * rope_width(model) + topk * (elem.act_elems / f) * fe)
-                  / tp)
-    elem_s = elem_s * kn.act / kn.hbm
-    kernels = 2.0  # router, permute, grouped GEMMs, unpermute, combine on top of attention
-    fwd, bwd = _fwd_bwd(gemm_s, dense.attention_s, elem_s, elem.overhead_fwd_s, kernels)
-    return _MoeLayer(routed_s=routed, permute_s=permute, elem_s=elem_s, kernels=kernels,
-                     fwd_s=fwd, bwd_s=bwd)
-
-
 def _selective_extra(model: ModelSpec, tr: Training, kn: Kernels, dense: _DenseLayer,
-                     moe: _MoeLayer | None) -> tuple[np.ndarray, np.ndarray]:
+                     moe: MoeLayer | None) -> tuple[np.ndarray, np.ndarray]:
     """What selective recompute adds to a dense and to a MoE layer's backward."""
     elem, eff = dense.elem, kn.cluster.gpu.efficiency
     if tr.selective_recompute == "every_other_mm":
@@ -340,7 +213,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
                 p: PlanArrays) -> LayerTimes:
     kn = kernels_of(cluster, tr, p)
     dense = _dense_layer(model, tr, kn)
-    moe = _moe_layer(model, p, kn, dense) if model.is_moe else None
+    moe = moe_layer(model, tr, p, kn, dense) if model.is_moe else None
     selective_dense, selective_moe = _selective_extra(model, tr, kn, dense, moe)
     kernels_fwd, kernels = dense.elem.kernels_fwd, moe.kernels if moe else 1.0
     head = kn.gemm(model.vocab / kn.tp, float(model.hidden))
@@ -353,10 +226,11 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         attention_fwd_s=dense.attention_s, gemm_fwd_dense_s=dense.gemm_s,
         selective_extra_s=selective_dense, selective_extra_moe_s=selective_moe,
         host_fwd_dense_s=np.full_like(kn.tokens, kernels_fwd * tr.host_overhead_s),
-        host_fwd_moe_s=np.full_like(kn.tokens, kernels_fwd * kernels * tr.host_overhead_s),
+        host_fwd_moe_s=kernels_fwd * kernels * tr.host_overhead_s * np.ones_like(kn.tokens),
         head_fwd_s=head + loss_s, head_bwd_s=2.0 * head + loss_s,
         gemm_efficiency=dense.gemm_flops / dense.gemm_s / kn.peak,
         gemm_flops_fwd_dense=dense.gemm_flops,
+        shared_expert_fwd_s=moe.shared_s if moe else np.zeros_like(kn.tokens),
     )
 
 

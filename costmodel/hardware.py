@@ -33,6 +33,9 @@ class Efficiency:
     fp8_cast_bytes_per_element: HBM bytes Transformer Engine's quantisation moves per GEMM input
         element, forward: the cast and transpose (read bf16, write fp8 twice: 4) and its amax
         reduction; backward does the same for the output gradient (the 2x of the backward).
+    all_to_all_bw_ratio: the EP all-to-all's bandwidth over the ring collectives' on the same
+        links (``nvlink_bw_fraction``, the network's or its fabric's fraction), never above the
+        link itself: NCCL's all-to-all is one send and one receive per peer, no ring.
     source: where the numbers come from (a fit and its rows, or a prior).
     """
 
@@ -50,6 +53,7 @@ class Efficiency:
     dtensor_op_overhead_s: float = 0.0
     fp8_gemm_peak_fraction: float = 0.6
     fp8_cast_bytes_per_element: float = 4.0
+    all_to_all_bw_ratio: float = 1.0
     source: str = "prior"
 
 

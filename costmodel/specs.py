@@ -293,6 +293,22 @@ class Training:
     # CPU time to issue one kernel or collective: a layer cannot run faster than the host issues
     # its work (eager PyTorch with Python-level modules; ~10-20 us for lean stacks).
     host_overhead_s: float = 15e-6
+    # MoE token dispatch (costmodel/moe.py, costmodel/parallel/expert.py), Megatron-Core's
+    # --moe-token-dispatcher-type: "alltoall" (permute, all-to-all over EP, all-gather over
+    # expert TP), "allgather" (every token all-gathered over TP x EP, reduce-scattered back) or
+    # "flex" (DeepEP / HybridEP: one copy of a token per destination rank and per remote node)
+    moe_dispatcher: Literal["alltoall", "allgather", "flex"] = "alltoall"
+    # --moe-permute-fusion: the permute/unpermute as single fused kernels (one read, top-k writes)
+    moe_permute_fusion: bool = False
+    # --overlap-moe-expert-parallel-comm (Megatron-Bridge moe_a2a_overlap): the EP all-to-all of
+    # one micro-batch overlaps another's compute; off by default, nothing hides it
+    moe_a2a_overlap: bool = False
+    # --moe-shared-expert-overlap (alltoall dispatcher): the shared experts' MLP runs on a side
+    # stream during the dispatch and combine all-to-alls (megatron/core/transformer/moe/README.md)
+    moe_shared_expert_overlap: bool = False
+    # the busiest EP rank's routed tokens over the mean (>= 1): 1 under force-balanced routing
+    # (--moe-router-force-load-balancing) or capacity padding (--moe-pad-expert-input-to-capacity)
+    moe_load_imbalance: float = 1.0
     memory_model: MemoryModel = field(default_factory=MemoryModel)
 
     def __post_init__(self) -> None:
@@ -307,6 +323,12 @@ class Training:
         if self.attention_kernel not in ("flash2", "flash3"):
             raise SpecError("training.attention_kernel must be one of ['flash2', 'flash3'], "
                             f"but got {self.attention_kernel!r}")
+        if self.moe_dispatcher not in ("alltoall", "allgather", "flex"):
+            raise SpecError("training.moe_dispatcher must be one of ['allgather', 'alltoall', "
+                            f"'flex'], but got {self.moe_dispatcher!r}")
+        if not self.moe_load_imbalance >= 1.0:
+            raise SpecError("training.moe_load_imbalance must be >= 1 (busiest rank / mean), "
+                            f"but got {self.moe_load_imbalance!r}")
         if self.precision not in PRECISION_CODES:
             raise SpecError(f"training.precision must be one of {sorted(PRECISION_CODES)}, "
                             f"but got {self.precision!r}")

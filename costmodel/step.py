@@ -68,10 +68,10 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
 
     tensor = tensor_parallel(model, cluster, tr, g, lt)
     context = context_parallel(model, tr, g, lt)
-    expert = expert_parallel(model, tr, g)
+    expert = expert_parallel(model, cluster, tr, g, lt)
     # per layer, what of their communication stays on one micro-batch's critical path
     comm_fwd = tensor.layer_exposed_s + context.exposed_fwd_s + expert.average_layer_s
-    comm_bwd = tensor.layer_exposed_s + context.exposed_bwd_s + expert.average_layer_s
+    comm_bwd = tensor.layer_exposed_s + context.exposed_bwd_s + expert.average_bwd_s
     per_mb = stage_times(p, layers, lt, comm_fwd, comm_bwd, lt.host_fwd_s + tensor.host_fwd_s,
                          tensor.vocab_s, g.synchronous)
     bubble = bubble_time(per_mb, g)

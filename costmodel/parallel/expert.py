@@ -1,5 +1,25 @@
-"""Expert parallelism (GShard, Lepikhin et al., 2020; Megatron-Core's alltoall dispatcher): every
-MoE layer dispatches its tokens to the ranks holding their experts and combines the results."""
+"""Expert parallelism (GShard, Lepikhin et al., 2020): every MoE layer dispatches its tokens to
+the ranks holding their experts and combines the results, forward and backward, by the
+dispatcher Megatron-Core runs (megatron/core/transformer/moe/token_dispatcher.py):
+
+* ``alltoall`` (MoEAlltoAllTokenDispatcher): permute -> all-to-all over EP -> all-gather over
+  expert TP; back: reduce-scatter over expert TP -> all-to-all -> unpermute. Every one of a
+  token's top-k copies travels, to the EP ranks inside the NVLink domain and over the NIC beyond;
+* ``allgather`` (MoEAllGatherTokenDispatcher): every token of the TP x EP group all-gathered,
+  the experts' outputs reduce-scattered back (NCCL rings);
+* ``flex`` (MoEFlexTokenDispatcher, DeepEP / HybridEP's fused dispatch and combine): a token
+  travels once to each destination rank, and over the network once to each remote node, whose
+  NVLink forwards it to its ranks.
+
+The all-to-all runs at ``all_to_all_bw_ratio`` times the ring collectives' bandwidth of each link
+(the cluster's fitted NVLink and network fractions, so a fabric's fraction applies), at most the
+link's own. The busiest rank
+receives ``moe_load_imbalance`` times the mean and the exchange waits on it. Nothing overlaps it
+(Megatron runs the dispatch on the compute stream) unless ``moe_a2a_overlap``
+(--overlap-moe-expert-parallel-comm): then one micro-batch's forward exchange hides behind
+another's backward compute and vice versa, and only what exceeds the layer's compute shows; or,
+with the alltoall dispatcher, ``moe_shared_expert_overlap`` (--moe-shared-expert-overlap): the
+shared experts' MLP runs during the exchange."""
 
 from __future__ import annotations
 
@@ -9,43 +29,111 @@ import numpy as np
 
 from costmodel import comm
 from costmodel.comm import CollectiveArrays
+from costmodel.compute import LayerTimes
 from costmodel.mapping import expert_tp
 from costmodel.parallel.mesh import Mesh
-from costmodel.specs import ModelSpec, Training
+from costmodel.specs import ClusterSpec, ModelSpec, Training
 
 
 @dataclass(frozen=True, slots=True)
 class ExpertComm:
-    """EP's time per MoE layer per micro-batch (forward; the backward mirrors it)."""
+    """EP's time per MoE layer per micro-batch: the exchange (forward; the backward mirrors it)
+    and what of it stays exposed forward and backward."""
 
-    token_bytes: np.ndarray  # one rank's routed tokens
+    token_bytes: np.ndarray  # one rank's dispatched bytes, per layer, one way
     moe_fraction: float
     moe_on: float  # 1 for a MoE model, else 0
     layer_fwd_s: np.ndarray
+    exposed_fwd_s: np.ndarray
+    exposed_bwd_s: np.ndarray
+    op: str = "all_to_all"
 
     @property
     def average_layer_s(self) -> np.ndarray:
-        """Per layer of an average stage (dense layers have none)."""
-        return self.moe_fraction * self.layer_fwd_s
+        """Exposed forward time per layer of an average stage (dense layers have none)."""
+        return self.moe_fraction * self.exposed_fwd_s
+
+    @property
+    def average_bwd_s(self) -> np.ndarray:
+        return self.moe_fraction * self.exposed_bwd_s
 
     def collective(self, g: Mesh, layers: int) -> CollectiveArrays:
         per_step = g.micro_batches * (layers / g.pp) * self.moe_fraction
+        name = "ep_token_all_gather" if self.op == "all_gather" else "ep_token_all_to_all"
         return CollectiveArrays(
-            "ep_token_all_to_all", "ep", "all_to_all", g.plan.ep,
+            name, "ep", self.op, g.plan.ep,
             per_step * 4 * self.token_bytes * self.moe_on, comm.tier(g.ep, g.k_ep),
-            per_step * 2 * self.layer_fwd_s, per_step * 2 * self.layer_fwd_s)
+            per_step * 2 * self.layer_fwd_s,
+            per_step * (self.exposed_fwd_s + self.exposed_bwd_s))
 
 
-def expert_parallel(model: ModelSpec, tr: Training, g: Mesh) -> ExpertComm:
-    # each rank dispatches its own M / tp sequence shard (MoE with TP runs sequence parallel);
-    # when the experts are tensor-parallel (EP carved out of dp x cp) the expert-TP ranks then
-    # all-gather what they received and reduce-scatter the results (Megatron's alltoall
-    # dispatcher), over the TP group's links
-    tp, link = g.tp, g.link
-    x_tok = g.tokens / tp * max(model.moe_topk, 1) * model.hidden * tr.activation_dtype_bytes
+def groups_hit(groups: np.ndarray, experts: int, k: int) -> np.ndarray:
+    """Expected groups (of experts / groups experts each) that a token's k distinct experts fall
+    in, uniformly routed: groups x (1 - C(E - E/groups, k) / C(E, k))."""
+    miss = np.ones_like(groups, dtype=float)
+    per = experts / np.maximum(groups, 1.0)
+    for i in range(k):
+        miss = miss * np.maximum(experts - per - i, 0.0) / (experts - i)
+    return groups * (1.0 - miss)
+
+
+def _all_to_all(nv_bytes: np.ndarray, net_bytes: np.ndarray, g: Mesh, cluster: ClusterSpec,
+                ) -> np.ndarray:
+    """NVLink and NIC transfers of one exchange run concurrently, each at the all-to-all's
+    bandwidth on that link."""
+    gpu, link = cluster.gpu, g.link
+    ratio = gpu.efficiency.all_to_all_bw_ratio
+    nv_bw = min(link.nvlink_bw * ratio, gpu.intra_node_bw_bytes_per_s)
+    net_bw = min(link.network_bw * ratio, gpu.network_bw_bytes_per_s)
+    n, k = g.ep, g.k_ep
+    lat = np.where(n > k, link.network_latency_s, link.nvlink_latency_s) + link.call_overhead_s
+    t = np.maximum(nv_bytes / nv_bw, net_bytes / net_bw) + lat
+    return np.where(n > 1, t, 0.0)
+
+
+def _dispatch_s(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
+                x_tok: np.ndarray) -> np.ndarray:
+    """One way (dispatch, or combine) of one MoE layer's forward, on the busiest rank."""
+    etp = expert_tp(g.plan).astype(float)
+    n, k = g.ep, g.k_ep
+    if tr.moe_dispatcher == "allgather":  # the TP x EP group's tokens, a ring each way
+        size = n * etp
+        x = x_tok / max(model.moe_topk, 1) * size
+        return comm.gather_time(x, size, np.minimum(size, float(cluster.nvlink_domain)), g.link)
+    if tr.moe_dispatcher == "flex":  # one copy per destination rank, per remote node
+        # (each expert-TP shard of an expert is a destination rank; the shards share a node)
+        per_copy = x_tok / max(model.moe_topk, 1)
+        nodes = np.maximum(n / k, 1.0)
+        ranks = groups_hit(n, model.moe_experts, model.moe_topk) * etp
+        remote = groups_hit(nodes, model.moe_experts, model.moe_topk) * (nodes - 1) / nodes
+        t = _all_to_all(per_copy * ranks * (n - 1) / n, per_copy * remote, g, cluster)
+    else:
+        t = _all_to_all(x_tok * (k - 1) / n, x_tok * (n - k) / n, g, cluster)
+        # expert TP (EP carved out of dp x cp): the expert-TP ranks all-gather what they
+        # received and reduce-scatter the results, over the TP group's links
+        t = t + np.where(etp > 1, comm.gather_time(x_tok * g.tp, g.tp, g.k_tp, g.link), 0.0)
+    return t * tr.moe_load_imbalance
+
+
+def expert_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
+                    lt: LayerTimes) -> ExpertComm:
+    # each rank dispatches its own M / tp sequence shard (MoE with TP runs sequence parallel):
+    # top-k copies of each token
+    x_tok = g.tokens / g.tp * max(model.moe_topk, 1) * model.hidden * tr.activation_dtype_bytes
     moe_on = 1.0 if model.is_moe else 0.0
-    etp_gather = np.where(expert_tp(g.plan) > 1, comm.gather_time(x_tok * tp, tp, g.k_tp, link),
-                          0.0)
-    layer_fwd = 2.0 * (comm.all_to_all_time(x_tok, g.ep, g.k_ep, link) + etp_gather) * moe_on
+    layer_fwd = 2.0 * _dispatch_s(model, cluster, tr, g, x_tok) * moe_on
+    if tr.moe_a2a_overlap and not g.synchronous:
+        # a forward's exchange behind another micro-batch's backward, and the other way round
+        shown = np.maximum(2.0 * layer_fwd - (lt.fwd_moe_s + lt.bwd_moe_s), 0.0) / 2.0
+        fwd_s, bwd_s = shown, shown
+    elif (tr.moe_shared_expert_overlap and tr.moe_dispatcher == "alltoall"
+          and not g.synchronous):
+        # the shared experts' MLP behind the exchange (its backward: twice the forward's GEMMs)
+        fwd_s = np.maximum(layer_fwd - lt.shared_expert_fwd_s, 0.0)
+        bwd_s = np.maximum(layer_fwd - 2.0 * lt.shared_expert_fwd_s, 0.0)
+    else:
+        fwd_s, bwd_s = layer_fwd, layer_fwd
     return ExpertComm(token_bytes=x_tok, moe_fraction=model.moe_layers / model.layers,
-                      moe_on=moe_on, layer_fwd_s=layer_fwd)
+                      moe_on=moe_on, layer_fwd_s=layer_fwd, exposed_fwd_s=fwd_s,
+                      exposed_bwd_s=bwd_s,
+                      op="all_gather" if tr.moe_dispatcher == "allgather" else "all_to_all")

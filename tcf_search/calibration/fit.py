@@ -29,7 +29,7 @@ import yaml
 from scipy.optimize import least_squares
 
 from costmodel.specs import Efficiency, MemoryModel
-from hardware_catalog import CATALOG_DIR, FAMILIES
+from hardware_catalog import CATALOG_DIR, FAMILIES, load_calibration
 from hardware_catalog.frameworks import PROFILES_FILE
 from tcf_search.calibration.accuracy import regime, report, throughput_rows
 from tcf_search.calibration.dataset import (
@@ -40,6 +40,7 @@ from tcf_search.calibration.dataset import (
     predict_groups,
     with_training,
 )
+from tcf_search.calibration.moe_fit import MOE_BOUNDS, fit_moe, report_moe
 from tcf_search.calibration.uncertainty import coverage, write_uncertainty
 
 GIB = 2**30
@@ -71,7 +72,7 @@ EFF_BOUNDS = {"gemm_peak_fraction": (0.3, 0.95), "gemm_half_size": (1.0, 4096.0)
               "network_bw_fraction": (0.05, 1.0), "fp8_gemm_peak_fraction": (0.2, 0.95),
               "flash3_attention_peak_fraction": (0.05, 0.9),
               # read bf16 and write fp8 (3) up to several passes of cast, transpose and amax
-              "fp8_cast_bytes_per_element": (3.0, 24.0)}
+              "fp8_cast_bytes_per_element": (3.0, 24.0), **MOE_BOUNDS}
 FABRIC_PREFIX = "fabric:"  # a fitted parameter that is a fabric's network fraction
 MEM_PARAMS = ("activation_factor", "logits_bytes_per_element", "allocator_fraction",
               "allocator_const_bytes")
@@ -195,13 +196,18 @@ def _set_fitted(text: str, key: str, value: float) -> str:
     raise KeyError(f"frameworks.yaml has no fitted line for {key}")
 
 
-def write_calibration(effs: dict[str, Efficiency], mm: MemoryModel,
-                      nanotron: dict[str, float]) -> None:
+def write_efficiencies(effs: dict[str, Efficiency]) -> Path:
     cal = CATALOG_DIR / "calibration.yaml"
     cal.write_text("# Written by `python -m tcf_search.calibration.fit --write`; do not edit by "
                    "hand.\n"
                    + yaml.safe_dump({f: dataclasses.asdict(e) for f, e in effs.items()},
                                     sort_keys=False))
+    return cal
+
+
+def write_calibration(effs: dict[str, Efficiency], mm: MemoryModel,
+                      nanotron: dict[str, float]) -> None:
+    cal = write_efficiencies(effs)
     prof_path = PROFILES_FILE
     head, _, _ = prof_path.read_text().partition("\nmemory_model:")
     for key, value in nanotron.items():
@@ -284,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--csv", type=Path, default=None)
     ap.add_argument("--write", action="store_true",
                     help="write hardware_catalog/calibration.yaml and frameworks.yaml")
+    ap.add_argument("--moe-only", action="store_true",
+                    help="fit only the MoE stage, on the current calibration (writes only "
+                    "calibration.yaml's MoE terms with --write)")
     args = ap.parse_args(argv)
     csv = args.csv or find_measured_csv()
     if csv is None:
@@ -293,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
     groups, _ = load_groups(frame)
     held = split_mask(frame)
     train = ~held
+    if args.moe_only:
+        return moe_only(frame, groups, held, args.write)
 
     pb_ok = (frame["source"].eq("playbook") & frame["status"].eq("ok")
              & frame["peak_mem_gib"].notna())
@@ -342,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         # no measurements: carry the newest fitted family over, and say so
         why = (UNFITTED_WHY.get(family) or f"no measured {family} runs to fit")
         effs.setdefault(family, replace(hopper, source=f"transferred from the hopper fit: {why}"))
+    effs = fit_moe(frame, groups, train, effs)  # the MoE stage, on the dense terms just fitted
+    report_moe(frame, groups, held, effs)
     pred = predict_groups(groups, len(frame), effs)
     print("held-out:", json.dumps(report(frame, pred, held), indent=1))
     print("all rows:", json.dumps(report(frame, pred), indent=1))
@@ -351,6 +364,16 @@ def main(argv: list[str] | None = None) -> int:
         write_calibration(effs, mm, nanotron)
         write_fabrics(fabrics, rows_on)
         write_uncertainty(CATALOG_DIR / "uncertainty.yaml", frame, pred, held)
+    return 0
+
+
+def moe_only(frame: pd.DataFrame, groups: list[Group], held: pd.Series, write: bool) -> int:
+    """The MoE stage alone, on the calibration as written (its dense terms held)."""
+    effs = load_calibration(CATALOG_DIR)
+    effs = fit_moe(frame, groups, ~held, effs)
+    report_moe(frame, groups, held, effs)
+    if write:
+        print("wrote", write_efficiencies(effs))
     return 0
 
 

@@ -1,0 +1,103 @@
+"""What one GPU's kernels run on and how long one GEMM takes (see ``costmodel.compute``): the
+micro-batch's tokens, the plan's TP sharding, the peaks and achieved HBM bandwidth, and a layer's
+forward and backward from its parts. Shared by the dense layer (``compute``) and the MoE layer
+(``moe``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from costmodel.plans import PlanArrays
+from costmodel.recompute import Gemm
+from costmodel.specs import ClusterSpec, Training
+
+BF16 = 2.0
+BWD_KERNEL_FACTOR = 2.0
+
+
+def gemm_time(m: np.ndarray, n: np.ndarray, k: np.ndarray, peak: float, c: ClusterSpec,
+               in_bytes: float) -> np.ndarray:
+    """One GEMM of m x k by k x n: FLOPs at the size-dependent fraction of ``peak``, never
+    faster than its operands stream from HBM."""
+    eff = c.gpu.efficiency
+    flops = 2.0 * m * n * k
+    x = np.minimum(np.minimum(m, n), k)
+    sat = x / (x + eff.gemm_half_size)
+    frac = eff.fp8_gemm_peak_fraction if in_bytes == 1.0 else eff.gemm_peak_fraction
+    compute_s = flops / (peak * frac * sat)
+    bytes_moved = in_bytes * (m * k + k * n) + max(in_bytes, BF16) * m * n  # fp8 writes bf16
+    return np.maximum(compute_s, bytes_moved / c.gpu.hbm_bw_bytes_per_s) + eff.kernel_overhead_s
+
+
+
+@dataclass(frozen=True, slots=True)
+class Kernels:
+    """What one GPU's kernels of one micro-batch run on: its tokens, the plan's TP sharding, the
+    peaks and the achieved HBM bandwidth; :meth:`gemm` times one of its GEMMs."""
+
+    cluster: ClusterSpec
+    tokens: np.ndarray  # M, tokens of the micro-batch on this GPU
+    tp: np.ndarray
+    cp: np.ndarray
+    sp: np.ndarray
+    pieces: np.ndarray  # rows pieces a TP GEMM runs as under overlapped TP communication
+    peak: float
+    in_bytes: float  # bytes of a GEMM input element
+    act: float  # bytes of an activation element
+    hbm: float  # achieved bandwidth of elementwise kernels
+    fp8: bool
+    fp8_weight_cache: bool = True
+
+    def gemm(self, n: np.ndarray | float, k: np.ndarray | float,
+             split: bool = False) -> np.ndarray:
+        M, c, eff = self.tokens, self.cluster, self.cluster.gpu.efficiency
+        n_arr, k_arr = np.broadcast_to(n, M.shape), np.broadcast_to(k, M.shape)
+        if split:
+            t = self.pieces * gemm_time(M / self.pieces, n_arr, k_arr, self.peak, c,
+                                         self.in_bytes)
+        else:
+            t = gemm_time(M, n_arr, k_arr, self.peak, c, self.in_bytes)
+        if self.fp8:  # quantize the input (Transformer Engine's cast_transpose with its amax
+            # reduction); Megatron-Core's TE layers cache the weights' fp8 copies after the
+            # first micro-batch (is_first_microbatch, megatron/core/extensions/
+            # transformer_engine.py), so the weight's cast is paid once per step, not here
+            cast = M * k_arr + (0.0 if self.fp8_weight_cache else k_arr * n_arr)
+            t = t + eff.fp8_cast_bytes_per_element * cast / self.hbm + 2.0 * eff.kernel_overhead_s
+        return t
+
+    def layer_gemm(self, g: Gemm, split: bool) -> np.ndarray:
+        """One of a layer's weight GEMMs, sharded by TP along the dimension it names."""
+        if g.column_parallel:
+            return self.gemm(g.n / self.tp, float(g.k), split=split)
+        return self.gemm(float(g.n), g.k / self.tp, split=split)
+
+
+def kernels_of(cluster: ClusterSpec, tr: Training, p: PlanArrays) -> Kernels:
+    gpu = cluster.gpu
+    tp, cp = p.tp.astype(float), p.cp.astype(float)
+    sp = p.sequence_parallel.astype(bool)
+    fp8 = tr.precision == "fp8"
+    act = tr.activation_dtype_bytes
+    # Overlapping TP communication with the GEMMs (Transformer Engine's userbuffers ring
+    # exchange, PyTorch's async TP) runs each TP GEMM as tp pieces of M / tp rows, one per step
+    # of the all-gather or reduce-scatter ring: smaller GEMMs, one launch each
+    pieces = np.where(sp & (tp > 1) & tr.tp_comm_overlap & (not gpu.synchronous), tp, 1.0)
+    return Kernels(cluster=cluster, tokens=p.micro_batch * float(tr.seq_len) / cp, tp=tp, cp=cp,
+                   sp=sp,
+                   pieces=pieces, peak=gpu.peak_flops(tr.precision),
+                   in_bytes=1.0 if fp8 else act, act=act,
+                   hbm=gpu.hbm_bw_bytes_per_s * gpu.efficiency.memory_bw_fraction, fp8=fp8,
+                   fp8_weight_cache=tr.fp8_weight_cache)
+
+
+
+def fwd_bwd(gemm_s: np.ndarray, attention_s: np.ndarray, elem_s: np.ndarray,
+             overhead_s: float, kernels: float) -> tuple[np.ndarray, np.ndarray]:
+    """A layer's forward and backward: backward runs twice the GEMMs, 2.5x flash attention's
+    forward FLOPs, twice the elementwise traffic and ``BWD_KERNEL_FACTOR`` times the kernels."""
+    fwd = gemm_s + attention_s + elem_s + overhead_s * kernels
+    bwd = (2.0 * gemm_s + 2.5 * attention_s + 2.0 * elem_s
+           + BWD_KERNEL_FACTOR * overhead_s * kernels)
+    return fwd, bwd

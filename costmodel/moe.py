@@ -1,0 +1,155 @@
+"""The MoE layer's compute on one GPU, as Megatron-Core runs it (megatron/core/transformer/moe/):
+
+* the router (router.py TopKRouter): the gating GEMM of the rank's sequence-parallel tokens by the
+  h x E router weight, then softmax, top-k and the load-balancing loss in fp32 over tokens x
+  experts (moe_utils.py topk_softmax_with_capacity, switch_load_balancing_loss_func);
+* the dispatcher's local copies (token_dispatcher.py, moe_utils.py permute/unpermute): the
+  alltoall dispatcher permutes top-k copies of each token before the all-to-all, sorts the
+  received chunks by local expert (sort_chunks_by_idxs) when a rank holds several experts, and
+  undoes both after the experts (the unpermute weights each copy by its probability and sums
+  them); --moe-permute-fusion runs each as one kernel that reads once and writes once. The
+  allgather dispatcher permutes the gathered tokens of the whole TP x EP group; the flex
+  (DeepEP) dispatcher fuses the send-side permute into its dispatch kernel;
+* the routed experts (experts.py TEGroupedMLP, Transformer Engine's GroupedLinear: one GEMM per
+  local expert): each expert GEMM is its own roofline at its tokens per expert (m = the
+  rank's routed tokens / local experts), so fine-grained experts, whose weights are read every
+  micro-batch for few tokens, fall towards the memory bound, and each pays its launch; no
+  grouped-GEMM penalty beyond that: the one MoE model measured (Grok-1: 8 experts of width
+  32,768) runs expert GEMMs as large as dense ones, so the rows cannot see one (a share of
+  the dense GEMM fraction fitted there went to its bound of 1); under fp8 their inputs (top-k
+  copies of every token) are quantised like any other GEMM input;
+* the busiest EP rank sets the pace: its experts run ``moe_load_imbalance`` times the mean
+  tokens (1 under force-balanced routing or capacity padding);
+* shared experts (shared_experts.py): a dense MLP on every token, TP-sharded like the dense
+  layers.
+
+The dispatch's communication is ``costmodel.parallel.expert``'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from costmodel.attention import rope_elems as rope_width
+from costmodel.kernels import Kernels, fwd_bwd, gemm_time
+from costmodel.mapping import expert_tp
+from costmodel.plans import PlanArrays
+from costmodel.specs import ModelSpec, Training
+
+if TYPE_CHECKING:
+    from costmodel.compute import _DenseLayer
+
+FP32 = 4.0
+# fp32 passes over tokens x experts in the router: the logits, softmax (read, write), top-k
+# (read), the probabilities and routing map scattered back (write two), the load-balancing
+# loss's reductions (read two)
+ROUTER_FP32_PASSES = 8.0
+# kernels of the router and the dispatcher's local copies, per layer forward: gating GEMM,
+# softmax, top-k, scatters, aux loss; permute, sort, unsort, unpermute (fused: one each)
+ROUTER_KERNELS, PERMUTE_KERNELS, FUSED_PERMUTE_KERNELS = 8.0, 10.0, 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class MoeLayer:
+    routed_s: np.ndarray  # the routed experts' GEMMs (and their fp8 casts)
+    permute_s: np.ndarray  # the dispatcher's local copies
+    router_s: np.ndarray
+    shared_s: np.ndarray  # the shared experts' GEMMs
+    elem_s: np.ndarray
+    kernels: np.ndarray  # kernels the host issues, relative to a dense layer
+    fwd_s: np.ndarray
+    bwd_s: np.ndarray
+
+
+def tokens_per_expert(model: ModelSpec, p: PlanArrays, kn: Kernels) -> np.ndarray:
+    """Routed tokens one local expert processes per micro-batch, on average: a rank's experts
+    take the routed copies of all M tokens of its TP group (gathered over the expert-TP ranks)
+    with 1/tp of each expert when the experts are tensor-parallel (expert TP = tp), or of its
+    own M / tp sequence shard with whole experts when EP folds over the TP ranks."""
+    own = expert_tp(p).astype(float) / kn.tp
+    return kn.tokens * own * model.moe_topk * p.ep / model.moe_experts
+
+
+def grouped_expert_time(model: ModelSpec, tr: Training, p: PlanArrays,
+                        kn: Kernels) -> np.ndarray:
+    """The busiest rank's routed-expert GEMMs of one forward: per local expert its up (gate)
+    and down projection at m tokens, each its own roofline (weights read whatever m is), and
+    under fp8 the quantisation of their inputs."""
+    h, fe = float(model.hidden), float(model.expert_ffn_hidden)
+    etp = expert_tp(p).astype(float)
+    n_up = 2.0 * fe if model.ffn_type == "swiglu" else fe
+    m = np.maximum(tokens_per_expert(model, p, kn) * tr.moe_load_imbalance, 1.0)
+    h_arr = np.broadcast_to(h, m.shape)
+    one = (gemm_time(m, n_up / etp, h_arr, kn.peak, kn.cluster, kn.in_bytes)
+           + gemm_time(m, h_arr, fe / etp, kn.peak, kn.cluster, kn.in_bytes))
+    if kn.fp8:  # each GEMM input quantised (both projections), the weights' casts cached
+        eff = kn.cluster.gpu.efficiency
+        cast = m * (h + fe / etp) + (0.0 if kn.fp8_weight_cache else h * (n_up + fe) / etp)
+        one = one + eff.fp8_cast_bytes_per_element * cast / kn.hbm + 2.0 * eff.kernel_overhead_s
+    return one * model.moe_experts / p.ep
+
+
+def router_time(model: ModelSpec, kn: Kernels) -> np.ndarray:
+    """The gating GEMM on the rank's M / tp sequence-parallel tokens and the fp32 routing."""
+    E, h = float(model.moe_experts), float(model.hidden)
+    rows = kn.tokens / kn.tp
+    eff = kn.cluster.gpu.efficiency
+    gate = gemm_time(rows, np.broadcast_to(E, rows.shape), np.broadcast_to(h, rows.shape),
+                     kn.peak, kn.cluster, max(kn.in_bytes, 2.0))  # the router stays bf16
+    return (gate + ROUTER_FP32_PASSES * rows * E * FP32 / kn.hbm
+            + (ROUTER_KERNELS - 1.0) * eff.kernel_overhead_s)
+
+
+def permute_elements(model: ModelSpec, tr: Training, p: PlanArrays,
+                     kn: Kernels) -> np.ndarray:
+    """HBM elements (of width h) the dispatcher's local copies move per token of the micro-batch,
+    forward: send-side permute and unpermute over the rank's M / tp tokens, the expert side's
+    chunk sort over the copies it received."""
+    k = float(model.moe_topk)
+    etp = expert_tp(p).astype(float)
+    recv = etp * k * tr.moe_load_imbalance  # received copies, per dispatched token
+    local = model.moe_experts / p.ep
+    sort = np.where((local > 1) & (p.ep * etp > 1), 4.0 * recv, 0.0)  # sort and unsort, r+w
+    if tr.moe_dispatcher == "allgather":  # permute the gathered TP x EP tokens, and back
+        return 2.0 * (etp * p.ep + recv)
+    if tr.moe_dispatcher == "flex":  # the dispatch kernel writes the received copies in place
+        return 4.0 * recv
+    if tr.moe_permute_fusion:  # read each token once, write its k copies; and back
+        return 2.0 * (1.0 + k) + sort
+    # index_select (read and write k copies); unpermute: weight by probability (read and
+    # write k copies), scatter-add into a zeroed output (read k, write 1, zero 1)
+    return 2.0 * k + (3.0 * k + 2.0) + sort
+
+
+def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
+              dense: _DenseLayer) -> MoeLayer:
+    h, f, fe = model.hidden, model.ffn_hidden, model.expert_ffn_hidden
+    tp, elem, eff = kn.tp, dense.elem, kn.cluster.gpu.efficiency
+    n_up_e = 2.0 * fe if model.ffn_type == "swiglu" else float(fe)
+    routed = grouped_expert_time(model, tr, p, kn)
+    shared = model.moe_shared_experts * (kn.gemm(n_up_e / tp, float(h))
+                                         + kn.gemm(float(h), fe / tp))
+    router = router_time(model, kn)
+    permute_kernels = FUSED_PERMUTE_KERNELS if tr.moe_permute_fusion else PERMUTE_KERNELS
+    permute = (kn.tokens / tp * permute_elements(model, tr, p, kn) * h * kn.act / kn.hbm
+               + permute_kernels * eff.kernel_overhead_s)
+    gemm_s = dense.qkv_s + dense.out_s + routed + shared + router + permute
+    # the experts' activation function runs on the top-k copies (the busiest rank's), at the
+    # expert width
+    expert_act = model.moe_topk * tr.moe_load_imbalance * (elem.act_elems / f) * fe
+    elem_s = kn.tokens * (elem.replicated + (elem.rope_elems * rope_width(model) + expert_act)
+                          / tp) * kn.act / kn.hbm
+    # the GPU's launch costs of the router, copies and expert GEMMs are in their times; the host
+    # issues them all: the dense layer's, the router's, the copies', two GEMMs per local expert
+    # (GroupedLinear's per-expert GEMMs) and the dispatch's collectives (4)
+    issued = (elem.kernels_fwd + ROUTER_KERNELS + permute_kernels
+              + 2.0 * model.moe_experts / p.ep + 4.0)
+    kernels = np.broadcast_to(issued / elem.kernels_fwd, kn.tokens.shape).astype(float)
+    fwd, bwd = fwd_bwd(gemm_s, dense.attention_s, elem_s, elem.overhead_fwd_s, 1.0)
+    return MoeLayer(routed_s=routed, permute_s=permute, router_s=router,
+                    shared_s=np.broadcast_to(shared, kn.tokens.shape).astype(float),
+                    elem_s=elem_s,
+                    kernels=kernels, fwd_s=fwd, bwd_s=bwd)

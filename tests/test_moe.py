@@ -1,0 +1,195 @@
+"""MoE invariants: the grouped expert GEMMs, load imbalance, the dispatchers and their
+placement, the permute/unpermute copies and the MoE calibration stage's bookkeeping."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, Training, estimate
+from costmodel.kernels import kernels_of
+from costmodel.moe import grouped_expert_time, permute_elements, tokens_per_expert
+from costmodel.parallel.expert import groups_hit
+from costmodel.plans import as_plan_arrays, plans_to_arrays
+from costmodel.specs import GpuSpec
+
+# fine-grained experts (Qwen3-30B-A3B's shape): 128 experts of width 768, top-8
+FINE = ModelSpec(layers=8, hidden=2048, ffn_hidden=6144, heads=32, kv_heads=4, head_dim=128,
+                 vocab=32000, moe_experts=128, moe_topk=8, moe_ffn_hidden=768)
+
+
+def _a2a(est: object) -> object:
+    return next(c for c in est.collectives  # type: ignore[attr-defined]
+                if c.name.startswith("ep_token"))
+
+
+def _expert_flops_per_s(gpu: GpuSpec, micro_batch: int, precision: str = "bf16") -> float:
+    cluster = ClusterSpec(gpu=gpu, num_gpus=8)
+    tr = Training(seq_len=4096, global_batch=64, precision=precision)  # type: ignore[arg-type]
+    p = as_plan_arrays(plans_to_arrays([Plan(dp=8, ep=8, micro_batch=micro_batch)]))
+    kn = kernels_of(cluster, tr, p)
+    m = tokens_per_expert(FINE, p, kn)
+    local = FINE.moe_experts / 8
+    flops = 2.0 * m * local * 3 * FINE.hidden * FINE.expert_ffn_hidden
+    return float((flops / grouped_expert_time(FINE, tr, p, kn))[0])
+
+
+def test_grouped_gemm_efficiency_rises_with_tokens_per_expert(h100: GpuSpec) -> None:
+    """Each expert's weights are read whatever its tokens: few tokens per expert run far below
+    peak (memory bound), more tokens approach the GEMM fraction, never past it."""
+    rates = [_expert_flops_per_s(h100, mb) for mb in (1, 2, 4, 8)]
+    assert all(a < b for a, b in zip(rates, rates[1:], strict=False))
+    peak = h100.peak_flops_bf16 * h100.efficiency.gemm_peak_fraction
+    assert rates[-1] <= peak
+    # one token per expert is memory bound: a tiny share of the peak
+    tiny = replace(FINE, moe_experts=32768 // 8 * 8, moe_topk=1)
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    tr = Training(seq_len=512, global_batch=8)
+    p = as_plan_arrays(plans_to_arrays([Plan(dp=8, ep=8)]))
+    kn = kernels_of(cluster, tr, p)
+    m = tokens_per_expert(tiny, p, kn)
+    flops = 2.0 * m * tiny.moe_experts / 8 * 3 * tiny.hidden * tiny.expert_ffn_hidden
+    assert float((flops / grouped_expert_time(tiny, tr, p, kn))[0]) < 0.05 * peak
+
+
+def test_fp8_expert_gemms_pay_their_input_casts(h100: GpuSpec) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    p = as_plan_arrays(plans_to_arrays([Plan(dp=8, ep=8, micro_batch=2)]))
+    tr = Training(seq_len=4096, global_batch=64, precision="fp8")
+    dear = replace(h100, efficiency=replace(h100.efficiency, fp8_cast_bytes_per_element=12.0))
+    cheap = replace(h100, efficiency=replace(h100.efficiency, fp8_cast_bytes_per_element=3.0))
+    times = [grouped_expert_time(FINE, tr, p, kernels_of(replace(cluster, gpu=g), tr, p))[0]
+             for g in (cheap, dear)]
+    assert times[0] < times[1]
+
+
+def test_load_imbalance_slows_the_moe_layer(h100: GpuSpec) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=16)
+    plan = Plan(dp=16, ep=16, micro_batch=1)
+    even = estimate(FINE, cluster, plan, Training(seq_len=4096, global_batch=64))
+    skew = estimate(FINE, cluster, plan, Training(seq_len=4096, global_batch=64,
+                                                  moe_load_imbalance=1.4))
+    assert skew.step_time_s > even.step_time_s
+    assert skew.compute.time_s > even.compute.time_s
+    assert _a2a(skew).time_s == pytest.approx(1.4 * _a2a(even).time_s, rel=1e-3)  # type: ignore[attr-defined]
+    with pytest.raises(SpecError, match="moe_load_imbalance"):
+        Training(seq_len=4096, global_batch=64, moe_load_imbalance=0.9)
+
+
+def test_all_to_all_across_nodes_is_slower_than_inside_one(h100: GpuSpec) -> None:
+    """The same EP 8 group with its 8 members in one NVLink domain, or 4 in each of two (half
+    the peers over the NIC): same bytes, more time, for every dispatcher."""
+    from costmodel.compute import layer_times
+    from costmodel.parallel.expert import expert_parallel
+    from costmodel.parallel.mesh import mesh_of
+
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    p = as_plan_arrays(plans_to_arrays([Plan(dp=8, ep=8)]))
+    for dispatcher in ("alltoall", "flex"):
+        tr = Training(seq_len=4096, global_batch=64, moe_dispatcher=dispatcher)  # type: ignore[arg-type]
+        g = mesh_of(cluster, tr, p)
+        lt = layer_times(FINE, cluster, tr, p)
+        inside = expert_parallel(FINE, cluster, tr, g, lt)
+        across = expert_parallel(FINE, cluster, tr, replace(g, k_ep=g.k_ep / 2), lt)
+        assert float(across.layer_fwd_s[0]) > 1.5 * float(inside.layer_fwd_s[0])
+        assert float(across.token_bytes[0]) == float(inside.token_bytes[0])
+
+
+def test_flex_dispatcher_sends_each_token_once_per_remote_node(h100: GpuSpec) -> None:
+    """DeepEP's dispatch sends a token over the network once per destination node, the
+    alltoall dispatcher once per expert copy: across nodes flex is faster; in one NVLink domain
+    both exchange about the same."""
+    plan = Plan(dp=32, ep=32)
+    cluster = ClusterSpec(gpu=h100, num_gpus=32)
+    times = {d: _a2a(estimate(FINE, cluster, plan, Training(seq_len=4096, global_batch=64,
+                                                            moe_dispatcher=d))).time_s  # type: ignore[attr-defined]
+             for d in ("alltoall", "flex", "allgather")}
+    assert times["flex"] < times["alltoall"]
+    assert all(t > 0 for t in times.values())
+    with pytest.raises(SpecError, match="moe_dispatcher"):
+        Training(seq_len=4096, global_batch=64, moe_dispatcher="ring")  # type: ignore[arg-type]
+
+
+def test_groups_hit_is_bounded_by_groups_and_top_k() -> None:
+    g = np.array([1.0, 2.0, 4.0, 8.0, 16.0, 128.0])
+    hit = groups_hit(g, 128, 8)
+    assert np.all(hit <= np.minimum(g, 8.0) + 1e-9) and np.all(hit >= 1.0 - 1e-9)
+    assert hit[-1] == pytest.approx(8.0)  # one expert per group: k groups
+    assert hit[0] == pytest.approx(1.0)
+    assert np.all(np.diff(hit) > 0)
+
+
+def test_a2a_overlap_never_shows_more_than_without(h100: GpuSpec) -> None:
+    plan = Plan(dp=16, ep=16)
+    cluster = ClusterSpec(gpu=h100, num_gpus=16)
+    base = Training(seq_len=4096, global_batch=64)
+    off = estimate(FINE, cluster, plan, base)
+    on = estimate(FINE, cluster, plan, replace(base, moe_a2a_overlap=True))
+    assert _a2a(on).time_s == pytest.approx(_a2a(off).time_s)  # type: ignore[attr-defined]
+    assert _a2a(on).exposed_s < _a2a(off).exposed_s  # type: ignore[attr-defined]
+    assert on.step_time_s < off.step_time_s
+
+
+def test_permute_fusion_moves_fewer_bytes(h100: GpuSpec) -> None:
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    p = as_plan_arrays(plans_to_arrays([Plan(dp=8, ep=8)]))
+    tr = Training(seq_len=4096, global_batch=64)
+    kn = kernels_of(cluster, tr, p)
+    unfused = permute_elements(FINE, tr, p, kn)
+    fused = permute_elements(FINE, replace(tr, moe_permute_fusion=True), p, kn)
+    assert float(fused[0]) < float(unfused[0])
+    # fused: each token read once and written k times, and back; 16 local experts are sorted
+    assert float(fused[0]) == pytest.approx(2 * (1 + 8) + 4 * 8)
+
+
+def test_measured_moe_rows_and_bridge_recipes_run_balanced() -> None:
+    """The Grok-1 rows (capacity factor 1 with padding) and Megatron-Bridge's benchmarks
+    (force-balanced routing) run with imbalance 1: the model's default and the bench's."""
+    import sys
+    from pathlib import Path
+
+    from search.measured import case_from_row
+
+    row = {"model_name": "grok", "layers": "2", "hidden": "6144", "ffn_hidden": "32768",
+           "heads": "48", "kv_heads": "8", "vocab": "131072", "seq_len": "4096",
+           "moe_experts": "8", "moe_topk": "2", "moe_ffn_hidden": "32768",
+           "gpu": "h100-sxm-80gb", "num_gpus": "8", "tp": "4", "dp": "2", "ep": "2",
+           "micro_batch": "1", "global_batch": "1024", "precision": "bf16", "framework": "nemo",
+           "source": "dgxc-benchmarking"}
+    tr = case_from_row(row).training
+    assert tr.moe_load_imbalance == 1.0 and tr.moe_dispatcher == "alltoall"
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_external import MOE_RECIPES, moe_switches
+
+    for release, system in MOE_RECIPES:
+        assert moe_switches(release, system, True)["moe_load_imbalance"] == 1.0
+
+
+def test_moe_stage_rewrites_only_its_part_of_the_source() -> None:
+    from costmodel.specs import Efficiency
+    from tcf_search.calibration.moe_fit import MOE_MARK, with_moe_source
+
+    eff = Efficiency(source="dense fit on 845 rows")
+    once = with_moe_source(eff, "fitted on 8 rows")
+    twice = with_moe_source(once, "fitted on 8 rows")
+    assert once == twice and once.source.count(MOE_MARK) == 1
+    assert once.source.startswith("dense fit on 845 rows")
+
+
+def test_shared_expert_overlap_hides_only_behind_shared_experts(h100: GpuSpec) -> None:
+    """--moe-shared-expert-overlap runs the shared experts' MLP during the exchange: less of it
+    shows with a shared expert, nothing changes without one."""
+    plan = Plan(dp=16, ep=16)
+    cluster = ClusterSpec(gpu=h100, num_gpus=16)
+    base = Training(seq_len=4096, global_batch=64)
+    over = replace(base, moe_shared_expert_overlap=True)
+    shared = replace(FINE, moe_shared_experts=1)
+    for model, hides in ((shared, True), (FINE, False)):
+        off, on = (_a2a(estimate(model, cluster, plan, t)) for t in (base, over))
+        assert on.time_s == pytest.approx(off.time_s)  # type: ignore[attr-defined]
+        if hides:
+            assert on.exposed_s < off.exposed_s  # type: ignore[attr-defined]
+        else:
+            assert on.exposed_s == pytest.approx(off.exposed_s)  # type: ignore[attr-defined]
