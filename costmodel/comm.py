@@ -112,3 +112,12 @@ def tier(n: np.ndarray, k: np.ndarray) -> np.ndarray:
 
 
 TIER_NAMES = ("none", "nvlink", "network")
+
+
+def contention_time(collectives: tuple[CollectiveArrays, ...], compute_s: np.ndarray,
+                    sm_share: float) -> np.ndarray:
+    """What hidden communication costs the compute it hides behind: an overlapped NCCL kernel
+    holds ``sm_share`` of the SMs (one CTA per channel) for as long as it runs, so the kernels
+    beside it run that much slower; at most the compute there is to slow."""
+    hidden = sum((c.time_s - c.exposed_s for c in collectives), np.zeros_like(compute_s))
+    return sm_share * np.minimum(np.maximum(hidden, 0.0), compute_s)

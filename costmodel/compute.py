@@ -162,6 +162,7 @@ class _DenseLayer:
     qkv_s: np.ndarray
     out_s: np.ndarray
     gemm_s: np.ndarray
+    wgrad_attn_s: np.ndarray  # the attention projections' weight gradients, whole GEMMs
     gemm_flops: np.ndarray
     attention_s: np.ndarray
     elem: _Elementwise
@@ -172,15 +173,24 @@ class _DenseLayer:
 def _dense_layer(model: ModelSpec, tr: Training, kn: Kernels) -> _DenseLayer:
     h, f, a = model.hidden, model.ffn_hidden, model.heads
     tp = kn.tp
-    qkv = kn.gemm(qkv_params(model) / h / tp, float(h), split=True)
-    out = kn.gemm(float(h), a * v_dim(model) / tp, split=True)
     n_up = 2.0 * f if model.ffn_type == "swiglu" else float(f)
-    mlp = kn.gemm(n_up / tp, float(h), split=True) + kn.gemm(float(h), f / tp, split=True)
-    gemm_s = qkv + out + mlp
+    attn = ((qkv_params(model) / h / tp, float(h)), (float(h), a * v_dim(model) / tp))
+    mlp = ((n_up / tp, float(h)), (float(h), f / tp))
+    qkv, out, up, down = (kn.gemm(n, k, split=True) for n, k in attn + mlp)
+    gemm_s = qkv + out + up + down
+    # the weight gradients are whole GEMMs: Transformer Engine's userbuffers split only the
+    # GEMMs a ring exchange or pipelined reduce-scatter feeds or drains (the forward's and the
+    # input gradients'), and overlap the weight gradients with a bulk collective instead
+    # (Megatron-Bridge's TransformerLayerTPOverlapCfg: *_fprop and *_dgrad ring_exchange or
+    # pipeline, *_wgrad bulk; src/megatron/bridge/training/comm_overlap.py); PyTorch's async
+    # TP fuses the same all-gather -> mm and mm -> reduce-scatter pairs
+    w_qkv, w_out, w_up, w_down = (kn.gemm(n, k) for n, k in attn + mlp)
+    wgrad_attn = w_qkv + w_out
+    wgrad = wgrad_attn + w_up + w_down
     attention_s = _attention_fwd(model, tr, kn)
     elem = _elementwise(model, tr, kn)
-    fwd, bwd = fwd_bwd(gemm_s, attention_s, elem.fwd_s, elem.overhead_fwd_s, 1.0)
-    return _DenseLayer(qkv_s=qkv, out_s=out, gemm_s=gemm_s,
+    fwd, bwd = fwd_bwd(gemm_s, wgrad, attention_s, elem.fwd_s, elem.overhead_fwd_s, 1.0)
+    return _DenseLayer(qkv_s=qkv, out_s=out, gemm_s=gemm_s, wgrad_attn_s=wgrad_attn,
                        gemm_flops=2.0 * kn.tokens * (attention_params(model) + (n_up + f) * h) / tp,
                        attention_s=attention_s, elem=elem, fwd_s=fwd, bwd_s=bwd)
 

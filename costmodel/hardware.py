@@ -30,6 +30,9 @@ class Efficiency:
         of the link's unidirectional bandwidth.
     fp8_gemm_peak_fraction: the fraction of the dense fp8 peak a large fp8 GEMM reaches (fp8
         tensor cores reach a smaller share of their doubled peak than bf16 ones of theirs).
+    comm_sm_share: the share of the GPU's SMs an NCCL collective's kernel occupies while it runs
+        (one CTA per channel, each holding an SM): compute that communication hides behind runs
+        that much slower for as long as the collective runs beside it.
     fp8_cast_bytes_per_element: HBM bytes Transformer Engine's quantisation moves per GEMM input
         element, forward: the cast and transpose (read bf16, write fp8 twice: 4) and its amax
         reduction; backward does the same for the output gradient (the 2x of the backward).
@@ -54,6 +57,10 @@ class Efficiency:
     fp8_gemm_peak_fraction: float = 0.6
     fp8_cast_bytes_per_element: float = 4.0
     all_to_all_bw_ratio: float = 1.0
+    # NCCL runs one CTA per channel (NCCL_MIN_CTAS / NCCL_MAX_CTAS bound them; docs/env.html)
+    # and opens 16 channels on an 8-GPU NVSwitch node (NCCL_NVLS_NCHANNELS' default, the ring's
+    # count there too): 16 of H100's 132 SMs
+    comm_sm_share: float = 16.0 / 132.0
     source: str = "prior"
 
 

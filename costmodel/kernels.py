@@ -93,11 +93,14 @@ def kernels_of(cluster: ClusterSpec, tr: Training, p: PlanArrays) -> Kernels:
 
 
 
-def fwd_bwd(gemm_s: np.ndarray, attention_s: np.ndarray, elem_s: np.ndarray,
-             overhead_s: float, kernels: float) -> tuple[np.ndarray, np.ndarray]:
-    """A layer's forward and backward: backward runs twice the GEMMs, 2.5x flash attention's
-    forward FLOPs, twice the elementwise traffic and ``BWD_KERNEL_FACTOR`` times the kernels."""
+def fwd_bwd(gemm_s: np.ndarray, wgrad_s: np.ndarray, attention_s: np.ndarray,
+            elem_s: np.ndarray, overhead_s: float, kernels: float
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """A layer's forward and backward: backward runs the GEMMs twice (the input gradients as
+    the forward runs them, split where TP communication overlaps them; the weight gradients,
+    ``wgrad_s``, whole), 2.5x flash attention's forward FLOPs, twice the elementwise traffic
+    and ``BWD_KERNEL_FACTOR`` times the kernels."""
     fwd = gemm_s + attention_s + elem_s + overhead_s * kernels
-    bwd = (2.0 * gemm_s + 2.5 * attention_s + 2.0 * elem_s
+    bwd = (gemm_s + wgrad_s + 2.5 * attention_s + 2.0 * elem_s
            + BWD_KERNEL_FACTOR * overhead_s * kernels)
     return fwd, bwd

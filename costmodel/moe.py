@@ -136,7 +136,8 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     permute_kernels = FUSED_PERMUTE_KERNELS if tr.moe_permute_fusion else PERMUTE_KERNELS
     permute = (kn.tokens / tp * permute_elements(model, tr, p, kn) * h * kn.act / kn.hbm
                + permute_kernels * eff.kernel_overhead_s)
-    gemm_s = dense.qkv_s + dense.out_s + routed + shared + router + permute
+    moe_s = routed + shared + router + permute
+    gemm_s = dense.qkv_s + dense.out_s + moe_s
     # the experts' activation function runs on the top-k copies (the busiest rank's), at the
     # expert width
     expert_act = model.moe_topk * tr.moe_load_imbalance * (elem.act_elems / f) * fe
@@ -148,7 +149,9 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     issued = (elem.kernels_fwd + ROUTER_KERNELS + permute_kernels
               + 2.0 * model.moe_experts / p.ep + 4.0)
     kernels = np.broadcast_to(issued / elem.kernels_fwd, kn.tokens.shape).astype(float)
-    fwd, bwd = fwd_bwd(gemm_s, dense.attention_s, elem_s, elem.overhead_fwd_s, 1.0)
+    # the experts' GEMMs are not split for TP overlap: their weight gradients cost as forward
+    fwd, bwd = fwd_bwd(gemm_s, dense.wgrad_attn_s + moe_s, dense.attention_s, elem_s,
+                       elem.overhead_fwd_s, 1.0)
     return MoeLayer(routed_s=routed, permute_s=permute, router_s=router,
                     shared_s=np.broadcast_to(shared, kn.tokens.shape).astype(float),
                     elem_s=elem_s,

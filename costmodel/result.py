@@ -84,6 +84,8 @@ class ComputeEstimate:
     recompute_time_s: float
     optimizer_time_s: float
     gemm_efficiency: float  # achieved fraction of peak over the GEMMs
+    # what overlapped communication slows the kernels by (its NCCL kernels hold SMs); in time_s
+    contention_time_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.comm import CollectiveArrays
+from costmodel.comm import CollectiveArrays, contention_time
 from costmodel.compute import hardware_flops, layer_times
 from costmodel.mapping import STAGES, stage_layers
 from costmodel.memory import StageBytes, allocator_stall, step_memory
@@ -37,6 +37,7 @@ class StepArrays:
     hardware_flops: np.ndarray
     compute_s: np.ndarray
     recompute_s: np.ndarray
+    contention_s: np.ndarray  # what hidden communication slows the compute by
     optimizer_s: np.ndarray
     bubble_s: np.ndarray
     gemm_efficiency: np.ndarray
@@ -58,8 +59,8 @@ class StepArrays:
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays) -> StepArrays:
     """step = m x (slowest stage's compute + exposed TP/CP/EP communication per micro-batch)
-    + bubble + exposed pipeline p2p + exposed data-parallel traffic + optimizer, and the
-    allocator's stalls on top."""
+    + bubble + exposed pipeline p2p + exposed data-parallel traffic + optimizer, the compute
+    that hidden communication slows (its kernels hold SMs), and the allocator's stalls."""
     g = mesh_of(cluster, tr, p)
     m = g.micro_batches
     layers = stage_layers(model.layers, p)
@@ -82,16 +83,23 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     compute_s = m * per_mb.at_slowest(per_mb.compute_s)
     step = (compute_s + m * per_mb.at_slowest(per_mb.comm_s) + bubble + p2p.exposed_s
             + grads.exposed_s + params.exposed_s + optimizer_s)
-    stall = allocator_stall(step, stages, cluster, tr)  # the stream waits: counted as compute
-    compute_s = compute_s + stall
-    step = step + stall
-
     collectives = (
         *tensor.collectives(g, model.layers, per_mb.at_slowest(tensor.vocab_s),
                             per_mb.at_slowest(tensor.vocab_sides)),
         context.collective(g, model.layers), expert.collective(g, model.layers),
         p2p, grads, params,
     )
+    # hidden NCCL traffic slows the kernels it runs beside (counted as compute). Not TP's:
+    # overlapped, it moves through Transformer Engine's userbuffers or PyTorch's symmetric
+    # memory by copy engine (ring exchange at num_sm=1 in Megatron-Bridge's
+    # TransformerLayerTPOverlapCfg), and unoverlapped it hides behind nothing
+    contention = (0.0 * step if g.synchronous else contention_time(
+        collectives[2:], compute_s, cluster.gpu.efficiency.comm_sm_share))
+    step = step + contention
+    stall = allocator_stall(step, stages, cluster, tr)  # the stream waits: counted as compute
+    compute_s = compute_s + contention + stall
+    step = step + stall
+
     tokens, n_gpus = tr.tokens_per_step, cluster.num_gpus
     model_flops = model_flops_per_token(model, tr.seq_len) * tokens / n_gpus
     return StepArrays(
@@ -99,6 +107,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
         usable_bytes=cluster.gpu.usable_bytes, model_flops=np.full_like(step, model_flops),
         hardware_flops=hardware_flops(model, cluster, tr, p, layers, model_flops),
         compute_s=compute_s, recompute_s=m * per_mb.at_slowest(per_mb.recompute_s),
+        contention_s=contention,
         optimizer_s=optimizer_s, bubble_s=bubble, gemm_efficiency=lt.gemm_efficiency,
         collectives=collectives, step_time_s=step, tokens_per_step=tokens, num_gpus=n_gpus,
     )

@@ -73,6 +73,12 @@ EFF_BOUNDS = {"gemm_peak_fraction": (0.3, 0.95), "gemm_half_size": (1.0, 4096.0)
               "flash3_attention_peak_fraction": (0.05, 0.9),
               # read bf16 and write fp8 (3) up to several passes of cast, transpose and amax
               "fp8_cast_bytes_per_element": (3.0, 24.0), **MOE_BOUNDS}
+# compute-communication contention is a prior, not fitted (fitted on the dgxc rows it runs to
+# its bound and drags the GEMM fractions to 0.86 / 0.95): NCCL's 16 channels (one CTA, one SM
+# each) on an 8-GPU NVSwitch node over the SKU family's SMs (A100 whitepaper: 108; H100 SXM5
+# whitepaper: 132)
+NCCL_CHANNELS = 16.0
+SM_COUNT = {"ampere": 108.0, "hopper": 132.0}
 FABRIC_PREFIX = "fabric:"  # a fitted parameter that is a fabric's network fraction
 MEM_PARAMS = ("activation_factor", "logits_bytes_per_element", "allocator_fraction",
               "allocator_const_bytes")
@@ -227,7 +233,8 @@ def fit_ampere(frame: pd.DataFrame, groups: list[Group], train: pd.Series, hoppe
     a100 = ((frame["source"].eq("llm-foundry") & frame["gpu"].str.startswith("a100"))
             | frame["source"].eq("megatron-sc21")) & frame["status"].eq("ok") & train
     ampere, fitted = fit_efficiency(
-        frame, groups, a100, "ampere", replace(hopper, source=""),
+        frame, groups, a100, "ampere",
+        replace(hopper, source="", comm_sm_share=NCCL_CHANNELS / SM_COUNT["ampere"]),
         ("gemm_peak_fraction", "attention_peak_fraction", "memory_bw_fraction",
          FABRIC_PREFIX + "roce", FABRIC_PREFIX + "infiniband"))
     n_sc21 = int((a100 & frame["source"].eq("megatron-sc21")).sum())

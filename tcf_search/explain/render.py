@@ -50,7 +50,8 @@ def _compute(doc: dict[str, Any], con: Console) -> None:
               f"{c['hardware_flops_per_gpu'] / 1e15:.2f} PFLOP hardware per GPU per step; "
               f"GEMMs at {c['gemm_efficiency']:.0%} of {c['peak_tflops_per_gpu']:.0f} TFLOP/s")
     con.print(f"   kernels {c['time_s']:.2f} s (recompute {c['recompute_time_s']:.2f} s, "
-              f"{c['recompute_share']:.0%}), bubble {c['bubble_time_s']:.2f} s "
+              f"{c['recompute_share']:.0%}; slowed {c['contention_time_s']:.2f} s by the "
+              f"communication it hides), bubble {c['bubble_time_s']:.2f} s "
               f"({c['bubble_share']:.1%} of the step), optimizer {c['optimizer_time_s']:.3f} s")
     own = ("" if c["peak_tflops_per_gpu"] == c["bf16_peak_tflops_per_gpu"]
            else f" ({c['mfu_precision_peak']:.1%} of the {c['peak_tflops_per_gpu']:.0f} TFLOP/s "
