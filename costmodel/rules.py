@@ -90,13 +90,20 @@ class Facts:
     num_gpus: int
     nvlink_domain: int
     switches: Switches = field(default_factory=Switches)
+    # what the framework runs beside MoE layers (``Training.moe_max_zero_stage`` and
+    # ``Training.moe_tensor_parallel``, from its profile)
+    moe_max_zero_stage: int = 3
+    moe_tensor_parallel: bool = True
 
     def values(self) -> dict[str, object]:
         s = self.switches
         return {"layers": self.layers, "heads": self.heads, "kv_heads": self.kv_heads,
                 "experts": self.experts, "seq_len": self.seq_len,
                 "global_batch": self.global_batch, "num_gpus": self.num_gpus,
-                "nvlink_domain": self.nvlink_domain, "uneven_pipeline": s.uneven_pipeline,
+                "nvlink_domain": self.nvlink_domain,
+                "moe_max_zero_stage": self.moe_max_zero_stage,
+                "moe_tensor_parallel": self.moe_tensor_parallel,
+                "uneven_pipeline": s.uneven_pipeline,
                 "uneven_chunks": s.uneven_chunks, "tp_in_node": s.tp_in_node,
                 "split_later": s.split_later,
                 "canonical": s.canonical}
@@ -107,7 +114,9 @@ def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
     return Facts(layers=model.layers, heads=model.heads, kv_heads=model.kv_heads,
                  experts=model.moe_experts, seq_len=training.seq_len,
                  global_batch=training.global_batch, num_gpus=cluster.num_gpus,
-                 nvlink_domain=cluster.nvlink_domain, switches=switches or Switches())
+                 nvlink_domain=cluster.nvlink_domain, switches=switches or Switches(),
+                 moe_max_zero_stage=training.moe_max_zero_stage,
+                 moe_tensor_parallel=training.moe_tensor_parallel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +200,14 @@ RULES: tuple[Rule, ...] = (
          "or folds over tensor-parallel ones with expert TP 1)",
          lambda c, f: (c["ep"] == 1) | ((f.experts % c["ep"] == 0) & (f.experts > 0)
                                         & ((c["tp"] * c["dp"] * c["cp"]) % c["ep"] == 0))),
+    # what a framework refuses beside MoE layers (its profile's switches)
+    Rule("moe_tp", ("tp",), ("experts", "moe_tensor_parallel"),
+         "experts == 0 or tp == 1 or moe_tensor_parallel (the framework runs TP with MoE layers)",
+         lambda c, f: (f.experts == 0) | (c["tp"] == 1) | f.moe_tensor_parallel),
+    Rule("moe_zero", ("zero_stage",), ("experts", "moe_max_zero_stage"),
+         "experts == 0 or zero_stage <= moe_max_zero_stage (the ZeRO stages the framework runs "
+         "with MoE layers)",
+         lambda c, f: (f.experts == 0) | (c["zero_stage"] <= f.moe_max_zero_stage)),
     Rule("batch", ("micro_batch", "dp"), ("global_batch",),
          "global_batch % (micro_batch * dp) == 0",
          lambda c, f: f.global_batch % (c["micro_batch"] * c["dp"]) == 0),

@@ -293,6 +293,21 @@ class Training:
     # CPU time to issue one kernel or collective: a layer cannot run faster than the host issues
     # its work (eager PyTorch with Python-level modules; ~10-20 us for lean stacks).
     host_overhead_s: float = 15e-6
+    # ZeRO-3 keeps no low-precision shard of the weights: the fp32 master shard is the
+    # parameter, cast to bf16 only while a unit is gathered (FSDP2's fully_shard with a
+    # MixedPrecisionPolicy, torch/distributed/fsdp/_fully_shard/_fsdp_param.py: the sharded
+    # parameter keeps its dtype, the all-gather input is cast; FSDP1's flat parameter alike).
+    # Off: a bf16 shard beside the fp32 main shard (DeepSpeed stage 3's fp16 and fp32
+    # partitions, Megatron-FSDP's model and main weight buffers).
+    zero3_master_is_param: bool = False
+    # The ZeRO stages the framework runs on a model with MoE layers: DeepSpeed's engine refuses
+    # stage 3 (deepspeed/runtime/engine.py, _configure_zero_optimizer: "MoE not supported with
+    # Stage 3"); FSDP (torchtitan, NeMo AutoModel) and Megatron's distributed optimizer and
+    # Megatron-FSDP shard experts over the expert-data-parallel group at every stage
+    moe_max_zero_stage: int = 3
+    # Tensor parallelism on a model with MoE layers (NeMo AutoModel's MoE parallelizer asserts
+    # tp == 1: nemo_automodel/components/moe/parallelizer.py, parallelize_model)
+    moe_tensor_parallel: bool = True
     memory_model: MemoryModel = field(default_factory=MemoryModel)
 
     def __post_init__(self) -> None:

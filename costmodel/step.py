@@ -81,7 +81,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
 
     compute_s = m * per_mb.at_slowest(per_mb.compute_s)
     step = (compute_s + m * per_mb.at_slowest(per_mb.comm_s) + bubble + p2p.exposed_s
-            + grads.exposed_s + params.exposed_s + optimizer_s)
+            + sum(c.exposed_s for c in (*grads, *params)) + optimizer_s)
     stall = allocator_stall(step, stages, cluster, tr)  # the stream waits: counted as compute
     compute_s = compute_s + stall
     step = step + stall
@@ -90,7 +90,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
         *tensor.collectives(g, model.layers, per_mb.at_slowest(tensor.vocab_s),
                             per_mb.at_slowest(tensor.vocab_sides)),
         context.collective(g, model.layers), expert.collective(g, model.layers),
-        p2p, grads, params,
+        p2p, *grads, *params,
     )
     tokens, n_gpus = tr.tokens_per_step, cluster.num_gpus
     model_flops = model_flops_per_token(model, tr.seq_len) * tokens / n_gpus

@@ -62,6 +62,8 @@ class SearchSpace:
     uneven_pipeline: bool
     partial_recompute: bool
     tp_in_node: bool
+    moe_max_zero_stage: int = 3  # the framework's (rules.Facts)
+    moe_tensor_parallel: bool = True
     rules: tuple[Rule, ...] = field(default=())
 
     @property
@@ -113,7 +115,9 @@ def build_space(study: Study, specs: Specs) -> SearchSpace:
         kv_heads=m.kv_heads, experts=m.moe_experts, seq_len=specs.training.seq_len,
         global_batch=specs.training.global_batch, nvlink_domain=specs.cluster.nvlink_domain,
         uneven_pipeline=section.uneven_pipeline, partial_recompute=section.partial_recompute,
-        tp_in_node=section.tp_in_node)
+        tp_in_node=section.tp_in_node,
+        moe_max_zero_stage=specs.training.moe_max_zero_stage,
+        moe_tensor_parallel=specs.training.moe_tensor_parallel)
     return dataclasses.replace(space, rules=make_rules(space))
 
 
@@ -122,7 +126,8 @@ def space_facts(s: SearchSpace) -> rules.Facts:
     return rules.Facts(
         layers=s.layers, heads=s.heads, kv_heads=s.kv_heads, experts=s.experts,
         seq_len=s.seq_len, global_batch=s.global_batch, num_gpus=s.num_gpus,
-        nvlink_domain=s.nvlink_domain,
+        nvlink_domain=s.nvlink_domain, moe_max_zero_stage=s.moe_max_zero_stage,
+        moe_tensor_parallel=s.moe_tensor_parallel,
         switches=search_switches(uneven_pipeline=s.uneven_pipeline, tp_in_node=s.tp_in_node,
                                  split_later=True))
 

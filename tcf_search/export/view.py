@@ -13,6 +13,7 @@ from typing import Any
 from costmodel import rules
 from costmodel.mapping import stage_counts
 from costmodel.specs import ModelSpec
+from hardware_catalog.frameworks import framework_settings
 from search.planfile import PlanFile
 
 from .options import ExportOptions, target_for
@@ -115,8 +116,17 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
         rule_facts=rules.Facts(layers=m.layers, heads=m.heads, kv_heads=m.kv_heads,
                                experts=m.moe_experts, seq_len=t.seq_len,
                                global_batch=t.global_batch, num_gpus=pf.num_gpus,
-                               nvlink_domain=pf.gpus_per_node, switches=EXPORT_SWITCHES),
+                               nvlink_domain=pf.gpus_per_node, switches=EXPORT_SWITCHES,
+                               **_moe_switches(fmt)),
     )
+
+
+def _moe_switches(fmt: str) -> dict[str, Any]:
+    """What the launcher's framework runs beside MoE layers (its profile's switches; a launcher
+    with no profile of its own, the generic one's)."""
+    s = framework_settings(fmt)
+    return {"moe_max_zero_stage": int(str(s.get("moe_max_zero_stage", 3))),
+            "moe_tensor_parallel": bool(s.get("moe_tensor_parallel", True))}
 
 
 def virtual_stage_layers(f: LaunchView) -> list[int]:
