@@ -175,25 +175,28 @@ def members_per_domain(size: np.ndarray, stride: np.ndarray, domain: int) -> np.
 
 
 def ep_folded(p: PlanArrays) -> np.ndarray:
-    """Expert parallelism folded over tensor-parallel ranks (Megatron-Core's "MoE parallel
-    folding"): when ep does not divide dp * cp it spans tp x cp x dp, and the experts run
-    without tensor parallelism (expert TP 1). Otherwise EP is carved out of dp * cp and the
-    experts are tensor-parallel like the dense layers (expert TP = tp)."""
+    """Where EP does not divide dp * cp, so that it must fold over tensor-parallel ranks."""
     return (p.dp * p.cp) % p.ep != 0
 
 
 def expert_tp(p: PlanArrays) -> np.ndarray:
-    return np.where(ep_folded(p), 1, p.tp)
+    """The routed experts' tensor parallelism (Megatron-Core's MoE parallel folding,
+    megatron/core/parallel_state.py ``initialize_model_parallel``: the expert ranks of a
+    pipeline stage are ordered expert-TP, EP, expert-DP over its tp x cp x dp ranks). Given by
+    the plan, or derived: Megatron's default ``--expert-tensor-parallel-size`` is tp, and where
+    EP does not divide dp * cp it spans tp x cp x dp with expert TP 1."""
+    derived = np.where(ep_folded(p), 1, p.tp)
+    return np.where(p.expert_tp > 0, p.expert_tp, derived)
 
 
 def expert_dp(p: PlanArrays) -> np.ndarray:
-    """Replicas of each expert shard: the ranks of a pipeline stage over ep x expert TP."""
+    """Replicas of each expert shard: the ranks of a pipeline stage over ep x expert TP
+    (Megatron-Core's expert_data_parallel group; torchtitan's ``efsdp``)."""
     return p.tp * p.cp * p.dp // (p.ep * expert_tp(p))
 
 
 def group_strides(p: PlanArrays) -> dict[str, np.ndarray]:
     """Rank distance between neighbours of each group (tp, cp, dp, pp, ep, expert dp)."""
-    folded = ep_folded(p)
+    etp = expert_tp(p)  # expert ranks: expert TP fastest, then EP, then expert DP
     return {"tp": np.ones_like(p.tp), "cp": p.tp, "dp": p.tp * p.cp,
-            "ep": np.where(folded, 1, p.tp), "edp": np.where(folded, p.ep, p.tp * p.ep),
-            "pp": p.tp * p.cp * p.dp}
+            "ep": etp, "edp": etp * p.ep, "pp": p.tp * p.cp * p.dp}

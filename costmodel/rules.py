@@ -37,7 +37,7 @@ Columns = Mapping[str, Any]
 # search's CP-SAT stage places them.
 PLAN_COLUMNS: tuple[str, ...] = (
     "tp", "pp", "cp", "dp", "ep", "vpp", "micro_batch", "zero_stage", "sequence_parallel",
-    "recompute", "pp_schedule", "first_stage_layers", "last_stage_layers")
+    "recompute", "pp_schedule", "first_stage_layers", "last_stage_layers", "expert_tp")
 INTERLEAVED, GPIPE = SCHEDULE_CODES["interleaved"], SCHEDULE_CODES["gpipe"]
 
 
@@ -166,6 +166,20 @@ def _schedule(c: Columns, f: Facts) -> np.ndarray:
     return ((s != INTERLEAVED) | (vpp > 1)) & ((s != GPIPE) | gpipe_ok)
 
 
+def _expert_tp(c: Columns, f: Facts) -> np.ndarray:
+    """Megatron-Core's MoE parallel folding (megatron/core/parallel_state.py,
+    ``initialize_model_parallel``: the expert rank generator orders expert-TP, EP and expert-DP
+    over each pipeline stage's ranks, so ``expert_tensor_parallel_size *
+    expert_model_parallel_size`` must divide them)."""
+    etp, ep, moe = c["expert_tp"], c["ep"], f.experts > 0
+    stage = c["tp"] * c["cp"] * c["dp"]
+    fills = moe & (stage % (ep * np.maximum(etp, 1)) == 0)
+    # a given expert TP equal to the derived one is the same plan, written 0
+    derived = np.where((c["dp"] * c["cp"]) % ep != 0, 1, c["tp"])
+    canonical = (not f.switches.canonical) | (etp != derived)
+    return (etp == 0) | (fills & canonical)
+
+
 RULES: tuple[Rule, ...] = (
     Rule("world_size", ("tp", "pp", "cp", "dp"), ("num_gpus",),
          "tp * pp * cp * dp == num_gpus",
@@ -208,6 +222,12 @@ RULES: tuple[Rule, ...] = (
          "experts == 0 or zero_stage <= moe_max_zero_stage (the ZeRO stages the framework runs "
          "with MoE layers)",
          lambda c, f: (f.experts == 0) | (c["zero_stage"] <= f.moe_max_zero_stage)),
+    Rule("expert_tp", ("expert_tp", "ep", "tp", "dp", "cp"), ("experts", "canonical"),
+         "expert_tp == 0 (derived), or experts > 0 and (tp * cp * dp) % (ep * expert_tp) == 0 "
+         "(the expert ranks of a stage, expert TP x EP x expert DP, fill its tp x cp x dp), and "
+         "in a canonical space it differs from the derived one (tp, or 1 where ep does not "
+         "divide dp * cp)",
+         _expert_tp),
     Rule("batch", ("micro_batch", "dp"), ("global_batch",),
          "global_batch % (micro_batch * dp) == 0",
          lambda c, f: f.global_batch % (c["micro_batch"] * c["dp"]) == 0),
@@ -229,7 +249,7 @@ def plan_columns(plan: Plan | Mapping[str, object]) -> dict[str, int]:
     """One plan (or its fields, before a ``Plan`` is built) as plain ints, encoded like the
     search's layout columns (numpy broadcasts them as 1-element columns)."""
     raw = {k: getattr(plan, k) for k in PLAN_COLUMNS} if isinstance(plan, Plan) else {
-        k: plan[k] for k in PLAN_COLUMNS}
+        k: plan.get(k, 0) if k == "expert_tp" else plan[k] for k in PLAN_COLUMNS}
     raw["recompute"] = RECOMPUTE_CODES.get(str(raw["recompute"]), 0)
     raw["pp_schedule"] = SCHEDULE_CODES.get(str(raw["pp_schedule"]), 0)
     raw["sequence_parallel"] = int(bool(raw["sequence_parallel"]))

@@ -144,6 +144,10 @@ class Plan:
     ``first_stage_layers``/``last_stage_layers``: uneven pipeline placement (0 = even split).
     ``recompute_layers``: with ``recompute='full'``, how many layers of each stage are fully
     recomputed (0 = all of them); the rest keep all activations.
+    ``expert_tp``: the routed experts' tensor parallelism (Megatron-Core's
+    ``--expert-tensor-parallel-size``; its MoE parallel folding carves EP x expert TP out of a
+    stage's tp x cp x dp ranks). 0 = derived: tp, or 1 where EP does not divide dp x cp
+    (:func:`costmodel.mapping.expert_tp`).
     """
 
     tp: int = 1
@@ -160,6 +164,7 @@ class Plan:
     pp_schedule: PipelineSchedule = "1f1b"
     first_stage_layers: int = 0
     last_stage_layers: int = 0
+    expert_tp: int = 0
 
     def __post_init__(self) -> None:
         require_positive("plan", tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep,
@@ -172,7 +177,8 @@ class Plan:
         if self.pp_schedule not in SCHEDULE_CODES:
             raise SpecError(f"plan.pp_schedule must be one of {sorted(SCHEDULE_CODES)}, "
                             f"but got {self.pp_schedule!r}")
-        for name in ("recompute_layers", "first_stage_layers", "last_stage_layers"):
+        for name in ("recompute_layers", "first_stage_layers", "last_stage_layers",
+                     "expert_tp"):
             value = getattr(self, name)
             if (not isinstance(value, numbers.Integral) or isinstance(value, bool)
                     or not 0 <= int(value) < 2**53):

@@ -29,8 +29,8 @@ from search.study import Study
 Columns = dict[str, np.ndarray]
 
 # Binding order. tp and pp come first so that pruning can be attributed to (tp, pp) cells.
-AXES: tuple[str, ...] = ("tp", "pp", "cp", "dp", "ep", "vpp", "micro_batch", "zero_stage",
-                         "sequence_parallel", "recompute", "pp_schedule")
+AXES: tuple[str, ...] = ("tp", "pp", "cp", "dp", "ep", "expert_tp", "vpp", "micro_batch",
+                         "zero_stage", "sequence_parallel", "recompute", "pp_schedule")
 DERIVED = "dp"  # dp = num_gpus / (tp * pp * cp), restricted by its domain
 RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
 # The axis holds 1f1b and gpipe (the cost model's codes); vpp > 1 makes a plan interleaved.
@@ -85,6 +85,8 @@ def _auto_domains(specs: Specs) -> dict[str, tuple[int, ...]]:
         "cp": tuple(d for d in _divisors(n, 64) if t.seq_len // d >= 1024 or d == 1),
         "dp": _divisors(n, n),
         "ep": _divisors(m.moe_experts, 64) if m.is_moe else (1,),
+        # Megatron-Core's folding: the experts' TP apart from the attention's (0: derived)
+        "expert_tp": (0, *_divisors(n, 8)) if m.is_moe else (0,),
         "vpp": (1, 2, 3, 4, 5, 6, 7, 8),
         "micro_batch": (1, 2, 4, 8),
         "zero_stage": (0, 1, 2, 3),
@@ -244,7 +246,7 @@ def plan_from_row(row: Mapping[str, int]) -> Plan:
         sequence_parallel=bool(row["sequence_parallel"]),
         pp_schedule=SCHEDULE_NAMES[int(rules.schedule_code(row["pp_schedule"], row["vpp"]))],
         first_stage_layers=row.get("first_stage_layers", 0),
-        last_stage_layers=row.get("last_stage_layers", 0),
+        last_stage_layers=row.get("last_stage_layers", 0), expert_tp=row.get("expert_tp", 0),
         recompute_layers=row.get("recompute_layers", 0))
 
 

@@ -40,12 +40,13 @@ def expert_parallel(model: ModelSpec, tr: Training, g: Mesh) -> ExpertComm:
     # each rank dispatches its own M / tp sequence shard (MoE with TP runs sequence parallel);
     # when the experts are tensor-parallel (EP carved out of dp x cp) the expert-TP ranks then
     # all-gather what they received and reduce-scatter the results (Megatron's alltoall
-    # dispatcher), over the TP group's links
+    # dispatcher), over the expert-TP group's links (Megatron-Core's
+    # --expert-tensor-parallel-size: tp by default, 1 where EP folds, any size under folding)
     tp, link = g.tp, g.link
     x_tok = g.tokens / tp * max(model.moe_topk, 1) * model.hidden * tr.activation_dtype_bytes
     moe_on = 1.0 if model.is_moe else 0.0
-    etp_gather = np.where(expert_tp(g.plan) > 1, comm.gather_time(x_tok * tp, tp, g.k_tp, link),
-                          0.0)
+    etp = expert_tp(g.plan).astype(float)
+    etp_gather = np.where(etp > 1, comm.gather_time(x_tok * etp, etp, g.k_etp, link), 0.0)
     layer_fwd = 2.0 * (comm.all_to_all_time(x_tok, g.ep, g.k_ep, link) + etp_gather) * moe_on
     return ExpertComm(token_bytes=x_tok, moe_fraction=model.moe_layers / model.layers,
                       moe_on=moe_on, layer_fwd_s=layer_fwd)

@@ -23,6 +23,7 @@ CHOICES: dict[str, tuple[str, ...]] = {"recompute": ("none", "selective", "full"
 TRUE, FALSE = ("true", "yes", "on", "1", "y"), ("false", "no", "off", "0", "n")
 # The short form of a plan, in the order people read them.
 SHORT = (("tp", "tp"), ("pp", "pp"), ("vpp", "vpp"), ("dp", "dp"), ("cp", "cp"), ("ep", "ep"),
+         ("expert_tp", "etp"),
          ("micro_batch", "mbs"), ("recompute", "recompute"), ("recompute_layers", "recompute_n"),
          ("zero_stage", "zero"), ("sequence_parallel", "sp"), ("pp_schedule", "schedule"),
          ("first_stage_layers", "first_stage_layers"), ("last_stage_layers", "last_stage_layers"))

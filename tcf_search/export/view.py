@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from costmodel import rules
-from costmodel.mapping import stage_counts
+from costmodel.mapping import expert_tp, stage_counts
+from costmodel.plans import as_plan_arrays, plans_to_arrays
 from costmodel.specs import ModelSpec
 from hardware_catalog.frameworks import framework_settings
 from search.planfile import PlanFile
@@ -26,6 +27,7 @@ class LaunchView:
     dp: int
     cp: int
     ep: int
+    etp: int  # the routed experts' tensor parallelism, resolved (costmodel.mapping.expert_tp)
     vpp: int
     zero: int
     micro_batch: int
@@ -100,6 +102,7 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
     nproc = min(pf.gpus_per_node, pf.num_gpus)
     return LaunchView(
         tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, ep=p.ep, vpp=p.vpp, zero=p.zero_stage,
+        etp=int(expert_tp(as_plan_arrays(plans_to_arrays([p])))[0]),
         micro_batch=p.micro_batch, global_batch=t.global_batch, microbatches=microbatches,
         layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, experts=m.moe_experts,
         seq_len=t.seq_len, first=first, last=last,
