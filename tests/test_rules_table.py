@@ -66,7 +66,8 @@ def grid() -> list[Plan]:
         plans.append(Plan(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, vpp=vpp, micro_batch=mb,
                           zero_stage=zero, sequence_parallel=sp, pp_schedule=sched,
                           first_stage_layers=first, last_stage_layers=last))
-    return plans
+    # the experts' own TP (Megatron-Core's folding) on a share of them
+    return plans + [replace(p, expert_tp=e) for p in plans[::11] for e in (1, 2, 8)]
 
 
 def first_rule(message: str) -> str:

@@ -16,7 +16,8 @@ from costmodel.errors import TcfError
 from search.specs import Specs
 
 ALIASES: dict[str, str] = {"mbs": "micro_batch", "zero": "zero_stage", "sp": "sequence_parallel",
-                           "schedule": "pp_schedule", "recompute_n": "recompute_layers"}
+                           "schedule": "pp_schedule", "recompute_n": "recompute_layers",
+                           "etp": "expert_tp"}
 PLAN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Plan))
 CHOICES: dict[str, tuple[str, ...]] = {"recompute": ("none", "selective", "full"),
                                        "pp_schedule": ("1f1b", "interleaved", "gpipe")}
