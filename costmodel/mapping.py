@@ -174,25 +174,29 @@ def members_per_domain(size: np.ndarray, stride: np.ndarray, domain: int) -> np.
     return np.minimum(size, per).astype(float)
 
 
-def ep_folded(p: PlanArrays) -> np.ndarray:
-    """Where EP does not divide dp * cp, so that it must fold over tensor-parallel ranks."""
-    return (p.dp * p.cp) % p.ep != 0
+def expert_groups(tp: ArrayLike, cp: ArrayLike, dp: ArrayLike, ep: ArrayLike,
+                  given_etp: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(expert TP, expert DP, the expert TP a plan that gives none gets) over plain columns
+    (the validity rules read them too). Megatron-Core's MoE parallel folding
+    (megatron/core/parallel_state.py ``initialize_model_parallel``): the expert ranks of a
+    pipeline stage are ordered expert-TP, EP, expert-DP over its tp x cp x dp ranks. Expert TP
+    is the plan's, or derived: Megatron's default ``--expert-tensor-parallel-size`` is tp, and
+    where EP does not divide dp * cp it spans tp x cp x dp with expert TP 1."""
+    tp, cp, dp, ep, given = (np.asarray(x, dtype=np.int64) for x in (tp, cp, dp, ep, given_etp))
+    derived = np.where((dp * cp) % ep != 0, 1, tp)
+    etp = np.where(given > 0, given, derived)
+    return etp, tp * cp * dp // (ep * etp), derived
 
 
 def expert_tp(p: PlanArrays) -> np.ndarray:
-    """The routed experts' tensor parallelism (Megatron-Core's MoE parallel folding,
-    megatron/core/parallel_state.py ``initialize_model_parallel``: the expert ranks of a
-    pipeline stage are ordered expert-TP, EP, expert-DP over its tp x cp x dp ranks). Given by
-    the plan, or derived: Megatron's default ``--expert-tensor-parallel-size`` is tp, and where
-    EP does not divide dp * cp it spans tp x cp x dp with expert TP 1."""
-    derived = np.where(ep_folded(p), 1, p.tp)
-    return np.where(p.expert_tp > 0, p.expert_tp, derived)
+    """The routed experts' tensor parallelism (:func:`expert_groups`)."""
+    return expert_groups(p.tp, p.cp, p.dp, p.ep, p.expert_tp)[0]
 
 
 def expert_dp(p: PlanArrays) -> np.ndarray:
     """Replicas of each expert shard: the ranks of a pipeline stage over ep x expert TP
     (Megatron-Core's expert_data_parallel group; torchtitan's ``efsdp``)."""
-    return p.tp * p.cp * p.dp // (p.ep * expert_tp(p))
+    return expert_groups(p.tp, p.cp, p.dp, p.ep, p.expert_tp)[1]
 
 
 def group_strides(p: PlanArrays) -> dict[str, np.ndarray]:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from costmodel.mapping import chunk_split_exists, launchable_chunks, rank_split
+from costmodel.mapping import chunk_split_exists, expert_groups, launchable_chunks, rank_split
 from costmodel.specs import (
     RECOMPUTE_CODES,
     SCHEDULE_CODES,
@@ -175,9 +175,17 @@ def _expert_tp(c: Columns, f: Facts) -> np.ndarray:
     stage = c["tp"] * c["cp"] * c["dp"]
     fills = moe & (stage % (ep * np.maximum(etp, 1)) == 0)
     # a given expert TP equal to the derived one is the same plan, written 0
-    derived = np.where((c["dp"] * c["cp"]) % ep != 0, 1, c["tp"])
+    derived = expert_groups(c["tp"], c["cp"], c["dp"], ep, 0)[2]
     canonical = (not f.switches.canonical) | (etp != derived)
     return (etp == 0) | (fills & canonical)
+
+
+def _zero_shards(c: Columns, f: Facts) -> np.ndarray:
+    """ZeRO with no rank to shard over is ZeRO-0; the experts shard over their expert-DP
+    replicas, which folding can give a plan with dp * cp == 1."""
+    edp = expert_groups(c["tp"], c["cp"], c["dp"], c["ep"], c["expert_tp"])[1]
+    shards = (c["dp"] * c["cp"] > 1) | ((f.experts > 0) & (edp > 1))
+    return (c["zero_stage"] == 0) | shards | (not f.switches.canonical)
 
 
 RULES: tuple[Rule, ...] = (
@@ -231,10 +239,11 @@ RULES: tuple[Rule, ...] = (
     Rule("batch", ("micro_batch", "dp"), ("global_batch",),
          "global_batch % (micro_batch * dp) == 0",
          lambda c, f: f.global_batch % (c["micro_batch"] * c["dp"]) == 0),
-    Rule("zero_sharding", ("zero_stage", "dp", "cp"), ("canonical",),
-         "zero_stage == 0 or dp * cp > 1 (in a canonical space)",
-         lambda c, f: ((c["zero_stage"] == 0) | (c["dp"] * c["cp"] > 1)
-                       | (not f.switches.canonical))),
+    Rule("zero_sharding", ("zero_stage", "dp", "cp", "tp", "ep", "expert_tp"),
+         ("experts", "canonical"),
+         "zero_stage == 0, dp * cp > 1 or the experts have expert-DP replicas (in a canonical "
+         "space)",
+         _zero_shards),
     Rule("sp_tp", ("sequence_parallel", "tp"), (), "not sequence_parallel or tp > 1",
          lambda c, f: (c["sequence_parallel"] == 0) | (c["tp"] > 1)),
     Rule("schedule", ("pp_schedule", "vpp", "pp"), ("canonical",),

@@ -168,3 +168,31 @@ def test_space_holds_megatron_folding() -> None:
     assert violations(space, plan) == []
     assert [v.split(":")[0] for v in violations(space, replace(plan, ep=4, expert_tp=2))] == [
         "expert_tp"]
+
+
+def test_zero_shards_experts_over_folded_replicas(h100) -> None:
+    """TP 8 with EP 2 folded over the TP ranks and no data parallelism: the experts still have
+    4 expert-DP replicas, so ZeRO-1 shards their optimizer states 4 ways (Megatron's
+    distributed optimizer keeps the expert parameters in their own buffer over the
+    expert-DP group), and the search keeps that plan (it is not ZeRO-0 in disguise)."""
+    model = replace(MOE, moe_experts=8)
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    tr = Training(seq_len=1024, global_batch=64)
+    plan = Plan(tp=8, dp=1, ep=2, sequence_parallel=True)
+    z0, z1 = (estimate(model, cluster, replace(plan, zero_stage=z), tr) for z in (0, 1))
+    from costmodel.params import expert_params
+
+    local = model.layers * 8 / 2 * expert_params(model)  # whole experts, expert TP 1
+    assert z0.memory.stages[0].optimizer_bytes - z1.memory.stages[0].optimizer_bytes == (
+        pytest.approx(12 * local * (1 - 1 / 4), rel=1e-9))
+    assert {c.name: c.group_size for c in z1.collectives}["edp_grad_reduce"] == 4
+    parts = (z1.compute.time_s + z1.comm_exposed_s + z1.bubble_time_s
+             + z1.compute.optimizer_time_s)
+    assert z1.step_time_s == pytest.approx(parts, rel=1e-9)
+    from costmodel import rules
+
+    f = rules.Facts(layers=8, heads=16, kv_heads=8, experts=8, seq_len=1024, global_batch=64,
+                    num_gpus=8, nvlink_domain=8, switches=rules.Switches(canonical=True))
+    assert rules.broken(replace(plan, zero_stage=1), f) == []
+    assert [r.name for r in rules.broken(replace(plan, ep=1, zero_stage=1), f)] == [
+        "zero_sharding"]
