@@ -196,3 +196,15 @@ def test_zero_shards_experts_over_folded_replicas(h100) -> None:
     assert rules.broken(replace(plan, zero_stage=1), f) == []
     assert [r.name for r in rules.broken(replace(plan, ep=1, zero_stage=1), f)] == [
         "zero_sharding"]
+
+
+def test_a_measured_row_gives_expert_tp() -> None:
+    """The CSV's optional expert_tp column (empty: derived)."""
+    from search.measured import case_from_row
+
+    row = {"model_name": "m", "layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 8,
+           "vocab": 32000, "seq_len": 2048, "gpu": "h100-sxm-80gb", "num_gpus": 16,
+           "global_batch": 64, "tp": 2, "dp": 8, "ep": 8, "moe_experts": 8, "moe_topk": 2,
+           "moe_ffn_hidden": 4096, "framework": "megatron", "precision": "bf16"}
+    assert case_from_row(row).plan.expert_tp == 0
+    assert case_from_row({**row, "expert_tp": "1"}).plan.expert_tp == 1

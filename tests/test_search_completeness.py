@@ -39,7 +39,9 @@ PUBLISHED: dict[str, tuple[Plan, dict[str, tuple[object, ...]]]] = {
                                   recompute="full"),
                              {"micro_batch": (1, 2, 4), "zero_stage": (2, 3)}),
     # NeMo 2's Mixtral 8x7B recipe (nemo/collections/llm/recipes/mixtral_8x7b.py, trainer):
-    # 8 nodes of 8, TP1, PP4, VPP8, EP8, sequence parallel, the distributed optimizer (ZeRO-1)
+    # 8 nodes of 8, TP1, PP4, VPP8, EP8, sequence parallel, the distributed optimizer (ZeRO-1);
+    # Megatron-Core's "Reference Best Parallel Mapping" for it on 64 H100 is the same
+    # (megatron/core/transformer/moe/README.md: TP1 EP8 PP4 VP8, MBS 1)
     "mixtral-8x7b-h100x64": (Plan(tp=1, pp=4, vpp=8, dp=16, ep=8, zero_stage=1),
                              {"recompute": ("none", "selective", "full")}),
     # DeepSeek-V3 (DeepSeek-AI, 2024, arXiv 2412.19437, sec. 3.2 and 3.4): PP16, EP64 over 8
