@@ -3,7 +3,8 @@
 Model states (Rajbhandari et al., ZeRO, 2020): low-precision weights, the fp32 gradient
 accumulation buffer and Adam's fp32 master weights, m and v, each sharded over the data-parallel
 group from the ZeRO stage that shards it (1: optimizer, 2: + gradients, 3: + weights; FSDP
-FULL_SHARD is 3). Activations follow Korthikanti et al. ("Reducing Activation Recomputation in
+FULL_SHARD is 3, its fp32 shard the master itself), the routed experts' over their expert-DP
+replicas. Activations follow Korthikanti et al. ("Reducing Activation Recomputation in
 Large Transformer Models", 2022, sec. 4) tensor by tensor, with flash attention (no s^2 scores)
 and gated MLPs, divided by TP inside the TP regions and by TP everywhere under sequence parallel.
 
