@@ -135,8 +135,9 @@ def render(result: StudyResult, console: Console) -> None:
             console.print(f"note: {note}")
         return
     plans = [r.to_dict()["plan"] for r in result.top]
+    # expert_tp: shown when a plan gives it (0 is derived, 1 folds EP over TP)
     knobs = [k for k in ("tp", "pp", "dp", "cp", "ep", "expert_tp", "vpp")
-             if k in ("tp", "pp", "dp") or any(p[k] > 1 for p in plans)]
+             if k in ("tp", "pp", "dp") or any(p[k] > (k != "expert_tp") for p in plans)]
     table = Table(show_edge=False, header_style="bold", pad_edge=False)
     shown = [OBJECTIVE_COLUMNS[m] for m in (result.objective["metric"],
                                             result.objective.get("second"))
