@@ -191,26 +191,33 @@ def members_per_domain(size: np.ndarray, stride: np.ndarray, domain: int) -> np.
     return np.minimum(size, per).astype(float)
 
 
-def ep_folded(p: PlanArrays) -> np.ndarray:
-    """Expert parallelism folded over tensor-parallel ranks (Megatron-Core's "MoE parallel
-    folding"): when ep does not divide dp * cp it spans tp x cp x dp, and the experts run
-    without tensor parallelism (expert TP 1). Otherwise EP is carved out of dp * cp and the
-    experts are tensor-parallel like the dense layers (expert TP = tp)."""
-    return (p.dp * p.cp) % p.ep != 0
+def expert_groups(tp: ArrayLike, cp: ArrayLike, dp: ArrayLike, ep: ArrayLike,
+                  given_etp: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(expert TP, expert DP, the expert TP a plan that gives none gets) over plain columns
+    (the validity rules read them too). Megatron-Core's MoE parallel folding
+    (megatron/core/parallel_state.py ``initialize_model_parallel``): the expert ranks of a
+    pipeline stage are ordered expert-TP, EP, expert-DP over its tp x cp x dp ranks. Expert TP
+    is the plan's, or derived: Megatron's default ``--expert-tensor-parallel-size`` is tp, and
+    where EP does not divide dp * cp it spans tp x cp x dp with expert TP 1."""
+    tp, cp, dp, ep, given = (np.asarray(x, dtype=np.int64) for x in (tp, cp, dp, ep, given_etp))
+    derived = np.where((dp * cp) % ep != 0, 1, tp)
+    etp = np.where(given > 0, given, derived)
+    return etp, tp * cp * dp // (ep * etp), derived
 
 
 def expert_tp(p: PlanArrays) -> np.ndarray:
-    return np.where(ep_folded(p), 1, p.tp)
+    """The routed experts' tensor parallelism (:func:`expert_groups`)."""
+    return expert_groups(p.tp, p.cp, p.dp, p.ep, p.expert_tp)[0]
 
 
 def expert_dp(p: PlanArrays) -> np.ndarray:
-    """Replicas of each expert shard: the ranks of a pipeline stage over ep x expert TP."""
-    return p.tp * p.cp * p.dp // (p.ep * expert_tp(p))
+    """Replicas of each expert shard: the ranks of a pipeline stage over ep x expert TP
+    (Megatron-Core's expert_data_parallel group; torchtitan's ``efsdp``)."""
+    return expert_groups(p.tp, p.cp, p.dp, p.ep, p.expert_tp)[1]
 
 
 def group_strides(p: PlanArrays) -> dict[str, np.ndarray]:
     """Rank distance between neighbours of each group (tp, cp, dp, pp, ep, expert dp)."""
-    folded = ep_folded(p)
+    etp = expert_tp(p)  # expert ranks: expert TP fastest, then EP, then expert DP
     return {"tp": np.ones_like(p.tp), "cp": p.tp, "dp": p.tp * p.cp,
-            "ep": np.where(folded, 1, p.tp), "edp": np.where(folded, p.ep, p.tp * p.ep),
-            "pp": p.tp * p.cp * p.dp}
+            "ep": etp, "edp": etp * p.ep, "pp": p.tp * p.cp * p.dp}

@@ -3,7 +3,8 @@
 Model states (Rajbhandari et al., ZeRO, 2020): low-precision weights, the fp32 gradient
 accumulation buffer and Adam's fp32 master weights, m and v, each sharded over the data-parallel
 group from the ZeRO stage that shards it (1: optimizer, 2: + gradients, 3: + weights; FSDP
-FULL_SHARD is 3). Activations follow Korthikanti et al. ("Reducing Activation Recomputation in
+FULL_SHARD is 3, its fp32 shard the master itself), the routed experts' over their expert-DP
+replicas. Activations follow Korthikanti et al. ("Reducing Activation Recomputation in
 Large Transformer Models", 2022, sec. 4) tensor by tensor, with flash attention (no s^2 scores)
 and gated MLPs, divided by TP inside the TP regions and by TP everywhere under sequence parallel.
 
@@ -72,11 +73,15 @@ def _states_per_param(tr: Training, p: PlanArrays, shard: np.ndarray) -> dict[st
     # fp8 keeps a cast copy of the bf16 weights, or holds them in fp8 only
     w = (1.0 if tr.fp8_param_gather else BF16 + 1.0) if fp8 else BF16
     g = float(tr.grad_dtype_bytes)
-    o = (4.0 if tr.master_weights else 0.0) + (8.0 if tr.optimizer == "adam" else 4.0)
-    weights = np.where(z >= 3, w / shard, w)
+    master = 4.0 if tr.master_weights else 0.0
+    o = master + (8.0 if tr.optimizer == "adam" else 4.0)
+    # FSDP's ZeRO-3 holds the fp32 master shard as the parameter itself, no bf16 shard beside
+    # it (``Training.zero3_master_is_param``): the weights are the master, the rest optimizer
+    one_copy = tr.zero3_master_is_param and tr.master_weights
+    weights = np.where(z >= 3, (master if one_copy else w) / shard, w)
     # ZeRO-2 accumulating whole gradients over micro-batches holds them unsharded
     grads = np.where((z >= 3) | zero2_reduces_each_micro_batch(tr, p), g / shard, g)
-    optimizer = np.where(z >= 1, o / shard, o)
+    optimizer = np.where(z >= 1, np.where((z >= 3) & one_copy, o - master, o) / shard, o)
     # A framework that reduces gradients out of a separate buffer keeps a low-precision copy for
     # the all-reduce all step long (ZeRO-0), or a full-precision one plus the gathered shard at
     # the optimizer step (ZeRO-1/2).
@@ -163,12 +168,17 @@ def coefficients(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         experts = moe_frac * routed
     else:
         experts = np.zeros_like(tp)
-    params_layer = dense + experts
     stored, ckpt, full_layer = activation_bytes_per_layer(model, tr, p)
     act_f = mm.activation_factor
     M = p.micro_batch * tr.seq_len / p.cp
     embed = embedding_params(model) / tp
-    gather = np.where(p.zero_stage >= 3, 2.0 * params_layer * BF16, 0.0)  # two units prefetched
+    # ZeRO-3 / FSDP: two units gathered in bf16 (the one computing and the one prefetched).
+    # Experts are gathered over their expert-DP replicas; with none (ep x expert TP spans the
+    # stage) their shard is whole and resident, and only a framework whose shard is the fp32
+    # master casts a bf16 copy of it per unit
+    one_copy = tr.zero3_master_is_param and tr.master_weights
+    gathered = dense + experts * ((expert_shard > 1) | one_copy)
+    gather = np.where(p.zero_stage >= 3, 2.0 * gathered * BF16, 0.0)
     return MemoryCoefficients(
         dense_params_per_layer=dense, expert_params_per_layer=experts,
         act_per_layer=act_f * stored, ckpt_per_layer=act_f * ckpt,

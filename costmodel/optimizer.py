@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodel.mapping import StageLayers
+from costmodel.mapping import StageLayers, expert_dp
 from costmodel.memory import MemoryCoefficients, largest_stage_params
 from costmodel.plans import PlanArrays
 from costmodel.specs import ClusterSpec, Training
@@ -14,12 +14,14 @@ BF16 = 2.0
 
 def optimizer_time(co: MemoryCoefficients, layers: StageLayers, p: PlanArrays,
                    cluster: ClusterSpec, tr: Training) -> np.ndarray:
-    """Adam over the largest stage's shard (ZeRO >= 1 shards it over dp x cp): reads grad,
-    master, m, v; writes master, m, v, weights."""
+    """Adam over the largest stage's shard (ZeRO >= 1 shards the dense parameters over dp x cp
+    and the routed experts over their expert-DP replicas): reads grad, master, m, v; writes
+    master, m, v, weights."""
     dense, experts = largest_stage_params(co, layers)
-    params_local = dense + experts
-    shard = np.where(p.zero_stage >= 1, (p.dp * p.cp).astype(float), 1.0)
+    sharded = p.zero_stage >= 1
+    params_local = (dense / np.where(sharded, (p.dp * p.cp).astype(float), 1.0)
+                    + experts / np.where(sharded, expert_dp(p).astype(float), 1.0))
     eff = cluster.gpu.efficiency
     bytes_per_param = 4.0 + 3 * 8.0 + BF16 if tr.optimizer == "adam" else 4.0 + 8.0 + BF16
     hbm = cluster.gpu.hbm_bw_bytes_per_s * eff.memory_bw_fraction
-    return params_local / shard * bytes_per_param / hbm + 20 * eff.kernel_overhead_s
+    return params_local * bytes_per_param / hbm + 20 * eff.kernel_overhead_s

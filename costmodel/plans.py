@@ -17,11 +17,11 @@ from costmodel.specs import RECOMPUTE_CODES, SCHEDULE_CODES, Plan
 PLAN_KEYS: tuple[str, ...] = (
     "tp", "pp", "dp", "cp", "ep", "vpp", "zero_stage", "micro_batch", "recompute",
     "recompute_layers", "sequence_parallel", "pp_schedule", "first_stage_layers",
-    "last_stage_layers",
+    "last_stage_layers", "expert_tp",
 )
 _DEFAULTS: dict[str, int] = {"cp": 1, "ep": 1, "vpp": 1, "zero_stage": 0, "recompute": 0,
                              "recompute_layers": 0, "sequence_parallel": 0, "pp_schedule": 0,
-                             "first_stage_layers": 0, "last_stage_layers": 0}
+                             "first_stage_layers": 0, "last_stage_layers": 0, "expert_tp": 0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +40,7 @@ class PlanArrays:
     pp_schedule: np.ndarray  # 0 1f1b, 1 interleaved, 2 gpipe
     first_stage_layers: np.ndarray
     last_stage_layers: np.ndarray
+    expert_tp: np.ndarray  # 0: derived (costmodel.mapping.expert_tp)
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])

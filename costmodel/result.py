@@ -60,7 +60,7 @@ class Collective:
     """One named collective, per GPU per optimizer step."""
 
     name: str  # e.g. "dp_grad_reduce_scatter", "tp_all_gather", "pp_send_recv"
-    group: Literal["dp", "tp", "pp", "cp", "ep"]
+    group: Literal["dp", "edp", "tp", "pp", "cp", "ep"]  # edp: the experts' data-parallel group
     op: Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
     group_size: int
     bytes: float  # payload per GPU per step

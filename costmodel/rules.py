@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from costmodel.mapping import chunk_split_exists, launchable_chunks, rank_split
+from costmodel.mapping import chunk_split_exists, expert_groups, launchable_chunks, rank_split
 from costmodel.specs import (
     RECOMPUTE_CODES,
     SCHEDULE_CODES,
@@ -37,7 +37,7 @@ Columns = Mapping[str, Any]
 # search's CP-SAT stage places them.
 PLAN_COLUMNS: tuple[str, ...] = (
     "tp", "pp", "cp", "dp", "ep", "vpp", "micro_batch", "zero_stage", "sequence_parallel",
-    "recompute", "pp_schedule", "first_stage_layers", "last_stage_layers")
+    "recompute", "pp_schedule", "first_stage_layers", "last_stage_layers", "expert_tp")
 INTERLEAVED, GPIPE = SCHEDULE_CODES["interleaved"], SCHEDULE_CODES["gpipe"]
 
 
@@ -90,13 +90,20 @@ class Facts:
     num_gpus: int
     nvlink_domain: int
     switches: Switches = field(default_factory=Switches)
+    # what the framework runs beside MoE layers (``Training.moe_max_zero_stage`` and
+    # ``Training.moe_tensor_parallel``, from its profile)
+    moe_max_zero_stage: int = 3
+    moe_tensor_parallel: bool = True
 
     def values(self) -> dict[str, object]:
         s = self.switches
         return {"layers": self.layers, "heads": self.heads, "kv_heads": self.kv_heads,
                 "experts": self.experts, "seq_len": self.seq_len,
                 "global_batch": self.global_batch, "num_gpus": self.num_gpus,
-                "nvlink_domain": self.nvlink_domain, "uneven_pipeline": s.uneven_pipeline,
+                "nvlink_domain": self.nvlink_domain,
+                "moe_max_zero_stage": self.moe_max_zero_stage,
+                "moe_tensor_parallel": self.moe_tensor_parallel,
+                "uneven_pipeline": s.uneven_pipeline,
                 "uneven_chunks": s.uneven_chunks, "tp_in_node": s.tp_in_node,
                 "split_later": s.split_later,
                 "canonical": s.canonical}
@@ -107,7 +114,9 @@ def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
     return Facts(layers=model.layers, heads=model.heads, kv_heads=model.kv_heads,
                  experts=model.moe_experts, seq_len=training.seq_len,
                  global_batch=training.global_batch, num_gpus=cluster.num_gpus,
-                 nvlink_domain=cluster.nvlink_domain, switches=switches or Switches())
+                 nvlink_domain=cluster.nvlink_domain, switches=switches or Switches(),
+                 moe_max_zero_stage=training.moe_max_zero_stage,
+                 moe_tensor_parallel=training.moe_tensor_parallel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +166,28 @@ def _schedule(c: Columns, f: Facts) -> np.ndarray:
     return ((s != INTERLEAVED) | (vpp > 1)) & ((s != GPIPE) | gpipe_ok)
 
 
+def _expert_tp(c: Columns, f: Facts) -> np.ndarray:
+    """Megatron-Core's MoE parallel folding (megatron/core/parallel_state.py,
+    ``initialize_model_parallel``: the expert rank generator orders expert-TP, EP and expert-DP
+    over each pipeline stage's ranks, so ``expert_tensor_parallel_size *
+    expert_model_parallel_size`` must divide them)."""
+    etp, ep, moe = c["expert_tp"], c["ep"], f.experts > 0
+    stage = c["tp"] * c["cp"] * c["dp"]
+    fills = moe & (stage % (ep * np.maximum(etp, 1)) == 0)
+    # a given expert TP equal to the derived one is the same plan, written 0
+    derived = expert_groups(c["tp"], c["cp"], c["dp"], ep, 0)[2]
+    canonical = (not f.switches.canonical) | (etp != derived)
+    return (etp == 0) | (fills & canonical)
+
+
+def _zero_shards(c: Columns, f: Facts) -> np.ndarray:
+    """ZeRO with no rank to shard over is ZeRO-0; the experts shard over their expert-DP
+    replicas, which folding can give a plan with dp * cp == 1."""
+    edp = expert_groups(c["tp"], c["cp"], c["dp"], c["ep"], c["expert_tp"])[1]
+    shards = (c["dp"] * c["cp"] > 1) | ((f.experts > 0) & (edp > 1))
+    return (c["zero_stage"] == 0) | shards | (not f.switches.canonical)
+
+
 RULES: tuple[Rule, ...] = (
     Rule("world_size", ("tp", "pp", "cp", "dp"), ("num_gpus",),
          "tp * pp * cp * dp == num_gpus",
@@ -191,13 +222,28 @@ RULES: tuple[Rule, ...] = (
          "or folds over tensor-parallel ones with expert TP 1)",
          lambda c, f: (c["ep"] == 1) | ((f.experts % c["ep"] == 0) & (f.experts > 0)
                                         & ((c["tp"] * c["dp"] * c["cp"]) % c["ep"] == 0))),
+    # what a framework refuses beside MoE layers (its profile's switches)
+    Rule("moe_tp", ("tp",), ("experts", "moe_tensor_parallel"),
+         "experts == 0 or tp == 1 or moe_tensor_parallel (the framework runs TP with MoE layers)",
+         lambda c, f: (f.experts == 0) | (c["tp"] == 1) | f.moe_tensor_parallel),
+    Rule("moe_zero", ("zero_stage",), ("experts", "moe_max_zero_stage"),
+         "experts == 0 or zero_stage <= moe_max_zero_stage (the ZeRO stages the framework runs "
+         "with MoE layers)",
+         lambda c, f: (f.experts == 0) | (c["zero_stage"] <= f.moe_max_zero_stage)),
+    Rule("expert_tp", ("expert_tp", "ep", "tp", "dp", "cp"), ("experts", "canonical"),
+         "expert_tp == 0 (derived), or experts > 0 and (tp * cp * dp) % (ep * expert_tp) == 0 "
+         "(the expert ranks of a stage, expert TP x EP x expert DP, fill its tp x cp x dp), and "
+         "in a canonical space it differs from the derived one (tp, or 1 where ep does not "
+         "divide dp * cp)",
+         _expert_tp),
     Rule("batch", ("micro_batch", "dp"), ("global_batch",),
          "global_batch % (micro_batch * dp) == 0",
          lambda c, f: f.global_batch % (c["micro_batch"] * c["dp"]) == 0),
-    Rule("zero_sharding", ("zero_stage", "dp", "cp"), ("canonical",),
-         "zero_stage == 0 or dp * cp > 1 (in a canonical space)",
-         lambda c, f: ((c["zero_stage"] == 0) | (c["dp"] * c["cp"] > 1)
-                       | (not f.switches.canonical))),
+    Rule("zero_sharding", ("zero_stage", "dp", "cp", "tp", "ep", "expert_tp"),
+         ("experts", "canonical"),
+         "zero_stage == 0, dp * cp > 1 or the experts have expert-DP replicas (in a canonical "
+         "space)",
+         _zero_shards),
     Rule("sp_tp", ("sequence_parallel", "tp"), (), "not sequence_parallel or tp > 1",
          lambda c, f: (c["sequence_parallel"] == 0) | (c["tp"] > 1)),
     Rule("schedule", ("pp_schedule", "vpp", "pp"), ("canonical",),
@@ -212,7 +258,7 @@ def plan_columns(plan: Plan | Mapping[str, object]) -> dict[str, int]:
     """One plan (or its fields, before a ``Plan`` is built) as plain ints, encoded like the
     search's layout columns (numpy broadcasts them as 1-element columns)."""
     raw = {k: getattr(plan, k) for k in PLAN_COLUMNS} if isinstance(plan, Plan) else {
-        k: plan[k] for k in PLAN_COLUMNS}
+        k: plan.get(k, 0) if k == "expert_tp" else plan[k] for k in PLAN_COLUMNS}
     raw["recompute"] = RECOMPUTE_CODES.get(str(raw["recompute"]), 0)
     raw["pp_schedule"] = SCHEDULE_CODES.get(str(raw["pp_schedule"]), 0)
     raw["sequence_parallel"] = int(bool(raw["sequence_parallel"]))

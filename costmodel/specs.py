@@ -144,6 +144,10 @@ class Plan:
     ``first_stage_layers``/``last_stage_layers``: uneven pipeline placement (0 = even split).
     ``recompute_layers``: with ``recompute='full'``, how many layers of each stage are fully
     recomputed (0 = all of them); the rest keep all activations.
+    ``expert_tp``: the routed experts' tensor parallelism (Megatron-Core's
+    ``--expert-tensor-parallel-size``; its MoE parallel folding carves EP x expert TP out of a
+    stage's tp x cp x dp ranks). 0 = derived: tp, or 1 where EP does not divide dp x cp
+    (:func:`costmodel.mapping.expert_tp`).
     """
 
     tp: int = 1
@@ -160,6 +164,7 @@ class Plan:
     pp_schedule: PipelineSchedule = "1f1b"
     first_stage_layers: int = 0
     last_stage_layers: int = 0
+    expert_tp: int = 0
 
     def __post_init__(self) -> None:
         require_positive("plan", tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep,
@@ -172,7 +177,8 @@ class Plan:
         if self.pp_schedule not in SCHEDULE_CODES:
             raise SpecError(f"plan.pp_schedule must be one of {sorted(SCHEDULE_CODES)}, "
                             f"but got {self.pp_schedule!r}")
-        for name in ("recompute_layers", "first_stage_layers", "last_stage_layers"):
+        for name in ("recompute_layers", "first_stage_layers", "last_stage_layers",
+                     "expert_tp"):
             value = getattr(self, name)
             if (not isinstance(value, numbers.Integral) or isinstance(value, bool)
                     or not 0 <= int(value) < 2**53):
@@ -309,6 +315,21 @@ class Training:
     # the busiest EP rank's routed tokens over the mean (>= 1): 1 under force-balanced routing
     # (--moe-router-force-load-balancing) or capacity padding (--moe-pad-expert-input-to-capacity)
     moe_load_imbalance: float = 1.0
+    # ZeRO-3 keeps no low-precision shard of the weights: the fp32 master shard is the
+    # parameter, cast to bf16 only while a unit is gathered (FSDP2's fully_shard with a
+    # MixedPrecisionPolicy, torch/distributed/fsdp/_fully_shard/_fsdp_param.py: the sharded
+    # parameter keeps its dtype, the all-gather input is cast; FSDP1's flat parameter alike).
+    # Off: a bf16 shard beside the fp32 main shard (DeepSpeed stage 3's fp16 and fp32
+    # partitions, Megatron-FSDP's model and main weight buffers).
+    zero3_master_is_param: bool = False
+    # The ZeRO stages the framework runs on a model with MoE layers: DeepSpeed's engine refuses
+    # stage 3 (deepspeed/runtime/engine.py, _configure_zero_optimizer: "MoE not supported with
+    # Stage 3"); FSDP (torchtitan, NeMo AutoModel) and Megatron's distributed optimizer and
+    # Megatron-FSDP shard experts over the expert-data-parallel group at every stage
+    moe_max_zero_stage: int = 3
+    # Tensor parallelism on a model with MoE layers (NeMo AutoModel's MoE parallelizer asserts
+    # tp == 1: nemo_automodel/components/moe/parallelizer.py, parallelize_model)
+    moe_tensor_parallel: bool = True
     memory_model: MemoryModel = field(default_factory=MemoryModel)
 
     def __post_init__(self) -> None:

@@ -82,19 +82,18 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
 
     compute_s = m * per_mb.at_slowest(per_mb.compute_s)
     step = (compute_s + m * per_mb.at_slowest(per_mb.comm_s) + bubble + p2p.exposed_s
-            + grads.exposed_s + params.exposed_s + optimizer_s)
-    collectives = (
-        *tensor.collectives(g, model.layers, per_mb.at_slowest(tensor.vocab_s),
-                            per_mb.at_slowest(tensor.vocab_sides)),
-        context.collective(g, model.layers), expert.collective(g, model.layers),
-        p2p, grads, params,
-    )
+            + sum(c.exposed_s for c in (*grads, *params)) + optimizer_s)
+    tp_collectives = tensor.collectives(g, model.layers, per_mb.at_slowest(tensor.vocab_s),
+                                        per_mb.at_slowest(tensor.vocab_sides))
+    nccl = (context.collective(g, model.layers), expert.collective(g, model.layers),
+            p2p, *grads, *params)
+    collectives = (*tp_collectives, *nccl)
     # hidden NCCL traffic slows the kernels it runs beside (counted as compute). Not TP's:
     # overlapped, it moves through Transformer Engine's userbuffers or PyTorch's symmetric
     # memory by copy engine (ring exchange at num_sm=1 in Megatron-Bridge's
     # TransformerLayerTPOverlapCfg), and unoverlapped it hides behind nothing
     contention = (0.0 * step if g.synchronous else contention_time(
-        collectives[2:], compute_s, cluster.gpu.efficiency.comm_sm_share))
+        nccl, compute_s, cluster.gpu.efficiency.comm_sm_share))
     step = step + contention
     stall = allocator_stall(step, stages, cluster, tr)  # the stream waits: counted as compute
     compute_s = compute_s + contention + stall

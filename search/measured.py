@@ -159,6 +159,7 @@ def case_from_row(row: Mapping[str, object]) -> Case:
     plan = Plan(
         tp=tp, pp=pp, dp=_int(row, "dp", 1), cp=_int(row, "cp", 1),
         ep=_int(row, "ep", 1), vpp=_int(row, "vpp", 1),
+        expert_tp=_int(row, "expert_tp", 0),  # empty: derived (costmodel.mapping.expert_tp)
         zero_stage=_int(row, "zero_stage", zero_default),
         micro_batch=_int(row, "micro_batch", 1),
         recompute=recompute,  # type: ignore[arg-type]

@@ -66,7 +66,7 @@ def _explain(stage: MemoryStage, specs: Specs, i: int, headroom_gib: float) -> d
                      sorted(parts.items(), key=lambda kv: -kv[1]))
     room = f"{usable:.1f} GiB usable" + (f" (after {headroom_gib:g} GiB headroom)"
                                           if headroom_gib else "")
-    return {"plan": {k: getattr(plan, k) for k in ("tp", "pp", "dp", "cp", "ep", "vpp",
+    return {"plan": {k: getattr(plan, k) for k in ("tp", "pp", "dp", "cp", "ep", "expert_tp", "vpp",
                                                   "zero_stage", "micro_batch", "recompute",
                                                   "sequence_parallel")},
             "stage": peak.stage, "needs_gib": peak.total_bytes / GIB, "usable_gib": usable,

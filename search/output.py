@@ -137,13 +137,15 @@ def render(result: StudyResult, console: Console) -> None:
             console.print(line, markup=False, soft_wrap=True)
         return
     plans = [r.to_dict()["plan"] for r in result.top]
-    knobs = [k for k in ("tp", "pp", "dp", "cp", "ep", "vpp") if k in ("tp", "pp", "dp")
-             or any(p[k] > 1 for p in plans)]
+    # expert_tp: shown when a plan gives it (0 is derived, 1 folds EP over TP)
+    knobs = [k for k in ("tp", "pp", "dp", "cp", "ep", "expert_tp", "vpp")
+             if k in ("tp", "pp", "dp") or any(p[k] > (k != "expert_tp") for p in plans)]
     table = Table(show_edge=False, header_style="bold", pad_edge=False)
     shown = [OBJECTIVE_COLUMNS[m] for m in (result.objective["metric"],
                                             result.objective.get("second"))
              if m in OBJECTIVE_COLUMNS]  # what was optimised, first among the metrics
-    columns = ["#", "×".join(knobs), "zero", "mbs", "recomp", "sp", "stages",
+    degrees = "×".join("etp" if k == "expert_tp" else k for k in knobs)
+    columns = ["#", degrees, "zero", "mbs", "recomp", "sp", "stages",
                *(name for name, _, _ in shown), "tok/s/GPU", "80% interval", "P(OOM)", "MFU",
                "step s", "mem GiB", "bound by"]
     for col in columns:

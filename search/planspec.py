@@ -16,13 +16,15 @@ from costmodel.rules import Switches
 from search.specs import Specs
 
 ALIASES: dict[str, str] = {"mbs": "micro_batch", "zero": "zero_stage", "sp": "sequence_parallel",
-                           "schedule": "pp_schedule", "recompute_n": "recompute_layers"}
+                           "schedule": "pp_schedule", "recompute_n": "recompute_layers",
+                           "etp": "expert_tp"}
 PLAN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Plan))
 CHOICES: dict[str, tuple[str, ...]] = {"recompute": ("none", "selective", "full"),
                                        "pp_schedule": ("1f1b", "interleaved", "gpipe")}
 TRUE, FALSE = ("true", "yes", "on", "1", "y"), ("false", "no", "off", "0", "n")
 # The short form of a plan, in the order people read them.
 SHORT = (("tp", "tp"), ("pp", "pp"), ("vpp", "vpp"), ("dp", "dp"), ("cp", "cp"), ("ep", "ep"),
+         ("expert_tp", "etp"),
          ("micro_batch", "mbs"), ("recompute", "recompute"), ("recompute_layers", "recompute_n"),
          ("zero_stage", "zero"), ("sequence_parallel", "sp"), ("pp_schedule", "schedule"),
          ("first_stage_layers", "first_stage_layers"), ("last_stage_layers", "last_stage_layers"))

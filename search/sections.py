@@ -250,6 +250,7 @@ class SearchSpaceSection(_Section):
     dp: IntAxis = "auto"
     cp: IntAxis = (1,)
     ep: IntAxis = "auto"
+    expert_tp: IntAxis = "auto"  # Megatron-Core's --expert-tensor-parallel-size (MoE only)
     vpp: IntAxis = "auto"
     zero_stage: ZeroAxis = "auto"
     micro_batch: IntAxis = "auto"

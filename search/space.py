@@ -29,8 +29,8 @@ from search.study import Study
 Columns = dict[str, np.ndarray]
 
 # Binding order. tp and pp come first so that pruning can be attributed to (tp, pp) cells.
-AXES: tuple[str, ...] = ("tp", "pp", "cp", "dp", "ep", "vpp", "micro_batch", "zero_stage",
-                         "sequence_parallel", "recompute", "pp_schedule")
+AXES: tuple[str, ...] = ("tp", "pp", "cp", "dp", "ep", "expert_tp", "vpp", "micro_batch",
+                         "zero_stage", "sequence_parallel", "recompute", "pp_schedule")
 DERIVED = "dp"  # dp = num_gpus / (tp * pp * cp), restricted by its domain
 RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
 # The axis holds 1f1b and gpipe (the cost model's codes); vpp > 1 makes a plan interleaved.
@@ -62,6 +62,8 @@ class SearchSpace:
     uneven_pipeline: bool
     partial_recompute: bool
     tp_in_node: bool
+    moe_max_zero_stage: int = 3  # the framework's (rules.Facts)
+    moe_tensor_parallel: bool = True
     rules: tuple[Rule, ...] = field(default=())
 
     @property
@@ -83,6 +85,8 @@ def _auto_domains(specs: Specs) -> dict[str, tuple[int, ...]]:
         "cp": tuple(d for d in _divisors(n, 64) if t.seq_len // d >= 1024 or d == 1),
         "dp": _divisors(n, n),
         "ep": _divisors(m.moe_experts, 64) if m.is_moe else (1,),
+        # Megatron-Core's folding: the experts' TP apart from the attention's (0: derived)
+        "expert_tp": (0, *_divisors(n, 8)) if m.is_moe else (0,),
         "vpp": (1, 2, 3, 4, 5, 6, 7, 8),
         "micro_batch": (1, 2, 4, 8),
         "zero_stage": (0, 1, 2, 3),
@@ -113,7 +117,9 @@ def build_space(study: Study, specs: Specs) -> SearchSpace:
         kv_heads=m.kv_heads, experts=m.moe_experts, seq_len=specs.training.seq_len,
         global_batch=specs.training.global_batch, nvlink_domain=specs.cluster.nvlink_domain,
         uneven_pipeline=section.uneven_pipeline, partial_recompute=section.partial_recompute,
-        tp_in_node=section.tp_in_node)
+        tp_in_node=section.tp_in_node,
+        moe_max_zero_stage=specs.training.moe_max_zero_stage,
+        moe_tensor_parallel=specs.training.moe_tensor_parallel)
     return dataclasses.replace(space, rules=make_rules(space))
 
 
@@ -122,7 +128,8 @@ def space_facts(s: SearchSpace) -> rules.Facts:
     return rules.Facts(
         layers=s.layers, heads=s.heads, kv_heads=s.kv_heads, experts=s.experts,
         seq_len=s.seq_len, global_batch=s.global_batch, num_gpus=s.num_gpus,
-        nvlink_domain=s.nvlink_domain,
+        nvlink_domain=s.nvlink_domain, moe_max_zero_stage=s.moe_max_zero_stage,
+        moe_tensor_parallel=s.moe_tensor_parallel,
         switches=search_switches(uneven_pipeline=s.uneven_pipeline, tp_in_node=s.tp_in_node,
                                  split_later=True))
 
@@ -239,7 +246,7 @@ def plan_from_row(row: Mapping[str, int]) -> Plan:
         sequence_parallel=bool(row["sequence_parallel"]),
         pp_schedule=SCHEDULE_NAMES[int(rules.schedule_code(row["pp_schedule"], row["vpp"]))],
         first_stage_layers=row.get("first_stage_layers", 0),
-        last_stage_layers=row.get("last_stage_layers", 0),
+        last_stage_layers=row.get("last_stage_layers", 0), expert_tp=row.get("expert_tp", 0),
         recompute_layers=row.get("recompute_layers", 0))
 
 

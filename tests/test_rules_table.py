@@ -66,7 +66,8 @@ def grid() -> list[Plan]:
         plans.append(Plan(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, vpp=vpp, micro_batch=mb,
                           zero_stage=zero, sequence_parallel=sp, pp_schedule=sched,
                           first_stage_layers=first, last_stage_layers=last))
-    return plans
+    # the experts' own TP (Megatron-Core's folding) on a share of them
+    return plans + [replace(p, expert_tp=e) for p in plans[::11] for e in (1, 2, 8)]
 
 
 def first_rule(message: str) -> str:
@@ -83,7 +84,35 @@ def check_verdict(plan: Plan, specs: Specs, switches: rules.Switches) -> str:
 
 def test_the_grid_holds_valid_and_invalid_plans_of_every_rule(specs: Specs) -> None:
     verdicts = {check_verdict(p, specs, specs.switches) for p in grid()}
-    assert verdicts == {"ok", *(r.name for r in rules.RULES if r.name != "sp_tp")}
+    # the generic profile allows every MoE combination: test_framework_moe_rules holds those
+    framework_only = {"sp_tp", "moe_tp", "moe_zero"}
+    assert verdicts == {"ok", *(r.name for r in rules.RULES if r.name not in framework_only)}
+
+
+@pytest.mark.parametrize("framework,plan,rule", [
+    # DeepSpeed's engine refuses ZeRO-3 on a model with MoE layers
+    ("deepspeed", Plan(tp=1, pp=1, dp=48, ep=4, zero_stage=3), "moe_zero"),
+    ("deepspeed", Plan(tp=1, pp=1, dp=48, ep=1, zero_stage=3), "moe_zero"),
+    # NeMo AutoModel's MoE parallelizer asserts tp == 1
+    ("nemo-automodel", Plan(tp=2, pp=1, dp=24, ep=4, zero_stage=3), "moe_tp"),
+])
+def test_framework_moe_rules(framework: str, plan: Plan, rule: str) -> None:
+    """A combination a framework refuses is refused by check_plan, the search space and that
+    framework's exporter alike, read from its profile's switch; another profile allows it."""
+    text = STUDY.replace("training: {", f"training: {{framework: {framework}, ").replace(
+        "zero_stage: [0, 1]", "zero_stage: [0, 1, 2, 3]")
+    study = parse_study(text, name="rules-table")
+    specs = build_specs(study)
+    assert check_verdict(plan, specs, specs.switches) == rule
+    assert [v.split(":")[0] for v in violations(build_space(study, specs), plan)] == [rule]
+    generic = build_specs(parse_study(STUDY, name="rules-table"))
+    assert check_verdict(plan, generic, generic.switches) == "ok"
+    if framework == "deepspeed":
+        pf = PlanFile(study="rules-table", model=specs.model, gpu=specs.cluster.gpu.id,
+                      num_gpus=specs.cluster.num_gpus, gpus_per_node=specs.cluster.gpus_per_node,
+                      training=specs.training, plan=plan)
+        f = facts_of(pf, ExportOptions(), "deepspeed")
+        assert [r.rule.name for r in COMMON if isinstance(r, Shared) and not r.holds(f)] == [rule]
 
 
 @pytest.fixture(scope="module")

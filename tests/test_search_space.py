@@ -65,10 +65,17 @@ def valid_by_hand(s: SearchSpace, v: dict[str, int]) -> bool:
         cp == 1 or s.seq_len % (2 * cp) == 0,
         dp in s.domains["dp"],
         ep == 1 or (s.experts % ep == 0 and (tp * dp * cp) % ep == 0),
+        # the experts' own TP: 0 is derived (tp, or 1 where ep does not divide dp * cp); a
+        # given one fills the stage with ep and differs from the derived one
+        v["expert_tp"] == 0 or (s.experts > 0 and (tp * cp * dp) % (ep * v["expert_tp"]) == 0
+                                and v["expert_tp"] != (1 if (dp * cp) % ep else tp)),
+        s.experts == 0 or s.moe_tensor_parallel or tp == 1,
+        s.experts == 0 or v["zero_stage"] <= s.moe_max_zero_stage,
         vpp == 1 or (pp > 1 and (s.layers % (pp * vpp) == 0
                                  or (s.uneven_pipeline and _some_split(s.layers, pp, vpp)))),
         s.global_batch % (v["micro_batch"] * dp) == 0,
-        v["zero_stage"] == 0 or dp * cp > 1,
+        v["zero_stage"] == 0 or dp * cp > 1 or (s.experts > 0 and tp * cp * dp // (
+            ep * (v["expert_tp"] or (1 if (dp * cp) % ep else tp))) > 1),
         v["sequence_parallel"] == 0 or tp > 1,
         v["pp_schedule"] == 0 or (vpp == 1 and pp > 1),
     ])

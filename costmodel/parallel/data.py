@@ -22,21 +22,26 @@ BF16 = 2.0
 
 
 def _one_pass(tr: Training, g: Mesh, co: MemoryCoefficients, dense: np.ndarray,
-              experts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Seconds of one gradient reduce-scatter and one parameter all-gather of ``dense`` params
-    over dp x cp and ``experts`` params over the expert replicas."""
+              experts: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Seconds of one gradient reduce-scatter and one parameter all-gather, ``(dense,
+    experts)`` each: ``dense`` params over dp x cp, ``experts`` params over the expert-DP
+    group (Megatron-Core's expert_data_parallel group, megatron/core/parallel_state.py; the
+    ranks torchtitan's ``efsdp`` mesh dimension and NeMo AutoModel's ``ep_shard`` hold), on
+    that group's own links: EP packed inside a node leaves its replicas across nodes."""
     dpcp, k_dp, edp, k_edp, link = g.dp * g.cp, g.k_dp, g.edp, g.k_edp, g.link
     g_bytes = float(tr.grad_dtype_bytes)
     # FSDP / ZeRO-3 gathers and reduces one layer (its unit) per call
     layer_unit = (co.dense_params_per_layer + co.expert_params_per_layer) * BF16
     bucket = np.where(g.plan.zero_stage >= 3, np.maximum(layer_unit, tr.dp_bucket_bytes),
                       tr.dp_bucket_bytes)
-    grad_rs = (comm.bucketed_gather_time(dense * g_bytes, dpcp, k_dp, link, bucket)
-               + comm.bucketed_gather_time(experts * g_bytes, edp, k_edp, link, bucket))
     w_bytes = _param_bytes(tr)
-    param_ag = (comm.bucketed_gather_time(dense * w_bytes, dpcp, k_dp, link, bucket)
-                + comm.bucketed_gather_time(experts * w_bytes, edp, k_edp, link, bucket))
-    return grad_rs, param_ag
+    out = {}
+    for name, per_param in (("grad", g_bytes), ("param", w_bytes)):
+        # a model without routed experts makes no expert-DP call (nor pays its latency)
+        out[name] = (comm.bucketed_gather_time(dense * per_param, dpcp, k_dp, link, bucket),
+                     np.where(experts > 0, comm.bucketed_gather_time(
+                         experts * per_param, edp, k_edp, link, bucket), 0.0))
+    return out
 
 
 def _param_bytes(tr: Training) -> float:
@@ -44,11 +49,15 @@ def _param_bytes(tr: Training) -> float:
 
 
 def data_parallel(tr: Training, g: Mesh, co: MemoryCoefficients, layers: StageLayers,
-                  lt: LayerTimes) -> tuple[CollectiveArrays, CollectiveArrays]:
-    """The gradient reduction and the parameter all-gather of one step, time and exposed."""
+                  lt: LayerTimes
+                  ) -> tuple[tuple[CollectiveArrays, ...], tuple[CollectiveArrays, ...]]:
+    """The gradient reductions and the parameter all-gathers of one step, time and exposed:
+    the dense parameters' over dp x cp, the routed experts' over the expert-DP group."""
     p, m, v, pp, z = g.plan, g.micro_batches, g.vpp, g.pp, g.plan.zero_stage
     dense, experts = largest_stage_params(co, layers)
-    grad_rs, param_ag = _one_pass(tr, g, co, dense, experts)
+    passes = _one_pass(tr, g, co, dense, experts)
+    grad_rs = passes["grad"][0] + passes["grad"][1]
+    param_ag = passes["param"][0] + passes["param"][1]
     n_big = layers.largest
     fwd_window = n_big * lt.fwd_s
     bwd_window = n_big * lt.bwd_s
@@ -88,14 +97,29 @@ def data_parallel(tr: Training, g: Mesh, co: MemoryCoefficients, layers: StageLa
         z3, m * (hide(param_ag, fwd_window, True) + z3_bwd_exposed * z3_ag_share),
         np.where(z >= 1, hide(param_ag, fwd_window * chunk_window, tr.overlap_param_gather),
                  0.0))
-    state_params = dense + experts
-    grad_bytes = np.where(per_micro, m, 1.0) * state_params * float(tr.grad_dtype_bytes)
-    ag_bytes = np.where(z3, 2 * m, np.where(z >= 1, 1.0, 0.0)) * state_params * _param_bytes(tr)
-    dpcp = g.dp * g.cp
-    tier = comm.tier(dpcp, g.k_dp)
-    return (
-        CollectiveArrays("dp_grad_reduce", "dp", "reduce_scatter", p.dp * p.cp,
-                         np.where(dpcp > 1, grad_bytes, 0.0), tier, grad_time, grad_exposed),
-        CollectiveArrays("dp_param_all_gather", "dp", "all_gather", p.dp * p.cp,
-                         np.where(dpcp > 1, ag_bytes, 0.0), tier, ag_time, ag_exposed),
-    )
+    grad_count = np.where(per_micro, m, 1.0)
+    ag_count = np.where(z3, 2 * m, np.where(z >= 1, 1.0, 0.0))
+    grads = _by_group("grad_reduce", "reduce_scatter", g, (dense, experts), passes["grad"],
+                      grad_count * float(tr.grad_dtype_bytes), grad_time, grad_exposed)
+    params = _by_group("param_all_gather", "all_gather", g, (dense, experts), passes["param"],
+                       ag_count * _param_bytes(tr), ag_time, ag_exposed)
+    return grads, params
+
+
+def _by_group(what: str, op: str, g: Mesh, params: tuple[np.ndarray, np.ndarray],
+              one_pass: tuple[np.ndarray, np.ndarray], bytes_per_param: np.ndarray,
+              time_s: np.ndarray, exposed_s: np.ndarray) -> tuple[CollectiveArrays, ...]:
+    """One collective's time and exposure, priced over both groups together, reported as the
+    dense part over dp x cp and the routed experts' over their expert-DP group, each with its
+    own size and link tier, in proportion to their share of one pass."""
+    total = np.maximum(one_pass[0] + one_pass[1], 1e-30)
+    dpcp, edp = g.dp * g.cp, np.where(params[1] > 0, g.edp, 1.0)
+    out = []
+    for group, size, k, n, t in (("dp", dpcp, g.k_dp, params[0], one_pass[0]),
+                                 ("edp", edp, g.k_edp, params[1], one_pass[1])):
+        share = np.where(one_pass[0] + one_pass[1] > 0, t / total,
+                         1.0 if group == "dp" else 0.0)
+        out.append(CollectiveArrays(
+            f"{group}_{what}", group, op, size, np.where(size > 1, bytes_per_param * n, 0.0),
+            comm.tier(size, k), share * time_s, share * exposed_s))
+    return tuple(out)

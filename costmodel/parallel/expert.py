@@ -109,9 +109,10 @@ def _dispatch_s(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
         t = _all_to_all(per_copy * ranks * (n - 1) / n, per_copy * remote, g, cluster)
     else:
         t = _all_to_all(x_tok * (k - 1) / n, x_tok * (n - k) / n, g, cluster)
-        # expert TP (EP carved out of dp x cp): the expert-TP ranks all-gather what they
-        # received and reduce-scatter the results, over the TP group's links
-        t = t + np.where(etp > 1, comm.gather_time(x_tok * g.tp, g.tp, g.k_tp, g.link), 0.0)
+        # expert TP: the expert-TP ranks all-gather what they received and reduce-scatter the
+        # results, over the expert-TP group's links (Megatron-Core's
+        # --expert-tensor-parallel-size: tp by default, 1 where EP folds, any size under folding)
+        t = t + np.where(etp > 1, comm.gather_time(x_tok * etp, etp, g.k_etp, g.link), 0.0)
     return t * tr.moe_load_imbalance
 
 

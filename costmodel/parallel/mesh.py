@@ -9,7 +9,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.comm import Link, link_of
-from costmodel.mapping import expert_dp, group_strides, members_per_domain, micro_batches
+from costmodel.mapping import (
+    expert_dp,
+    expert_tp,
+    group_strides,
+    members_per_domain,
+    micro_batches,
+)
 from costmodel.plans import PlanArrays
 from costmodel.specs import ClusterSpec, Training
 
@@ -28,6 +34,7 @@ class Mesh:
     edp: np.ndarray  # replicas of each expert shard
     # members per NVLink domain of each group (dp: the dp x cp group gradients reduce over)
     k_tp: np.ndarray
+    k_etp: np.ndarray  # the routed experts' TP group (expert_tp ranks, adjacent)
     k_cp: np.ndarray
     k_ep: np.ndarray
     k_dp: np.ndarray
@@ -46,6 +53,7 @@ def mesh_of(cluster: ClusterSpec, tr: Training, p: PlanArrays) -> Mesh:
     return Mesh(
         plan=p, tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, vpp=v, edp=expert_dp(p).astype(float),
         k_tp=members_per_domain(p.tp, strides["tp"], D),
+        k_etp=members_per_domain(expert_tp(p), strides["tp"], D),
         k_cp=members_per_domain(p.cp, strides["cp"], D),
         k_ep=members_per_domain(p.ep, strides["ep"], D),
         # gradients reduce over dp x cp together: cp varies fastest after tp, so that group's

@@ -114,8 +114,8 @@ def parallel_args(f: LaunchView) -> list[Group]:
         out.append(("--context-parallel-size", f.cp))
     if f.ep > 1:
         out.append(("--expert-model-parallel-size", f.ep))
-        if (f.dp * f.cp) % f.ep:  # EP folds over the TP ranks: experts without TP
-            out.append(("--expert-tensor-parallel-size", 1))
+        if f.etp != f.tp or (f.dp * f.cp) % f.ep:  # EP folds over the TP ranks (defaults: tp)
+            out.append(("--expert-tensor-parallel-size", f.etp))
     if f.vpp > 1:
         # This flag (not --num-layers-per-virtual-pipeline-stage) also works with uneven stages.
         out.append(("--num-virtual-stages-per-pipeline-rank", f.vpp))

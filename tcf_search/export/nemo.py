@@ -55,6 +55,8 @@ def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, 
         "model.expert_model_parallel_size": f.ep,
         "model.sequence_parallel": f.sp,
     }
+    if f.etp != f.tp:  # Megatron-Core's folding (TransformerConfig defaults it to tp)
+        o["model.expert_tensor_parallel_size"] = f.etp
     # the same split Megatron-LM takes (megatron.split_args): first/last stage counts, or the
     # embedding and the loss counted as layers (TransformerConfig's account_for_* fields)
     for group in split_args(f):

@@ -142,9 +142,9 @@ DEEPSPEED: tuple[AnyRule, ...] = COMMON + (
     Rule(lambda f: f.precision != "fp8",
          "the DeepSpeed config has no FP8 training mode, but got precision=fp8",
          "deepspeed/runtime/config.py"),
-    Rule(lambda f: f.ep == 1 or f.tp == 1,
+    Rule(lambda f: f.ep == 1 or f.etp == 1,
          "AutoEP keeps expert TP at 1 while the plan shards experts over TP, but got "
-         "ep={ep}, tp={tp}", "deepspeed/module_inject/auto_ep_folding.py"),
+         "ep={ep}, expert_tp={etp}", "deepspeed/module_inject/auto_ep_folding.py"),
     Rule(lambda f: f.ep == 1 or (f.world // f.pp) % f.ep == 0,
          "autoep_size must divide world/pp, but got world={world}, pp={pp}, ep={ep}",
          "deepspeed/module_inject/auto_ep_folding.py"),
@@ -195,9 +195,13 @@ TORCHTITAN: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + TITAN_LLAMA + (
     Rule(lambda f: f.precision != "fp16",
          "torchtitan trains in bfloat16 or float32 (mixed_precision_param), not fp16",
          "torchtitan/config/configs.py"),
-    Rule(lambda f: f.ep == 1 or f.version == "0.2" or f.tp == 1,
+    Rule(lambda f: f.ep == 1 or f.version == "0.2" or f.etp == 1,
          "torchtitan 0.3 folds EP over dp_shard*cp*tp, so routed experts lose TP while the "
-         "plan shards them over tp={tp}", "torchtitan/config/configs.py expert_parallel_degree"),
+         "plan shards them over expert_tp={etp}",
+         "torchtitan/config/configs.py expert_parallel_degree"),
+    Rule(lambda f: f.ep == 1 or f.version != "0.2" or f.etp in (1, f.tp),
+         "torchtitan 0.2 takes expert TP equal to TP or 1, but got tp={tp}, expert_tp={etp}",
+         "torchtitan/distributed/parallel_dims.py"),
     Rule(lambda f: f.ep == 1 or (_dp_shard(f) * f.cp) % f.ep == 0,
          "EP borrows FSDP ranks, so (dp_shard*cp) % ep == 0 must hold, but got "
          "dp={dp} (zero_stage={zero}), cp={cp}, ep={ep}",

@@ -51,7 +51,7 @@ def parallelism(f: LaunchView, version: str) -> dict[str, Any]:
     if version == "0.3":
         p["enable_sequence_parallel"] = f.sp
     elif f.ep > 1:
-        p["expert_tensor_parallel_degree"] = f.tp  # 0.2 supports etp = tp: the plan's layout
+        p["expert_tensor_parallel_degree"] = f.etp  # 0.2 takes etp = tp or 1
     if f.pp > 1:
         p["pipeline_parallel_schedule"] = SCHEDULES[f.schedule]
         p["pipeline_parallel_microbatch_size"] = f.micro_batch

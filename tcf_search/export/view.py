@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from costmodel import rules
-from costmodel.mapping import chunk_counts, stage_counts
+from costmodel.mapping import chunk_counts, expert_tp, stage_counts
+from costmodel.plans import as_plan_arrays, plans_to_arrays
 from costmodel.specs import ModelSpec
+from hardware_catalog.frameworks import framework_settings
 from search.planfile import PlanFile
 
 from .options import ExportOptions, target_for
@@ -25,6 +27,7 @@ class LaunchView:
     dp: int
     cp: int
     ep: int
+    etp: int  # the routed experts' tensor parallelism, resolved (costmodel.mapping.expert_tp)
     vpp: int
     zero: int
     micro_batch: int
@@ -99,6 +102,7 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
     nproc = min(pf.gpus_per_node, pf.num_gpus)
     return LaunchView(
         tp=p.tp, pp=p.pp, dp=p.dp, cp=p.cp, ep=p.ep, vpp=p.vpp, zero=p.zero_stage,
+        etp=int(expert_tp(as_plan_arrays(plans_to_arrays([p])))[0]),
         micro_batch=p.micro_batch, global_batch=t.global_batch, microbatches=microbatches,
         layers=m.layers, heads=m.heads, kv_heads=m.kv_heads, experts=m.moe_experts,
         seq_len=t.seq_len, first=first, last=last,
@@ -115,8 +119,17 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
         rule_facts=rules.Facts(layers=m.layers, heads=m.heads, kv_heads=m.kv_heads,
                                experts=m.moe_experts, seq_len=t.seq_len,
                                global_batch=t.global_batch, num_gpus=pf.num_gpus,
-                               nvlink_domain=pf.gpus_per_node, switches=EXPORT_SWITCHES),
+                               nvlink_domain=pf.gpus_per_node, switches=EXPORT_SWITCHES,
+                               **_moe_switches(fmt)),
     )
+
+
+def _moe_switches(fmt: str) -> dict[str, Any]:
+    """What the launcher's framework runs beside MoE layers (its profile's switches; a launcher
+    with no profile of its own, the generic one's)."""
+    s = framework_settings(fmt)
+    return {"moe_max_zero_stage": int(str(s.get("moe_max_zero_stage", 3))),
+            "moe_tensor_parallel": bool(s.get("moe_tensor_parallel", True))}
 
 
 def virtual_stage_layers(f: LaunchView) -> list[int]:
