@@ -243,6 +243,10 @@ class Training:
     # all-gather (torchtitan's default context_parallel_rotate_method)
     cp_comm: Literal["ring", "all_gather"] = "ring"
     zero2_grad_sync_pp: Literal["micro_batch", "step"] = "micro_batch"
+    # A partial full-recompute count is per model chunk (Megatron-LM's --recompute-num-layers,
+    # read by every chunk's TransformerBlock): with vpp chunks a stage recomputes a multiple of
+    # vpp layers. A validity switch (costmodel.rules ``recompute_chunks``), not a cost.
+    recompute_per_chunk: bool = False
     dp_bucket_bytes: float = 25 * 2**20  # gradient bucket (torch DDP's default 25 MiB)
     # Extra seconds per TP ring step when a pipeline engine interleaves its point-to-point
     # transfers with TP collectives on one stream and those transfers cross the network (seen

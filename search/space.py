@@ -62,6 +62,7 @@ class SearchSpace:
     uneven_pipeline: bool
     partial_recompute: bool
     tp_in_node: bool
+    recompute_per_chunk: bool = False  # the framework's (Training.recompute_per_chunk)
     rules: tuple[Rule, ...] = field(default=())
 
     @property
@@ -113,7 +114,8 @@ def build_space(study: Study, specs: Specs) -> SearchSpace:
         kv_heads=m.kv_heads, experts=m.moe_experts, seq_len=specs.training.seq_len,
         global_batch=specs.training.global_batch, nvlink_domain=specs.cluster.nvlink_domain,
         uneven_pipeline=section.uneven_pipeline, partial_recompute=section.partial_recompute,
-        tp_in_node=section.tp_in_node)
+        tp_in_node=section.tp_in_node,
+        recompute_per_chunk=specs.training.recompute_per_chunk)
     return dataclasses.replace(space, rules=make_rules(space))
 
 
@@ -124,7 +126,7 @@ def space_facts(s: SearchSpace) -> rules.Facts:
         seq_len=s.seq_len, global_batch=s.global_batch, num_gpus=s.num_gpus,
         nvlink_domain=s.nvlink_domain,
         switches=search_switches(uneven_pipeline=s.uneven_pipeline, tp_in_node=s.tp_in_node,
-                                 split_later=True))
+                                 split_later=True, recompute_per_chunk=s.recompute_per_chunk))
 
 
 def _on_axes(rule: rules.Rule, f: rules.Facts) -> Rule:

@@ -63,9 +63,12 @@ def grid() -> list[Plan]:
         if sp and tp == 1:
             continue  # Plan itself refuses it (the table's sp_tp, read by Plan.__post_init__)
         dp = max(1, 48 // (tp * pp * cp))  # fills the 48 GPUs unless tp * pp * cp > 48
+        # ZeRO-1 plans also recompute 3 layers a stage in full (recompute_chunks at vpp 2)
+        full = {"recompute": "full", "recompute_layers": 3} if zero == 1 else {}
         plans.append(Plan(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, vpp=vpp, micro_batch=mb,
                           zero_stage=zero, sequence_parallel=sp, pp_schedule=sched,
-                          first_stage_layers=first, last_stage_layers=last))
+                          first_stage_layers=first, last_stage_layers=last,
+                          **full))  # type: ignore[arg-type]
     return plans
 
 

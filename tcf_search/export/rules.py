@@ -88,10 +88,6 @@ MEGATRON: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
          "the interleaved schedule needs micro-batches % pp == 0, but got "
          "microbatches={microbatches}, pp={pp}",
          "megatron/core/pipeline_parallel/schedules.py (micro-batch groups)"),
-    Rule(lambda f: f.recompute != "full" or f.recompute_all or f.recompute_layers % f.vpp == 0,
-         "--recompute-num-layers counts layers per model chunk, so recompute_layers % vpp == 0 "
-         "must hold, but got recompute_layers={recompute_layers}, vpp={vpp}",
-         "megatron/core/transformer/transformer_block.py (block recompute)"),
     Rule(lambda f: not (f.zero == 2 and f.fsdp_impl == "torch"),
          "--use-torch-fsdp2 always shards parameters (ZeRO-3); Megatron has no torch-FSDP "
          "ZeRO-2, but got zero_stage=2 with fsdp_impl=torch (use fsdp_impl=megatron)",
