@@ -3,12 +3,15 @@
 The cost model's figures do not depend on these beyond rounding; ``ModelSpec`` carries them so
 that an export trains the model that was searched (Megatron's ``--normalization``,
 ``--position-embedding-type``, ``--rotary-base``, ``--add-qkv-bias``; torchtitan's and
-nanotron's Llama parts).
+nanotron's Llama parts), and RoPE's long-context scaling (:class:`RopeScaling`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
+
+from costmodel.errors import SpecError
 
 Norm = Literal["rmsnorm", "layernorm"]
 PositionEmbedding = Literal["rope", "learned"]
@@ -25,3 +28,50 @@ def style_errors(owner: str, **values: str) -> list[str]:
     """One message per value that is not one of its ``CHOICES``."""
     return [f"{owner}.{name} must be one of {', '.join(CHOICES[name])}, but got {value!r}"
             for name, value in values.items() if value not in CHOICES[name]]
+
+
+RopeScalingKind = Literal["llama3", "yarn"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RopeScaling:
+    """How a long-context model rescales its RoPE frequencies (Hugging Face ``rope_scaling``).
+
+    ``llama3``: Llama 3.1's band-wise scaling (``factor``, ``low_freq_factor``,
+    ``high_freq_factor``, ``original_max_position_embeddings``; the Llama-3.1 config.json
+    files: 8, 1, 4, 8192). ``yarn``: YaRN (Peng et al., 2023) as DeepSeek-V3 uses it
+    (``factor``, ``original_max_position_embeddings``, ``beta_fast``, ``beta_slow``, ``mscale``,
+    ``mscale_all_dim``; DeepSeek-V3's config.json: 40, 4096, 32, 1, 1, 1). It changes no cost:
+    the frequencies are computed once; an export must still train with them.
+    """
+
+    kind: RopeScalingKind
+    factor: float
+    original_max_position_embeddings: int
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    mscale: float = 1.0  # yarn
+    mscale_all_dim: float = 0.0  # yarn
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("llama3", "yarn"):
+            raise SpecError(f"model.rope_scaling.kind must be llama3 or yarn, but got "
+                            f"{self.kind!r}")
+        if not self.factor > 0 or self.original_max_position_embeddings < 1:
+            raise SpecError(f"model.rope_scaling: factor > 0 and "
+                            f"original_max_position_embeddings >= 1 must hold, but got "
+                            f"factor={self.factor}, original_max_position_embeddings="
+                            f"{self.original_max_position_embeddings}")
+        if self.kind == "llama3" and not self.high_freq_factor > self.low_freq_factor > 0:
+            raise SpecError(f"model.rope_scaling: high_freq_factor > low_freq_factor > 0 must "
+                            f"hold, but got {self.high_freq_factor}, {self.low_freq_factor}")
+
+
+# The published scalings the presets carry
+LLAMA31_ROPE_SCALING = RopeScaling(kind="llama3", factor=8.0, low_freq_factor=1.0,
+                                   high_freq_factor=4.0, original_max_position_embeddings=8192)
+DEEPSEEK_V3_ROPE_SCALING = RopeScaling(kind="yarn", factor=40.0,
+                                       original_max_position_embeddings=4096, beta_fast=32.0,
+                                       beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)

@@ -14,7 +14,7 @@ from typing import Literal
 from costmodel.attention import MlaSpec
 from costmodel.errors import SpecError, require_positive
 from costmodel.hardware import ClusterSpec, Efficiency, GpuSpec
-from costmodel.layer_style import Bias, Norm, PositionEmbedding, style_errors
+from costmodel.layer_style import Bias, Norm, PositionEmbedding, RopeScaling, style_errors
 
 FfnType = Literal["swiglu", "gelu"]
 Recompute = Literal["none", "selective", "full"]
@@ -58,6 +58,7 @@ class ModelSpec:
     norm: Norm = "rmsnorm"  # norm .. bias: see costmodel/layer_style.py
     position_embedding: PositionEmbedding = "rope"
     rope_base: float = 10000.0  # RoPE theta; unused with learned positions
+    rope_scaling: RopeScaling | None = None  # long-context RoPE scaling (no cost; the exports)
     bias: Bias = "none"  # linear-layer biases: none, QKV only (Qwen2.x), every one (GPT-3)
 
     def __post_init__(self) -> None:
@@ -82,6 +83,8 @@ class ModelSpec:
         if self.moe_experts and not 0 < self.moe_topk <= self.moe_experts:
             raise SpecError(f"model.moe_topk must be in 1..moe_experts={self.moe_experts}, "
                             f"but got moe_topk={self.moe_topk}")
+        if self.rope_scaling is not None and self.position_embedding != "rope":
+            raise SpecError("model.rope_scaling needs position_embedding rope")
         if self.sliding_window < 0:
             raise SpecError(f"model.sliding_window must be >= 0, but got {self.sliding_window}")
         if not 0 <= self.moe_dense_layers <= self.layers:

@@ -17,6 +17,7 @@ from typing import Any
 
 from costmodel.attention import MlaSpec
 from costmodel.errors import TcfError
+from costmodel.layer_style import RopeScaling
 from costmodel.specs import ModelSpec, SpecError
 from search.files import MIB, InputError, read_input
 
@@ -55,6 +56,26 @@ def _layer_style(cfg: dict[str, Any]) -> dict[str, Any]:
         return {"norm": "layernorm", "position_embedding": "learned", "bias": "all"}
     qkv = bool(cfg.get("attention_bias")) or cfg.get("model_type") in QKV_BIAS_TYPES
     return {"rope_base": float(cfg.get("rope_theta", 10000.0)), "bias": "qkv" if qkv else "none"}
+
+
+def _rope_scaling(cfg: dict[str, Any]) -> tuple[RopeScaling | None, list[str]]:
+    """``rope_scaling`` of a Llama 3.1 (rope_type llama3) or DeepSeek-V3 (type yarn) config;
+    any other kind is reported as not modelled."""
+    raw = cfg.get("rope_scaling")
+    if not isinstance(raw, dict):
+        return None, []
+    kind = raw.get("rope_type", raw.get("type"))
+    keys = {"llama3": ("low_freq_factor", "high_freq_factor"),
+            "yarn": ("beta_fast", "beta_slow", "mscale", "mscale_all_dim")}
+    if kind not in keys:
+        return None, [f"rope_scaling of type {kind!r}"]
+    try:
+        fields = {k: float(raw[k]) for k in keys[str(kind)] if raw.get(k) is not None}
+        return RopeScaling(kind=kind, factor=float(raw["factor"]),
+                           original_max_position_embeddings=int(
+                               raw["original_max_position_embeddings"]), **fields), []
+    except (KeyError, TypeError, ValueError, TcfError) as exc:
+        raise HfConfigError(f"config.json rope_scaling: {exc}") from None
 
 
 def _moe_fields(cfg: dict[str, Any], layers: int, ffn: int) -> dict[str, int]:
@@ -132,7 +153,8 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
     if mla is not None:  # MLA: every head has its own (up-projected) key and value
         kv_heads, head_dim = heads, mla.v_head_dim
     window, skipped = _window(cfg, layers)
-    skipped += _not_modelled(cfg)
+    rope_scaling, unscaled = _rope_scaling(cfg)
+    skipped += unscaled + _not_modelled(cfg)
     if skipped:
         LOG.warning("config.json: not modelled: %s", "; ".join(skipped))
     fields: dict[str, Any] = {
@@ -142,6 +164,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", "n_embd" in cfg)),
         "mla": mla, "sliding_window": window,
         **_layer_style(cfg),
+        "rope_scaling": rope_scaling if "n_embd" not in cfg else None,
     }
     fields.update(_moe_fields(cfg, layers, ffn))
     try:

@@ -105,6 +105,21 @@ class Mla(_Section):
     v_head_dim: Int = Field(gt=0)
 
 
+class RopeScalingSection(_Section):
+    """RoPE's long-context scaling (costmodel.layer_style.RopeScaling; Hugging Face
+    ``rope_scaling``): llama3 reads the freq factors, yarn the betas and mscales."""
+
+    kind: Literal["llama3", "yarn"]
+    factor: float = Field(gt=0)
+    original_max_position_embeddings: Int = Field(gt=0)
+    low_freq_factor: float = Field(default=1.0, gt=0)
+    high_freq_factor: float = Field(default=4.0, gt=0)
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
+
+
 class Architecture(_Section):
     layers: Int = Field(gt=0)
     hidden: Int = Field(gt=0)
@@ -118,6 +133,7 @@ class Architecture(_Section):
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     position_embedding: Literal["rope", "learned"] = "rope"
     rope_base: float = Field(default=10000.0, gt=0)
+    rope_scaling: RopeScalingSection | None = None
     bias: Literal["none", "qkv", "all"] = "none"
     moe: Moe | None = None
     mla: Mla | None = None

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from costmodel.attention import MlaSpec
+from costmodel.layer_style import RopeScaling
 from costmodel.rules import Switches
 from costmodel.specs import ClusterSpec, GpuSpec, ModelSpec, SpecError, Training
 from hardware_catalog import CatalogError, fabric_fraction, get_gpu, with_overrides
@@ -41,6 +42,8 @@ def build_model(study: Study) -> ModelSpec:
                 ffn_type=arch.ffn_type, tied_embeddings=arch.tied_embeddings,
                 norm=arch.norm, position_embedding=arch.position_embedding,
                 rope_base=arch.rope_base, bias=arch.bias,
+                rope_scaling=(RopeScaling(**arch.rope_scaling.model_dump())
+                              if arch.rope_scaling else None),
                 moe_experts=moe.experts if moe else 0, moe_topk=moe.topk if moe else 0,
                 moe_ffn_hidden=moe.ffn_hidden if moe else 0,
                 moe_shared_experts=moe.shared_experts if moe else 0,
