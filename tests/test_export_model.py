@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from megatron_lm import megatron_lm_reads
+from megatron_lm import megatron_lm_reads, megatron_lm_reads_many, source
 from test_export_roundtrip import (
     exported,
     launcher_flags,
@@ -119,6 +119,25 @@ def test_deepseek_v3_megatron_lm_parses_and_validates() -> None:
             got["qk_pos_emb_head_dim"], got["v_head_dim"]) == (1536, 512, 128, 64, 128)
     assert (got["rope_type"], got["rotary_scaling_factor"]) == ("yarn", 40.0)
     assert got["moe_layer_freq"] == [0] * 3 + [1] * 58 and got["qk_layernorm"]
+
+
+def test_megatron_lm_accepts_every_export(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Megatron-LM's own parse_args, validate_args and config over every shipped study's top
+    plans and the golden plans (with MEGATRON_LM_SRC; the search runs only then)."""
+    source()
+    from export_plans import golden_plans, study_top_plans
+    plans = {**golden_plans(), **study_top_plans(tmp_path_factory.mktemp("studies"))}
+    runs = [(name, pf, files["megatron.sh"]) for name, pf, files in exported(plans, "megatron")]
+    got = megatron_lm_reads_many([(text, pf.num_gpus) for _, pf, text in runs], [
+        "num_layers", "hidden_size", "num_attention_heads", "tensor_model_parallel_size",
+        "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size"])
+    for (name, pf, _), cfg in zip(runs, got, strict=True):
+        assert "error" not in cfg, (name, cfg.get("error"))
+        m, p = pf.model, pf.plan
+        assert (cfg["num_layers"], cfg["hidden_size"], cfg["num_attention_heads"]) == (
+            m.layers, m.hidden, m.heads), name
+        assert (cfg["tensor_model_parallel_size"], cfg["pipeline_model_parallel_size"],
+                cfg["virtual_pipeline_model_parallel_size"] or 1) == (p.tp, p.pp, p.vpp), name
 
 
 def test_deepseek_v3_nemo_uses_its_recipe_with_the_searched_sizes() -> None:
