@@ -72,6 +72,9 @@ class Switches:
     recompute_per_chunk: a partial full-recompute count is per model chunk, so with vpp chunks
         per rank a stage recomputes a multiple of vpp layers (Megatron-LM's
         ``--recompute-num-layers``; a framework profile's switch, ``Training``).
+    microbatch_groups: the interleaved schedule runs micro-batches in groups of pp, so their
+        count per step is a multiple of pp (Megatron-Core's ``microbatch_group_size_per_vp_stage``
+        defaults to pp; a framework profile's switch, ``Training``).
     """
 
     uneven_pipeline: bool = True
@@ -80,6 +83,7 @@ class Switches:
     split_later: bool = False
     canonical: bool = False
     recompute_per_chunk: bool = False
+    microbatch_groups: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,14 +108,16 @@ class Facts:
                 "nvlink_domain": self.nvlink_domain, "uneven_pipeline": s.uneven_pipeline,
                 "uneven_chunks": s.uneven_chunks, "tp_in_node": s.tp_in_node,
                 "split_later": s.split_later,
-                "canonical": s.canonical, "recompute_per_chunk": s.recompute_per_chunk}
+                "canonical": s.canonical, "recompute_per_chunk": s.recompute_per_chunk,
+                "microbatch_groups": s.microbatch_groups}
 
 
 def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
              switches: Switches | None = None) -> Facts:
-    """The facts of a model on a cluster; the framework's own switch (``recompute_per_chunk``,
-    a profile's) is the training's."""
-    switches = replace(switches or Switches(), recompute_per_chunk=training.recompute_per_chunk)
+    """The facts of a model on a cluster; the framework's own switches (``recompute_per_chunk``,
+    ``microbatch_groups``: a profile's) are the training's."""
+    switches = replace(switches or Switches(), recompute_per_chunk=training.recompute_per_chunk,
+                       microbatch_groups=training.microbatch_groups)
     return Facts(layers=model.layers, heads=model.heads, kv_heads=model.kv_heads,
                  experts=model.moe_experts, seq_len=training.seq_len,
                  global_batch=training.global_batch, num_gpus=cluster.num_gpus,
@@ -232,6 +238,15 @@ RULES: tuple[Rule, ...] = (
          "the stage's layers, or a multiple of vpp, unless not recompute_per_chunk (Megatron's "
          "--recompute-num-layers counts per model chunk)",
          _recompute_chunks),
+    # megatron/core/pipeline_parallel/schedules.py (interleaved): groups of
+    # microbatch_group_size_per_vp_stage (default pp) micro-batches; the last group is whole or
+    # holds >= pp, so with the default the count is a multiple of pp
+    Rule("microbatch_groups", ("vpp", "pp", "micro_batch", "dp"),
+         ("global_batch", "microbatch_groups"),
+         "vpp == 1 or (global_batch / (micro_batch * dp)) % pp == 0, unless not "
+         "microbatch_groups (the interleaved schedule's groups of pp micro-batches)",
+         lambda c, f: (c["vpp"] == 1) | (not f.switches.microbatch_groups)
+         | ((f.global_batch // (c["micro_batch"] * c["dp"])) % c["pp"] == 0)),
     Rule("schedule", ("pp_schedule", "vpp", "pp"), ("canonical",),
          "pp_schedule interleaved iff vpp > 1, and gpipe only with vpp == 1 (and pp > 1 in a "
          "canonical space)",

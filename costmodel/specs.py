@@ -250,6 +250,10 @@ class Training:
     # read by every chunk's TransformerBlock): with vpp chunks a stage recomputes a multiple of
     # vpp layers. A validity switch (costmodel.rules ``recompute_chunks``), not a cost.
     recompute_per_chunk: bool = False
+    # The interleaved schedule runs micro-batches in groups of pp (Megatron-Core's
+    # microbatch_group_size_per_vp_stage default): their count is a multiple of pp. Validity
+    # (costmodel.rules ``microbatch_groups``), not a cost.
+    microbatch_groups: bool = False
     dp_bucket_bytes: float = 25 * 2**20  # gradient bucket (torch DDP's default 25 MiB)
     # Extra seconds per TP ring step when a pipeline engine interleaves its point-to-point
     # transfers with TP collectives on one stream and those transfers cross the network (seen

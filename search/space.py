@@ -63,6 +63,7 @@ class SearchSpace:
     partial_recompute: bool
     tp_in_node: bool
     recompute_per_chunk: bool = False  # the framework's (Training.recompute_per_chunk)
+    microbatch_groups: bool = False  # the framework's (Training.microbatch_groups)
     rules: tuple[Rule, ...] = field(default=())
 
     @property
@@ -115,7 +116,8 @@ def build_space(study: Study, specs: Specs) -> SearchSpace:
         global_batch=specs.training.global_batch, nvlink_domain=specs.cluster.nvlink_domain,
         uneven_pipeline=section.uneven_pipeline, partial_recompute=section.partial_recompute,
         tp_in_node=section.tp_in_node,
-        recompute_per_chunk=specs.training.recompute_per_chunk)
+        recompute_per_chunk=specs.training.recompute_per_chunk,
+        microbatch_groups=specs.training.microbatch_groups)
     return dataclasses.replace(space, rules=make_rules(space))
 
 
@@ -126,7 +128,8 @@ def space_facts(s: SearchSpace) -> rules.Facts:
         seq_len=s.seq_len, global_batch=s.global_batch, num_gpus=s.num_gpus,
         nvlink_domain=s.nvlink_domain,
         switches=search_switches(uneven_pipeline=s.uneven_pipeline, tp_in_node=s.tp_in_node,
-                                 split_later=True, recompute_per_chunk=s.recompute_per_chunk))
+                                 split_later=True, recompute_per_chunk=s.recompute_per_chunk,
+                                 microbatch_groups=s.microbatch_groups))
 
 
 def _on_axes(rule: rules.Rule, f: rules.Facts) -> Rule:

@@ -401,3 +401,22 @@ def test_the_placement_recomputes_multiples_of_the_chunks() -> None:
     arrays = {s: np.asarray([need[i]]) for i, s in enumerate(("first", "last"))}
     rows, ok = solve_many(arrays, 2, np.asarray([True]), False, True, 14, 0, 2, step=2)
     assert ok[0] and rows[0][3] == 4
+
+
+def test_interleaved_micro_batches_come_in_groups_of_pp() -> None:
+    """Megatron-Core's interleaved schedule (groups of pp micro-batches) under the Megatron
+    profiles; torch.distributed.pipelining's (torchtitan) needs no such count."""
+    m, cluster = get_preset("llama3-70b"), cluster_spec(get_gpu(GPU), 512, 8, "")
+    plan = Plan(tp=8, pp=4, dp=16, vpp=2, zero_stage=1, sequence_parallel=True, micro_batch=2)
+    for framework, refused in (("megatron", True), ("nemo", True), ("torchtitan", False)):
+        t = training_spec(framework=framework, precision="bf16", seq_len=8192, global_batch=96)
+        assert (96 // (2 * 16)) % 4 == 3
+        if refused:
+            with pytest.raises(SpecError, match="microbatch_groups: .*pp=4, micro_batch=2"):
+                check_plan(m, cluster, plan, t)
+        else:
+            check_plan(m, cluster, plan, t)
+    pf = plan_file("llama3-70b", plan, 512, 96, seq=8192)
+    with pytest.raises(ExportRefused, match="microbatch_groups: "):
+        render("megatron", pf)
+    assert not facts_of(pf, ExportOptions(), "torchtitan").rule_facts.switches.microbatch_groups

@@ -120,10 +120,6 @@ MEGATRON: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
     Rule(lambda f: f.pp == 1 or f.schedule != "gpipe",
          "Megatron has no GPipe schedule (1F1B or interleaved 1F1B only), but got "
          "pp_schedule={schedule}", "megatron/core/pipeline_parallel/schedules.py"),
-    Rule(lambda f: f.vpp == 1 or f.microbatches % f.pp == 0,
-         "the interleaved schedule needs micro-batches % pp == 0, but got "
-         "microbatches={microbatches}, pp={pp}",
-         "megatron/core/pipeline_parallel/schedules.py (micro-batch groups)"),
     Rule(lambda f: not (f.zero == 2 and f.fsdp_impl == "torch"),
          "--use-torch-fsdp2 always shards parameters (ZeRO-3); Megatron has no torch-FSDP "
          "ZeRO-2, but got zero_stage=2 with fsdp_impl=torch (use fsdp_impl=megatron)",

@@ -96,7 +96,8 @@ def format_switches(fmt: str) -> rules.Switches:
     one): the table's rules then refuse what the search, under that profile, never picks."""
     own = framework_settings(fmt)
     return dataclasses.replace(EXPORT_SWITCHES,
-                               recompute_per_chunk=bool(own.get("recompute_per_chunk", False)))
+                               recompute_per_chunk=bool(own.get("recompute_per_chunk", False)),
+                               microbatch_groups=bool(own.get("microbatch_groups", False)))
 
 
 def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
