@@ -38,7 +38,9 @@ def family(m: ModelSpec) -> str | None:
         return "mixtral" if plain else None
     if m.sliding_window:
         return "mistral" if m.bias == "none" else None
-    return "qwen2" if m.bias == "qkv" else "llama"
+    if m.bias == "qkv":  # Qwen2Config has no head_dim: hidden / heads
+        return "qwen2" if m.d_head * m.heads == m.hidden else None
+    return "llama"
 
 
 def _rope(m: ModelSpec) -> dict[str, Any]:
