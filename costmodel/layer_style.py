@@ -75,3 +75,36 @@ LLAMA31_ROPE_SCALING = RopeScaling(kind="llama3", factor=8.0, low_freq_factor=1.
 DEEPSEEK_V3_ROPE_SCALING = RopeScaling(kind="yarn", factor=40.0,
                                        original_max_position_embeddings=4096, beta_fast=32.0,
                                        beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoeRouter:
+    """How a token picks its experts beyond top-k (Hugging Face ``scoring_func``, ``n_group``,
+    ``topk_group``, ``routed_scaling_factor``, ``topk_method``). No cost term reads it: the
+    all-to-all is priced as if a token's experts could be anywhere, which group-limited routing
+    (DeepSeek-V3's, at most ``group_topk`` groups a token) only bounds. An export must still
+    train it. None on a ``ModelSpec``: softmax over the top-k (Mixtral, Qwen MoE)."""
+
+    score: Literal["softmax", "sigmoid"] = "softmax"
+    groups: int = 1  # experts split into groups; a token takes experts of its group_topk best
+    group_topk: int = 1
+    scaling: float = 1.0  # the routed experts' weighted output is multiplied by this
+    expert_bias: bool = False  # auxiliary-loss-free balancing: a bias on selection per expert
+
+    def __post_init__(self) -> None:
+        if self.score not in ("softmax", "sigmoid"):
+            raise SpecError(f"model.moe_router.score must be softmax or sigmoid, but got "
+                            f"{self.score!r}")
+        if not 1 <= self.group_topk <= self.groups or not self.scaling > 0:
+            raise SpecError(f"model.moe_router: 1 <= group_topk <= groups and scaling > 0 must "
+                            f"hold, but got groups={self.groups}, group_topk={self.group_topk}, "
+                            f"scaling={self.scaling}")
+        if self.expert_bias and self.score != "sigmoid":
+            raise SpecError("model.moe_router.expert_bias needs score sigmoid")
+
+
+# DeepSeek-V3's router (config.json: scoring_func sigmoid, topk_method noaux_tc, n_group 8,
+# topk_group 4, routed_scaling_factor 2.5); Kimi K2's (n_group 1, topk_group 1, 2.827)
+DEEPSEEK_V3_ROUTER = MoeRouter(score="sigmoid", groups=8, group_topk=4, scaling=2.5,
+                               expert_bias=True)
+KIMI_K2_ROUTER = MoeRouter(score="sigmoid", scaling=2.827, expert_bias=True)

@@ -14,7 +14,14 @@ from typing import Literal
 from costmodel.attention import MlaSpec
 from costmodel.errors import SpecError, require_positive
 from costmodel.hardware import ClusterSpec, Efficiency, GpuSpec
-from costmodel.layer_style import Bias, Norm, PositionEmbedding, RopeScaling, style_errors
+from costmodel.layer_style import (
+    Bias,
+    MoeRouter,
+    Norm,
+    PositionEmbedding,
+    RopeScaling,
+    style_errors,
+)
 
 FfnType = Literal["swiglu", "gelu"]
 Recompute = Literal["none", "selective", "full"]
@@ -53,6 +60,7 @@ class ModelSpec:
     moe_ffn_hidden: int = 0
     moe_shared_experts: int = 0
     moe_dense_layers: int = 0
+    moe_router: MoeRouter | None = None  # beyond top-k softmax (no cost; the exports)
     mla: MlaSpec | None = None  # multi-head latent attention (costmodel.attention)
     sliding_window: int = 0  # tokens each query attends to at most (0: the whole sequence)
     norm: Norm = "rmsnorm"  # norm .. bias: see costmodel/layer_style.py
@@ -83,6 +91,10 @@ class ModelSpec:
         if self.moe_experts and not 0 < self.moe_topk <= self.moe_experts:
             raise SpecError(f"model.moe_topk must be in 1..moe_experts={self.moe_experts}, "
                             f"but got moe_topk={self.moe_topk}")
+        if self.moe_router is not None and (not self.moe_experts
+                                            or self.moe_experts % self.moe_router.groups):
+            raise SpecError(f"model.moe_router needs experts that its {self.moe_router.groups} "
+                            f"groups divide, but got moe_experts={self.moe_experts}")
         if self.rope_scaling is not None and self.position_embedding != "rope":
             raise SpecError("model.rope_scaling needs position_embedding rope")
         if self.sliding_window < 0:

@@ -17,7 +17,7 @@ from typing import Any
 
 from costmodel.attention import MlaSpec
 from costmodel.errors import TcfError
-from costmodel.layer_style import RopeScaling
+from costmodel.layer_style import MoeRouter, RopeScaling
 from costmodel.specs import ModelSpec, SpecError
 from search.files import MIB, InputError, read_input
 
@@ -78,7 +78,7 @@ def _rope_scaling(cfg: dict[str, Any]) -> tuple[RopeScaling | None, list[str]]:
         raise HfConfigError(f"config.json rope_scaling: {exc}") from None
 
 
-def _moe_fields(cfg: dict[str, Any], layers: int, ffn: int) -> dict[str, int]:
+def _moe_fields(cfg: dict[str, Any], layers: int, ffn: int) -> dict[str, Any]:
     experts = _int(cfg, "num_local_experts", "n_routed_experts", "num_experts", default=0)
     if experts == 0:
         return {}
@@ -93,7 +93,23 @@ def _moe_fields(cfg: dict[str, Any], layers: int, ffn: int) -> dict[str, int]:
     if isinstance(mlp_only, list) and mlp_only:
         dense_layers = max(dense_layers, len(mlp_only))
     return {"moe_experts": experts, "moe_topk": topk, "moe_ffn_hidden": expert_ffn,
-            "moe_shared_experts": shared, "moe_dense_layers": min(dense_layers, layers)}
+            "moe_shared_experts": shared, "moe_dense_layers": min(dense_layers, layers),
+            "moe_router": _router(cfg)}
+
+
+def _router(cfg: dict[str, Any]) -> MoeRouter | None:
+    """DeepSeek-style routing (scoring_func, n_group, topk_group, routed_scaling_factor,
+    topk_method noaux_tc: the balancing bias); None for plain top-k softmax."""
+    if cfg.get("scoring_func", "softmax") == "softmax" and _int(cfg, "n_group", default=1) <= 1:
+        return None
+    try:
+        return MoeRouter(score=str(cfg.get("scoring_func", "softmax")),  # type: ignore[arg-type]
+                         groups=_int(cfg, "n_group", default=1) or 1,
+                         group_topk=_int(cfg, "topk_group", default=1) or 1,
+                         scaling=float(cfg.get("routed_scaling_factor") or 1.0),
+                         expert_bias=cfg.get("topk_method") == "noaux_tc")
+    except (TypeError, ValueError, TcfError) as exc:
+        raise HfConfigError(f"config.json router: {exc}") from None
 
 
 LOG = logging.getLogger("tcf_search")

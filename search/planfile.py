@@ -17,7 +17,7 @@ import yaml
 
 from costmodel.attention import MlaSpec
 from costmodel.errors import TcfError
-from costmodel.layer_style import RopeScaling
+from costmodel.layer_style import MoeRouter, RopeScaling
 from costmodel.specs import MemoryModel, ModelSpec, Plan, Training
 from search.files import MIB, InputError, read_input
 
@@ -103,7 +103,7 @@ def _check_type(where: str, annotation: str, value: Any) -> None:
 
 def _build_model(raw: Any) -> ModelSpec:
     """The model, with its nested latent attention and RoPE scaling rebuilt as dataclasses."""
-    nested = {"mla": MlaSpec, "rope_scaling": RopeScaling}
+    nested = {"mla": MlaSpec, "rope_scaling": RopeScaling, "moe_router": MoeRouter}
     if isinstance(raw, dict):
         raw = {**raw, **{k: _build(cls, f"model.{k}", raw[k]) for k, cls in nested.items()
                          if isinstance(raw.get(k), dict)}}

@@ -87,12 +87,23 @@ BoolAxis = Annotated[Auto | tuple[bool, ...], BeforeValidator(_domain((False, Tr
 ScheduleAxis = Annotated[Auto | tuple[str, ...], BeforeValidator(_domain(("1f1b", "gpipe"), str))]
 
 
+class MoeRouterSection(_Section):
+    """Routing beyond top-k softmax (costmodel.layer_style.MoeRouter)."""
+
+    score: Literal["softmax", "sigmoid"] = "softmax"
+    groups: Int = Field(default=1, gt=0)
+    group_topk: Int = Field(default=1, gt=0)
+    scaling: float = Field(default=1.0, gt=0)
+    expert_bias: Bool = False
+
+
 class Moe(_Section):
     experts: Int = Field(gt=0)
     topk: Int = Field(gt=0)
     ffn_hidden: Int = Field(default=0, ge=0)  # 0: the dense ffn_hidden
     shared_experts: Int = Field(default=0, ge=0)
     dense_layers: Int = Field(default=0, ge=0)
+    router: MoeRouterSection | None = None
 
 
 class Mla(_Section):

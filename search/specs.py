@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from costmodel.attention import MlaSpec
-from costmodel.layer_style import RopeScaling
+from costmodel.layer_style import MoeRouter, RopeScaling
 from costmodel.rules import Switches
 from costmodel.specs import ClusterSpec, GpuSpec, ModelSpec, SpecError, Training
 from hardware_catalog import CatalogError, fabric_fraction, get_gpu, with_overrides
@@ -48,6 +48,8 @@ def build_model(study: Study) -> ModelSpec:
                 moe_ffn_hidden=moe.ffn_hidden if moe else 0,
                 moe_shared_experts=moe.shared_experts if moe else 0,
                 moe_dense_layers=moe.dense_layers if moe else 0,
+                moe_router=(MoeRouter(**moe.router.model_dump()) if moe and moe.router
+                            else None),
                 mla=MlaSpec(**arch.mla.model_dump()) if arch.mla else None,
                 sliding_window=arch.sliding_window)
     except HfConfigError as exc:

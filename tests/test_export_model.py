@@ -82,6 +82,12 @@ def megatron_mla_config(files: dict[str, str]) -> tuple[Any, dict[str, str | boo
            "mscale_all_dim": float(str(flags["--mscale-all-dim"])),
            "moe_shared_expert_intermediate_size": int(str(
                flags["--moe-shared-expert-intermediate-size"])),
+           "moe_router_score_function": flags["--moe-router-score-function"],
+           "moe_router_num_groups": int(str(flags["--moe-router-num-groups"])),
+           "moe_router_group_topk": int(str(flags["--moe-router-group-topk"])),
+           "moe_router_topk_scaling_factor": float(str(
+               flags["--moe-router-topk-scaling-factor"])),
+           "moe_router_enable_expert_bias": bool(flags.get("--moe-router-enable-expert-bias")),
            "num_query_groups": None}
     return tc.MLATransformerConfig(**kw), flags
 
@@ -104,6 +110,10 @@ def test_deepseek_v3_megatron_reads_back_mla() -> None:
     assert (cfg.num_moe_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size,
             cfg.moe_shared_expert_intermediate_size) == (256, 8, 2048, 2048)
     assert flags["--moe-layer-freq"] == "([0]*3+[1]*58)"
+    # DeepSeek-V3's router: sigmoid scores, top-8 within 4 of 8 groups, x2.5, balancing bias
+    assert (cfg.moe_router_score_function, cfg.moe_router_num_groups, cfg.moe_router_group_topk,
+            cfg.moe_router_topk_scaling_factor, cfg.moe_router_enable_expert_bias) == (
+        "sigmoid", 8, 4, 2.5, True)
     assert "--group-query-attention" not in flags  # validate_args: exclusive with MLA
     assert (cfg.tensor_model_parallel_size, cfg.expert_model_parallel_size) == (8, 64)
 
@@ -113,12 +123,16 @@ def test_deepseek_v3_megatron_lm_parses_and_validates() -> None:
     got = megatron_lm_reads(render("megatron", pf)["megatron.sh"], pf.num_gpus, [
         "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
         "rope_type", "rotary_scaling_factor", "moe_layer_freq", "num_moe_experts",
-        "qk_layernorm"])
+        "qk_layernorm", "moe_router_num_groups", "moe_router_group_topk",
+        "moe_router_score_function", "moe_router_enable_expert_bias"])
     assert got["config_class"] == "MLATransformerConfig"
     assert (got["q_lora_rank"], got["kv_lora_rank"], got["qk_head_dim"],
             got["qk_pos_emb_head_dim"], got["v_head_dim"]) == (1536, 512, 128, 64, 128)
     assert (got["rope_type"], got["rotary_scaling_factor"]) == ("yarn", 40.0)
     assert got["moe_layer_freq"] == [0] * 3 + [1] * 58 and got["qk_layernorm"]
+    assert (got["moe_router_num_groups"], got["moe_router_group_topk"],
+            got["moe_router_score_function"], got["moe_router_enable_expert_bias"]) == (
+        8, 4, "sigmoid", True)
 
 
 def test_megatron_lm_accepts_every_export(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -150,6 +164,9 @@ def test_deepseek_v3_nemo_uses_its_recipe_with_the_searched_sizes() -> None:
     assert (cfg.rope_type, cfg.rotary_scaling_factor, cfg.mscale_all_dim) == ("yarn", 40.0, 1.0)
     # the recipe's MTP layer and its own pipeline layout are not the searched model's
     assert o["model.mtp_num_layers"] == "null" and cfg.mtp_num_layers is None
+    assert (cfg.moe_router_score_function, cfg.moe_router_num_groups,
+            cfg.moe_router_group_topk, cfg.moe_router_enable_expert_bias) == (
+        "sigmoid", 8, 4, True)
 
 
 @pytest.mark.parametrize("fmt", ["torchtitan", "nanotron"])
@@ -245,6 +262,19 @@ def test_hf_configs_carry_rope_scaling() -> None:
     assert llama.rope_scaling == LLAMA31_ROPE_SCALING
     assert get_preset("llama3.1-405b").rope_scaling == LLAMA31_ROPE_SCALING
     assert get_preset("llama3-70b").rope_scaling is None
+    v3 = model_from_hf_config({
+        "num_hidden_layers": 61, "hidden_size": 7168, "num_attention_heads": 128,
+        "intermediate_size": 18432, "vocab_size": 129280, "q_lora_rank": 1536,
+        "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+        "v_head_dim": 128, "n_routed_experts": 256, "num_experts_per_tok": 8,
+        "n_shared_experts": 1, "moe_intermediate_size": 2048, "first_k_dense_replace": 3,
+        "scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 8, "topk_group": 4,
+        "routed_scaling_factor": 2.5, "rope_scaling": {
+            "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}})
+    preset = get_preset("deepseek-v3")
+    assert (v3.mla, v3.rope_scaling, v3.moe_router) == (
+        preset.mla, preset.rope_scaling, preset.moe_router)
 
 
 def test_plan_files_keep_latent_attention_and_rope_scaling() -> None:
@@ -275,6 +305,7 @@ def test_deepseek_v3_config_json_reads_back_mla(fmt: str, tmp_path: Path) -> Non
     assert (cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.n_shared_experts,
             cfg.moe_intermediate_size, cfg.first_k_dense_replace) == (256, 8, 1, 2048, 3)
     assert (cfg.rope_parameters["rope_type"], cfg.rope_parameters["factor"]) == ("yarn", 40.0)
+    assert (cfg.n_group, cfg.topk_group, cfg.routed_scaling_factor) == (8, 4, 2.5)
     script = next(t for n, t in files.items() if n.endswith(".sh"))
     assert '--model_config "$(dirname "$0")"' in script and "config.json" in script
 

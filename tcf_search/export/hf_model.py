@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from costmodel.layer_style import MoeRouter
 from costmodel.specs import ModelSpec
 
 FILENAME = "config.json"
@@ -24,8 +25,10 @@ def family(m: ModelSpec) -> str | None:
     """The Hugging Face model family that builds ``m``, or None."""
     llama_parts = (m.norm == "rmsnorm" and m.position_embedding == "rope"
                    and m.ffn_type == "swiglu")
-    if m.mla is not None:
-        ok = llama_parts and m.bias == "none" and m.is_moe and not m.sliding_window
+    router = m.moe_router
+    if m.mla is not None:  # transformers' DeepseekV3 routes with sigmoid scores
+        ok = (llama_parts and m.bias == "none" and m.is_moe and not m.sliding_window
+              and router is not None and router.score == "sigmoid")
         return "deepseek_v3" if ok else None
     if m.norm == "layernorm" and m.position_embedding == "learned":
         gpt2 = (m.ffn_type == "gelu" and m.bias == "all" and m.tied_embeddings
@@ -33,8 +36,9 @@ def family(m: ModelSpec) -> str | None:
         return "gpt2" if gpt2 and not m.sliding_window else None
     if not llama_parts or m.bias == "all" or m.rope_scaling and m.rope_scaling.kind == "yarn":
         return None
-    if m.is_moe:  # Mixtral: every layer routed, no shared expert
-        plain = not (m.moe_shared_experts or m.moe_dense_layers or m.bias != "none")
+    if m.is_moe:  # Mixtral: every layer routed by top-k softmax, no shared expert
+        plain = not (m.moe_shared_experts or m.moe_dense_layers or m.bias != "none"
+                     or router not in (None, MoeRouter()))
         return "mixtral" if plain else None
     if m.sliding_window:
         return "mistral" if m.bias == "none" else None
@@ -95,6 +99,11 @@ def config(m: ModelSpec, seq_len: int) -> dict[str, Any]:
                 "n_shared_experts": m.moe_shared_experts,
                 "moe_intermediate_size": m.expert_ffn_hidden,
                 "first_k_dense_replace": m.moe_dense_layers}
+        if m.moe_router is not None:
+            r = m.moe_router
+            out |= {"scoring_func": r.score, "n_group": r.groups, "topk_group": r.group_topk,
+                    "routed_scaling_factor": r.scaling, "norm_topk_prob": True,
+                    "topk_method": "noaux_tc" if r.expert_bias else "greedy"}
     out["architectures"] = [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                              "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
                              "deepseek_v3": "DeepseekV3ForCausalLM"}[kind]]

@@ -110,6 +110,24 @@ def mla_args(m: ModelSpec) -> list[Group]:
     return out
 
 
+def router_args(m: ModelSpec) -> list[Group]:
+    """The router beyond top-k softmax (TransformerConfig's moe_router_* fields, flags by
+    megatron/training/arguments.py): sigmoid scores, group-limited routing, the routed output's
+    scaling and the auxiliary-loss-free balancing bias."""
+    r = m.moe_router
+    if r is None:
+        return []
+    out: list[Group] = [("--moe-router-score-function", r.score)]
+    if r.groups > 1:
+        out.append(("--moe-router-num-groups", r.groups, "--moe-router-group-topk",
+                    r.group_topk))
+    if r.scaling != 1.0:
+        out.append(("--moe-router-topk-scaling-factor", r.scaling))
+    if r.expert_bias:
+        out.append(("--moe-router-enable-expert-bias",))
+    return out
+
+
 def model_args(pf: PlanFile) -> list[Group]:
     m, t = pf.model, pf.training
     out: list[Group] = [
@@ -135,6 +153,7 @@ def model_args(pf: PlanFile) -> list[Group]:
         if m.moe_dense_layers:
             out.append(("--moe-layer-freq",
                         f"([0]*{m.moe_dense_layers}+[1]*{m.moe_layers})"))
+        out += router_args(m)
         out.append(("--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"))
     return out
 

@@ -5,6 +5,7 @@ overrides. Key names follow Megatron-Bridge's ConfigContainer (``model.*`` is th
 
 from __future__ import annotations
 
+from costmodel.layer_style import MoeRouter
 from search.planfile import PlanFile
 
 from . import rules
@@ -101,6 +102,13 @@ def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, 
                 m.moe_shared_experts * m.expert_ffn_hidden)
         if m.moe_dense_layers:
             o["model.moe_layer_freq"] = f"[0]*{m.moe_dense_layers}+[1]*{m.moe_layers}"
+        # the searched router, whatever the recipe's provider has (megatron.router_args)
+        r = m.moe_router or MoeRouter()
+        o |= {"model.moe_router_score_function": r.score,
+              "model.moe_router_num_groups": r.groups if r.groups > 1 else None,
+              "model.moe_router_group_topk": r.group_topk if r.groups > 1 else None,
+              "model.moe_router_topk_scaling_factor": r.scaling if r.scaling != 1.0 else None,
+              "model.moe_router_enable_expert_bias": r.expert_bias}
     o |= {"train.micro_batch_size": f.micro_batch, "train.global_batch_size": f.global_batch,
           "train.train_iters": options.train_iters, "optimizer.lr": options.lr,
           "mixed_precision": MIXED_PRECISION[f.precision]}

@@ -158,7 +158,7 @@ HF_MODEL: tuple[AnyRule, ...] = (
          "norm={model.norm}, position_embedding={model.position_embedding}, bias={model.bias}, "
          "ffn_type={model.ffn_type}, experts={model.moe_experts} (shared "
          "{model.moe_shared_experts}, dense layers {model.moe_dense_layers}), "
-         "mla={model.mla}, rope_scaling={model.rope_scaling}",
+         "mla={model.mla}, rope_scaling={model.rope_scaling}, router={model.moe_router}",
          "transformers/models/*/configuration_*.py"),
 )
 
