@@ -13,7 +13,7 @@ Validity is arithmetic, not feasibility: nothing here asks whether a plan fits i
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -37,8 +37,10 @@ Columns = Mapping[str, Any]
 # search's CP-SAT stage places them.
 PLAN_COLUMNS: tuple[str, ...] = (
     "tp", "pp", "cp", "dp", "ep", "vpp", "micro_batch", "zero_stage", "sequence_parallel",
-    "recompute", "pp_schedule", "first_stage_layers", "last_stage_layers", "expert_tp")
+    "recompute", "pp_schedule", "first_stage_layers", "last_stage_layers", "expert_tp",
+    "recompute_layers")
 INTERLEAVED, GPIPE = SCHEDULE_CODES["interleaved"], SCHEDULE_CODES["gpipe"]
+FULL = RECOMPUTE_CODES["full"]
 
 
 def schedule_code(pp_schedule: ArrayLike, vpp: ArrayLike) -> np.ndarray:
@@ -68,6 +70,12 @@ class Switches:
     canonical: generate one plan of a set the cost model cannot tell apart (the search):
         ZeRO with no data-parallel rank to shard over is ZeRO-0, GPipe without a pipeline is
         1F1B. Not a validity rule: such plans run.
+    recompute_per_chunk: a partial full-recompute count is per model chunk, so with vpp chunks
+        per rank a stage recomputes a multiple of vpp layers (Megatron-LM's
+        ``--recompute-num-layers``; a framework profile's switch, ``Training``).
+    microbatch_groups: the interleaved schedule runs micro-batches in groups of pp, so their
+        count per step is a multiple of pp (Megatron-Core's ``microbatch_group_size_per_vp_stage``
+        defaults to pp; a framework profile's switch, ``Training``).
     """
 
     uneven_pipeline: bool = True
@@ -75,6 +83,8 @@ class Switches:
     tp_in_node: bool = False
     split_later: bool = False
     canonical: bool = False
+    recompute_per_chunk: bool = False
+    microbatch_groups: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,15 +116,20 @@ class Facts:
                 "uneven_pipeline": s.uneven_pipeline,
                 "uneven_chunks": s.uneven_chunks, "tp_in_node": s.tp_in_node,
                 "split_later": s.split_later,
-                "canonical": s.canonical}
+                "canonical": s.canonical, "recompute_per_chunk": s.recompute_per_chunk,
+                "microbatch_groups": s.microbatch_groups}
 
 
 def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
              switches: Switches | None = None) -> Facts:
+    """The facts of a model on a cluster; the framework's own switches (``recompute_per_chunk``,
+    ``microbatch_groups``: a profile's) are the training's."""
+    switches = replace(switches or Switches(), recompute_per_chunk=training.recompute_per_chunk,
+                       microbatch_groups=training.microbatch_groups)
     return Facts(layers=model.layers, heads=model.heads, kv_heads=model.kv_heads,
                  experts=model.moe_experts, seq_len=training.seq_len,
                  global_batch=training.global_batch, num_gpus=cluster.num_gpus,
-                 nvlink_domain=cluster.nvlink_domain, switches=switches or Switches(),
+                 nvlink_domain=cluster.nvlink_domain, switches=switches,
                  moe_max_zero_stage=training.moe_max_zero_stage,
                  moe_tensor_parallel=training.moe_tensor_parallel)
 
@@ -188,6 +203,23 @@ def _zero_shards(c: Columns, f: Facts) -> np.ndarray:
     return (c["zero_stage"] == 0) | shards | (not f.switches.canonical)
 
 
+def _recompute_chunks(c: Columns, f: Facts) -> np.ndarray:
+    """Megatron-LM's full recompute counts layers per model chunk: each chunk is its own
+    TransformerBlock, whose ``_checkpointed_forward`` (megatron/core/transformer/
+    transformer_block.py, method "block") recomputes its first ``recompute_num_layers`` of
+    ``len(self.layers)``, and one ``--recompute-num-layers`` serves every chunk. With vpp chunks
+    a stage recomputes vpp times that count: a per-stage count that vpp does not divide cannot
+    be asked for (Megatron has no assert for it: the flag takes per-chunk counts only). All of a
+    stage's layers (recompute_layers 0, or >= the stage's) is the "uniform" method."""
+    vpp, r = c["vpp"], c["recompute_layers"]
+    split, _ = rank_split(f.layers, c["pp"], c["first_stage_layers"], c["last_stage_layers"])
+    pinned = (c["first_stage_layers"] > 0) | (c["last_stage_layers"] > 0)
+    most = np.where(pinned, np.maximum(np.maximum(split.first, split.middle), split.last),
+                    -(-f.layers // np.maximum(c["pp"], 1)))
+    whole = (r == 0) | (r >= most) | (r % np.maximum(vpp, 1) == 0)
+    return (c["recompute"] != FULL) | (vpp == 1) | whole | (not f.switches.recompute_per_chunk)
+
+
 RULES: tuple[Rule, ...] = (
     Rule("world_size", ("tp", "pp", "cp", "dp"), ("num_gpus",),
          "tp * pp * cp * dp == num_gpus",
@@ -246,6 +278,22 @@ RULES: tuple[Rule, ...] = (
          _zero_shards),
     Rule("sp_tp", ("sequence_parallel", "tp"), (), "not sequence_parallel or tp > 1",
          lambda c, f: (c["sequence_parallel"] == 0) | (c["tp"] > 1)),
+    Rule("recompute_chunks", ("recompute", "recompute_layers", "vpp", "pp",
+                              "first_stage_layers", "last_stage_layers"),
+         ("recompute_per_chunk", "layers"),
+         "recompute != full, vpp == 1, or recompute_layers (per stage) is 0 (all), at least "
+         "the stage's layers, or a multiple of vpp, unless not recompute_per_chunk (Megatron's "
+         "--recompute-num-layers counts per model chunk)",
+         _recompute_chunks),
+    # megatron/core/pipeline_parallel/schedules.py (interleaved): groups of
+    # microbatch_group_size_per_vp_stage (default pp) micro-batches; the last group is whole or
+    # holds >= pp, so with the default the count is a multiple of pp
+    Rule("microbatch_groups", ("vpp", "pp", "micro_batch", "dp"),
+         ("global_batch", "microbatch_groups"),
+         "vpp == 1 or (global_batch / (micro_batch * dp)) % pp == 0, unless not "
+         "microbatch_groups (the interleaved schedule's groups of pp micro-batches)",
+         lambda c, f: (c["vpp"] == 1) | (not f.switches.microbatch_groups)
+         | ((f.global_batch // (c["micro_batch"] * c["dp"])) % c["pp"] == 0)),
     Rule("schedule", ("pp_schedule", "vpp", "pp"), ("canonical",),
          "pp_schedule interleaved iff vpp > 1, and gpipe only with vpp == 1 (and pp > 1 in a "
          "canonical space)",

@@ -14,7 +14,14 @@ from typing import Literal
 from costmodel.attention import MlaSpec
 from costmodel.errors import SpecError, require_positive
 from costmodel.hardware import ClusterSpec, Efficiency, GpuSpec
-from costmodel.layer_style import Bias, Norm, PositionEmbedding, style_errors
+from costmodel.layer_style import (
+    Bias,
+    MoeRouter,
+    Norm,
+    PositionEmbedding,
+    RopeScaling,
+    style_errors,
+)
 
 FfnType = Literal["swiglu", "gelu"]
 Recompute = Literal["none", "selective", "full"]
@@ -53,11 +60,13 @@ class ModelSpec:
     moe_ffn_hidden: int = 0
     moe_shared_experts: int = 0
     moe_dense_layers: int = 0
+    moe_router: MoeRouter | None = None  # beyond top-k softmax (no cost; the exports)
     mla: MlaSpec | None = None  # multi-head latent attention (costmodel.attention)
     sliding_window: int = 0  # tokens each query attends to at most (0: the whole sequence)
     norm: Norm = "rmsnorm"  # norm .. bias: see costmodel/layer_style.py
     position_embedding: PositionEmbedding = "rope"
     rope_base: float = 10000.0  # RoPE theta; unused with learned positions
+    rope_scaling: RopeScaling | None = None  # long-context RoPE scaling (no cost; the exports)
     bias: Bias = "none"  # linear-layer biases: none, QKV only (Qwen2.x), every one (GPT-3)
 
     def __post_init__(self) -> None:
@@ -82,6 +91,12 @@ class ModelSpec:
         if self.moe_experts and not 0 < self.moe_topk <= self.moe_experts:
             raise SpecError(f"model.moe_topk must be in 1..moe_experts={self.moe_experts}, "
                             f"but got moe_topk={self.moe_topk}")
+        if self.moe_router is not None and (not self.moe_experts
+                                            or self.moe_experts % self.moe_router.groups):
+            raise SpecError(f"model.moe_router needs experts that its {self.moe_router.groups} "
+                            f"groups divide, but got moe_experts={self.moe_experts}")
+        if self.rope_scaling is not None and self.position_embedding != "rope":
+            raise SpecError("model.rope_scaling needs position_embedding rope")
         if self.sliding_window < 0:
             raise SpecError(f"model.sliding_window must be >= 0, but got {self.sliding_window}")
         if not 0 <= self.moe_dense_layers <= self.layers:
@@ -249,6 +264,14 @@ class Training:
     # all-gather (torchtitan's default context_parallel_rotate_method)
     cp_comm: Literal["ring", "all_gather"] = "ring"
     zero2_grad_sync_pp: Literal["micro_batch", "step"] = "micro_batch"
+    # A partial full-recompute count is per model chunk (Megatron-LM's --recompute-num-layers,
+    # read by every chunk's TransformerBlock): with vpp chunks a stage recomputes a multiple of
+    # vpp layers. A validity switch (costmodel.rules ``recompute_chunks``), not a cost.
+    recompute_per_chunk: bool = False
+    # The interleaved schedule runs micro-batches in groups of pp (Megatron-Core's
+    # microbatch_group_size_per_vp_stage default): their count is a multiple of pp. Validity
+    # (costmodel.rules ``microbatch_groups``), not a cost.
+    microbatch_groups: bool = False
     dp_bucket_bytes: float = 25 * 2**20  # gradient bucket (torch DDP's default 25 MiB)
     # Extra seconds per TP ring step when a pipeline engine interleaves its point-to-point
     # transfers with TP collectives on one stream and those transfers cross the network (seen

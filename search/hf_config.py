@@ -17,6 +17,7 @@ from typing import Any
 
 from costmodel.attention import MlaSpec
 from costmodel.errors import TcfError
+from costmodel.layer_style import MoeRouter, RopeScaling
 from costmodel.specs import ModelSpec, SpecError
 from search.files import MIB, InputError, read_input
 
@@ -57,7 +58,27 @@ def _layer_style(cfg: dict[str, Any]) -> dict[str, Any]:
     return {"rope_base": float(cfg.get("rope_theta", 10000.0)), "bias": "qkv" if qkv else "none"}
 
 
-def _moe_fields(cfg: dict[str, Any], layers: int, ffn: int) -> dict[str, int]:
+def _rope_scaling(cfg: dict[str, Any]) -> tuple[RopeScaling | None, list[str]]:
+    """``rope_scaling`` of a Llama 3.1 (rope_type llama3) or DeepSeek-V3 (type yarn) config;
+    any other kind is reported as not modelled."""
+    raw = cfg.get("rope_scaling")
+    if not isinstance(raw, dict):
+        return None, []
+    kind = raw.get("rope_type", raw.get("type"))
+    keys = {"llama3": ("low_freq_factor", "high_freq_factor"),
+            "yarn": ("beta_fast", "beta_slow", "mscale", "mscale_all_dim")}
+    if kind not in keys:
+        return None, [f"rope_scaling of type {kind!r}"]
+    try:
+        fields = {k: float(raw[k]) for k in keys[str(kind)] if raw.get(k) is not None}
+        return RopeScaling(kind=kind, factor=float(raw["factor"]),
+                           original_max_position_embeddings=int(
+                               raw["original_max_position_embeddings"]), **fields), []
+    except (KeyError, TypeError, ValueError, TcfError) as exc:
+        raise HfConfigError(f"config.json rope_scaling: {exc}") from None
+
+
+def _moe_fields(cfg: dict[str, Any], layers: int, ffn: int) -> dict[str, Any]:
     experts = _int(cfg, "num_local_experts", "n_routed_experts", "num_experts", default=0)
     if experts == 0:
         return {}
@@ -72,7 +93,23 @@ def _moe_fields(cfg: dict[str, Any], layers: int, ffn: int) -> dict[str, int]:
     if isinstance(mlp_only, list) and mlp_only:
         dense_layers = max(dense_layers, len(mlp_only))
     return {"moe_experts": experts, "moe_topk": topk, "moe_ffn_hidden": expert_ffn,
-            "moe_shared_experts": shared, "moe_dense_layers": min(dense_layers, layers)}
+            "moe_shared_experts": shared, "moe_dense_layers": min(dense_layers, layers),
+            "moe_router": _router(cfg)}
+
+
+def _router(cfg: dict[str, Any]) -> MoeRouter | None:
+    """DeepSeek-style routing (scoring_func, n_group, topk_group, routed_scaling_factor,
+    topk_method noaux_tc: the balancing bias); None for plain top-k softmax."""
+    if cfg.get("scoring_func", "softmax") == "softmax" and _int(cfg, "n_group", default=1) <= 1:
+        return None
+    try:
+        return MoeRouter(score=str(cfg.get("scoring_func", "softmax")),  # type: ignore[arg-type]
+                         groups=_int(cfg, "n_group", default=1) or 1,
+                         group_topk=_int(cfg, "topk_group", default=1) or 1,
+                         scaling=float(cfg.get("routed_scaling_factor") or 1.0),
+                         expert_bias=cfg.get("topk_method") == "noaux_tc")
+    except (TypeError, ValueError, TcfError) as exc:
+        raise HfConfigError(f"config.json router: {exc}") from None
 
 
 LOG = logging.getLogger("tcf_search")
@@ -132,7 +169,8 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
     if mla is not None:  # MLA: every head has its own (up-projected) key and value
         kv_heads, head_dim = heads, mla.v_head_dim
     window, skipped = _window(cfg, layers)
-    skipped += _not_modelled(cfg)
+    rope_scaling, unscaled = _rope_scaling(cfg)
+    skipped += unscaled + _not_modelled(cfg)
     if skipped:
         LOG.warning("config.json: not modelled: %s", "; ".join(skipped))
     fields: dict[str, Any] = {
@@ -142,6 +180,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", "n_embd" in cfg)),
         "mla": mla, "sliding_window": window,
         **_layer_style(cfg),
+        "rope_scaling": rope_scaling if "n_embd" not in cfg else None,
     }
     fields.update(_moe_fields(cfg, layers, ffn))
     try:

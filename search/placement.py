@@ -9,7 +9,9 @@ recomputed layers with which the stage fits holding n layers (``> n`` when it ca
   (``costmodel.mapping.launchable_chunks``: each count divisible by vpp, or the ends one short
   of a middle divisible by vpp, the embedding and the loss counted as layers), and
 * ``r``, the layers per stage fully recomputed (Megatron's ``--recompute-num-layers``; each stage
-  recomputes ``min(r, n_stage)``), at least 1 under 'full' recompute and 0 otherwise,
+  recomputes ``min(r, n_stage)``), at least 1 under 'full' recompute and 0 otherwise, and,
+  where the framework counts it per model chunk (``recompute_step`` = vpp, the table's
+  ``recompute_chunks`` rule), a multiple of vpp or at least the largest stage's layers (all),
 
 minimising, in this order: the slowest stage's work ``4*(3*n + min(r, n)) + head`` (forward 1,
 backward 2, recompute 1 per layer, in quarter-layer units; the LM head on the last stage), then
@@ -48,6 +50,7 @@ class Subproblem:
     head_units: int
     need: tuple[tuple[int, ...], ...]  # per stage of stages_of(pp), for n = 0..layers
     vpp: int = 1  # model chunks per rank: the split must be one Megatron builds (launchable)
+    recompute_step: int = 1  # r is a multiple of this, or all layers (rules.recompute_chunks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,9 +129,14 @@ def _splits(layers: int, pp: int, shift: bool) -> np.ndarray:
     return np.concatenate(rows) if rows else np.zeros((0, 3), dtype=int)
 
 
+def recompute_step(vpp: int, per_chunk: bool) -> int:
+    """What the layers recomputed per stage come in multiples of (``rules.recompute_chunks``)."""
+    return max(1, vpp) if per_chunk else 1
+
+
 def solve_many(need: dict[str, np.ndarray], pp: int, full: np.ndarray, shift: bool,
                partial: bool, layers: int, head_units: int, vpp: int = 1,
-               max_cells: int = 2_000_000) -> tuple[np.ndarray, np.ndarray]:
+               max_cells: int = 2_000_000, step: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Optimal placements of many layouts sharing ``pp``, ``shift`` and ``vpp``.
 
     ``need[stage]`` is (layouts x layers+1). Returns ``(rows, ok)``: rows of
@@ -151,6 +159,9 @@ def solve_many(need: dict[str, np.ndarray], pp: int, full: np.ndarray, shift: bo
         fits = np.logical_and.reduce([req[s] <= n[s] for s in stages])
         f = full[sl][:, None]
         r_needed = np.maximum(np.max(np.stack([req[s] for s in stages]), axis=0), 1)
+        # the fewest valid: a multiple of step, or the largest stage's layers (all of them)
+        most = np.max(np.stack([n[s] for s in stages]), axis=0)
+        r_needed = np.minimum(-(-r_needed // step) * step, np.maximum(most, r_needed))
         r = np.broadcast_to(np.where(f, r_needed if partial else L, 0), fits.shape)
         longest = np.max(np.stack([
             4 * (3 * n[s] + np.minimum(r, n[s])) + (head_units if s == stages[-1] else 0)

@@ -15,7 +15,9 @@ from typing import Any
 
 import yaml
 
+from costmodel.attention import MlaSpec
 from costmodel.errors import TcfError
+from costmodel.layer_style import MoeRouter, RopeScaling
 from costmodel.specs import MemoryModel, ModelSpec, Plan, Training
 from search.files import MIB, InputError, read_input
 
@@ -99,6 +101,19 @@ def _check_type(where: str, annotation: str, value: Any) -> None:
         raise PlanFileError(f"{where}: must be {rule} (got {str(value)[:40]!r})")
 
 
+def _build_model(raw: Any) -> ModelSpec:
+    """The model, with its nested latent attention and RoPE scaling rebuilt as dataclasses."""
+    nested = {"mla": MlaSpec, "rope_scaling": RopeScaling, "moe_router": MoeRouter}
+    if isinstance(raw, dict):
+        for k in nested:
+            if raw.get(k) is not None and not isinstance(raw[k], dict):
+                raise PlanFileError(f"model.{k}: must be a mapping of its fields or null (got "
+                                    f"{str(raw[k])[:40]!r})")
+        raw = {**raw, **{k: _build(cls, f"model.{k}", raw[k]) for k, cls in nested.items()
+                         if isinstance(raw.get(k), dict)}}
+    return _build(ModelSpec, "model", raw)  # type: ignore[no-any-return]
+
+
 def _build_training(raw: Any) -> Training:
     if isinstance(raw, dict) and isinstance(raw.get("memory_model"), dict):
         raw = {**raw, "memory_model": _build(MemoryModel, "training.memory_model",
@@ -139,7 +154,7 @@ def parse_plan_file(text: str) -> PlanFile:
         num_gpus=_integer(cluster, "num_gpus", "cluster."),
         gpus_per_node=_integer(cluster, "gpus_per_node", "cluster.", 8),
         fabric=str(cluster.get("fabric") or ""),
-        model=_build(ModelSpec, "model", raw["model"]),
+        model=_build_model(raw["model"]),
         training=_build_training(raw["training"]),
         plan=_build(Plan, "plan", raw["plan"]),
         predicted=dict(raw.get("predicted") or {}),

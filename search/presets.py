@@ -8,6 +8,12 @@ preset approximates it and says so in :data:`APPROXIMATIONS`.
 from __future__ import annotations
 
 from costmodel.attention import MlaSpec
+from costmodel.layer_style import (
+    DEEPSEEK_V3_ROPE_SCALING,
+    DEEPSEEK_V3_ROUTER,
+    KIMI_K2_ROUTER,
+    LLAMA31_ROPE_SCALING,
+)
 from costmodel.specs import ModelSpec
 
 # DeepSeek-V3's multi-head latent attention (config.json: q_lora_rank, kv_lora_rank, ...)
@@ -21,9 +27,18 @@ PRESETS: dict[str, ModelSpec] = {
                            heads=32, kv_heads=8, vocab=128256, rope_base=500000.0),
     "llama3-70b": ModelSpec(name="llama3-70b", layers=80, hidden=8192, ffn_hidden=28672,
                             heads=64, kv_heads=8, vocab=128256, rope_base=500000.0),
+    # Llama 3.1: Llama 3's shapes (405B its own) with RoPE scaled for 128k tokens (config.json
+    # rope_scaling: rope_type llama3, factor 8, low_freq_factor 1, high_freq_factor 4,
+    # original_max_position_embeddings 8192; the same in the 8B, 70B and 405B releases)
+    "llama3.1-8b": ModelSpec(name="llama3.1-8b", layers=32, hidden=4096, ffn_hidden=14336,
+                             heads=32, kv_heads=8, vocab=128256, rope_base=500000.0,
+                             rope_scaling=LLAMA31_ROPE_SCALING),
+    "llama3.1-70b": ModelSpec(name="llama3.1-70b", layers=80, hidden=8192, ffn_hidden=28672,
+                              heads=64, kv_heads=8, vocab=128256, rope_base=500000.0,
+                              rope_scaling=LLAMA31_ROPE_SCALING),
     "llama3.1-405b": ModelSpec(name="llama3.1-405b", layers=126, hidden=16384,
                                ffn_hidden=53248, heads=128, kv_heads=8, vocab=128256,
-                               rope_base=500000.0),
+                               rope_base=500000.0, rope_scaling=LLAMA31_ROPE_SCALING),
     # GPT-3 175B (Brown et al., 2020, Table 2.1): MHA, GELU 4h MLP, tied embeddings; the
     # vocabulary is padded to 51,200 as Megatron-LM does (a multiple of 128 * TP). GPT-2's
     # architecture (paper, section 2.1): learned positions, LayerNorm, biases on every linear.
@@ -36,18 +51,24 @@ PRESETS: dict[str, ModelSpec] = {
                               heads=32, kv_heads=8, vocab=32000, moe_experts=8, moe_topk=2,
                               moe_ffn_hidden=14336, rope_base=1.0e6),
     # DeepSeek-V3 (DeepSeek-AI, 2024): 61 layers, the first 3 dense (18,432 wide), then 256
-    # routed experts of width 2,048, top-8, plus 1 shared expert; rope_theta 10000 (with YaRN
-    # scaling, not carried); multi-head latent attention (DEEPSEEK_V3_MLA).
+    # routed experts of width 2,048, top-8 in 4 of 8 groups with sigmoid scores and a balancing
+    # bias (DEEPSEEK_V3_ROUTER), plus 1 shared expert; rope_theta 10000 with YaRN
+    # scaling (config.json rope_scaling: factor 40, original_max_position_embeddings 4096,
+    # beta_fast 32, beta_slow 1, mscale 1, mscale_all_dim 1); multi-head latent attention
+    # (DEEPSEEK_V3_MLA).
     "deepseek-v3": ModelSpec(name="deepseek-v3", layers=61, hidden=7168, ffn_hidden=18432,
                              heads=128, kv_heads=128, head_dim=128, vocab=129280,
                              moe_experts=256, moe_topk=8, moe_ffn_hidden=2048,
-                             moe_shared_experts=1, moe_dense_layers=3, mla=DEEPSEEK_V3_MLA),
+                             moe_shared_experts=1, moe_dense_layers=3, mla=DEEPSEEK_V3_MLA,
+                             rope_scaling=DEEPSEEK_V3_ROPE_SCALING,
+                             moe_router=DEEPSEEK_V3_ROUTER),
     # Kimi K2 (Moonshot AI, 2025, config.json): DeepSeek-V3's shape with 64 heads, 384
-    # experts and one dense layer; 1.04T total, 32B active published
+    # experts, one dense layer and an ungrouped router (KIMI_K2_ROUTER); 1.04T total, 32B
+    # active published
     "kimi-k2": ModelSpec(name="kimi-k2", layers=61, hidden=7168, ffn_hidden=18432, heads=64,
                          kv_heads=64, head_dim=128, vocab=163840, moe_experts=384, moe_topk=8,
                          moe_ffn_hidden=2048, moe_shared_experts=1, moe_dense_layers=1,
-                         mla=DEEPSEEK_V3_MLA),
+                         mla=DEEPSEEK_V3_MLA, moe_router=KIMI_K2_ROUTER),
     # Qwen3 MoE (Qwen team, 2025): GQA with 4 KV heads of 128 dims, 128 experts, top-8, no
     # shared expert, every layer MoE; rope_theta 1e6, no QKV bias (attention_bias: false).
     "qwen3-30b-a3b": ModelSpec(name="qwen3-30b-a3b", layers=48, hidden=2048, ffn_hidden=6144,
@@ -66,7 +87,9 @@ PRESETS: dict[str, ModelSpec] = {
 
 APPROXIMATIONS: dict[str, str] = {
     "deepseek-v3": "The multi-token-prediction module (14B, one layer) is left out: 671B total.",
-    "kimi-k2": "The multi-token-prediction module is left out.",
+    "kimi-k2": "The multi-token-prediction module is left out. RoPE as written here (base "
+               "10000, no scaling): the releases' config.json files differ in rope_theta and "
+               "YaRN factor, so none is carried.",
 }
 
 

@@ -29,6 +29,7 @@ from search.placement import (
     Subproblem,
     candidates,
     objective_weights,
+    recompute_step,
     solve_many,
     stages_of,
 )
@@ -126,6 +127,12 @@ def solve_placement(sp: Subproblem) -> Placement | None:
     r = m.new_int_var(1 if sp.full else 0, L if sp.full else 0, "r")
     if sp.full and not sp.partial:
         m.add(r == L)
+    elif sp.full and sp.recompute_step > 1:  # a multiple of the step, or all layers
+        every = m.new_bool_var("r_all")
+        k = m.new_int_var(1, L, "r_chunks")
+        m.add(r == sp.recompute_step * k).only_enforce_if(every.Not())
+        for s in stages:
+            m.add(r >= n[s]).only_enforce_if(every)
     longest = m.new_int_var(0, 16 * L + sp.head_units, "longest")
     for s in stages:
         head = sp.head_units if s == stages[-1] else 0
@@ -189,7 +196,9 @@ class MemoryStage:
             shift=self.space.uneven_pipeline, partial=self.space.partial_recompute,
             head_units=self.head_units,
             need=tuple(tuple(int(x) for x in self.need[s][i]) for s in stages_of(pp)),
-            vpp=int(self.cols["vpp"][i]))
+            vpp=int(self.cols["vpp"][i]),
+            recompute_step=recompute_step(int(self.cols["vpp"][i]),
+                                          self.space.recompute_per_chunk))
 
     def place(self, i: int) -> Placement | None:
         """The CP-SAT placement of valid layout ``i`` (cached by subproblem)."""
@@ -211,7 +220,8 @@ class MemoryStage:
             got, fits = solve_many(
                 {s: self.need[s][idx] for s in stages_of(int(p))}, int(p),
                 self.cols["recompute"][idx] == 2, self.space.uneven_pipeline,
-                self.space.partial_recompute, self.space.layers, self.head_units, int(v))
+                self.space.partial_recompute, self.space.layers, self.head_units, int(v),
+                step=recompute_step(int(v), self.space.recompute_per_chunk))
             rows[sel], ok[sel] = got, fits
         return rows, ok
 

@@ -87,12 +87,23 @@ BoolAxis = Annotated[Auto | tuple[bool, ...], BeforeValidator(_domain((False, Tr
 ScheduleAxis = Annotated[Auto | tuple[str, ...], BeforeValidator(_domain(("1f1b", "gpipe"), str))]
 
 
+class MoeRouterSection(_Section):
+    """Routing beyond top-k softmax (costmodel.layer_style.MoeRouter)."""
+
+    score: Literal["softmax", "sigmoid"] = "softmax"
+    groups: Int = Field(default=1, gt=0)
+    group_topk: Int = Field(default=1, gt=0)
+    scaling: float = Field(default=1.0, gt=0)
+    expert_bias: Bool = False
+
+
 class Moe(_Section):
     experts: Int = Field(gt=0)
     topk: Int = Field(gt=0)
     ffn_hidden: Int = Field(default=0, ge=0)  # 0: the dense ffn_hidden
     shared_experts: Int = Field(default=0, ge=0)
     dense_layers: Int = Field(default=0, ge=0)
+    router: MoeRouterSection | None = None
 
 
 class Mla(_Section):
@@ -103,6 +114,21 @@ class Mla(_Section):
     qk_nope_head_dim: Int = Field(gt=0)
     qk_rope_head_dim: Int = Field(gt=0)
     v_head_dim: Int = Field(gt=0)
+
+
+class RopeScalingSection(_Section):
+    """RoPE's long-context scaling (costmodel.layer_style.RopeScaling; Hugging Face
+    ``rope_scaling``): llama3 reads the freq factors, yarn the betas and mscales."""
+
+    kind: Literal["llama3", "yarn"]
+    factor: float = Field(gt=0)
+    original_max_position_embeddings: Int = Field(gt=0)
+    low_freq_factor: float = Field(default=1.0, gt=0)
+    high_freq_factor: float = Field(default=4.0, gt=0)
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 1.0
+    mscale_all_dim: float = 0.0
 
 
 class Architecture(_Section):
@@ -118,6 +144,7 @@ class Architecture(_Section):
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     position_embedding: Literal["rope", "learned"] = "rope"
     rope_base: float = Field(default=10000.0, gt=0)
+    rope_scaling: RopeScalingSection | None = None
     bias: Literal["none", "qkv", "all"] = "none"
     moe: Moe | None = None
     mla: Mla | None = None

@@ -64,6 +64,8 @@ class SearchSpace:
     tp_in_node: bool
     moe_max_zero_stage: int = 3  # the framework's (rules.Facts)
     moe_tensor_parallel: bool = True
+    recompute_per_chunk: bool = False  # the framework's (Training.recompute_per_chunk)
+    microbatch_groups: bool = False  # the framework's (Training.microbatch_groups)
     rules: tuple[Rule, ...] = field(default=())
 
     @property
@@ -119,7 +121,9 @@ def build_space(study: Study, specs: Specs) -> SearchSpace:
         uneven_pipeline=section.uneven_pipeline, partial_recompute=section.partial_recompute,
         tp_in_node=section.tp_in_node,
         moe_max_zero_stage=specs.training.moe_max_zero_stage,
-        moe_tensor_parallel=specs.training.moe_tensor_parallel)
+        moe_tensor_parallel=specs.training.moe_tensor_parallel,
+        recompute_per_chunk=specs.training.recompute_per_chunk,
+        microbatch_groups=specs.training.microbatch_groups)
     return dataclasses.replace(space, rules=make_rules(space))
 
 
@@ -131,7 +135,8 @@ def space_facts(s: SearchSpace) -> rules.Facts:
         nvlink_domain=s.nvlink_domain, moe_max_zero_stage=s.moe_max_zero_stage,
         moe_tensor_parallel=s.moe_tensor_parallel,
         switches=search_switches(uneven_pipeline=s.uneven_pipeline, tp_in_node=s.tp_in_node,
-                                 split_later=True))
+                                 split_later=True, recompute_per_chunk=s.recompute_per_chunk,
+                                 microbatch_groups=s.microbatch_groups))
 
 
 def _on_axes(rule: rules.Rule, f: rules.Facts) -> Rule:

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from costmodel.attention import MlaSpec
+from costmodel.layer_style import MoeRouter, RopeScaling
 from costmodel.rules import Switches
 from costmodel.specs import ClusterSpec, GpuSpec, ModelSpec, SpecError, Training
 from hardware_catalog import CatalogError, fabric_fraction, get_gpu, with_overrides
@@ -41,10 +42,14 @@ def build_model(study: Study) -> ModelSpec:
                 ffn_type=arch.ffn_type, tied_embeddings=arch.tied_embeddings,
                 norm=arch.norm, position_embedding=arch.position_embedding,
                 rope_base=arch.rope_base, bias=arch.bias,
+                rope_scaling=(RopeScaling(**arch.rope_scaling.model_dump())
+                              if arch.rope_scaling else None),
                 moe_experts=moe.experts if moe else 0, moe_topk=moe.topk if moe else 0,
                 moe_ffn_hidden=moe.ffn_hidden if moe else 0,
                 moe_shared_experts=moe.shared_experts if moe else 0,
                 moe_dense_layers=moe.dense_layers if moe else 0,
+                moe_router=(MoeRouter(**moe.router.model_dump()) if moe and moe.router
+                            else None),
                 mla=MlaSpec(**arch.mla.model_dump()) if arch.mla else None,
                 sliding_window=arch.sliding_window)
     except HfConfigError as exc:
@@ -98,14 +103,16 @@ class Specs:
     switches: Switches = dataclasses.field(default_factory=Switches)
 
 
-def search_switches(*, uneven_pipeline: bool, tp_in_node: bool, split_later: bool = False
+def search_switches(*, uneven_pipeline: bool, tp_in_node: bool, split_later: bool = False,
+                    recompute_per_chunk: bool = False, microbatch_groups: bool = False
                     ) -> Switches:
     """The rules' switches in a search: the study's, chunks Megatron-LM's own flags build, and
     one plan of each set the model cannot tell apart. ``split_later``: the space's own rules,
     before the CP-SAT stage pins the first/last stages (a plan, as explain reads it, has its
     split already)."""
     return Switches(uneven_pipeline=uneven_pipeline, uneven_chunks=False, tp_in_node=tp_in_node,
-                    split_later=split_later and uneven_pipeline, canonical=True)
+                    split_later=split_later and uneven_pipeline, canonical=True,
+                    recompute_per_chunk=recompute_per_chunk, microbatch_groups=microbatch_groups)
 
 
 def cluster_spec(gpu: GpuSpec, num_gpus: int, gpus_per_node: int, fabric: str) -> ClusterSpec:
@@ -150,7 +157,9 @@ def build_specs(study: Study) -> Specs:
     return Specs(model=build_model(study), cluster=cluster, training=training,
                  headroom_gib=headroom,
                  switches=search_switches(uneven_pipeline=section.uneven_pipeline,
-                                          tp_in_node=section.tp_in_node))
+                                          tp_in_node=section.tp_in_node,
+                                          recompute_per_chunk=training.recompute_per_chunk,
+                                          microbatch_groups=training.microbatch_groups))
 
 
 def plan_file_specs(pf: PlanFile, gpu: GpuSpec | None = None) -> Specs:

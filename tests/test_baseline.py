@@ -126,7 +126,8 @@ def test_outside_the_space_by_a_rule_names_the_rule_and_its_text(
     b = json.loads(out)["baseline"]
     assert [x["name"] for x in b["excluded_by"]] == ["zero_sharding"]
     assert b["excluded_by"][0]["rule"] == (
-        "zero_stage == 0, dp * cp > 1 or the experts have expert-DP replicas (in a canonical space)")
+        "zero_stage == 0, dp * cp > 1 or the experts have expert-DP replicas "
+        "(in a canonical space)")
     assert b["figures"]["fits"]  # the tool's own figure is still given
     code, out, err = run(capsys, "explain", str(study), "--plan", INSIDE)
     assert code == 0, err

@@ -27,6 +27,7 @@ import yaml
 from export_plans import golden_plans, study_top_plans
 
 from search.planfile import PlanFile, load_plan_file
+from search.presets import get_preset
 from tcf_search.export import FORMATS, ExportOptions, ExportRefused, render
 from tcf_search.export.options import TARGETS
 from tcf_search.export.rules import TITAN_FLAVORS_02
@@ -186,7 +187,8 @@ def test_megatron_70b_reads_back() -> None:
 # GPTModelProvider extends (megatron/bridge/models/gpt_provider.py adds the fields below).
 
 PROVIDER_FIELDS = {"seq_length", "rotary_base", "position_embedding_type",
-                   "share_embeddings_and_output_weights", "moe_layer_freq"}
+                   "share_embeddings_and_output_weights", "moe_layer_freq", "rope_scaling",
+                   "rope_scaling_factor"}
 
 
 def nemo_overrides(files: dict[str, str]) -> dict[str, str]:
@@ -198,15 +200,18 @@ def nemo_model_config(files: dict[str, str]) -> Any:
     torch = pytest.importorskip("torch", reason="torch not installed (extra: export-check)")
     tc = pytest.importorskip("megatron.core.transformer.transformer_config",
                              reason="megatron-core not installed (extra: export-check)")
-    fields = {f.name: f for f in dataclasses.fields(tc.TransformerConfig)}
+    o = nemo_overrides(files)
+    # a DeepSeek recipe's provider is an MLATransformerConfig (nemo.latent_overrides)
+    cls = tc.MLATransformerConfig if "model.kv_lora_rank" in o else tc.TransformerConfig
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     kw: dict[str, Any] = {"pipeline_dtype": torch.bfloat16}
-    for key, text in nemo_overrides(files).items():
+    for key, text in o.items():
         section, _, name = key.partition(".")
         if section != "model" or name in PROVIDER_FIELDS:
             continue
-        assert name in fields, f"model.{name} is not a TransformerConfig field"
+        assert name in fields, f"model.{name} is not a {cls.__name__} field"
         kw[name] = yaml.safe_load(text)
-    return tc.TransformerConfig(**kw)
+    return cls(**kw)
 
 
 def test_nemo_model_overrides_build_a_transformer_config(plans: dict[str, PlanFile]) -> None:
@@ -321,7 +326,8 @@ def test_torchtitan_0_2_toml(plans: dict[str, PlanFile]) -> None:
 
 
 def test_torchtitan_0_2_70b_reads_back() -> None:
-    pf = seventy_b()
+    # 0.2's flavours always scale RoPE as Llama 3.1 does: Llama 3.1 70B is the 70B it trains
+    pf = dataclasses.replace(seventy_b(), model=get_preset("llama3.1-70b"))
     doc = tomllib.loads(render("torchtitan", pf, ExportOptions(target_version="0.2"))
                         ["torchtitan.toml"])
     check_titan_02(doc, pf)

@@ -58,14 +58,17 @@ def specs() -> Specs:
 def grid() -> list[Plan]:
     plans = []
     for tp, pp, cp, ep, vpp, mb, zero, sp, sched, (first, last) in itertools.product(
-            (1, 2, 3, 4, 16), (1, 2, 4, 12), (1, 2, 4), (1, 3, 4), (1, 2, 3), (1, 3), (0, 1),
+            (1, 2, 3, 4, 16), (1, 2, 4, 12), (1, 2, 4), (1, 3, 4), (1, 2, 3), (1, 2), (0, 1),
             (False, True), ("1f1b", "gpipe"), PLACEMENTS):
         if sp and tp == 1:
             continue  # Plan itself refuses it (the table's sp_tp, read by Plan.__post_init__)
         dp = max(1, 48 // (tp * pp * cp))  # fills the 48 GPUs unless tp * pp * cp > 48
+        # ZeRO-1 plans also recompute 3 layers a stage in full (recompute_chunks at vpp 2)
+        full = {"recompute": "full", "recompute_layers": 3} if zero == 1 else {}
         plans.append(Plan(tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, vpp=vpp, micro_batch=mb,
                           zero_stage=zero, sequence_parallel=sp, pp_schedule=sched,
-                          first_stage_layers=first, last_stage_layers=last))
+                          first_stage_layers=first, last_stage_layers=last,
+                          **full))  # type: ignore[arg-type]
     # the experts' own TP (Megatron-Core's folding) on a share of them
     return plans + [replace(p, expert_tp=e) for p in plans[::11] for e in (1, 2, 8)]
 
@@ -185,8 +188,9 @@ def test_explain_repairs_follow_the_broken_rules(specs: Specs) -> None:
     base = Plan(tp=2, pp=4, dp=6, vpp=3, zero_stage=1, sequence_parallel=True, micro_batch=8)
     plan, notes = apply_change(base, {"tp": 1}, specs)
     # world_size moves dp to 48 / 4 = 12, sp_tp drops sequence parallel, batch moves the
-    # micro-batch to a divisor of 48 / 12 = 4 sequences per replica
-    assert (plan.dp, plan.sequence_parallel, plan.micro_batch) == (12, False, 4)
+    # micro-batch to a divisor of 48 / 12 = 4 sequences per replica, and microbatch_groups to
+    # one that leaves a multiple of pp = 4 micro-batches (interleaved)
+    assert (plan.dp, plan.sequence_parallel, plan.micro_batch) == (12, False, 1)
     assert {n.split()[0] for n in notes} == {"dp", "sequence_parallel", "micro_batch"}
     plan, notes = apply_change(base, {"pp": 1}, specs)  # dp 24; vpp_layers: no pipeline
     assert (plan.dp, plan.vpp, plan.micro_batch) == (24, 1, 2)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import costmodel
-from costmodel import Plan, estimate, estimate_batch, plans_to_arrays
+from costmodel import Plan, estimate, estimate_batch, plans_to_arrays, rules
 from search.misses import nearest_misses
 from search.placement import Placement, stages_of
 from search.prune import MemoryStage, memory_stage, plan_arrays
@@ -88,12 +88,18 @@ def placements(layers: int, pp: int, vpp: int, full: bool) -> list[dict[str, int
 def brute_force(specs: Specs, stage: MemoryStage) -> dict[int, list[Plan]]:
     """Layout index -> every plan of it that the cost model says fits."""
     rows, plans = [], []
+    # the framework's own rule on the recomputed count (generic: per model chunk)
+    chunks = [rules.BY_NAME["recompute_chunks"]]
+    facts = rules.facts_of(specs.model, specs.cluster, specs.training, specs.switches)
+    assert facts.switches.recompute_per_chunk
     for i in range(len(stage.cols["tp"])):
         row = {a: int(stage.cols[a][i]) for a in AXES}
         for place in placements(specs.model.layers, row["pp"], row["vpp"],
                                 row["recompute"] == 2):
-            rows.append(i)
-            plans.append(plan_from_row({**row, **place}))
+            plan = plan_from_row({**row, **place})
+            if not rules.broken(plan, facts, tuple(chunks)):
+                rows.append(i)
+                plans.append(plan)
     out = estimate_batch(specs.model, specs.cluster, specs.training, plans_to_arrays(plans))
     fitting: dict[int, list[Plan]] = {}
     for i, plan, fits in zip(rows, plans, out["fits"], strict=True):

@@ -74,6 +74,9 @@ def valid_by_hand(s: SearchSpace, v: dict[str, int]) -> bool:
         vpp == 1 or (pp > 1 and (s.layers % (pp * vpp) == 0
                                  or (s.uneven_pipeline and _some_split(s.layers, pp, vpp)))),
         s.global_batch % (v["micro_batch"] * dp) == 0,
+        # the interleaved schedule's groups of pp micro-batches (generic profile: on)
+        vpp == 1 or not s.microbatch_groups or (s.global_batch // (v["micro_batch"] * dp)) % pp
+        == 0,
         v["zero_stage"] == 0 or dp * cp > 1 or (s.experts > 0 and tp * cp * dp // (
             ep * (v["expert_tp"] or (1 if (dp * cp) % ep else tp))) > 1),
         v["sequence_parallel"] == 0 or tp > 1,

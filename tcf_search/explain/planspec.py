@@ -53,6 +53,18 @@ def _micro_batch_dividing(v: Values, s: Specs) -> int | None:
     return _largest_divisor_at_most(b // v["dp"], v["micro_batch"]) if b % v["dp"] == 0 else None
 
 
+def _micro_batch_grouping(v: Values, s: Specs) -> int | None:
+    """The largest micro-batch up to the plan's that leaves a multiple of pp micro-batches."""
+    b, dp, pp = s.training.global_batch, v["dp"], v["pp"]
+    fits = [m for m in range(1, v["micro_batch"] + 1)
+            if b % (m * dp) == 0 and (b // (m * dp)) % pp == 0]
+    return max(fits) if fits else None
+
+
+def _recompute_per_chunk(v: Values, s: Specs) -> int:
+    return -(-v["recompute_layers"] // v["vpp"]) * v["vpp"]
+
+
 REPAIRS: dict[str, tuple[Repair, ...]] = {
     "world_size": (("dp", _dp_filling, "keeps {num_gpus} GPUs"),),
     "pp_layers": (("first_stage_layers", lambda v, s: 0, "even split for the new pipeline"),
@@ -64,6 +76,11 @@ REPAIRS: dict[str, tuple[Repair, ...]] = {
     "schedule": (("pp_schedule", lambda v, s: "1f1b", "no pipeline"),),
     "zero_sharding": (("zero_stage", lambda v, s: 0, "no data-parallel ranks to shard over"),),
     "batch": (("micro_batch", _micro_batch_dividing, "divides the sequences per replica"),),
+    "microbatch_groups": (("micro_batch", _micro_batch_grouping,
+                           "interleaving runs micro-batches in groups of pp"),
+                          ("vpp", lambda v, s: 1, "no micro-batch count in groups of pp")),
+    "recompute_chunks": (("recompute_layers", _recompute_per_chunk,
+                          "--recompute-num-layers counts per model chunk"),),
 }
 
 

@@ -2,7 +2,9 @@
 replicate/shard, TP, CP), plus ``accelerate launch`` on every node.
 
 ZeRO maps to FSDP2 as in ``accelerate/commands/launch.py``: 3 reshards after forward, 1/2 keep
-parameters gathered (``fsdp_reshard_after_forward: false``); 0 is plain multi-GPU DDP.
+parameters gathered (``fsdp_reshard_after_forward: false``); 0 is plain multi-GPU DDP. The config
+has no model: the searched one is written beside it as a Hugging Face config.json (``hf_model``),
+whose folder the script gets as ``--model_config``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import yaml
 
 from search.planfile import PlanFile
 
-from . import rules
+from . import hf_model, rules
 from .options import ExportOptions
 from .shell import Raw, command, comment_safe, script
 from .view import LaunchView, facts_of
@@ -60,12 +62,15 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
     rules.check("accelerate", rules.ACCELERATE, f)
     head = (f"# Accelerate config for study {comment_safe(pf.study)}, rank {pf.rank}; "
             f"per-GPU micro-batch {f.micro_batch}, gradient accumulation {f.microbatches}.\n")
-    text = head + yaml.safe_dump(config(pf, f, options), sort_keys=False)
+    note = hf_model.HEADER.format(family=hf_model.family(pf.model))
+    text = head + note + yaml.safe_dump(config(pf, f, options), sort_keys=False)
     body = command(
         ["accelerate", "launch", "--config_file", Raw('"$(dirname "$0")/accelerate.yaml"'),
          "--machine_rank", Raw('"${NODE_RANK:-0}"'),
          "--main_process_ip", Raw('"${MASTER_ADDR:-localhost}"')],
         [(options.train_script,),
          ("--per_device_train_batch_size", f.micro_batch,
-          "--gradient_accumulation_steps", f.microbatches)])
-    return {CONFIG: text, "accelerate.sh": script("accelerate", pf, body, None, f.version)}
+          "--gradient_accumulation_steps", f.microbatches),
+         ("--model_config", Raw('"$(dirname "$0")"'))])
+    return {CONFIG: text, hf_model.FILENAME: hf_model.render(pf.model, f.seq_len),
+            "accelerate.sh": script("accelerate", pf, body, None, f.version, note)}

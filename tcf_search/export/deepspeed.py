@@ -1,5 +1,7 @@
 """DeepSpeed: a JSON config (batch sizes, ZeRO stage, precision, checkpointing, pipeline, AutoTP,
-AutoEP) plus the ``torchrun`` line that starts the user's script with it.
+AutoEP) plus the ``torchrun`` line that starts the user's script with it. DeepSpeed's config has
+no model: the searched one is written beside it as a Hugging Face config.json (``hf_model``),
+whose folder the script gets as ``--model_config``.
 
 Batch keys obey DeepSpeed's own identity, checked in ``deepspeed/runtime/config.py``:
 ``train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * world``,
@@ -16,7 +18,7 @@ from typing import Any
 
 from search.planfile import PlanFile
 
-from . import rules
+from . import hf_model, rules
 from .options import ExportOptions
 from .shell import Raw, command, script, torchrun_head
 from .view import LaunchView, facts_of
@@ -61,5 +63,8 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
     rules.check("deepspeed", rules.DEEPSPEED, f)
     text = json.dumps(config(pf, f), indent=2) + "\n"
     body = command([*torchrun_head(f, options.master_port), options.train_script],
-                   [("--deepspeed", "--deepspeed_config", Raw(f'"$(dirname "$0")/{CONFIG}"'))])
-    return {CONFIG: text, LAUNCHER: script("deepspeed", pf, body, None, f.version)}
+                   [("--deepspeed", "--deepspeed_config", Raw(f'"$(dirname "$0")/{CONFIG}"')),
+                    ("--model_config", Raw('"$(dirname "$0")"'))])
+    note = hf_model.HEADER.format(family=hf_model.family(pf.model))
+    return {CONFIG: text, hf_model.FILENAME: hf_model.render(pf.model, f.seq_len),
+            LAUNCHER: script("deepspeed", pf, body, None, f.version, note)}

@@ -78,6 +78,56 @@ def layer_style_args(m: ModelSpec) -> list[Group]:
     return out
 
 
+def rope_scaling_args(m: ModelSpec) -> list[Group]:
+    """RoPE's long-context scaling (the table's MEGATRON rules have checked it is expressible):
+    Llama 3.1's with ``--use-rope-scaling --rope-scaling-factor`` (its freq factors and 8192 are
+    fixed in megatron/core/models/common/embeddings/rotary_pos_embedding.py _apply_scaling);
+    under MLA, YaRN is MLATransformerConfig's rope_type default, with the factor and mscales as
+    flags (megatron/training/arguments.py _add_mla_args) and MLA's plain RoPE ``--rope-type
+    rope``, which the fused MLA RoPE kernel does not take (MLATransformerConfig.__post_init__)."""
+    s = m.rope_scaling
+    if m.mla is None:
+        return [] if s is None else [("--use-rope-scaling", "--rope-scaling-factor", s.factor)]
+    if s is None:
+        return [("--rope-type", "rope", "--no-rope-fusion")]
+    return [("--rope-type", "yarn", "--rotary-scaling-factor", s.factor, "--mscale", s.mscale,
+             "--mscale-all-dim", s.mscale_all_dim)]
+
+
+def mla_args(m: ModelSpec) -> list[Group]:
+    """Multi-head latent attention (megatron/training/arguments.py: --multi-latent-attention from
+    TransformerConfig, the ranks and head widths from _add_mla_args). DeepSeek's latent
+    projections are normalised (q_a_layernorm, kv_a_layernorm): Megatron-Core's MLA layer spec
+    builds those norms only under --qk-layernorm (megatron/core/models/gpt/gpt_layer_specs.py)."""
+    if m.mla is None:
+        return []
+    a = m.mla
+    out: list[Group] = [("--multi-latent-attention", "--qk-layernorm")]
+    if a.q_lora_rank:
+        out.append(("--q-lora-rank", a.q_lora_rank))
+    out.append(("--kv-lora-rank", a.kv_lora_rank, "--qk-head-dim", a.qk_nope_head_dim,
+                "--qk-pos-emb-head-dim", a.qk_rope_head_dim, "--v-head-dim", a.v_head_dim))
+    return out
+
+
+def router_args(m: ModelSpec) -> list[Group]:
+    """The router beyond top-k softmax (TransformerConfig's moe_router_* fields, flags by
+    megatron/training/arguments.py): sigmoid scores, group-limited routing, the routed output's
+    scaling and the auxiliary-loss-free balancing bias."""
+    r = m.moe_router
+    if r is None:
+        return []
+    out: list[Group] = [("--moe-router-score-function", r.score)]
+    if r.groups > 1:
+        out.append(("--moe-router-num-groups", r.groups, "--moe-router-group-topk",
+                    r.group_topk))
+    if r.scaling != 1.0:
+        out.append(("--moe-router-topk-scaling-factor", r.scaling))
+    if r.expert_bias:
+        out.append(("--moe-router-enable-expert-bias",))
+    return out
+
+
 def model_args(pf: PlanFile) -> list[Group]:
     m, t = pf.model, pf.training
     out: list[Group] = [
@@ -89,7 +139,7 @@ def model_args(pf: PlanFile) -> list[Group]:
     if m.head_dim:
         out.append(("--kv-channels", m.head_dim))
     out.append(("--seq-length", t.seq_len, "--max-position-embeddings", t.seq_len))
-    out += layer_style_args(m)
+    out += layer_style_args(m) + mla_args(m) + rope_scaling_args(m)
     if m.ffn_type == "swiglu":
         out.append(("--swiglu",))
     if not m.tied_embeddings:
@@ -103,6 +153,7 @@ def model_args(pf: PlanFile) -> list[Group]:
         if m.moe_dense_layers:
             out.append(("--moe-layer-freq",
                         f"([0]*{m.moe_dense_layers}+[1]*{m.moe_layers})"))
+        out += router_args(m)
         out.append(("--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"))
     return out
 

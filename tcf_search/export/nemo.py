@@ -5,6 +5,7 @@ overrides. Key names follow Megatron-Bridge's ConfigContainer (``model.*`` is th
 
 from __future__ import annotations
 
+from costmodel.layer_style import MoeRouter
 from search.planfile import PlanFile
 
 from . import rules
@@ -22,7 +23,13 @@ FILENAME = "nemo.sh"
 RECIPES: dict[str, tuple[str, bool]] = {
     "llama3-8b": ("llama3_8b_pretrain_config", False),
     "llama3-70b": ("llama3_70b_pretrain_config", True),
+    "llama3.1-8b": ("llama31_8b_pretrain_config", False),
+    "llama3.1-70b": ("llama31_70b_pretrain_config", True),
     "llama3.1-405b": ("llama31_405b_pretrain_config", True),
+    # DeepSeek-V3's provider (megatron/bridge/models/deepseek/deepseek_v3_bridge.py) is an
+    # MLATransformerConfig with DeepSeek's router; the recipe turns on one MTP layer and its own
+    # pipeline layout, which the overrides below take off (the searched model has neither)
+    "deepseek-v3": ("deepseek_v3_pretrain_config", True),
     "gpt3-175b": ("gpt3_175b_pretrain_config", True),
     "qwen3-30b-a3b": ("qwen3_30b_a3b_pretrain_config", False),
     "qwen3-235b-a22b": ("qwen3_235b_a22b_pretrain_config", False),
@@ -88,6 +95,7 @@ def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, 
           "model.gated_linear_unit": m.ffn_type == "swiglu", "tokenizer.vocab_size": m.vocab}
     if m.position_embedding == "rope":
         o["model.rotary_base"] = int(m.rope_base)
+    o |= latent_overrides(pf)
     if m.is_moe:
         o |= {"model.num_moe_experts": m.moe_experts, "model.moe_router_topk": m.moe_topk,
               "model.moe_ffn_hidden_size": m.expert_ffn_hidden}
@@ -96,6 +104,13 @@ def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, 
                 m.moe_shared_experts * m.expert_ffn_hidden)
         if m.moe_dense_layers:
             o["model.moe_layer_freq"] = f"[0]*{m.moe_dense_layers}+[1]*{m.moe_layers}"
+        # the searched router, whatever the recipe's provider has (megatron.router_args)
+        r = m.moe_router or MoeRouter()
+        o |= {"model.moe_router_score_function": r.score,
+              "model.moe_router_num_groups": r.groups if r.groups > 1 else None,
+              "model.moe_router_group_topk": r.group_topk if r.groups > 1 else None,
+              "model.moe_router_topk_scaling_factor": r.scaling if r.scaling != 1.0 else None,
+              "model.moe_router_enable_expert_bias": r.expert_bias}
     o |= {"train.micro_batch_size": f.micro_batch, "train.global_batch_size": f.global_batch,
           "train.train_iters": options.train_iters, "optimizer.lr": options.lr,
           "mixed_precision": MIXED_PRECISION[f.precision]}
@@ -117,6 +132,33 @@ def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, 
     return o
 
 
+def latent_overrides(pf: PlanFile) -> dict[str, object]:
+    """Latent attention and RoPE scaling as provider fields: GPTModelProvider's rope_scaling /
+    rope_scaling_factor (Llama 3.1, megatron/bridge/models/gpt_provider.py) and, on a DeepSeek
+    recipe's MLATransformerConfig, the latent sizes, its normed latents (qk_layernorm) and YaRN
+    (rope_type, rotary_scaling_factor, original_max_position_embeddings, beta_*, mscale*)."""
+    m = pf.model
+    s = m.rope_scaling
+    o: dict[str, object] = {}
+    if m.mla is None:
+        llama3 = s is not None and s.kind == "llama3"
+        o["model.rope_scaling"] = llama3
+        if s is not None and llama3:
+            o["model.rope_scaling_factor"] = s.factor
+        return o
+    a = m.mla
+    o |= {"model.q_lora_rank": a.q_lora_rank or None, "model.kv_lora_rank": a.kv_lora_rank,
+          "model.qk_head_dim": a.qk_nope_head_dim, "model.qk_pos_emb_head_dim":
+          a.qk_rope_head_dim, "model.v_head_dim": a.v_head_dim, "model.qk_layernorm": True,
+          "model.mtp_num_layers": None, "model.pipeline_model_parallel_layout": None}
+    if s is None:
+        return o | {"model.rope_type": "rope", "model.apply_rope_fusion": False}
+    return o | {"model.rope_type": "yarn", "model.rotary_scaling_factor": s.factor,
+                "model.original_max_position_embeddings": s.original_max_position_embeddings,
+                "model.beta_fast": s.beta_fast, "model.beta_slow": s.beta_slow,
+                "model.mscale": s.mscale, "model.mscale_all_dim": s.mscale_all_dim}
+
+
 def recipe_of(pf: PlanFile, options: ExportOptions) -> tuple[str, bool]:
     """The recipe and whether it has a comm_overlap section; refuses a model without one."""
     if options.nemo_recipe:
@@ -136,6 +178,12 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
     f = facts_of(pf, options, "nemo")
     rules.check("nemo", rules.NEMO, f)
     recipe, has_comm_overlap = recipe_of(pf, options)
+    if (pf.model.mla is not None) != recipe.startswith("deepseek_"):
+        # a recipe's config class is fixed: only the DeepSeek providers are MLATransformerConfig
+        raise ExportRefused("nemo", [
+            f"latent attention is built by a DeepSeek recipe's MLATransformerConfig (an "
+            f"override cannot change a config's class), but the model has mla="
+            f"{pf.model.mla} and the recipe is {recipe}"])
     o = overrides(pf, f, options)
     if has_comm_overlap:
         o["comm_overlap.tp_comm_overlap"] = pf.training.tp_comm_overlap

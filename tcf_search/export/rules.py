@@ -15,8 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel import rules as costmodel_rules
+from costmodel.layer_style import LLAMA31_ROPE_SCALING
 from costmodel.specs import ModelSpec
 
+from . import hf_model
 from .options import ExportRefused
 from .view import LaunchView
 
@@ -74,6 +76,40 @@ PIPELINE_SPLIT: tuple[AnyRule, ...] = (
          "megatron/core/transformer/transformer_config.py (uneven PP)"),
 )
 
+def _yarn_fixed(m: ModelSpec) -> bool:
+    """YaRN's correction range at MLATransformerConfig's defaults (4096, beta 32 and 1), which
+    Megatron-LM 0.16 has no flags for."""
+    s = m.rope_scaling
+    return s is None or (s.original_max_position_embeddings, s.beta_fast, s.beta_slow) == (
+        4096, 32.0, 1.0)
+
+
+def _llama3_fixed(m: ModelSpec) -> bool:
+    s = m.rope_scaling
+    return s is None or (s.low_freq_factor, s.high_freq_factor,
+                         s.original_max_position_embeddings) == (1.0, 4.0, 8192)
+
+
+def _scaling(m: ModelSpec) -> str:
+    return m.rope_scaling.kind if m.rope_scaling else "none"
+
+
+# RoPE scaling and latent attention as Megatron-LM 0.16 takes them (megatron.rope_scaling_args)
+MEGATRON_ROPE: tuple[AnyRule, ...] = (
+    Rule(lambda f: _scaling(f.model) != "llama3" or (f.model.mla is None
+                                                     and _llama3_fixed(f.model)),
+         "--use-rope-scaling applies Llama 3.1's scaling with low_freq_factor 1, "
+         "high_freq_factor 4 and 8192 original positions (only the factor is a flag), to "
+         "non-MLA attention, but the model has {model.rope_scaling}",
+         "megatron/core/models/common/embeddings/rotary_pos_embedding.py _apply_scaling"),
+    Rule(lambda f: _scaling(f.model) != "yarn" or (f.model.mla is not None
+                                                   and _yarn_fixed(f.model)),
+         "YaRN is MLA's rope_type, with original_max_position_embeddings 4096, beta_fast 32 "
+         "and beta_slow 1 (no flags; --position-embedding-type has no yarn in 0.16), but the "
+         "model has mla={model.mla}, rope_scaling={model.rope_scaling}",
+         "megatron/core/transformer/transformer_config.py MLATransformerConfig"),
+)
+
 MEGATRON: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
     Rule(lambda f: not (f.ep > 1 and f.tp > 1) or f.sp,
          "expert parallelism with tp > 1 requires sequence parallelism, but got "
@@ -84,14 +120,6 @@ MEGATRON: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
     Rule(lambda f: f.pp == 1 or f.schedule != "gpipe",
          "Megatron has no GPipe schedule (1F1B or interleaved 1F1B only), but got "
          "pp_schedule={schedule}", "megatron/core/pipeline_parallel/schedules.py"),
-    Rule(lambda f: f.vpp == 1 or f.microbatches % f.pp == 0,
-         "the interleaved schedule needs micro-batches % pp == 0, but got "
-         "microbatches={microbatches}, pp={pp}",
-         "megatron/core/pipeline_parallel/schedules.py (micro-batch groups)"),
-    Rule(lambda f: f.recompute != "full" or f.recompute_all or f.recompute_layers % f.vpp == 0,
-         "--recompute-num-layers counts layers per model chunk, so recompute_layers % vpp == 0 "
-         "must hold, but got recompute_layers={recompute_layers}, vpp={vpp}",
-         "megatron/core/transformer/transformer_block.py (block recompute)"),
     Rule(lambda f: not (f.zero == 2 and f.fsdp_impl == "torch"),
          "--use-torch-fsdp2 always shards parameters (ZeRO-3); Megatron has no torch-FSDP "
          "ZeRO-2, but got zero_stage=2 with fsdp_impl=torch (use fsdp_impl=megatron)",
@@ -110,12 +138,31 @@ MEGATRON: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
     Rule(lambda f: not (f.zero == 3 and f.fsdp_impl == "torch") or not f.tied,
          "--use-torch-fsdp2 requires untied embeddings, but the model ties them",
          "megatron/training/arguments.py validate_args"),
+    *MEGATRON_ROPE,
 )
 
-# Megatron-Bridge (NeMo) builds the same Megatron-Core configs, so it inherits the same checks.
-NEMO: tuple[AnyRule, ...] = MEGATRON
+# Megatron-Bridge (NeMo) builds the same Megatron-Core configs, so it inherits the same checks,
+# except that YaRN's correction range is a field of the DeepSeek provider (nemo.latent_overrides)
+NEMO: tuple[AnyRule, ...] = tuple(r for r in MEGATRON if r is not MEGATRON_ROPE[1]) + (
+    Rule(lambda f: _scaling(f.model) != "yarn" or f.model.mla is not None,
+         "YaRN is MLA's rope_type (the DeepSeek providers), but the model has no latent "
+         "attention", "megatron/core/transformer/transformer_config.py MLATransformerConfig"),
+)
 
-DEEPSPEED: tuple[AnyRule, ...] = COMMON + (
+# DeepSpeed and Accelerate configure the user's script; the model goes beside them as a Hugging
+# Face config.json (export/hf_model.py), so it must be one a Hugging Face model class builds.
+HF_MODEL: tuple[AnyRule, ...] = (
+    Rule(lambda f: hf_model.family(f.model) is not None,
+         "the model goes beside the config as a Hugging Face config.json, and no Hugging Face "
+         "family written here (llama, qwen2, mistral, mixtral, deepseek_v3, gpt2) builds "
+         "norm={model.norm}, position_embedding={model.position_embedding}, bias={model.bias}, "
+         "ffn_type={model.ffn_type}, experts={model.moe_experts} (shared "
+         "{model.moe_shared_experts}, dense layers {model.moe_dense_layers}), "
+         "mla={model.mla}, rope_scaling={model.rope_scaling}, router={model.moe_router}",
+         "transformers/models/*/configuration_*.py"),
+)
+
+DEEPSPEED: tuple[AnyRule, ...] = COMMON + HF_MODEL + (
     Rule(lambda f: f.pp == 1 or f.zero < 2,
          "the DeepSpeed pipeline engine rejects ZeRO-2/3, but got pp={pp}, zero_stage={zero}",
          "deepspeed/runtime/pipe/engine.py"),
@@ -158,6 +205,13 @@ def _dp_shard(f: LaunchView) -> int:
 # torchtitan's Llama 3 parts (torchtitan/models/llama3/__init__.py, models/common): RMSNorm,
 # RoPE, bias-free linears, SwiGLU, a dense FFN and head_dim = dim // n_heads.
 TITAN_LLAMA: tuple[AnyRule, ...] = (
+    Rule(lambda f: f.model.mla is None,
+         "this export builds torchtitan's Llama 3 parts, which have no latent attention, but "
+         "the model has mla={model.mla} (torchtitan's own deepseek_v3 model is not exported)",
+         "torchtitan/models/llama3/__init__.py; torchtitan/models/deepseek_v3"),
+    Rule(lambda f: _scaling(f.model) != "yarn",
+         "torchtitan's ComplexRoPE has no YaRN mscale, but the model has {model.rope_scaling}",
+         "torchtitan/models/common/rope.py"),
     Rule(lambda f: f.model.norm == "rmsnorm" and f.model.position_embedding == "rope"
          and f.model.bias == "none" and f.model.ffn_type == "swiglu",
          "torchtitan's Llama 3 model has RMSNorm, RoPE, SwiGLU and no biases, but the model has "
@@ -211,6 +265,11 @@ TORCHTITAN: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + TITAN_LLAMA + (
         and not f.model.tied_embeddings),
          "torchtitan 0.2 trains a registered Llama 3 flavour (8B, 70B, 405B) picked by name, but "
          "the model ({model.name}) is none of them", "torchtitan/models/llama3/__init__.py"),
+    Rule(lambda f: f.version != "0.2" or f.model.rope_scaling == LLAMA31_ROPE_SCALING,
+         "torchtitan 0.2's Llama 3 flavours always scale RoPE as Llama 3.1 does "
+         "(RoPEScalingArgs: factor 8, low_freq_factor 1, high_freq_factor 4, 8192), but the "
+         "model has rope_scaling={model.rope_scaling}",
+         "torchtitan 0.2 torchtitan/models/llama3/model/args.py, model.py precompute_freqs_cis"),
     Rule(lambda f: f.version != "0.2" or f.tp == 1 or f.sp,
          "torchtitan 0.2 always applies sequence parallelism with TP, but the plan has "
          "tp={tp} without it", "torchtitan 0.2 tensor_parallel"),
@@ -220,6 +279,13 @@ TORCHTITAN: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + TITAN_LLAMA + (
 )
 
 NANOTRON: tuple[AnyRule, ...] = COMMON + (
+    Rule(lambda f: f.model.mla is None,
+         "nanotron's LlamaConfig has no latent attention, but the model has mla={model.mla}",
+         "nanotron/config/models_config.py"),
+    Rule(lambda f: f.model.rope_scaling is None,
+         "nanotron's LlamaConfig takes rope_scaling but its Llama model never reads it, so "
+         "RoPE would train unscaled, but the model has rope_scaling={model.rope_scaling}",
+         "nanotron/models/llama.py (main, 2026-04; no reader of rope_scaling)"),
     Rule(lambda f: f.model.norm == "rmsnorm" and f.model.position_embedding == "rope"
          and f.model.bias == "none" and f.model.ffn_type == "swiglu" and not f.model.is_moe
          and f.model.d_head * f.model.heads == f.model.hidden,
@@ -261,7 +327,7 @@ NANOTRON: tuple[AnyRule, ...] = COMMON + (
          "nanotron/config/config.py"),
 )
 
-ACCELERATE: tuple[AnyRule, ...] = COMMON + (
+ACCELERATE: tuple[AnyRule, ...] = COMMON + HF_MODEL + (
     Rule(lambda f: f.pp == 1,
          "Accelerate (FSDP2 + ND-parallel) has no pipeline parallelism, but got pp={pp}",
          "accelerate/parallelism_config.py"),

@@ -13,6 +13,7 @@ import json
 import re
 from typing import Any
 
+from costmodel.specs import ModelSpec
 from search.planfile import PlanFile
 
 from . import rules
@@ -71,12 +72,25 @@ def _py(value: Any) -> str:
     return repr(value)
 
 
+def _rope_scaling(m: ModelSpec) -> str:
+    """Llama 3.1's RoPE scaling as ComplexRoPE's fields (torchtitan/models/common/rope.py:
+    scaling "llama", scaling_factor, low/high_freq_factor, original_max_position_embeddings);
+    the rules refuse YaRN here."""
+    s = m.rope_scaling
+    if s is None:
+        return ""
+    return (f', scaling="llama", scaling_factor={s.factor!r}, low_freq_factor='
+            f"{s.low_freq_factor!r}, high_freq_factor={s.high_freq_factor!r}, "
+            f"original_max_position_embeddings={s.original_max_position_embeddings}")
+
+
 def _model_lines(pf: PlanFile, f: LaunchView) -> list[str]:
     """The searched model in torchtitan's own Llama 3 parts, as its flavour functions build
     them (torchtitan/models/llama3/__init__.py: ``Llama3Model.Config`` with the layers of
     ``_build_llama3_layers``); the FP8 converter is applied as ``model_registry`` does."""
     m = pf.model
-    rope = f"ComplexRoPE.Config(dim={m.d_head}, max_seq_len={f.seq_len}, theta={m.rope_base!r})"
+    rope = (f"ComplexRoPE.Config(dim={m.d_head}, max_seq_len={f.seq_len}, theta={m.rope_base!r}"
+            f"{_rope_scaling(m)})")
     lines = [
         "def tcf_model():",
         f'    """{comment_safe(m.name)}: {m.layers} layers, hidden {m.hidden}, '

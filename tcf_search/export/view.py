@@ -92,6 +92,16 @@ def _stage_split(layers: int, pp: int, first: int, last: int
 EXPORT_SWITCHES = rules.Switches(uneven_chunks=False)
 
 
+def format_switches(fmt: str) -> rules.Switches:
+    """The exporters' switches with the launcher's own framework switches, from its profile
+    in hardware_catalog/frameworks.yaml (a format with no profile of its own reads the generic
+    one): the table's rules then refuse what the search, under that profile, never picks."""
+    own = framework_settings(fmt)
+    return dataclasses.replace(EXPORT_SWITCHES,
+                               recompute_per_chunk=bool(own.get("recompute_per_chunk", False)),
+                               microbatch_groups=bool(own.get("microbatch_groups", False)))
+
+
 def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
     p, t, m = pf.plan, pf.training, pf.model
     denominator = p.micro_batch * p.dp
@@ -119,7 +129,7 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
         rule_facts=rules.Facts(layers=m.layers, heads=m.heads, kv_heads=m.kv_heads,
                                experts=m.moe_experts, seq_len=t.seq_len,
                                global_batch=t.global_batch, num_gpus=pf.num_gpus,
-                               nvlink_domain=pf.gpus_per_node, switches=EXPORT_SWITCHES,
+                               nvlink_domain=pf.gpus_per_node, switches=format_switches(fmt),
                                **_moe_switches(fmt)),
     )
 

@@ -33,6 +33,7 @@ torchrun --nnodes 16 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --master-a
     model.gated_linear_unit=true \
     tokenizer.vocab_size=128256 \
     model.rotary_base=500000 \
+    model.rope_scaling=false \
     train.micro_batch_size=1 \
     train.global_batch_size=256 \
     train.train_iters=1000 \

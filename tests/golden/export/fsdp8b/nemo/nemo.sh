@@ -29,6 +29,7 @@ torchrun --nnodes 8 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --master-ad
     model.gated_linear_unit=true \
     tokenizer.vocab_size=128256 \
     model.rotary_base=500000 \
+    model.rope_scaling=false \
     train.micro_batch_size=2 \
     train.global_batch_size=512 \
     train.train_iters=1000 \
