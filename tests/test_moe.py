@@ -193,3 +193,14 @@ def test_shared_expert_overlap_hides_only_behind_shared_experts(h100: GpuSpec) -
             assert on.exposed_s < off.exposed_s  # type: ignore[attr-defined]
         else:
             assert on.exposed_s == pytest.approx(off.exposed_s)  # type: ignore[attr-defined]
+
+
+def test_full_recompute_is_a_share_of_the_kernels_with_ep_across_nodes(h100: GpuSpec) -> None:
+    """The recomputed forward re-runs its all-to-all too, but that time is communication: the
+    recompute share counts kernels only, so it stays below the kernels it is a part of (at most
+    the forward's, about a third of forward and backward)."""
+    cluster = ClusterSpec(gpu=h100, num_gpus=64, gpus_per_node=8)
+    tr = Training(seq_len=4096, global_batch=256)
+    est = estimate(FINE, cluster, Plan(dp=64, ep=64, recompute="full"), tr)
+    assert _a2a(est).exposed_s > 0.5 * est.compute.time_s  # the exchange is large here
+    assert 0.0 < est.compute.recompute_time_s < 0.5 * est.compute.time_s
