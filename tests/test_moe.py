@@ -204,3 +204,34 @@ def test_full_recompute_is_a_share_of_the_kernels_with_ep_across_nodes(h100: Gpu
     est = estimate(FINE, cluster, Plan(dp=64, ep=64, recompute="full"), tr)
     assert _a2a(est).exposed_s > 0.5 * est.compute.time_s  # the exchange is large here
     assert 0.0 < est.compute.recompute_time_s < 0.5 * est.compute.time_s
+
+
+def _moe_act_bytes(model: ModelSpec, tr: Training, plan: Plan) -> float:
+    from costmodel.memory import activation_bytes_per_layer
+
+    p = as_plan_arrays(plans_to_arrays([plan]))
+    return float(activation_bytes_per_layer(model, tr, p)[0][0])
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_moe_activations_grow_with_top_k_and_expert_width(precision: str) -> None:
+    """As Megatron-Core saves them: each routed copy keeps its fc1 input (h), fc1 output
+    (2 fe, gated) and activation output (fe); more copies or wider experts keep more."""
+    tr = Training(seq_len=4096, global_batch=64, precision=precision)  # type: ignore[arg-type]
+    plan = Plan(dp=8, ep=8)
+    base = _moe_act_bytes(FINE, tr, plan)
+    assert _moe_act_bytes(replace(FINE, moe_topk=9), tr, plan) > base
+    assert _moe_act_bytes(replace(FINE, moe_ffn_hidden=1024), tr, plan) > base
+    skewed = replace(tr, moe_load_imbalance=1.5)  # the busiest rank keeps more copies
+    assert _moe_act_bytes(FINE, skewed, plan) > base
+
+
+def test_one_more_routed_copy_keeps_its_expert_tensors_once() -> None:
+    """bf16, no recompute, tp 1: one more top-k copy of each of the 4,096 tokens keeps its fc1
+    input 2 h = 4,096 B, fc1 output 2 x 2 fe = 3,072 B and activation output 2 fe = 1,536 B:
+    8,704 B per token. The permuted tokens are not saved twice (permute and unpermute keep index
+    maps only)."""
+    tr = Training(seq_len=4096, global_batch=64)
+    plan = Plan(dp=8, ep=8)
+    delta = _moe_act_bytes(replace(FINE, moe_topk=9), tr, plan) - _moe_act_bytes(FINE, tr, plan)
+    assert delta == pytest.approx(4096 * (2 * 2048 + 6 * 768))
