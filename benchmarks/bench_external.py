@@ -107,15 +107,16 @@ ASYNC_TP_TABLES = frozenset({"5", "6"})
 # qwen3/workload_base_configs.py): the H100 Qwen3 recipes keep the alltoall dispatcher with
 # moe_a2a_overlap. 26.04 (configs/qwen/qwen3_workload_base_configs.py
 # QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1): HybridEP (flex), no overlap. Every one is
-# balanced by construction (force-balanced or padded to capacity).
+# balanced by construction (force-balanced or padded to capacity); the padded ones need no
+# device-to-host sync in the dispatcher (moe_pad_to_capacity), the force-balanced ones do.
 MOE_RECIPES: dict[tuple[str, str], dict[str, object]] = {
     ("25.09", "DGX-H100"): {"moe_dispatcher": "flex", "moe_a2a_overlap": True},
     ("25.11", "DGX-H100"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": True},
     ("26.04.01", "DGX-H100"): {"moe_dispatcher": "flex", "moe_a2a_overlap": False},
     ("25.09", "DGX-B200"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": False,
-                            "moe_shared_expert_overlap": True},
+                            "moe_shared_expert_overlap": True, "moe_pad_to_capacity": True},
     ("25.09", "DGX-GB200"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": False,
-                             "moe_shared_expert_overlap": True},
+                             "moe_shared_expert_overlap": True, "moe_pad_to_capacity": True},
 }
 
 

@@ -235,3 +235,29 @@ def test_one_more_routed_copy_keeps_its_expert_tensors_once() -> None:
     plan = Plan(dp=8, ep=8)
     delta = _moe_act_bytes(replace(FINE, moe_topk=9), tr, plan) - _moe_act_bytes(FINE, tr, plan)
     assert delta == pytest.approx(4096 * (2 * 2048 + 6 * 768))
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "flex"])
+def test_a_dispatcher_that_syncs_is_slower_by_at_least_the_sync(h100: GpuSpec,
+                                                                dispatcher: str) -> None:
+    """Dropless, the dispatcher waits for the token counts on the host once per MoE layer
+    forward; padded to capacity it does not: the forward is slower by at least the round trip
+    and the host's issue of the next kernel, the backward not at all."""
+    from costmodel.compute import layer_times
+    from costmodel.moe import D2H_SYNC_S, host_syncs
+
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    p = as_plan_arrays(plans_to_arrays([Plan(dp=8, ep=8)]))
+    padded = Training(seq_len=4096, global_batch=64, moe_dispatcher=dispatcher,  # type: ignore[arg-type]
+                      moe_pad_to_capacity=True)
+    dropless = replace(padded, moe_pad_to_capacity=False)
+    assert host_syncs(padded) == 0.0 and host_syncs(dropless) == 1.0
+    fast, slow = layer_times(FINE, cluster, padded, p), layer_times(FINE, cluster, dropless, p)
+    gap = float(slow.fwd_moe_s[0] - fast.fwd_moe_s[0])
+    assert gap >= (D2H_SYNC_S + dropless.host_overhead_s) * (1 - 1e-9)
+    assert float(slow.bwd_moe_s[0]) == float(fast.bwd_moe_s[0])
+    # a host slower than the expert GEMMs it issues after the sync shows in full
+    slow_host = layer_times(FINE, cluster, replace(dropless, host_overhead_s=200e-6), p)
+    slow_padded = layer_times(FINE, cluster, replace(padded, host_overhead_s=200e-6), p)
+    local_gemms = 2 * FINE.moe_experts / 8
+    assert float(slow_host.fwd_moe_s[0] - slow_padded.fwd_moe_s[0]) > 0.5 * local_gemms * 200e-6
