@@ -107,16 +107,31 @@ ASYNC_TP_TABLES = frozenset({"5", "6"})
 # qwen3/workload_base_configs.py): the H100 Qwen3 recipes keep the alltoall dispatcher with
 # moe_a2a_overlap. 26.04 (configs/qwen/qwen3_workload_base_configs.py
 # QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1): HybridEP (flex), no overlap. Every one is
-# balanced by construction (force-balanced or padded to capacity).
+# balanced by construction (force-balanced or padded to capacity); the padded ones need no
+# device-to-host sync in the dispatcher (moe_pad_to_capacity), the force-balanced ones do.
 MOE_RECIPES: dict[tuple[str, str], dict[str, object]] = {
     ("25.09", "DGX-H100"): {"moe_dispatcher": "flex", "moe_a2a_overlap": True},
     ("25.11", "DGX-H100"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": True},
     ("26.04.01", "DGX-H100"): {"moe_dispatcher": "flex", "moe_a2a_overlap": False},
     ("25.09", "DGX-B200"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": False,
-                            "moe_shared_expert_overlap": True},
+                            "moe_shared_expert_overlap": True, "moe_pad_to_capacity": True},
     ("25.09", "DGX-GB200"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": False,
-                             "moe_shared_expert_overlap": True},
+                             "moe_shared_expert_overlap": True, "moe_pad_to_capacity": True},
 }
+
+# What the MoE recipes recompute (facts from each release's scripts, printed beside the chosen
+# mode, not used to choose it): Qwen3 none in every release (25.09 configs/qwen3/*.yaml
+# recompute_granularity: null; 25.11 and 26.04 configs/qwen*/qwen3_llm_pretrain.py
+# set_qwen3_common_configs); DeepSeek-V3 in 25.09 (run_script.py) the selective modules
+# mla_up_proj and mlp on H100, mla_up_proj on B200 and GB200 (the model's "selective" recomputes
+# the activation function only: the nearest of its modes, not the same).
+RECIPE_RECOMPUTE: dict[tuple[str, str], str] = {
+    ("deepseek-v3", "DGX-H100"): "mla_up_proj+mlp", ("deepseek-v3", "DGX-B200"): "mla_up_proj",
+    ("deepseek-v3", "DGX-GB200"): "mla_up_proj"}
+
+
+def recipe_recompute(preset: str, system: str) -> str:
+    return RECIPE_RECOMPUTE.get((preset, system), "none" if preset.startswith("qwen3") else "?")
 
 
 def moe_switches(release: str, system: str, is_moe: bool) -> dict[str, object]:
@@ -195,7 +210,7 @@ def megatron_bridge_table() -> None:
     print("\nMegatron-Bridge performance summary (docs/performance-summary-archive.md), megatron "
           "profile, fp8, infiniband")
     print(f"{'release':<10}{'system':<11}{'model':<17}{'GPUs':>5}{'published':>11}"
-          f"{'predicted':>11}{'error':>8}  recompute")
+          f"{'predicted':>11}{'error':>8}  recompute (recipe's)")
     errs: dict[str, list[float]] = {"dense": [], "moe": []}
     for (release, system, preset, gpus, batch, mb, seq, fsdp, tp, pp, cp, vp, ep,
          published) in BRIDGE:
@@ -230,7 +245,8 @@ def megatron_bridge_table() -> None:
         tok = est.tokens_per_s_per_gpu
         errs["moe" if model.is_moe else "dense"].append(abs(tok / published - 1))
         fits = "" if est.memory.fits else " *"
-        print(f"{head}{tok:>11,.0f}{tok / published - 1:>+8.0%}  {chosen}{fits}")
+        recipe = f" ({recipe_recompute(preset, system)})" if model.is_moe else ""
+        print(f"{head}{tok:>11,.0f}{tok / published - 1:>+8.0%}  {chosen}{fits}{recipe}")
     print("tokens/s per GPU, mean absolute error: " + ", ".join(
         f"{sum(v) / len(v):.1%} on {len(v)} {k} runs" for k, v in errs.items() if v)
           + "; * = predicted not to fit")

@@ -95,6 +95,34 @@ def _states_per_param(tr: Training, p: PlanArrays, shard: np.ndarray) -> dict[st
             "comm_buffer": comm_buffer, "opt_buffer": opt_buffer}
 
 
+def _routed_copies(model: ModelSpec, tr: Training, p: PlanArrays, M: np.ndarray) -> np.ndarray:
+    """Token copies the busiest rank's experts receive per micro-batch: top-k of each of its
+    M / tp tokens, gathered over expert TP (:func:`costmodel.moe.tokens_per_expert`)."""
+    return M * model.moe_topk * tr.moe_load_imbalance * expert_tp(p) / p.tp
+
+
+def _moe_saved(model: ModelSpec, tr: Training, p: PlanArrays, M: np.ndarray,
+               sp_div: np.ndarray) -> tuple[float, np.ndarray]:
+    """(MLP width whose fc1 output and activation output are saved, per token and TP rank;
+    bf16 bytes saved besides them) of a Megatron-Core MoE layer. Saved for backward: the
+    router's fp32 logits and probabilities over tokens x experts (router.py gating,
+    moe_utils.py topk_softmax_with_capacity; its bf16 input is the norm output, counted
+    already); the routed copies as the grouped fc1's input (experts.py TEGroupedMLP,
+    Transformer Engine's GroupedLinear saves its inputs); at the expert width the fc1 output
+    and the activation's output, as a dense MLP's. Not saved: the permute and unpermute
+    (moe_utils.py permute/unpermute, fused or not, keep only their index maps: index_select,
+    scatter-add and the fused kernels need no input for backward, and the probabilities are
+    applied in the activation, experts.py weighted_bias_swiglu, so the unpermute merges
+    none), the all-to-all and its sorted chunks (the fc1 input is that tensor)."""
+    h, E, fe = model.hidden, model.moe_experts, model.expert_ffn_hidden
+    copies = _routed_copies(model, tr, p, M)
+    router = 2.0 * 4.0 * M * E / sp_div  # fp32 logits and probabilities
+    # per token and TP rank: the shared experts' width (TP-sharded) and the routed copies'
+    # (each at fe / expert TP, on expert-TP times the copies)
+    width = (model.moe_shared_experts + model.moe_topk * tr.moe_load_imbalance) * fe
+    return width, router + BF16 * copies * h
+
+
 def activation_bytes_per_layer(model: ModelSpec, tr: Training,
                                p: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(stored under the plan's recompute mode, stored when fully recomputed, all of a layer)
@@ -114,15 +142,16 @@ def activation_bytes_per_layer(model: ModelSpec, tr: Training,
     if not tr.flash_attention:  # fp16 scores, fp32 softmax output (Korthikanti: 5as/h terms)
         attention = attention + 5.0 * M * score_keys(model, tr.seq_len) * a / tp
     if model.is_moe:
-        fe, k = model.expert_ffn_hidden, model.moe_topk + model.moe_shared_experts
-        width = k * fe
-        routing = 2.0 * M * model.moe_topk * h * BF16 / tp  # permuted tokens in and out
+        width, routing = _moe_saved(model, tr, p, M, sp_div)
     else:
-        width, routing = f, 0.0
+        width, routing = float(f), np.zeros_like(M)
     gated = model.ffn_type == "swiglu"
     mlp_all = (6.0 if gated else 4.0) * M * width / tp + routing
     mlp_selective = (4.0 if gated else 2.0) * M * width / tp + routing
-    if tr.precision == "fp8" and tr.fp8_saves_cast_inputs:
+    fp8_inputs = tr.precision == "fp8" and tr.fp8_saves_cast_inputs
+    if model.is_moe and fp8_inputs:  # the routed copies kept as the expert fc1's fp8 input
+        routing = routing - _routed_copies(model, tr, p, M) * model.hidden
+    if fp8_inputs:
         # Transformer Engine keeps the fp8 cast of each GEMM's input for the weight gradient,
         # 1 byte instead of 2: both norm outputs (QKV and MLP-in inputs), the attention output
         # (out-projection input) and the MLP's inner activation (down-projection input)

@@ -21,7 +21,12 @@
 * the busiest EP rank sets the pace: its experts run ``moe_load_imbalance`` times the mean
   tokens (1 under force-balanced routing or capacity padding);
 * shared experts (shared_experts.py): a dense MLP on every token, TP-sharded like the dense
-  layers.
+  layers;
+* the host's wait (:func:`host_syncs`, :func:`sync_stall`): a dropless dispatcher needs the
+  token counts on the host to size its buffers and TE GroupedLinear's per-expert splits, and
+  waits for them once per MoE layer forward (recomputed forwards too; the backward reuses the
+  splits): the GPU drains, then idles while the counts cross to the host and it issues the
+  next kernel, and the host cannot run ahead of the post-sync kernels any more.
 
 The dispatch's communication is ``costmodel.parallel.expert``'s.
 """
@@ -50,6 +55,12 @@ ROUTER_FP32_PASSES = 8.0
 # kernels of the router and the dispatcher's local copies, per layer forward: gating GEMM,
 # softmax, top-k, scatters, aux loss; permute, sort, unsort, unpermute (fused: one each)
 ROUTER_KERNELS, PERMUTE_KERNELS, FUSED_PERMUTE_KERNELS = 8.0, 10.0, 4.0
+# a few bytes of token counts copied device-to-host on a side stream and the host woken by
+# its event (cudaMemcpyAsync + cudaEventSynchronize over PCIe): a prior, not fitted
+D2H_SYNC_S = 10e-6
+# the dispatch's collectives the host issues after the sync: the all-to-all, the combine's
+# all-to-all and, under expert TP, the all-gather and reduce-scatter
+POST_SYNC_COLLECTIVES = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +135,33 @@ def permute_elements(model: ModelSpec, tr: Training, p: PlanArrays,
     return 2.0 * k + (3.0 * k + 2.0) + sort
 
 
+def host_syncs(tr: Training) -> float:
+    """Device-to-host waits per MoE layer forward. Megatron-Core's alltoall dispatcher copies
+    the splits and tokens per expert to the host and waits before the all-to-all
+    (token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess, cuda_sync_point
+    "before_ep_alltoall" or, with EP 1, "before_finish") except with drop_and_pad, whose counts
+    are the capacity; the allgather dispatcher moves tokens_per_expert with ``.cpu()``; DeepEP's
+    dispatch waits on the host for the received counts (fused_a2a.py FusedDispatch: "the CPU
+    will wait for GPU's signal"), HybridEP too unless given num_permuted_tokens (the padded
+    capacity). Padding is taken to make flex HybridEP's."""
+    if tr.moe_pad_to_capacity and tr.moe_dispatcher in ("alltoall", "flex"):
+        return 0.0
+    return 1.0
+
+
+def sync_stall(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels, routed_s: np.ndarray,
+               permute_s: np.ndarray, permute_kernels: float) -> np.ndarray:
+    """GPU idle time per MoE layer forward from the host's waits: the count's round trip and
+    the host's issue of the first kernel after it, then what the host's issue of the rest of the
+    layer's MoE kernels (the expert GEMMs, the unsort and unpermute, the collectives) exceeds
+    their GPU time; the transfers' own time, which also lets the host catch up, is left out."""
+    local = model.moe_experts / p.ep
+    host_post = (2.0 * local + permute_kernels / 2.0 + POST_SYNC_COLLECTIVES) * tr.host_overhead_s
+    gpu_post = routed_s + permute_s / 2.0
+    return host_syncs(tr) * (D2H_SYNC_S + tr.host_overhead_s
+                             + np.maximum(host_post - gpu_post, 0.0))
+
+
 def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
               dense: _DenseLayer) -> MoeLayer:
     h, f, fe = model.hidden, model.ffn_hidden, model.expert_ffn_hidden
@@ -152,6 +190,7 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     # the experts' GEMMs are not split for TP overlap: their weight gradients cost as forward
     fwd, bwd = fwd_bwd(gemm_s, dense.wgrad_attn_s + moe_s, dense.attention_s, elem_s,
                        elem.overhead_fwd_s, 1.0)
+    fwd = fwd + sync_stall(model, tr, p, kn, routed, permute, permute_kernels)
     return MoeLayer(routed_s=routed, permute_s=permute, router_s=router,
                     shared_s=np.broadcast_to(shared, kn.tokens.shape).astype(float),
                     elem_s=elem_s,

@@ -67,7 +67,9 @@ def stage_times(p: PlanArrays, layers: StageLayers, lt: LayerTimes, comm_fwd_s: 
         # on a synchronous device issuing is part of every kernel's time
         comp = comp + (host if synchronous else np.maximum(host - comp - comm_mb, 0.0))
         out["compute"][st], out["comm"][st] = comp, comm_mb
-        out["recompute"][st] = r * (fwd + comm_fwd_s) + selective
+        # the kernels that re-run, as a share of ``compute``: the re-run forward's exposed
+        # communication (the EP all-to-all of a recomputed MoE layer) is in ``comm`` already
+        out["recompute"][st] = r * fwd + selective
     total = {st: out["compute"][st] + out["comm"][st] for st in STAGES}
     return StageTimes(compute_s=out["compute"], comm_s=out["comm"], recompute_s=out["recompute"],
                       total_s=total,

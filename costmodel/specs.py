@@ -338,6 +338,10 @@ class Training:
     # the busiest EP rank's routed tokens over the mean (>= 1): 1 under force-balanced routing
     # (--moe-router-force-load-balancing) or capacity padding (--moe-pad-expert-input-to-capacity)
     moe_load_imbalance: float = 1.0
+    # --moe-pad-expert-input-to-capacity (with --moe-expert-capacity-factor): every expert's
+    # input padded to its capacity, so the token counts are known on the host and the alltoall
+    # and HybridEP dispatchers skip their device-to-host sync (costmodel/moe.py host_syncs)
+    moe_pad_to_capacity: bool = False
     # ZeRO-3 keeps no low-precision shard of the weights: the fp32 master shard is the
     # parameter, cast to bf16 only while a unit is gathered (FSDP2's fully_shard with a
     # MixedPrecisionPolicy, torch/distributed/fsdp/_fully_shard/_fsdp_param.py: the sharded

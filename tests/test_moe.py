@@ -193,3 +193,71 @@ def test_shared_expert_overlap_hides_only_behind_shared_experts(h100: GpuSpec) -
             assert on.exposed_s < off.exposed_s  # type: ignore[attr-defined]
         else:
             assert on.exposed_s == pytest.approx(off.exposed_s)  # type: ignore[attr-defined]
+
+
+def test_full_recompute_is_a_share_of_the_kernels_with_ep_across_nodes(h100: GpuSpec) -> None:
+    """The recomputed forward re-runs its all-to-all too, but that time is communication: the
+    recompute share counts kernels only, so it stays below the kernels it is a part of (at most
+    the forward's, about a third of forward and backward)."""
+    cluster = ClusterSpec(gpu=h100, num_gpus=64, gpus_per_node=8)
+    tr = Training(seq_len=4096, global_batch=256)
+    est = estimate(FINE, cluster, Plan(dp=64, ep=64, recompute="full"), tr)
+    assert _a2a(est).exposed_s > 0.5 * est.compute.time_s  # the exchange is large here
+    assert 0.0 < est.compute.recompute_time_s < 0.5 * est.compute.time_s
+
+
+def _moe_act_bytes(model: ModelSpec, tr: Training, plan: Plan) -> float:
+    from costmodel.memory import activation_bytes_per_layer
+
+    p = as_plan_arrays(plans_to_arrays([plan]))
+    return float(activation_bytes_per_layer(model, tr, p)[0][0])
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_moe_activations_grow_with_top_k_and_expert_width(precision: str) -> None:
+    """As Megatron-Core saves them: each routed copy keeps its fc1 input (h), fc1 output
+    (2 fe, gated) and activation output (fe); more copies or wider experts keep more."""
+    tr = Training(seq_len=4096, global_batch=64, precision=precision)  # type: ignore[arg-type]
+    plan = Plan(dp=8, ep=8)
+    base = _moe_act_bytes(FINE, tr, plan)
+    assert _moe_act_bytes(replace(FINE, moe_topk=9), tr, plan) > base
+    assert _moe_act_bytes(replace(FINE, moe_ffn_hidden=1024), tr, plan) > base
+    skewed = replace(tr, moe_load_imbalance=1.5)  # the busiest rank keeps more copies
+    assert _moe_act_bytes(FINE, skewed, plan) > base
+
+
+def test_one_more_routed_copy_keeps_its_expert_tensors_once() -> None:
+    """bf16, no recompute, tp 1: one more top-k copy of each of the 4,096 tokens keeps its fc1
+    input 2 h = 4,096 B, fc1 output 2 x 2 fe = 3,072 B and activation output 2 fe = 1,536 B:
+    8,704 B per token. The permuted tokens are not saved twice (permute and unpermute keep index
+    maps only)."""
+    tr = Training(seq_len=4096, global_batch=64)
+    plan = Plan(dp=8, ep=8)
+    delta = _moe_act_bytes(replace(FINE, moe_topk=9), tr, plan) - _moe_act_bytes(FINE, tr, plan)
+    assert delta == pytest.approx(4096 * (2 * 2048 + 6 * 768))
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "flex"])
+def test_a_dispatcher_that_syncs_is_slower_by_at_least_the_sync(h100: GpuSpec,
+                                                                dispatcher: str) -> None:
+    """Dropless, the dispatcher waits for the token counts on the host once per MoE layer
+    forward; padded to capacity it does not: the forward is slower by at least the round trip
+    and the host's issue of the next kernel, the backward not at all."""
+    from costmodel.compute import layer_times
+    from costmodel.moe import D2H_SYNC_S, host_syncs
+
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    p = as_plan_arrays(plans_to_arrays([Plan(dp=8, ep=8)]))
+    padded = Training(seq_len=4096, global_batch=64, moe_dispatcher=dispatcher,  # type: ignore[arg-type]
+                      moe_pad_to_capacity=True)
+    dropless = replace(padded, moe_pad_to_capacity=False)
+    assert host_syncs(padded) == 0.0 and host_syncs(dropless) == 1.0
+    fast, slow = layer_times(FINE, cluster, padded, p), layer_times(FINE, cluster, dropless, p)
+    gap = float(slow.fwd_moe_s[0] - fast.fwd_moe_s[0])
+    assert gap >= (D2H_SYNC_S + dropless.host_overhead_s) * (1 - 1e-9)
+    assert float(slow.bwd_moe_s[0]) == float(fast.bwd_moe_s[0])
+    # a host slower than the expert GEMMs it issues after the sync shows in full
+    slow_host = layer_times(FINE, cluster, replace(dropless, host_overhead_s=200e-6), p)
+    slow_padded = layer_times(FINE, cluster, replace(padded, host_overhead_s=200e-6), p)
+    local_gemms = 2 * FINE.moe_experts / 8
+    assert float(slow_host.fwd_moe_s[0] - slow_padded.fwd_moe_s[0]) > 0.5 * local_gemms * 200e-6
