@@ -129,7 +129,7 @@ def _elementwise(model: ModelSpec, tr: Training, kn: Kernels) -> _Elementwise:
         norm_bwd, rope_bwd = FUSED_NORM_BWD_ELEMS, FUSED_ROPE_BWD_ELEMS
         act_bwd_per_f = FUSED_SWIGLU_BWD_PER_F if gated else FUSED_GELU_BWD_PER_F
         kernels_fwd = FWD_KERNELS_PER_LAYER
-    else:  # eager composites: several passes each (see EAGER_*), backward twice the forward
+    else:  # eager composites: several passes each (see EAGER_*), backward twice those
         norm_elems, rope_elems = EAGER_NORM_ELEMS, EAGER_ROPE_ELEMS
         act_per_f = EAGER_SWIGLU_ELEMS if gated else 2.0
         norm_bwd, rope_bwd, act_bwd_per_f = 2 * norm_elems, 2 * rope_elems, 2 * act_per_f
