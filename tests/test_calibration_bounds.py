@@ -12,15 +12,13 @@ import yaml
 
 from hardware_catalog import CATALOG_DIR, load_calibration, load_fabrics
 from hardware_catalog.frameworks import PROFILES_FILE
-from tcf_search.calibration.fit import EFF_BOUNDS, PRIOR_FABRICS
+from tcf_search.calibration.fit import EFF_BOUNDS, MEM_BOUNDS, PRIOR_FABRICS
 
 REL = 1e-3
-# Known to sit at its bound, with why (issue 17): hopper's memory-bound fraction (and the families
-# that borrow hopper's fit) runs to 1.0 on the Playbook rows whose slowest stage is the LM head's
-# (pp >= 8: the vocabulary's loss kernels dominate their memory-bound time), not on the layers'
-# elementwise kernels. Remove an entry once its fit comes off the bound; the second test says so.
-KNOWN_AT_BOUND = {f"{family}.memory_bw_fraction" for family in
-                  ("hopper", "blackwell", "ada", "cdna3")}
+# Fitted values known to sit at a bound, each with why; none now. hopper's memory-bound fraction
+# sat at 1.0 until nanotron's pipeline placement by compute cost was modelled (issue 17): the
+# Playbook rows whose slowest stage held the LM head drove it there.
+KNOWN_AT_BOUND: set[str] = set()
 
 
 def _at_bound(value: float, bounds: tuple[float, float]) -> bool:
@@ -37,10 +35,17 @@ def _shipped() -> list[tuple[str, float, tuple[float, float]]]:
         if fid not in PRIOR_FABRICS:
             out.append((f"fabric {fid}", fab.network_bw_fraction,
                         EFF_BOUNDS["network_bw_fraction"]))
-    nanotron = yaml.safe_load(PROFILES_FILE.read_text())["frameworks"]["nanotron"]
-    for name, value in {**nanotron, **nanotron.get("memory_model", {})}.items():
-        if name in EFF_BOUNDS and isinstance(value, float):
-            out.append((f"nanotron.{name}", value, EFF_BOUNDS[name]))
+    profiles = yaml.safe_load(PROFILES_FILE.read_text())
+    nanotron = profiles["frameworks"]["nanotron"]
+    bounds = {**EFF_BOUNDS, **MEM_BOUNDS}
+    # the nanotron profile's fitted lines; of the shared memory model, the allocator terms
+    # (its activation_factor, logits and pressure are priors there, fitted for nanotron)
+    allocator = {k: v for k, v in profiles["memory_model"].items() if k.startswith("allocator")}
+    for where, values in (("nanotron", {**nanotron, **nanotron.get("memory_model", {})}),
+                          ("memory_model", allocator)):
+        for name, value in values.items():
+            if name in bounds and isinstance(value, float):
+                out.append((f"{where}.{name}", value, bounds[name]))
     return out
 
 

@@ -83,8 +83,9 @@ FABRIC_PREFIX = "fabric:"  # a fitted parameter that is a fabric's network fract
 # Fabrics whose network fraction is a cited prior in fabrics.yaml, not fitted: the only rows on
 # InfiniBand are Megatron SC21's (Selene): halving the fraction lengthens their steps by only
 # 0.6-3.7%, so they cannot identify it (fitted, it ran to its bound of 1.0 on the small SC21
-# models' unrelated 5-12% shortfall). The prior is NCCL's measured inter-node all-reduce bus bandwidth over the NIC's
-# line rate (fabrics.yaml gives the figures and where NVIDIA's NCCL engineers state them).
+# models' unrelated 5-12% shortfall). The prior is NCCL's measured inter-node all-reduce bus
+# bandwidth over the NIC's line rate (fabrics.yaml gives the figures and where NVIDIA's NCCL
+# engineers state them).
 PRIOR_FABRICS = ("infiniband",)
 MEM_PARAMS = ("activation_factor", "logits_bytes_per_element", "allocator_fraction",
               "allocator_const_bytes")
