@@ -47,6 +47,16 @@ FWD_KERNELS_PER_LAYER = 14.0  # norms, GEMMs, RoPE, attention, activation, resid
 # complex-multiply RoPE: to fp32 complex (2+4), multiply (4+4), back to bf16 (4+2) = 20;
 # SwiGLU: silu (2+2), multiply (4+2) = 10 (fused: 6). In 2-byte elements: 18, 10 and 5.
 EAGER_NORM_ELEMS, EAGER_ROPE_ELEMS, EAGER_SWIGLU_ELEMS = 18.0, 10.0, 5.0
+# A fused kernel's backward, in elements per element of its output (forward: norm 2, RoPE 2,
+# SwiGLU 3 per output, GELU 2): RMSNorm reads x and dy and writes dx (3; flash-attn's Triton
+# layer_norm_fn, which nanotron's TritonRMSNorm calls, and Transformer Engine's rmsnorm_bwd);
+# RoPE rotates the gradient back (2; flash-attn's apply_rotary, TE's fused RoPE); SwiGLU reads
+# gate, up and dy and writes dgate and dup (5; Megatron-Core's swiglu_back in
+# megatron/core/fusions/fused_bias_swiglu.py); GELU reads x and dy, writes dx (3). A residual
+# add's backward passes its gradient through; the one add is where the residual stream forks
+# (autograd sums the branches' gradients: 2 reads, 1 write, as the forward's add).
+FUSED_NORM_BWD_ELEMS, FUSED_ROPE_BWD_ELEMS = 3.0, 2.0
+FUSED_SWIGLU_BWD_PER_F, FUSED_GELU_BWD_PER_F = 5.0, 3.0
 # kernels per layer forward when eager: 7 per norm, 4 per RoPE'd tensor, 2 for SwiGLU, plus the
 # GEMMs, attention and residual adds
 EAGER_FWD_KERNELS_PER_LAYER = 34.0
@@ -100,6 +110,7 @@ class _Elementwise:
     MoE layer reuses."""
 
     fwd_s: np.ndarray
+    bwd_s: np.ndarray
     replicated: np.ndarray  # elements per token outside the TP regions
     rope_elems: float
     act_elems: float  # the activation function's elements per token, dense MLP width
@@ -115,15 +126,22 @@ def _elementwise(model: ModelSpec, tr: Training, kn: Kernels) -> _Elementwise:
     gated = model.ffn_type == "swiglu"
     if tr.fused_elementwise:
         norm_elems, rope_elems, act_per_f = 2.0, 2.0, 3.0 if gated else 2.0
+        norm_bwd, rope_bwd = FUSED_NORM_BWD_ELEMS, FUSED_ROPE_BWD_ELEMS
+        act_bwd_per_f = FUSED_SWIGLU_BWD_PER_F if gated else FUSED_GELU_BWD_PER_F
         kernels_fwd = FWD_KERNELS_PER_LAYER
-    else:  # eager composites: several passes each (see EAGER_*)
+    else:  # eager composites: several passes each (see EAGER_*), backward twice those
         norm_elems, rope_elems = EAGER_NORM_ELEMS, EAGER_ROPE_ELEMS
         act_per_f = EAGER_SWIGLU_ELEMS if gated else 2.0
+        norm_bwd, rope_bwd, act_bwd_per_f = 2 * norm_elems, 2 * rope_elems, 2 * act_per_f
         kernels_fwd = EAGER_FWD_KERNELS_PER_LAYER
-    replicated = (2.0 * norm_elems + 6.0) * h / np.where(kn.sp, kn.tp, 1.0)
+    shard = np.where(kn.sp, kn.tp, 1.0)
+    replicated = (2.0 * norm_elems + 6.0) * h / shard  # two norms, two residual adds (3 each)
     act_elems = act_per_f * f
     sharded = (rope_elems * rope_width(model) + act_elems) / kn.tp
-    return _Elementwise(fwd_s=kn.tokens * (replicated + sharded) * kn.act / kn.hbm,
+    bwd_elems = ((2.0 * norm_bwd + 6.0) * h / shard
+                 + (rope_bwd * rope_width(model) + act_bwd_per_f * f) / kn.tp)
+    per_elem_s = kn.tokens * kn.act / kn.hbm
+    return _Elementwise(fwd_s=per_elem_s * (replicated + sharded), bwd_s=per_elem_s * bwd_elems,
                         replicated=replicated, rope_elems=rope_elems, act_elems=act_elems,
                         kernels_fwd=kernels_fwd,
                         overhead_fwd_s=kernels_fwd * kn.cluster.gpu.efficiency.kernel_overhead_s)
@@ -189,7 +207,8 @@ def _dense_layer(model: ModelSpec, tr: Training, kn: Kernels) -> _DenseLayer:
     wgrad = wgrad_attn + w_up + w_down
     attention_s = _attention_fwd(model, tr, kn)
     elem = _elementwise(model, tr, kn)
-    fwd, bwd = fwd_bwd(gemm_s, wgrad, attention_s, elem.fwd_s, elem.overhead_fwd_s, 1.0)
+    fwd, bwd = fwd_bwd(gemm_s, wgrad, attention_s, elem.fwd_s, elem.overhead_fwd_s, 1.0,
+                       elem_bwd_s=elem.bwd_s)
     return _DenseLayer(qkv_s=qkv, out_s=out, gemm_s=gemm_s, wgrad_attn_s=wgrad_attn,
                        gemm_flops=2.0 * kn.tokens * (attention_params(model) + (n_up + f) * h) / tp,
                        attention_s=attention_s, elem=elem, fwd_s=fwd, bwd_s=bwd)

@@ -94,13 +94,15 @@ def kernels_of(cluster: ClusterSpec, tr: Training, p: PlanArrays) -> Kernels:
 
 
 def fwd_bwd(gemm_s: np.ndarray, wgrad_s: np.ndarray, attention_s: np.ndarray,
-            elem_s: np.ndarray, overhead_s: float, kernels: float
-            ) -> tuple[np.ndarray, np.ndarray]:
+            elem_s: np.ndarray, overhead_s: float, kernels: float,
+            elem_bwd_s: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """A layer's forward and backward: backward runs the GEMMs twice (the input gradients as
     the forward runs them, split where TP communication overlaps them; the weight gradients,
-    ``wgrad_s``, whole), 2.5x flash attention's forward FLOPs, twice the elementwise traffic
-    and ``BWD_KERNEL_FACTOR`` times the kernels."""
+    ``wgrad_s``, whole), 2.5x flash attention's forward FLOPs, the elementwise kernels'
+    backward traffic (``elem_bwd_s``, counted kernel by kernel; twice the forward's where not
+    given) and ``BWD_KERNEL_FACTOR`` times the kernels."""
     fwd = gemm_s + attention_s + elem_s + overhead_s * kernels
-    bwd = (gemm_s + wgrad_s + 2.5 * attention_s + 2.0 * elem_s
+    elem_bwd = 2.0 * elem_s if elem_bwd_s is None else elem_bwd_s
+    bwd = (gemm_s + wgrad_s + 2.5 * attention_s + elem_bwd
            + BWD_KERNEL_FACTOR * overhead_s * kernels)
     return fwd, bwd

@@ -32,18 +32,48 @@ class StageLayers:
         return np.maximum(np.maximum(self.first, self.middle), self.last)
 
 
-def stage_layers(num_layers: int, p: PlanArrays) -> StageLayers:
-    """Layers held by the first, a middle and the last pipeline stage (floats for averages)."""
+def cost_balanced_split(num_layers: int, pp: int, layer_cost: float, head_cost: float
+                        ) -> tuple[int, int]:
+    """First rank's layers and the LM head's rank's (with any ranks after it) when blocks are
+    placed by cumulative compute cost, as nanotron's ``build_model`` does
+    (src/nanotron/models/base.py: block i goes to the current rank, which moves on once the
+    running cost passes ``total * (rank + 1) / pp``), the head costing ``head_cost`` and each
+    layer ``layer_cost`` (src/nanotron/models/llama.py, ``get_block_compute_costs``: 4 h^2 +
+    3 f h a layer, vocab x h the head). A rank left with only the loss counts with the head's;
+    the head's stage holds at least one layer."""
+    cum = np.cumsum([layer_cost] * num_layers + [head_cost])
+    thresholds = cum[-1] * (np.arange(pp) + 1.0) / pp
+    ranks, r = [], 0
+    for c in cum:
+        ranks.append(r)
+        r += int(c > thresholds[r])
+    per_rank = np.bincount(ranks[:num_layers], minlength=pp)
+    last = max(int(per_rank[ranks[-1]:].sum()), 1)
+    return min(int(per_rank[0]), num_layers - last), last
+
+
+def stage_layers(num_layers: int, p: PlanArrays,
+                 head_balance: tuple[float, float] | None = None) -> StageLayers:
+    """Layers held by the first, a middle and the last pipeline stage (floats for averages).
+    ``head_balance`` (a layer's and the LM head's compute cost): plans that give no split place
+    their layers by :func:`cost_balanced_split` (nanotron) instead of evenly."""
     L, pp = float(num_layers), p.pp.astype(float)
-    f_set, l_set = p.first_stage_layers > 0, p.last_stage_layers > 0
+    given_first, given_last = p.first_stage_layers, p.last_stage_layers
+    if head_balance is not None:
+        unset = (p.pp > 1) & (given_first == 0) & (given_last == 0)
+        split = {int(k): cost_balanced_split(num_layers, int(k), *head_balance)
+                 for k in np.unique(p.pp[unset])}
+        given_first = np.where(unset, [split.get(int(k), (0, 0))[0] for k in p.pp], given_first)
+        given_last = np.where(unset, [split.get(int(k), (0, 0))[1] for k in p.pp], given_last)
+    f_set, l_set = given_first > 0, given_last > 0
     # layers left for the stages whose count is not given, split evenly among them
     free = pp - f_set - l_set
-    rest = (L - p.first_stage_layers - p.last_stage_layers) / np.maximum(free, 1)
+    rest = (L - given_first - given_last) / np.maximum(free, 1)
     even = L / pp
     # with no uneven split given, a count that does not divide (nanotron allows it) gives the
     # first stages one layer more
-    first = np.where(f_set, p.first_stage_layers, np.where(l_set, rest, np.ceil(even)))
-    last = np.where(l_set, p.last_stage_layers, np.where(f_set, rest, np.floor(even)))
+    first = np.where(f_set, given_first, np.where(l_set, rest, np.ceil(even)))
+    last = np.where(l_set, given_last, np.where(f_set, rest, np.floor(even)))
     last = np.where(pp == 1, first, last)
     unset_middle = (L - first - last) / np.maximum(pp - 2, 1)
     middle = np.where(pp > 2, np.where(f_set | l_set, rest, unset_middle), first)

@@ -314,6 +314,9 @@ class Training:
     # nanotron and Transformer Engine, or torch.compile); False: eager PyTorch composites that
     # pass over HBM several times each (costmodel.compute.EAGER_*)
     fused_elementwise: bool = True
+    # Pipeline stages placed by compute cost, the LM head counted (nanotron: a plan that gives no
+    # split; costmodel.mapping.cost_balanced_split); False: an even split of the layers
+    pp_cost_balance: bool = False
     # What recompute="selective" recomputes: "activation" (the MLP's activation function, and
     # attention's scores without flash attention; Korthikanti et al.'s selective recompute), or
     # "every_other_mm" (torchtitan's op-level policy: every elementwise op and every second

@@ -255,11 +255,15 @@ def test_eager_elementwise_ops_cost_more_than_fused(h100, llama8b: ModelSpec) ->
     fused = estimate(llama8b, cluster, plan, Training(seq_len=8192, global_batch=8))
     eager = estimate(llama8b, cluster, plan, Training(seq_len=8192, global_batch=8,
                                                       fused_elementwise=False))
-    h, f, ad, gd = 4096, 14336, 32 * 128, 8 * 128
-    extra_elems = (2 * (18 - 2)) * h + (10 - 2) * (ad + gd) + (5 - 3) * f  # per token, layer
+    h, f, rw = 4096, 14336, 32 * 128 + 8 * 128  # RoPE acts on q and k
+    # per token and layer, elements: eager forward 2 norms x 18 + 2 adds x 3, RoPE 10, SwiGLU 5,
+    # its backward twice the norms', RoPE's and SwiGLU's passes and one add per residual;
+    # fused forward 2 x 2 + 6, RoPE 2, SwiGLU 3, backward kernel by kernel: 2 x 3 + 6, 2, 5
+    eager_elems = ((2 * 18 + 6) * h + 10 * rw + 5 * f) + ((2 * 36 + 6) * h + 20 * rw + 10 * f)
+    fused_elems = ((2 * 2 + 6) * h + 2 * rw + 3 * f) + ((2 * 3 + 6) * h + 2 * rw + 5 * f)
     bw = h100.hbm_bw_bytes_per_s * h100.efficiency.memory_bw_fraction
-    # forward + backward (twice the forward's passes) over 32 layers of 8192 tokens
-    expect = 3 * 32 * 8192 * extra_elems * 2 / bw
+    # over 32 layers of 8192 tokens, 2-byte elements
+    expect = 32 * 8192 * (eager_elems - fused_elems) * 2 / bw
     # and 20 more kernels per layer forward (34 instead of 14), backward twice as many
     expect += 3 * 32 * (34 - 14) * h100.efficiency.kernel_overhead_s
     gap = eager.step_time_s - fused.step_time_s

@@ -29,7 +29,7 @@ import yaml
 from scipy.optimize import least_squares
 
 from costmodel.specs import Efficiency, MemoryModel
-from hardware_catalog import CATALOG_DIR, FAMILIES, load_calibration
+from hardware_catalog import CATALOG_DIR, FAMILIES, get_fabric, load_calibration
 from hardware_catalog.frameworks import PROFILES_FILE
 from tcf_search.calibration.accuracy import regime, report, throughput_rows
 from tcf_search.calibration.dataset import (
@@ -80,6 +80,13 @@ EFF_BOUNDS = {"gemm_peak_fraction": (0.3, 0.95), "gemm_half_size": (1.0, 4096.0)
 NCCL_CHANNELS = 16.0
 SM_COUNT = {"ampere": 108.0, "hopper": 132.0}
 FABRIC_PREFIX = "fabric:"  # a fitted parameter that is a fabric's network fraction
+# Fabrics whose network fraction is a cited prior in fabrics.yaml, not fitted: the only rows on
+# InfiniBand are Megatron SC21's (Selene): halving the fraction lengthens their steps by only
+# 0.6-3.7%, so they cannot identify it (fitted, it ran to its bound of 1.0 on the small SC21
+# models' unrelated 5-12% shortfall). The prior is NCCL's measured inter-node all-reduce bus
+# bandwidth over the NIC's line rate (fabrics.yaml gives the figures and where NVIDIA's NCCL
+# engineers state them).
+PRIOR_FABRICS = ("infiniband",)
 MEM_PARAMS = ("activation_factor", "logits_bytes_per_element", "allocator_fraction",
               "allocator_const_bytes")
 # the framework's own footprint (nanotron profile) vs the PyTorch allocator's (every framework)
@@ -229,14 +236,14 @@ def fit_ampere(frame: pd.DataFrame, groups: list[Group], train: pd.Series, hoppe
     """A100: llm-foundry's FSDP runs (flash attention, RoCE) and Megatron SC21's (GEMM-bound:
     wide layers, full recompute, HDR InfiniBand) together tell GEMM, attention and memory-bound
     efficiency apart, and the two fabrics' network fractions. Returns the family's efficiency,
-    the fabrics' fractions and how many fitted rows ran on each fabric."""
+    the fitted fabrics' fractions (not PRIOR_FABRICS') and how many fitted rows ran on each."""
     a100 = ((frame["source"].eq("llm-foundry") & frame["gpu"].str.startswith("a100"))
             | frame["source"].eq("megatron-sc21")) & frame["status"].eq("ok") & train
     ampere, fitted = fit_efficiency(
         frame, groups, a100, "ampere",
         replace(hopper, source="", comm_sm_share=NCCL_CHANNELS / SM_COUNT["ampere"]),
         ("gemm_peak_fraction", "attention_peak_fraction", "memory_bw_fraction",
-         FABRIC_PREFIX + "roce", FABRIC_PREFIX + "infiniband"))
+         FABRIC_PREFIX + "roce"))
     n_sc21 = int((a100 & frame["source"].eq("megatron-sc21")).sum())
     ampere = replace(ampere, source="fitted by python -m tcf_search.calibration.fit on "
                      f"{int(a100.sum()) - n_sc21} llm-foundry A100 and {n_sc21} Megatron SC21 "
@@ -354,6 +361,10 @@ def main(argv: list[str] | None = None) -> int:
     print("nanotron profile:", nanotron)
     ampere, fabrics, rows_on = fit_ampere(frame, groups, train, hopper)
     print("ampere:", ampere, "fabrics:", fabrics)
+    for fid in PRIOR_FABRICS:
+        fab = get_fabric(fid)
+        print(f"fabric {fid}: network_bw_fraction {fab.network_bw_fraction} is a prior, not "
+              f"fitted (its rows cannot identify it; see fit.py PRIOR_FABRICS): {fab.source}")
 
     effs = {"hopper": hopper, "ampere": ampere}
     for family in (f for f in FAMILIES if f != "cpu"):
