@@ -76,6 +76,9 @@ class Switches:
     microbatch_groups: the interleaved schedule runs micro-batches in groups of pp, so their
         count per step is a multiple of pp (Megatron-Core's ``microbatch_group_size_per_vp_stage``
         defaults to pp; a framework profile's switch, ``Training``).
+    moe_tp_sequence_parallel: a model with MoE layers trains with tp > 1 only under sequence
+        parallelism (Megatron-Core's ``MoELayer.forward``; a framework profile's switch,
+        ``Training``).
     """
 
     uneven_pipeline: bool = True
@@ -85,6 +88,7 @@ class Switches:
     canonical: bool = False
     recompute_per_chunk: bool = False
     microbatch_groups: bool = False
+    moe_tp_sequence_parallel: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,15 +121,17 @@ class Facts:
                 "uneven_chunks": s.uneven_chunks, "tp_in_node": s.tp_in_node,
                 "split_later": s.split_later,
                 "canonical": s.canonical, "recompute_per_chunk": s.recompute_per_chunk,
-                "microbatch_groups": s.microbatch_groups}
+                "microbatch_groups": s.microbatch_groups,
+                "moe_tp_sequence_parallel": s.moe_tp_sequence_parallel}
 
 
 def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
              switches: Switches | None = None) -> Facts:
     """The facts of a model on a cluster; the framework's own switches (``recompute_per_chunk``,
-    ``microbatch_groups``: a profile's) are the training's."""
+    ``microbatch_groups``, ``moe_tp_sequence_parallel``: a profile's) are the training's."""
     switches = replace(switches or Switches(), recompute_per_chunk=training.recompute_per_chunk,
-                       microbatch_groups=training.microbatch_groups)
+                       microbatch_groups=training.microbatch_groups,
+                       moe_tp_sequence_parallel=training.moe_tp_sequence_parallel)
     return Facts(layers=model.layers, heads=model.heads, kv_heads=model.kv_heads,
                  experts=model.moe_experts, seq_len=training.seq_len,
                  global_batch=training.global_batch, num_gpus=cluster.num_gpus,
@@ -258,6 +264,15 @@ RULES: tuple[Rule, ...] = (
     Rule("moe_tp", ("tp",), ("experts", "moe_tensor_parallel"),
          "experts == 0 or tp == 1 or moe_tensor_parallel (the framework runs TP with MoE layers)",
          lambda c, f: (f.experts == 0) | (c["tp"] == 1) | f.moe_tensor_parallel),
+    # Megatron-Core's MoELayer.forward raises ValueError in training when the attention's TP
+    # group is > 1 without sequence parallelism (megatron/core/transformer/moe/moe_layer.py,
+    # core_v0.14-0.19 and main), EP or not; model_parallel_config.py __post_init__ also refuses
+    # ep > 1 with tp > 1 without it (ValueError up to core_v0.14, a warning since 0.15)
+    Rule("moe_tp_sp", ("tp", "sequence_parallel"), ("experts", "moe_tp_sequence_parallel"),
+         "experts == 0, tp == 1 or sequence_parallel, unless not moe_tp_sequence_parallel "
+         "(the framework's MoE layers train under TP only with sequence parallelism)",
+         lambda c, f: (f.experts == 0) | (c["tp"] == 1) | (c["sequence_parallel"] != 0)
+         | (not f.switches.moe_tp_sequence_parallel)),
     Rule("moe_zero", ("zero_stage",), ("experts", "moe_max_zero_stage"),
          "experts == 0 or zero_stage <= moe_max_zero_stage (the ZeRO stages the framework runs "
          "with MoE layers)",

@@ -272,6 +272,9 @@ class Training:
     # microbatch_group_size_per_vp_stage default): their count is a multiple of pp. Validity
     # (costmodel.rules ``microbatch_groups``), not a cost.
     microbatch_groups: bool = False
+    # A model with MoE layers trains with tp > 1 only under sequence parallelism (Megatron-Core's
+    # MoELayer.forward). Validity (costmodel.rules ``moe_tp_sp``), not a cost.
+    moe_tp_sequence_parallel: bool = False
     dp_bucket_bytes: float = 25 * 2**20  # gradient bucket (torch DDP's default 25 MiB)
     # Extra seconds per TP ring step when a pipeline engine interleaves its point-to-point
     # transfers with TP collectives on one stream and those transfers cross the network (seen

@@ -97,7 +97,8 @@ def test_the_grid_holds_valid_and_invalid_plans_of_every_rule(specs: Specs) -> N
     ("deepspeed", Plan(tp=1, pp=1, dp=48, ep=4, zero_stage=3), "moe_zero"),
     ("deepspeed", Plan(tp=1, pp=1, dp=48, ep=1, zero_stage=3), "moe_zero"),
     # NeMo AutoModel's MoE parallelizer asserts tp == 1
-    ("nemo-automodel", Plan(tp=2, pp=1, dp=24, ep=4, zero_stage=3), "moe_tp"),
+    ("nemo-automodel", Plan(tp=2, pp=1, dp=24, ep=4, zero_stage=3, sequence_parallel=True),
+     "moe_tp"),
 ])
 def test_framework_moe_rules(framework: str, plan: Plan, rule: str) -> None:
     """A combination a framework refuses is refused by check_plan, the search space and that
@@ -116,6 +117,46 @@ def test_framework_moe_rules(framework: str, plan: Plan, rule: str) -> None:
                       training=specs.training, plan=plan)
         f = facts_of(pf, ExportOptions(), "deepspeed")
         assert [r.rule.name for r in COMMON if isinstance(r, Shared) and not r.holds(f)] == [rule]
+
+
+MOE_TP = Plan(tp=2, pp=1, dp=24, ep=4, zero_stage=1)
+
+
+@pytest.mark.parametrize("framework,refused", [
+    # Megatron-Core's MoELayer.forward: tp > 1 without sequence parallelism is a ValueError
+    ("", True), ("megatron", True), ("nemo", True),
+    # torchtitan's router reshards a replicated input; DeepSpeed drops duplicate tokens;
+    # nanotron's MoE takes either tp_mode
+    ("torchtitan", False), ("deepspeed", False), ("nanotron", False),
+])
+def test_moe_tp_needs_sequence_parallel_where_the_framework_does(framework: str,
+                                                                 refused: bool) -> None:
+    """MoE under TP without sequence parallelism: check_plan, the search space and the export
+    of the framework's format give one verdict from its profile's switch; with sp it runs."""
+    text = STUDY.replace("training: {", f"training: {{framework: {framework}, ") if framework \
+        else STUDY
+    study = parse_study(text, name="rules-table")
+    specs = build_specs(study)
+    want = "moe_tp_sp" if refused else "ok"
+    assert check_verdict(MOE_TP, specs, specs.switches) == want
+    assert [v.split(":")[0] for v in violations(build_space(study, specs), MOE_TP)] == (
+        [want] if refused else [])
+    with_sp = replace(MOE_TP, sequence_parallel=True)
+    assert check_verdict(with_sp, specs, specs.switches) == "ok"
+    fmt = framework or "megatron"
+    pf = PlanFile(study="rules-table", model=specs.model, gpu=specs.cluster.gpu.id,
+                  num_gpus=specs.cluster.num_gpus, gpus_per_node=specs.cluster.gpus_per_node,
+                  training=specs.training, plan=MOE_TP)
+    f = facts_of(pf, ExportOptions(), fmt)
+    assert [r.rule.name for r in COMMON if isinstance(r, Shared) and not r.holds(f)] == (
+        [want] if refused else [])
+
+
+def test_explain_repairs_moe_tp_with_sequence_parallel(specs: Specs) -> None:
+    base = Plan(tp=1, pp=1, dp=48, ep=4, zero_stage=1)
+    plan, notes = apply_change(base, {"tp": 2}, specs)  # generic profile: Megatron's rule
+    assert (plan.tp, plan.dp, plan.sequence_parallel) == (2, 24, True)
+    assert "sequence_parallel" in {n.split()[0] for n in notes}
 
 
 @pytest.fixture(scope="module")

@@ -71,6 +71,9 @@ def valid_by_hand(s: SearchSpace, v: dict[str, int]) -> bool:
                                 and v["expert_tp"] != (1 if (dp * cp) % ep else tp)),
         s.experts == 0 or s.moe_tensor_parallel or tp == 1,
         s.experts == 0 or v["zero_stage"] <= s.moe_max_zero_stage,
+        # MoE under TP needs sequence parallelism (Megatron's MoELayer; generic profile: on)
+        s.experts == 0 or tp == 1 or v["sequence_parallel"] == 1
+        or not s.moe_tp_sequence_parallel,
         vpp == 1 or (pp > 1 and (s.layers % (pp * vpp) == 0
                                  or (s.uneven_pipeline and _some_split(s.layers, pp, vpp)))),
         s.global_batch % (v["micro_batch"] * dp) == 0,

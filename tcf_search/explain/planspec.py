@@ -73,6 +73,8 @@ REPAIRS: dict[str, tuple[Repair, ...]] = {
                    ("last_stage_layers", lambda v, s: 0, "even split for the new pipeline"),
                    ("vpp", lambda v, s: 1, "{layers} layers do not split into pp*vpp chunks")),
     "sp_tp": (("sequence_parallel", lambda v, s: False, "needs tp > 1"),),
+    "moe_tp_sp": (("sequence_parallel", lambda v, s: True,
+                   "the framework's MoE layers under TP need sequence parallelism"),),
     "schedule": (("pp_schedule", lambda v, s: "1f1b", "no pipeline"),),
     "zero_sharding": (("zero_stage", lambda v, s: 0, "no data-parallel ranks to shard over"),),
     "batch": (("micro_batch", _micro_batch_dividing, "divides the sequences per replica"),),

@@ -110,10 +110,9 @@ MEGATRON_ROPE: tuple[AnyRule, ...] = (
          "megatron/core/transformer/transformer_config.py MLATransformerConfig"),
 )
 
+# MoE under TP without sequence parallelism is the table's moe_tp_sp (COMMON, the profile's
+# moe_tp_sequence_parallel switch)
 MEGATRON: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
-    Rule(lambda f: not (f.ep > 1 and f.tp > 1) or f.sp,
-         "expert parallelism with tp > 1 requires sequence parallelism, but got "
-         "ep={ep}, tp={tp}, sequence_parallel={sp}", "megatron/core/model_parallel_config.py"),
     Rule(lambda f: not f.tp_comm_overlap or f.sp,
          "--tp-comm-overlap requires sequence parallelism, but got sequence_parallel={sp}",
          "megatron/training/arguments.py validate_args"),

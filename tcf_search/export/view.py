@@ -99,7 +99,9 @@ def format_switches(fmt: str) -> rules.Switches:
     own = framework_settings(fmt)
     return dataclasses.replace(EXPORT_SWITCHES,
                                recompute_per_chunk=bool(own.get("recompute_per_chunk", False)),
-                               microbatch_groups=bool(own.get("microbatch_groups", False)))
+                               microbatch_groups=bool(own.get("microbatch_groups", False)),
+                               moe_tp_sequence_parallel=bool(
+                                   own.get("moe_tp_sequence_parallel", False)))
 
 
 def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
