@@ -272,6 +272,11 @@ class Training:
     # microbatch_group_size_per_vp_stage default): their count is a multiple of pp. Validity
     # (costmodel.rules ``microbatch_groups``), not a cost.
     microbatch_groups: bool = False
+    # The launcher takes an explicit per-virtual-stage layout, so any split of a stage's layers
+    # into vpp chunks runs (Megatron-Core's --pipeline-model-parallel-layout, torchtitan's
+    # per-stage module lists); off, only the chunks the first/last-stage flags or the
+    # account_for_* switches build. Validity (costmodel.rules ``vpp_layers``), not a cost.
+    uneven_chunks: bool = False
     dp_bucket_bytes: float = 25 * 2**20  # gradient bucket (torch DDP's default 25 MiB)
     # Extra seconds per TP ring step when a pipeline engine interleaves its point-to-point
     # transfers with TP collectives on one stream and those transfers cross the network (seen

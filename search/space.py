@@ -66,6 +66,7 @@ class SearchSpace:
     moe_tensor_parallel: bool = True
     recompute_per_chunk: bool = False  # the framework's (Training.recompute_per_chunk)
     microbatch_groups: bool = False  # the framework's (Training.microbatch_groups)
+    uneven_chunks: bool = False  # the framework's (Training.uneven_chunks)
     rules: tuple[Rule, ...] = field(default=())
 
     @property
@@ -123,7 +124,8 @@ def build_space(study: Study, specs: Specs) -> SearchSpace:
         moe_max_zero_stage=specs.training.moe_max_zero_stage,
         moe_tensor_parallel=specs.training.moe_tensor_parallel,
         recompute_per_chunk=specs.training.recompute_per_chunk,
-        microbatch_groups=specs.training.microbatch_groups)
+        microbatch_groups=specs.training.microbatch_groups,
+        uneven_chunks=specs.training.uneven_chunks)
     return dataclasses.replace(space, rules=make_rules(space))
 
 
@@ -136,7 +138,8 @@ def space_facts(s: SearchSpace) -> rules.Facts:
         moe_tensor_parallel=s.moe_tensor_parallel,
         switches=search_switches(uneven_pipeline=s.uneven_pipeline, tp_in_node=s.tp_in_node,
                                  split_later=True, recompute_per_chunk=s.recompute_per_chunk,
-                                 microbatch_groups=s.microbatch_groups))
+                                 microbatch_groups=s.microbatch_groups,
+                                 uneven_chunks=s.uneven_chunks))
 
 
 def _on_axes(rule: rules.Rule, f: rules.Facts) -> Rule:

@@ -71,8 +71,11 @@ def valid_by_hand(s: SearchSpace, v: dict[str, int]) -> bool:
                                 and v["expert_tp"] != (1 if (dp * cp) % ep else tp)),
         s.experts == 0 or s.moe_tensor_parallel or tp == 1,
         s.experts == 0 or v["zero_stage"] <= s.moe_max_zero_stage,
+        # any split where the framework takes an explicit layout (uneven_chunks: the generic
+        # profile's, Megatron-Core's --pipeline-model-parallel-layout), else one its flags build
         vpp == 1 or (pp > 1 and (s.layers % (pp * vpp) == 0
-                                 or (s.uneven_pipeline and _some_split(s.layers, pp, vpp)))),
+                                 or (s.uneven_pipeline and (s.uneven_chunks
+                                                            or _some_split(s.layers, pp, vpp))))),
         s.global_batch % (v["micro_batch"] * dp) == 0,
         # the interleaved schedule's groups of pp micro-batches (generic profile: on)
         vpp == 1 or not s.microbatch_groups or (s.global_batch // (v["micro_batch"] * dp)) % pp
