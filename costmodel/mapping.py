@@ -178,14 +178,18 @@ def launchable_chunks(num_layers: int, pp: ArrayLike, vpp: ArrayLike, first: Arr
     return (vpp <= 1) | np.where(pinned, flags | counted, even)
 
 
-def chunk_split_exists(num_layers: int, pp: ArrayLike, vpp: ArrayLike) -> np.ndarray:
+def chunk_split_exists(num_layers: int, pp: ArrayLike, vpp: ArrayLike,
+                       any_split: bool = False) -> np.ndarray:
     """Whether some split of the layers over pp ranks passes :func:`launchable_chunks` (the
     search places the split after its rules run): whole chunks of the first/last flags
     (``layers % vpp == 0`` and ``vpp`` layers a rank at least), or the embedding and/or the
     loss counted (``(layers + k) % (pp * vpp) == 0`` for k = 0, 1, 2, a rank holding 2 or more
-    units when any is counted)."""
+    units when any is counted). ``any_split`` (an explicit per-stage layout, Megatron-Core's
+    ``--pipeline-model-parallel-layout``): any split with a layer on every rank."""
     pp, vpp = (np.asarray(x, dtype=np.int64) for x in (pp, vpp))
     L, v = num_layers, np.maximum(vpp, 1)
+    if any_split:
+        return (vpp <= 1) | ((pp > 1) & (pp <= L))
     flags = (L % v == 0) & (L >= pp * v)
     counted = np.zeros(np.broadcast(pp, vpp).shape, dtype=bool)
     for k in (0, 1, 2):

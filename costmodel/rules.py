@@ -66,7 +66,8 @@ class Switches:
     tp_in_node: tensor parallelism stays inside one NVLink domain (a study switch).
     split_later: the first/last stage layers are chosen after the rules run (the search's
         CP-SAT stage): an interleaved layout with no split yet holds when some split Megatron-LM
-        launches exists (:func:`costmodel.mapping.chunk_split_exists`; needs uneven_pipeline).
+        launches exists (:func:`costmodel.mapping.chunk_split_exists`, any split under
+        uneven_chunks; needs uneven_pipeline).
     canonical: generate one plan of a set the cost model cannot tell apart (the search):
         ZeRO with no data-parallel rank to shard over is ZeRO-0, GPipe without a pipeline is
         1F1B. Not a validity rule: such plans run.
@@ -176,7 +177,8 @@ def _whole_chunks(c: Columns, f: Facts) -> np.ndarray:
     pinned = (first > 0) | (last > 0)
     ok = launchable_chunks(f.layers, pp, vpp, first, last)
     ok = ok | (pinned & f.switches.uneven_chunks)
-    later = chunk_split_exists(f.layers, pp, vpp) & f.switches.uneven_pipeline
+    later = (chunk_split_exists(f.layers, pp, vpp, f.switches.uneven_chunks)
+             & f.switches.uneven_pipeline)
     ok = ok | (~pinned & f.switches.split_later & later)
     return (vpp == 1) | ((pp > 1) & ok)
 

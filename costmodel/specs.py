@@ -275,6 +275,11 @@ class Training:
     # A model with MoE layers trains with tp > 1 only under sequence parallelism (Megatron-Core's
     # MoELayer.forward). Validity (costmodel.rules ``moe_tp_sp``), not a cost.
     moe_tp_sequence_parallel: bool = False
+    # The launcher takes an explicit per-virtual-stage layout, so any split of a stage's layers
+    # into vpp chunks runs (Megatron-Core's --pipeline-model-parallel-layout, torchtitan's
+    # per-stage module lists); off, only the chunks the first/last-stage flags or the
+    # account_for_* switches build. Validity (costmodel.rules ``vpp_layers``), not a cost.
+    uneven_chunks: bool = False
     dp_bucket_bytes: float = 25 * 2**20  # gradient bucket (torch DDP's default 25 MiB)
     # Extra seconds per TP ring step when a pipeline engine interleaves its point-to-point
     # transfers with TP collectives on one stream and those transfers cross the network (seen

@@ -51,6 +51,7 @@ class Subproblem:
     need: tuple[tuple[int, ...], ...]  # per stage of stages_of(pp), for n = 0..layers
     vpp: int = 1  # model chunks per rank: the split must be one Megatron builds (launchable)
     recompute_step: int = 1  # r is a multiple of this, or all layers (rules.recompute_chunks)
+    any_chunks: bool = False  # the framework takes an explicit layout: any split (uneven_chunks)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,12 +99,15 @@ def objective_key(layers: int, longest: np.ndarray | int, r: np.ndarray | int,
 
 
 @cache
-def candidates(layers: int, pp: int, shift: bool, vpp: int = 1) -> np.ndarray:
+def candidates(layers: int, pp: int, shift: bool, vpp: int = 1,
+               any_chunks: bool = False) -> np.ndarray:
     """All placements (n_first, n_middle, n_last) of ``layers`` on ``pp`` stages, as rows; with
-    vpp > 1 chunks only those Megatron builds (:func:`costmodel.mapping.launchable_chunks`)."""
+    vpp > 1 chunks only those Megatron builds with its first/last flags
+    (:func:`costmodel.mapping.launchable_chunks`), unless ``any_chunks`` (the framework takes an
+    explicit per-stage layout, ``Training.uneven_chunks``)."""
     rows = _splits(layers, pp, shift)
     rows.flags.writeable = False  # cached: shared by every caller
-    if vpp <= 1 or len(rows) == 0:
+    if vpp <= 1 or len(rows) == 0 or any_chunks:
         return rows
     # as pinned counts: an even-looking split is launchable when the counts are (47 + 47 on
     # pp 2, vpp 3: the embedding and loss counted), though 94 % (2 * 3) != 0
@@ -136,14 +140,15 @@ def recompute_step(vpp: int, per_chunk: bool) -> int:
 
 def solve_many(need: dict[str, np.ndarray], pp: int, full: np.ndarray, shift: bool,
                partial: bool, layers: int, head_units: int, vpp: int = 1,
-               max_cells: int = 2_000_000, step: int = 1) -> tuple[np.ndarray, np.ndarray]:
+               max_cells: int = 2_000_000, step: int = 1, any_chunks: bool = False
+               ) -> tuple[np.ndarray, np.ndarray]:
     """Optimal placements of many layouts sharing ``pp``, ``shift`` and ``vpp``.
 
     ``need[stage]`` is (layouts x layers+1). Returns ``(rows, ok)``: rows of
     ``(n_first, n_middle, n_last, r)`` and whether any placement fits.
     """
     L = layers
-    cand = candidates(L, pp, shift, vpp)
+    cand = candidates(L, pp, shift, vpp, any_chunks)
     k = next(iter(need.values())).shape[0]
     out = np.zeros((k, 4), dtype=np.int64)
     ok = np.zeros(k, dtype=bool)

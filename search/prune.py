@@ -113,7 +113,7 @@ def solve_placement(sp: Subproblem) -> Placement | None:
         count = {"first": 1, "middle": pp - 2, "last": 1}
         m.add(sum(count[s] * n[s] for s in stages) == L)
         if sp.vpp > 1:  # the splits Megatron builds with vpp chunks (search.placement)
-            rows = candidates(L, pp, True, sp.vpp)
+            rows = candidates(L, pp, True, sp.vpp, sp.any_chunks)
             if len(rows) == 0:
                 return None
             ends = [n["first"], n.get("middle", n["first"]), n.get("last", n["first"])]
@@ -198,7 +198,8 @@ class MemoryStage:
             need=tuple(tuple(int(x) for x in self.need[s][i]) for s in stages_of(pp)),
             vpp=int(self.cols["vpp"][i]),
             recompute_step=recompute_step(int(self.cols["vpp"][i]),
-                                          self.space.recompute_per_chunk))
+                                          self.space.recompute_per_chunk),
+            any_chunks=self.space.uneven_chunks)
 
     def place(self, i: int) -> Placement | None:
         """The CP-SAT placement of valid layout ``i`` (cached by subproblem)."""
@@ -221,7 +222,8 @@ class MemoryStage:
                 {s: self.need[s][idx] for s in stages_of(int(p))}, int(p),
                 self.cols["recompute"][idx] == 2, self.space.uneven_pipeline,
                 self.space.partial_recompute, self.space.layers, self.head_units, int(v),
-                step=recompute_step(int(v), self.space.recompute_per_chunk))
+                step=recompute_step(int(v), self.space.recompute_per_chunk),
+                any_chunks=self.space.uneven_chunks)
             rows[sel], ok[sel] = got, fits
         return rows, ok
 

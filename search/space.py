@@ -67,6 +67,7 @@ class SearchSpace:
     recompute_per_chunk: bool = False  # the framework's (Training.recompute_per_chunk)
     microbatch_groups: bool = False  # the framework's (Training.microbatch_groups)
     moe_tp_sequence_parallel: bool = False  # the framework's (Training.moe_tp_sequence_parallel)
+    uneven_chunks: bool = False  # the framework's (Training.uneven_chunks)
     rules: tuple[Rule, ...] = field(default=())
 
     @property
@@ -125,7 +126,8 @@ def build_space(study: Study, specs: Specs) -> SearchSpace:
         moe_tensor_parallel=specs.training.moe_tensor_parallel,
         recompute_per_chunk=specs.training.recompute_per_chunk,
         microbatch_groups=specs.training.microbatch_groups,
-        moe_tp_sequence_parallel=specs.training.moe_tp_sequence_parallel)
+        moe_tp_sequence_parallel=specs.training.moe_tp_sequence_parallel,
+        uneven_chunks=specs.training.uneven_chunks)
     return dataclasses.replace(space, rules=make_rules(space))
 
 
@@ -139,7 +141,8 @@ def space_facts(s: SearchSpace) -> rules.Facts:
         switches=search_switches(uneven_pipeline=s.uneven_pipeline, tp_in_node=s.tp_in_node,
                                  split_later=True, recompute_per_chunk=s.recompute_per_chunk,
                                  microbatch_groups=s.microbatch_groups,
-                                 moe_tp_sequence_parallel=s.moe_tp_sequence_parallel))
+                                 moe_tp_sequence_parallel=s.moe_tp_sequence_parallel,
+                                 uneven_chunks=s.uneven_chunks))
 
 
 def _on_axes(rule: rules.Rule, f: rules.Facts) -> Rule:

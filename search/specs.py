@@ -105,12 +105,15 @@ class Specs:
 
 def search_switches(*, uneven_pipeline: bool, tp_in_node: bool, split_later: bool = False,
                     recompute_per_chunk: bool = False, microbatch_groups: bool = False,
-                    moe_tp_sequence_parallel: bool = False) -> Switches:
-    """The rules' switches in a search: the study's, chunks Megatron-LM's own flags build, and
-    one plan of each set the model cannot tell apart. ``split_later``: the space's own rules,
-    before the CP-SAT stage pins the first/last stages (a plan, as explain reads it, has its
-    split already)."""
-    return Switches(uneven_pipeline=uneven_pipeline, uneven_chunks=False, tp_in_node=tp_in_node,
+                    moe_tp_sequence_parallel: bool = False,
+                    uneven_chunks: bool = False) -> Switches:
+    """The rules' switches in a search: the study's, the chunks the framework launches (its
+    profile's ``uneven_chunks``: any split where it takes an explicit per-stage layout, else
+    those Megatron-LM's first/last flags build), and one plan of each set the model cannot tell
+    apart. ``split_later``: the space's own rules, before the CP-SAT stage pins the first/last
+    stages (a plan, as explain reads it, has its split already)."""
+    return Switches(uneven_pipeline=uneven_pipeline, uneven_chunks=uneven_chunks,
+                    tp_in_node=tp_in_node,
                     split_later=split_later and uneven_pipeline, canonical=True,
                     recompute_per_chunk=recompute_per_chunk, microbatch_groups=microbatch_groups,
                     moe_tp_sequence_parallel=moe_tp_sequence_parallel)
@@ -162,7 +165,8 @@ def build_specs(study: Study) -> Specs:
                                           recompute_per_chunk=training.recompute_per_chunk,
                                           microbatch_groups=training.microbatch_groups,
                                           moe_tp_sequence_parallel=(
-                                              training.moe_tp_sequence_parallel)))
+                                              training.moe_tp_sequence_parallel),
+                                          uneven_chunks=training.uneven_chunks))
 
 
 def plan_file_specs(pf: PlanFile, gpu: GpuSpec | None = None) -> Specs:

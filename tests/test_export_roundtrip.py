@@ -108,6 +108,8 @@ def transformer_config_kwargs(flags: dict[str, Any], torch: Any) -> dict[str, An
         "tensor_model_parallel_size": num("--tensor-model-parallel-size"),
         "pipeline_model_parallel_size": num("--pipeline-model-parallel-size"),
         "virtual_pipeline_model_parallel_size": num("--num-virtual-stages-per-pipeline-rank"),
+        # the explicit layout gives vpp itself (TransformerConfig.__post_init__ reads it)
+        "pipeline_model_parallel_layout": flags.get("--pipeline-model-parallel-layout"),
         "context_parallel_size": num("--context-parallel-size") or 1,
         "expert_model_parallel_size": num("--expert-model-parallel-size") or 1,
         "sequence_parallel": bool(flags.get("--sequence-parallel")),

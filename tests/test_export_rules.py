@@ -115,10 +115,11 @@ def test_megatron_has_no_gpipe_and_moe_tp_needs_sequence_parallel() -> None:
             assert "moe_tp_sp: " not in str(exc), fmt
 
 
-def test_megatron_uneven_stages_must_split_and_divide_by_vpp() -> None:
+def test_megatron_uneven_stages_must_split_and_chunks_need_a_layout() -> None:
     pf = example("dense70b")  # 18 | 22 | 22 | 18 with vpp 2
-    assert "vpp_layers: " in refusal("megatron", with_plan(pf, first_stage_layers=17,
-                                                                last_stage_layers=19))
+    odd = with_plan(pf, first_stage_layers=17, last_stage_layers=19)
+    assert "--pipeline-model-parallel-layout" in render("megatron", odd)["megatron.sh"]
+    assert "vpp_layers: " in refusal("deepspeed", odd)  # no explicit layout (its profile)
     assert "split evenly" in refusal("megatron", with_plan(pf, first_stage_layers=19))
 
 

@@ -16,7 +16,7 @@ from search.measured import CaseError, case_from_row
 from search.placement import candidates
 from search.planfile import load_plan_file
 from tcf_search.calibration.predict import predict_csv
-from tcf_search.export import ExportRefused, render
+from tcf_search.export import render
 from tcf_search.export.options import ExportOptions
 from tcf_search.export.view import facts_of, virtual_stage_layers
 
@@ -56,6 +56,9 @@ def test_some_split_exists_exactly_when_a_candidate_does() -> None:
             for vpp in (2, 3, 4, 8):
                 assert bool(chunk_split_exists(layers, pp, vpp)) == bool(
                     len(candidates(layers, pp, True, vpp))), (layers, pp, vpp)
+                # an explicit layout: any split with a layer a rank
+                assert bool(chunk_split_exists(layers, pp, vpp, any_split=True)) == bool(
+                    len(candidates(layers, pp, True, vpp, any_chunks=True))), (layers, pp, vpp)
 
 
 def _plan_405b(first: int, last: int, vpp: int = 4):  # type: ignore[no-untyped-def]
@@ -75,8 +78,10 @@ def test_megatron_export_counts_the_embedding_and_the_loss() -> None:
     flags = render("megatron", _plan_405b(8, 6, vpp=2))["megatron.sh"]
     assert "--decoder-first-pipeline-num-layers 8" in flags
     assert "--account-for" not in flags
-    with pytest.raises(ExportRefused, match="vpp_layers"):
-        render("megatron", _plan_405b(6, 8))
+    # 6 + 14 * 8 + 8 is neither: the explicit per-virtual-stage layout
+    layout = render("megatron", _plan_405b(6, 8))["megatron.sh"]
+    assert "--pipeline-model-parallel-layout" in layout and "--account-for" not in layout
+    assert "--decoder-first-pipeline-num-layers" not in layout
     nemo = render("nemo", _plan_405b(7, 7))["nemo.sh"]  # Megatron-Bridge: the same fields
     assert "model.account_for_embedding_in_pipeline_split=true" in nemo
     assert "num_layers_in_first_pipeline_stage" not in nemo

@@ -28,7 +28,7 @@ from search.study import load_study, parse_study
 from tcf_search.explain.planspec import PlanSpecError, apply_change, format_plan, parse_plan
 from tcf_search.export import ExportOptions
 from tcf_search.export.rules import COMMON, Shared
-from tcf_search.export.view import EXPORT_SWITCHES, facts_of
+from tcf_search.export.view import facts_of, format_switches
 
 STUDY = """
 model:
@@ -182,8 +182,10 @@ def test_check_plan_space_explain_and_export_agree(plan: Plan, specs: Specs,
                   training=specs.training, plan=plan)
     f = facts_of(pf, ExportOptions(), "megatron")
     exported = [r.rule.name for r in COMMON if isinstance(r, Shared) and not r.holds(f)]
-    # the exporters read the same table with their own switches (whole chunks, any plan)
-    assert (exported[0] if exported else "ok") == check_verdict(plan, specs, EXPORT_SWITCHES)
+    # the exporters read the same table with their own switches (the launcher's chunks, any
+    # plan)
+    assert (exported[0] if exported else "ok") == check_verdict(plan, specs,
+                                                                format_switches("megatron"))
 
 
 def test_search_generates_only_plans_the_table_accepts(specs: Specs, space: SearchSpace) -> None:
@@ -202,8 +204,9 @@ def test_uneven_interleaved_405b_gets_one_verdict() -> None:
     Megatron-LM's first/last stage flags need 7 % 4 == 0, but counting the embedding and the
     loss as layers builds it (transformer_config.py: (126 + 2) / 16 = 8 units a rank, 8 % 4 ==
     0; the first and last ranks hold 8 - 1 = 7 layers), so the search and explain accept it.
-    6 + 14 * 8 + 8 is neither (6 % 4 != 0, and 6 is not 8 - 1): refused, priced only with
-    uneven chunks (Llama 3's own stack, torchtitan)."""
+    6 + 14 * 8 + 8 is neither (6 % 4 != 0, and 6 is not 8 - 1): it needs an explicit layout
+    (Megatron-Core's --pipeline-model-parallel-layout, the profile's ``uneven_chunks``), and a
+    framework without one refuses it."""
     study = load_study("studies/llama3.1-405b-h100x16384.yaml")
     specs = build_specs(study)
     text = "tp=8,pp=16,vpp=4,dp=128,mbs=1,zero=1,sp=true,first_stage_layers=7,last_stage_layers=7"
@@ -216,10 +219,13 @@ def test_uneven_interleaved_405b_gets_one_verdict() -> None:
         parse_plan(text.replace(",first_stage_layers=7,last_stage_layers=7", ""), specs)
     odd = text.replace("first_stage_layers=7,last_stage_layers=7",
                        "first_stage_layers=6,last_stage_layers=8")
-    with pytest.raises(PlanSpecError, match="vpp_layers: .*first_stage_layers=6"):
-        parse_plan(odd, specs)
-    check_plan(specs.model, specs.cluster, replace(plan, first_stage_layers=6, last_stage_layers=8),
-               specs.training)  # default: uneven chunks
+    parse_plan(odd, specs)  # the generic profile's explicit layout
+    odd_plan = replace(plan, first_stage_layers=6, last_stage_layers=8)
+    assert specs.switches.uneven_chunks
+    with pytest.raises(SpecError, match="vpp_layers: .*first_stage_layers=6"):
+        check_plan(specs.model, specs.cluster, odd_plan, specs.training,
+                   replace(specs.switches, uneven_chunks=False))
+    check_plan(specs.model, specs.cluster, odd_plan, specs.training)  # default: uneven chunks
     even = Plan(tp=8, pp=16, vpp=2, dp=128, zero_stage=1, sequence_parallel=True,
                 first_stage_layers=8, last_stage_layers=6)
     check_plan(specs.model, specs.cluster, even, specs.training, specs.switches)

@@ -69,8 +69,11 @@ def _megatron_builds(layers: int, pp: int, vpp: int, first: int, last: int) -> b
     return False
 
 
-def placements(layers: int, pp: int, vpp: int, full: bool) -> list[dict[str, int]]:
-    """Every placement a Plan can express for one layout (independent of search.placement)."""
+def placements(layers: int, pp: int, vpp: int, full: bool,
+               any_chunks: bool = False) -> list[dict[str, int]]:
+    """Every placement a Plan can express for one layout (independent of search.placement);
+    with vpp chunks those Megatron's flags build, or any where the framework takes an explicit
+    layout (``any_chunks``, the profile's uneven_chunks)."""
     splits = [(0, 0)] if layers % (pp * vpp) == 0 else []
     if pp == 2:
         splits += [(f, layers - f) for f in range(1, layers)]
@@ -79,7 +82,8 @@ def placements(layers: int, pp: int, vpp: int, full: bool) -> list[dict[str, int
                    if layers - f - last >= pp - 2 and (layers - f - last) % (pp - 2) == 0]
     if vpp > 1:
         splits = [(0, 0)] * ((0, 0) in splits) + [
-            (f, last) for f, last in splits if f and _megatron_builds(layers, pp, vpp, f, last)]
+            (f, last) for f, last in splits
+            if f and (any_chunks or _megatron_builds(layers, pp, vpp, f, last))]
     recompute = range(0, layers + 1) if full else [0]
     return [{"first_stage_layers": f, "last_stage_layers": last, "recompute_layers": r}
             for (f, last), r in itertools.product(splits, recompute)]
@@ -95,7 +99,7 @@ def brute_force(specs: Specs, stage: MemoryStage) -> dict[int, list[Plan]]:
     for i in range(len(stage.cols["tp"])):
         row = {a: int(stage.cols[a][i]) for a in AXES}
         for place in placements(specs.model.layers, row["pp"], row["vpp"],
-                                row["recompute"] == 2):
+                                row["recompute"] == 2, specs.training.uneven_chunks):
             plan = plan_from_row({**row, **place})
             if not rules.broken(plan, facts, tuple(chunks)):
                 rows.append(i)

@@ -74,8 +74,11 @@ def valid_by_hand(s: SearchSpace, v: dict[str, int]) -> bool:
         # MoE under TP needs sequence parallelism (Megatron's MoELayer; generic profile: on)
         s.experts == 0 or tp == 1 or v["sequence_parallel"] == 1
         or not s.moe_tp_sequence_parallel,
+        # any split where the framework takes an explicit layout (uneven_chunks: the generic
+        # profile's, Megatron-Core's --pipeline-model-parallel-layout), else one its flags build
         vpp == 1 or (pp > 1 and (s.layers % (pp * vpp) == 0
-                                 or (s.uneven_pipeline and _some_split(s.layers, pp, vpp)))),
+                                 or (s.uneven_pipeline and (s.uneven_chunks
+                                                            or _some_split(s.layers, pp, vpp))))),
         s.global_batch % (v["micro_batch"] * dp) == 0,
         # the interleaved schedule's groups of pp micro-batches (generic profile: on)
         vpp == 1 or not s.microbatch_groups or (s.global_batch // (v["micro_batch"] * dp)) % pp

@@ -8,13 +8,15 @@ Megatron's own data-parallel modes: 1 = distributed optimizer, 2/3 = Megatron-FS
 
 from __future__ import annotations
 
+from typing import Any
+
 from costmodel.specs import ModelSpec
 from search.planfile import PlanFile
 
 from . import rules
 from .options import ExportOptions
 from .shell import Group, command, script, torchrun_head
-from .view import LaunchView, facts_of
+from .view import LaunchView, facts_of, virtual_stage_layers
 
 FILENAME = "megatron.sh"
 
@@ -167,20 +169,27 @@ def parallel_args(f: LaunchView) -> list[Group]:
         out.append(("--expert-model-parallel-size", f.ep))
         if f.etp != f.tp or (f.dp * f.cp) % f.ep:  # EP folds over the TP ranks (defaults: tp)
             out.append(("--expert-tensor-parallel-size", f.etp))
-    if f.vpp > 1:
-        # This flag (not --num-layers-per-virtual-pipeline-stage) also works with uneven stages.
+    split = split_args(f)
+    if f.vpp > 1 and not any(g[0] == LAYOUT_FLAG for g in split):
+        # This flag (not --num-layers-per-virtual-pipeline-stage) also works with uneven stages;
+        # with the layout flag it must be absent (megatron/training/arguments.py, validate_args:
+        # no more than one of the three), the layout giving vpp by its stage count.
         out.append(("--num-virtual-stages-per-pipeline-rank", f.vpp))
-    out += split_args(f)
+    out += split
     if f.sp:
         out.append(("--sequence-parallel",))
     return out
+
+
+LAYOUT_FLAG = "--pipeline-model-parallel-layout"
 
 
 def split_args(f: LaunchView) -> list[Group]:
     """The uneven split as Megatron takes it (megatron/core/transformer/transformer_config.py,
     ``__post_init__``): first/last stage counts when each rank's layers divide into the vpp
     chunks, else the embedding and/or the loss counted as a layer (the ranks hold c - e, c, ...,
-    c - l; the table's ``vpp_layers`` rule has checked that one of the two holds)."""
+    c - l), else the explicit layout of every virtual stage (:func:`pipeline_layout`; the
+    table's ``vpp_layers`` rule, with the profile's ``uneven_chunks``, has allowed it)."""
     if not f.uneven:
         return []
     v, stages = f.vpp, f.stage_layers
@@ -189,8 +198,33 @@ def split_args(f: LaunchView) -> list[Group]:
                                           ("--decoder-last-pipeline-num-layers", f.last)) if n]
     first, last = stages[0], stages[-1]
     c = stages[1] if f.pp > 2 else max(first, last) + int(first == last)
+    counted = (c % v == 0 and c - first in (0, 1) and c - last in (0, 1)
+               and all(n == c for n in stages[1:-1]))
+    if not counted:
+        return [(LAYOUT_FLAG, pipeline_layout(f))]
     out: list[Group] = [("--account-for-embedding-in-pipeline-split",)] * (c - first)
     return out + [("--account-for-loss-in-pipeline-split",)] * (c - last)
+
+
+def pipeline_layout(f: LaunchView) -> str:
+    """Megatron-Core's ``--pipeline-model-parallel-layout``
+    (megatron/core/transformer/pipeline_parallel_layer_layout.py, ``PipelineParallelLayerLayout``):
+    the virtual stages in layer order (stage ``chunk * pp + rank``, as ``chunk_counts`` lists
+    them), separated by ``|``; ``t`` a decoder layer, ``E`` the embedding (first stage), ``L``
+    the loss (last stage); ``t*n`` repeats a layer and ``(s|)*k`` a stage. The flag excludes the
+    first/last stage counts and the ``account_for_*`` switches (transformer_config.py)."""
+    def decoders(n: int) -> str:
+        return "t" * n if n < 2 else f"t*{n}"
+
+    stages = [decoders(n) for n in virtual_stage_layers(f)]
+    runs: list[list[Any]] = []
+    for s in stages[1:-1]:
+        if runs and runs[-1][0] == s:
+            runs[-1][1] += 1
+        else:
+            runs.append([s, 1])
+    middle = "".join(f"({s}|)*{k}" if k > 1 else f"{s}|" for s, k in runs)
+    return f"E{stages[0]}|{middle}{stages[-1]}L"
 
 
 def precision_args(precision: str) -> Group:

@@ -64,10 +64,13 @@ def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, 
     }
     if f.etp != f.tp:  # Megatron-Core's folding (TransformerConfig defaults it to tp)
         o["model.expert_tensor_parallel_size"] = f.etp
-    # the same split Megatron-LM takes (megatron.split_args): first/last stage counts, or the
-    # embedding and the loss counted as layers (TransformerConfig's account_for_* fields)
+    # the same split Megatron-LM takes (megatron.split_args): first/last stage counts, the
+    # embedding and the loss counted as layers (TransformerConfig's account_for_* fields), or
+    # the explicit layout (its pipeline_model_parallel_layout; TransformerConfig asserts a vpp
+    # given beside it equals the layout's, transformer_config.py __post_init__)
     for group in split_args(f):
-        key = {"--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
+        key = {"--pipeline-model-parallel-layout": "pipeline_model_parallel_layout",
+               "--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
                "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage",
                "--account-for-embedding-in-pipeline-split":
                    "account_for_embedding_in_pipeline_split",

@@ -87,21 +87,25 @@ def _stage_split(layers: int, pp: int, first: int, last: int
     return stages, sum(stages[1:-1]), pp - 2, stages[0], stages[-1]
 
 
-# Every exporter writes whole chunks per virtual stage (virtual_stage_layers), Megatron-LM's
-# rule; TP may cross nodes, and a plan need not be the search's canonical one.
+# The exporters' switches: the chunks of a virtual stage are those the launcher's flags build
+# (virtual_stage_layers) unless its profile takes an explicit layout (format_switches); TP may
+# cross nodes, and a plan need not be the search's canonical one.
 EXPORT_SWITCHES = rules.Switches(uneven_chunks=False)
 
 
 def format_switches(fmt: str) -> rules.Switches:
     """The exporters' switches with the launcher's own framework switches, from its profile
     in hardware_catalog/frameworks.yaml (a format with no profile of its own reads the generic
-    one): the table's rules then refuse what the search, under that profile, never picks."""
+    one): the table's rules then refuse what the search, under that profile, never picks.
+    ``uneven_chunks``: the launcher writes any per-virtual-stage split (Megatron-Core's
+    ``--pipeline-model-parallel-layout``, torchtitan's per-stage module lists)."""
     own = framework_settings(fmt)
     return dataclasses.replace(EXPORT_SWITCHES,
                                recompute_per_chunk=bool(own.get("recompute_per_chunk", False)),
                                microbatch_groups=bool(own.get("microbatch_groups", False)),
                                moe_tp_sequence_parallel=bool(
-                                   own.get("moe_tp_sequence_parallel", False)))
+                                   own.get("moe_tp_sequence_parallel", False)),
+                               uneven_chunks=bool(own.get("uneven_chunks", False)))
 
 
 def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
