@@ -120,6 +120,23 @@ def test_predict_chooses_and_reports_the_split(tmp_path: Path) -> None:
     assert "cannot be given with" in out.loc["bad", "pred_error"]
 
 
+def test_predict_splits_61_layers_where_the_launcher_takes_a_layout(tmp_path: Path) -> None:
+    # DeepSeek-V3's 61 layers on pp 16 x vpp 2: no first/last flags nor counted split builds
+    # whole chunks, Megatron-Core's --pipeline-model-parallel-layout does (the megatron
+    # profile's uneven_chunks); DeepSpeed's pipeline has no interleaving at all
+    shape = "d61,61,4096,14336,32,8,128256,4096,swiglu,h100-sxm-80gb,8,128"
+    rows = [f"layout,{shape},1,16,2,1,8,1,1,256,full,false,bf16,megatron,,,,",
+            f"no_layout,{shape},1,16,2,1,8,1,1,256,full,false,bf16,deepspeed,,,,"]
+    src = tmp_path / "cases.csv"
+    src.write_text(HEADER + "\n" + "\n".join(rows) + "\n")
+    out = predict_csv(src, tmp_path / "out.csv").set_index("case_id")
+    got = out.loc["layout"]
+    first, last = (int(got[f"pred_choice_{k}_stage_layers"]) for k in ("first", "last"))
+    middle, rest = divmod(61 - first - last, 14)
+    assert rest == 0 and min(first, last, middle) >= 1 and got["pred_tokens_per_sec_per_gpu"] > 0
+    assert out.loc["no_layout", "pred_error"]  # refused, not priced
+
+
 def test_measured_row_with_a_split_that_does_not_count() -> None:
     row = dict(zip(HEADER.split(","), (f"x,{LLAMA405},8,8,8,1,16,1,1,512,full,true,bf16,"
                                        "megatron,,,true,true").split(","), strict=True))

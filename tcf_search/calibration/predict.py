@@ -60,7 +60,8 @@ def candidates(case: Case) -> list[Plan]:
         "recompute": [p.recompute] if "recompute" in given else ["none", "selective", "full"],
         "zero_stage": [p.zero_stage] if "zero_stage" in given else [0, 1, 2, 3],
         "vpp": ([p.vpp] if "vpp" in given or p.pp == 1
-                else [v for v in range(1, 9) if chunk_split_exists(m.layers, p.pp, v)]),
+                else [v for v in range(1, 9)
+                      if chunk_split_exists(m.layers, p.pp, v, any_split=tr.uneven_chunks)]),
         "sequence_parallel": ([p.sequence_parallel] if "sequence_parallel" in given or p.tp == 1
                               else [False, True]),
     }
@@ -71,21 +72,22 @@ def candidates(case: Case) -> list[Plan]:
         except (SpecError, ValueError):
             continue
         plans.extend(plan if "first_stage_layers" in given else with_split
-                     for with_split in _splits(plan, m.layers))
+                     for with_split in _splits(plan, m.layers, tr.uneven_chunks))
     if not plans:
         return plans
     keep = rules.valid(plans, rules.facts_of(m, case.cluster, tr))  # check_plan, on columns
     return [plan for plan, ok in zip(plans, keep, strict=True) if ok]
 
 
-def _splits(plan: Plan, layers: int) -> list[Plan]:
-    """The plan with each pipeline split a launcher builds near the even one (the even split
-    first, then the first/last ranks within max(vpp, 2) layers of the middle ranks): Megatron's
-    first/last stage flags, or the embedding and the loss counted as layers."""
+def _splits(plan: Plan, layers: int, any_chunks: bool) -> list[Plan]:
+    """The plan with each pipeline split the row's launcher builds near the even one (the even
+    split first, then the first/last ranks within max(vpp, 2) layers of the middle ranks):
+    Megatron's first/last stage flags, the embedding and the loss counted as layers, or, where
+    the framework takes an explicit per-stage layout (``Training.uneven_chunks``), any."""
     if plan.pp == 1:
         return [plan]
     reach = max(plan.vpp, 2)
-    rows = placement_candidates(layers, plan.pp, True, plan.vpp)
+    rows = placement_candidates(layers, plan.pp, True, plan.vpp, any_chunks)
     near = (np.abs(rows[:, 0] - rows[:, 1]) <= reach) & (np.abs(rows[:, 2] - rows[:, 1]) <= reach)
     out = [plan] if layers % plan.pp == 0 else []
     for nf, _nm, nl in rows[near]:
