@@ -105,7 +105,8 @@ def fingerprint(study: Study, specs: Specs, space: SearchSpace) -> str:
     doc = {"model": dataclasses.asdict(specs.model), "gpu": dataclasses.asdict(specs.cluster.gpu),
            "num_gpus": specs.cluster.num_gpus, "gpus_per_node": specs.cluster.gpus_per_node,
            "training": dataclasses.asdict(specs.training), "domains": space.domains,
-           "flags": [space.uneven_pipeline, space.partial_recompute, space.tp_in_node],
+           "flags": [space.switches.uneven_pipeline, space.partial_recompute,
+                     space.switches.tp_in_node],
            "objective": study.objective.model_dump(),
            "sampler": [study.search.sampler, study.search.seed]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()

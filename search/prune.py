@@ -192,14 +192,14 @@ class MemoryStage:
     def subproblem(self, i: int) -> Subproblem:
         pp = int(self.cols["pp"][i])
         return Subproblem(
-            layers=self.space.layers, pp=pp, full=bool(self.cols["recompute"][i] == 2),
-            shift=self.space.uneven_pipeline, partial=self.space.partial_recompute,
+            layers=self.space.facts.layers, pp=pp, full=bool(self.cols["recompute"][i] == 2),
+            shift=self.space.switches.uneven_pipeline, partial=self.space.partial_recompute,
             head_units=self.head_units,
             need=tuple(tuple(int(x) for x in self.need[s][i]) for s in stages_of(pp)),
             vpp=int(self.cols["vpp"][i]),
             recompute_step=recompute_step(int(self.cols["vpp"][i]),
-                                          self.space.recompute_per_chunk),
-            any_chunks=self.space.uneven_chunks)
+                                          self.space.switches.recompute_per_chunk),
+            any_chunks=self.space.switches.uneven_chunks)
 
     def place(self, i: int) -> Placement | None:
         """The CP-SAT placement of valid layout ``i`` (cached by subproblem)."""
@@ -220,10 +220,10 @@ class MemoryStage:
             idx = index[sel]
             got, fits = solve_many(
                 {s: self.need[s][idx] for s in stages_of(int(p))}, int(p),
-                self.cols["recompute"][idx] == 2, self.space.uneven_pipeline,
-                self.space.partial_recompute, self.space.layers, self.head_units, int(v),
-                step=recompute_step(int(v), self.space.recompute_per_chunk),
-                any_chunks=self.space.uneven_chunks)
+                self.cols["recompute"][idx] == 2, self.space.switches.uneven_pipeline,
+                self.space.partial_recompute, self.space.facts.layers, self.head_units, int(v),
+                step=recompute_step(int(v), self.space.switches.recompute_per_chunk),
+                any_chunks=self.space.switches.uneven_chunks)
             rows[sel], ok[sel] = got, fits
         return rows, ok
 
@@ -234,11 +234,11 @@ def memory_stage(specs: Specs, space: SearchSpace, cols: dict[str, np.ndarray],
     if headroom_gib is None:
         headroom_gib = specs.headroom_gib
     terms = stage_terms(specs, plan_arrays(cols))
-    need = need_tables(terms, cols["recompute"], space.layers, headroom_gib * GIB)
-    feasible = screen(cols, capacities(need), space.layers, space.uneven_pipeline)
+    need = need_tables(terms, cols["recompute"], space.facts.layers, headroom_gib * GIB)
+    feasible = screen(cols, capacities(need), space.facts.layers, space.switches.uneven_pipeline)
     stage = MemoryStage(space=space, cols=cols, terms=terms, need=need, feasible=feasible,
                         head_units=head_cost_units(specs))
-    if space.uneven_pipeline:
+    if space.switches.uneven_pipeline:
         # interleaved and uneven: which splits Megatron builds is not a capacity bound, so
         # the screen of those layouts is the vectorised placement itself
         hard = np.flatnonzero(feasible & (cols["vpp"] > 1))

@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from costmodel import rules
+from costmodel.rules import Facts, Switches
 from costmodel.specs import RECOMPUTE_CODES, SCHEDULE_NAMES, Plan
-from search.specs import Specs, search_switches
+from search.specs import Specs
 from search.study import Study
 
 Columns = dict[str, np.ndarray]
@@ -47,28 +48,18 @@ class Rule:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SearchSpace:
-    """Domains (encoded as ints: recompute 0/1/2, sequence_parallel 0/1, pp_schedule 0/2) and
-    the facts the rules read."""
+    """Domains (encoded as ints: recompute 0/1/2, sequence_parallel 0/1, pp_schedule 0/2), the
+    facts and switches the table's rules read (``rules.Facts``, the search's switches with the
+    split placed later), and the study's partial-recompute switch."""
 
     domains: dict[str, tuple[int, ...]]
-    num_gpus: int
-    layers: int
-    heads: int
-    kv_heads: int
-    experts: int
-    seq_len: int
-    global_batch: int
-    nvlink_domain: int
-    uneven_pipeline: bool
+    facts: Facts
     partial_recompute: bool
-    tp_in_node: bool
-    moe_max_zero_stage: int = 3  # the framework's (rules.Facts)
-    moe_tensor_parallel: bool = True
-    recompute_per_chunk: bool = False  # the framework's (Training.recompute_per_chunk)
-    microbatch_groups: bool = False  # the framework's (Training.microbatch_groups)
-    moe_tp_sequence_parallel: bool = False  # the framework's (Training.moe_tp_sequence_parallel)
-    uneven_chunks: bool = False  # the framework's (Training.uneven_chunks)
     rules: tuple[Rule, ...] = field(default=())
+
+    @property
+    def switches(self) -> Switches:
+        return self.facts.switches
 
     @property
     def size(self) -> int:
@@ -115,34 +106,18 @@ def build_space(study: Study, specs: Specs) -> SearchSpace:
     for axis in AXES:
         given = getattr(section, axis)
         domains[axis] = auto[axis] if given == "auto" else tuple(sorted(_encode(axis, given)))
-    m = specs.model
-    space = SearchSpace(
-        domains=domains, num_gpus=specs.cluster.num_gpus, layers=m.layers, heads=m.heads,
-        kv_heads=m.kv_heads, experts=m.moe_experts, seq_len=specs.training.seq_len,
-        global_batch=specs.training.global_batch, nvlink_domain=specs.cluster.nvlink_domain,
-        uneven_pipeline=section.uneven_pipeline, partial_recompute=section.partial_recompute,
-        tp_in_node=section.tp_in_node,
-        moe_max_zero_stage=specs.training.moe_max_zero_stage,
-        moe_tensor_parallel=specs.training.moe_tensor_parallel,
-        recompute_per_chunk=specs.training.recompute_per_chunk,
-        microbatch_groups=specs.training.microbatch_groups,
-        moe_tp_sequence_parallel=specs.training.moe_tp_sequence_parallel,
-        uneven_chunks=specs.training.uneven_chunks)
+    sw = specs.switches
+    facts = rules.facts_of(specs.model, specs.cluster, specs.training,
+                           dataclasses.replace(sw, split_later=sw.uneven_pipeline))
+    space = SearchSpace(domains=domains, facts=facts,
+                        partial_recompute=section.partial_recompute)
     return dataclasses.replace(space, rules=make_rules(space))
 
 
 def space_facts(s: SearchSpace) -> rules.Facts:
-    """The facts the table's rules read, from the space (``search_switches``)."""
-    return rules.Facts(
-        layers=s.layers, heads=s.heads, kv_heads=s.kv_heads, experts=s.experts,
-        seq_len=s.seq_len, global_batch=s.global_batch, num_gpus=s.num_gpus,
-        nvlink_domain=s.nvlink_domain, moe_max_zero_stage=s.moe_max_zero_stage,
-        moe_tensor_parallel=s.moe_tensor_parallel,
-        switches=search_switches(uneven_pipeline=s.uneven_pipeline, tp_in_node=s.tp_in_node,
-                                 split_later=True, recompute_per_chunk=s.recompute_per_chunk,
-                                 microbatch_groups=s.microbatch_groups,
-                                 moe_tp_sequence_parallel=s.moe_tp_sequence_parallel,
-                                 uneven_chunks=s.uneven_chunks))
+    """The facts the table's rules read, with the search's switches
+    (``search.specs.search_switches``)."""
+    return s.facts
 
 
 def _on_axes(rule: rules.Rule, f: rules.Facts) -> Rule:
@@ -198,7 +173,7 @@ def enumerate_layouts(space: SearchSpace) -> Layouts:
     pp_domain = space.domains["pp"]
     for i, axis in enumerate(AXES):
         if axis == DERIVED:
-            cols[axis] = space.num_gpus // (cols["tp"] * cols["pp"] * cols["cp"])
+            cols[axis] = space.facts.num_gpus // (cols["tp"] * cols["pp"] * cols["cp"])
         else:
             dom = np.asarray(space.domains[axis], dtype=np.int64)
             cols = {k: np.repeat(v, len(dom)) for k, v in cols.items()}

@@ -55,35 +55,36 @@ def _some_split(layers: int, pp: int, vpp: int) -> bool:
 def valid_by_hand(s: SearchSpace, v: dict[str, int]) -> bool:
     """The validity rules restated independently of ``search.space``."""
     tp, pp, cp, ep, vpp = v["tp"], v["pp"], v["cp"], v["ep"], v["vpp"]
-    if s.num_gpus % (tp * pp * cp):
+    if s.facts.num_gpus % (tp * pp * cp):
         return False
-    dp = s.num_gpus // (tp * pp * cp)
+    f, sw = s.facts, s.switches
+    dp = f.num_gpus // (tp * pp * cp)
     return all([
-        s.heads % tp == 0 and (s.kv_heads % tp == 0 or tp % s.kv_heads == 0),
-        not s.tp_in_node or s.nvlink_domain % tp == 0,
-        pp <= s.layers and (s.uneven_pipeline or s.layers % pp == 0),
-        cp == 1 or s.seq_len % (2 * cp) == 0,
+        f.heads % tp == 0 and (f.kv_heads % tp == 0 or tp % f.kv_heads == 0),
+        not sw.tp_in_node or f.nvlink_domain % tp == 0,
+        pp <= f.layers and (sw.uneven_pipeline or f.layers % pp == 0),
+        cp == 1 or f.seq_len % (2 * cp) == 0,
         dp in s.domains["dp"],
-        ep == 1 or (s.experts % ep == 0 and (tp * dp * cp) % ep == 0),
+        ep == 1 or (f.experts % ep == 0 and (tp * dp * cp) % ep == 0),
         # the experts' own TP: 0 is derived (tp, or 1 where ep does not divide dp * cp); a
         # given one fills the stage with ep and differs from the derived one
-        v["expert_tp"] == 0 or (s.experts > 0 and (tp * cp * dp) % (ep * v["expert_tp"]) == 0
+        v["expert_tp"] == 0 or (f.experts > 0 and (tp * cp * dp) % (ep * v["expert_tp"]) == 0
                                 and v["expert_tp"] != (1 if (dp * cp) % ep else tp)),
-        s.experts == 0 or s.moe_tensor_parallel or tp == 1,
-        s.experts == 0 or v["zero_stage"] <= s.moe_max_zero_stage,
+        f.experts == 0 or f.moe_tensor_parallel or tp == 1,
+        f.experts == 0 or v["zero_stage"] <= f.moe_max_zero_stage,
         # MoE under TP needs sequence parallelism (Megatron's MoELayer; generic profile: on)
-        s.experts == 0 or tp == 1 or v["sequence_parallel"] == 1
-        or not s.moe_tp_sequence_parallel,
+        f.experts == 0 or tp == 1 or v["sequence_parallel"] == 1
+        or not sw.moe_tp_sequence_parallel,
         # any split where the framework takes an explicit layout (uneven_chunks: the generic
         # profile's, Megatron-Core's --pipeline-model-parallel-layout), else one its flags build
-        vpp == 1 or (pp > 1 and (s.layers % (pp * vpp) == 0
-                                 or (s.uneven_pipeline and (s.uneven_chunks
-                                                            or _some_split(s.layers, pp, vpp))))),
-        s.global_batch % (v["micro_batch"] * dp) == 0,
+        vpp == 1 or (pp > 1 and (f.layers % (pp * vpp) == 0
+                                 or (sw.uneven_pipeline and (sw.uneven_chunks
+                                                             or _some_split(f.layers, pp, vpp))))),
+        f.global_batch % (v["micro_batch"] * dp) == 0,
         # the interleaved schedule's groups of pp micro-batches (generic profile: on)
-        vpp == 1 or not s.microbatch_groups or (s.global_batch // (v["micro_batch"] * dp)) % pp
-        == 0,
-        v["zero_stage"] == 0 or dp * cp > 1 or (s.experts > 0 and tp * cp * dp // (
+        vpp == 1 or not sw.microbatch_groups
+        or (f.global_batch // (v["micro_batch"] * dp)) % pp == 0,
+        v["zero_stage"] == 0 or dp * cp > 1 or (f.experts > 0 and tp * cp * dp // (
             ep * (v["expert_tp"] or (1 if (dp * cp) % ep else tp))) > 1),
         v["sequence_parallel"] == 0 or tp > 1,
         v["pp_schedule"] == 0 or (vpp == 1 and pp > 1),
@@ -96,7 +97,7 @@ def brute_force(s: SearchSpace) -> set[tuple[int, ...]]:
     for combo in itertools.product(*(s.domains[a] for a in axes)):
         v = dict(zip(axes, combo, strict=True))
         if valid_by_hand(s, v):
-            v["dp"] = s.num_gpus // (v["tp"] * v["pp"] * v["cp"])
+            v["dp"] = s.facts.num_gpus // (v["tp"] * v["pp"] * v["cp"])
             out.add(tuple(v[a] for a in AXES))
     return out
 
