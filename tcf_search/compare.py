@@ -30,7 +30,6 @@ from tcf_search.errors import user_errors
 from tcf_search.explain.planspec import (
     PlanSpecError,
     apply_change,
-    check,
     format_plan,
     parse_assignments,
     parse_plan,
@@ -232,20 +231,14 @@ def compare_cmd(
 
 def _best(study_file: Path, specs: Specs, result: Path | None) -> Plan:
     """The best plan of the study's result folder, checked against the study."""
-    from search.planfile import load_plan_file
-    from tcf_search.explain.source import DEFAULT_RUNS_DIR, SourceError, ranked_plan_path
+    from tcf_search.explain.source import DEFAULT_RUNS_DIR, SourceError, ranked_plan
 
     folder = result or DEFAULT_RUNS_DIR / study_file.stem
     if not folder.is_dir():
         raise SourceError(f"--base: not given, and {folder} is not a result folder to take the "
                           f"best plan from (give --base PLAN, or --result DIR)")
-    pf = load_plan_file(ranked_plan_path(folder, None))
-    try:
-        check(pf.plan, specs)
-    except PlanSpecError as exc:
-        raise SourceError(f"--result: the best plan of {folder} does not match {study_file}: "
-                          f"{exc}") from None
-    return pf.plan
+    return ranked_plan(folder, None, specs,
+                       f"--result: the best plan of {folder} does not match {study_file}")
 
 
 def _json_default(x: Any) -> Any:

@@ -55,6 +55,17 @@ def ranked_plan_path(result: Path, rank: int | None) -> Path:
     return path
 
 
+def ranked_plan(folder: Path, rank: int | None, specs: Specs, mismatch: str) -> Plan:
+    """Plan ``rank`` (None: the best) of a finished study's result folder, checked against the
+    study's specs; ``mismatch`` leads the error when the folder's plan does not fit them."""
+    pf = load_plan_file(ranked_plan_path(folder, rank))
+    try:
+        check(pf.plan, specs)
+    except PlanSpecError as exc:
+        raise SourceError(f"{mismatch}: {exc}") from None
+    return pf.plan
+
+
 def resolve(target: Path, plan_text: str | None, rank: int | None,
             result: Path | None = None) -> Subject:
     """The subject named on the command line (see the module docstring)."""
@@ -84,10 +95,6 @@ def resolve(target: Path, plan_text: str | None, rank: int | None,
     if not folder.is_dir():
         raise SourceError(f"--result: {folder} is not a result folder (run the study first, or "
                           f"pass --result DIR)")
-    pf = load_plan_file(ranked_plan_path(folder, rank))
-    try:
-        check(pf.plan, specs)
-    except PlanSpecError as exc:
-        raise SourceError(f"rank {rank} of {folder} does not match {target}: {exc}") from None
-    return Subject(name=study.study_name, specs=specs, plan=pf.plan,
+    plan = ranked_plan(folder, rank, specs, f"rank {rank} of {folder} does not match {target}")
+    return Subject(name=study.study_name, specs=specs, plan=plan,
                    origin=f"rank {rank} of {folder}", study=study)
