@@ -206,7 +206,8 @@ def megatron_bridge_table() -> None:
     gradients), InfiniBand at the fabric's fitted fraction, ZeRO-3 where the table's FSDP column
     is set and the distributed optimizer otherwise. The tables say MoE tokens are force-balanced
     over the experts, as the model assumes; the dispatcher and its overlap are each release's
-    recipe's (MOE_RECIPES). Blackwell carries the hopper fit over."""
+    recipe's (MOE_RECIPES). Blackwell's GEMM fractions are fitted on the measured GB200 dense rows,
+    its other terms borrowed from hopper."""
     print("\nMegatron-Bridge performance summary (docs/performance-summary-archive.md), megatron "
           "profile, fp8, infiniband")
     print(f"{'release':<10}{'system':<11}{'model':<17}{'GPUs':>5}{'published':>11}"

@@ -15,7 +15,7 @@ from hardware_catalog import CatalogError, get_gpu
 from hardware_catalog.frameworks import resolve_framework, row_defaults
 from search.specs import cluster_spec, training_spec
 
-__all__ = ["Case", "CaseError", "case_from_row"]
+__all__ = ["Case", "CaseError", "case_from_row", "presumed_split"]
 
 KNOBS: tuple[str, ...] = ("micro_batch", "recompute", "zero_stage", "vpp", "sequence_parallel",
                           "first_stage_layers", "last_stage_layers")
@@ -23,6 +23,8 @@ KNOBS: tuple[str, ...] = ("micro_batch", "recompute", "zero_stage", "vpp", "sequ
 # account_for_embedding/loss_in_pipeline_split (costmodel.mapping.counted_split).
 SPLIT_COLUMNS: tuple[str, ...] = ("first_stage_layers", "last_stage_layers",
                                   "embedding_in_pipeline_split", "loss_in_pipeline_split")
+# launchers whose splits count the embedding and the loss as layers (presumed_split)
+PRESUMED_SPLIT_FRAMEWORKS: tuple[str, ...] = ("megatron", "nemo")
 # The schema gives the interconnect only inside `notes` ("gpu as published: A100 80GB (1600Gbps
 # RoCE)"); words there that name a fabric of hardware_catalog/fabrics.yaml. Selene is NVIDIA's
 # DGX SuperPOD on HDR InfiniBand (Narayanan et al., SC21, sec. 5.1). A `fabric` column wins.
@@ -106,6 +108,28 @@ def row_split(row: Mapping[str, object], layers: int, pp: int) -> tuple[int, int
         raise CaseError(f"embedding_in_pipeline_split, loss_in_pipeline_split: {units} layers "
                         f"counting them must split evenly over pp={pp} ranks, >= 2 a rank")
     return counted
+
+
+def presumed_split(row: Mapping[str, object]) -> dict[str, object]:
+    """The row with the pipeline split the calibration presumes where the row leaves it unsaid
+    but no even split exists: NVIDIA's Llama 3.1 405B tables (126 layers over pp x vpp = 64
+    chunks) count the embedding and the loss as layers, as the measured file's README says they
+    presumably do (Megatron's account_for_embedding/loss_in_pipeline_split, which MLPerf's 405B
+    configs set). Only for the Megatron-Core launchers and only where that is the one counted
+    split that makes the chunks; any other row is returned unchanged (``predict`` treats an
+    unsaid split as a knob instead)."""
+    out = dict(row)
+    if any(_cell(row, k) for k in SPLIT_COLUMNS):
+        return out
+    try:
+        layers, pp, vpp = _int(row, "layers"), _int(row, "pp", 1), _int(row, "vpp", 1)
+    except CaseError:
+        return out
+    chunks = pp * vpp
+    if (_cell(row, "framework").lower() in PRESUMED_SPLIT_FRAMEWORKS and pp > 1 and vpp > 1
+            and layers % chunks and (layers + 2) % chunks == 0):
+        out["embedding_in_pipeline_split"] = out["loss_in_pipeline_split"] = "true"
+    return out
 
 
 def row_mla(row: Mapping[str, object]) -> MlaSpec | None:

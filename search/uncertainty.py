@@ -117,7 +117,8 @@ def calibration_status(cluster: ClusterSpec) -> dict[str, Any]:
     borrowed = ""
     if "transferred from the " in src:
         borrowed = src.split("transferred from the ", 1)[1].split(" ", 1)[0]
-    validated = src.startswith("fitted") and not borrowed
+    validated = (src.startswith("fitted") and not borrowed
+                 and "borrowed from hopper, unvalidated" not in src)
     fabric = cluster.fabric
     fabrics = load_fabrics() if fabric else {}
     fab_src = (str(fabrics[fabric].source) if fabric in fabrics

@@ -11,8 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from costmodel.estimate import check_plan
 from costmodel.mapping import chunk_split_exists, counted_split, launchable_chunks
-from search.measured import CaseError, case_from_row
+from search.measured import CaseError, case_from_row, presumed_split
 from search.placement import candidates
 from search.planfile import load_plan_file
 from tcf_search.calibration.predict import predict_csv
@@ -144,3 +145,21 @@ def test_measured_row_with_a_split_that_does_not_count() -> None:
     with pytest.raises(CaseError, match="split evenly over pp=5"):
         case_from_row(row)
     assert np.asarray(launchable_chunks(126, 8, 8, 15, 15)).all()
+
+
+def test_calibration_presumes_the_counted_split_only_where_no_other_builds() -> None:
+    """NVIDIA's 405B rows leave the split unsaid: 126 layers over 8 x 8 chunks build only with
+    the embedding and the loss counted (15 / 16 / 15), so the fit and the accuracy report take
+    that; an even split, a given split, a framework without the flags or vpp 1 stay as given."""
+    row = dict(zip(HEADER.split(","), (f"x,{LLAMA405},8,8,8,1,16,1,1,512,full,true,bf16,"
+                                       "nemo,,,,").split(","), strict=True))
+    case = case_from_row(presumed_split(row))
+    assert (case.plan.first_stage_layers, case.plan.last_stage_layers) == (15, 15)
+    raw = case_from_row(row)
+    with pytest.raises(ValueError, match="vpp_layers"):  # unsaid and uneven: refused as given
+        check_plan(raw.model, raw.cluster, raw.plan, raw.training)
+    unchanged = [{**row, "framework": "deepspeed"}, {**row, "vpp": "1"},
+                 {**row, "first_stage_layers": "14", "last_stage_layers": "14"},
+                 {**row, "layers": "128"}]
+    for r in unchanged:
+        assert presumed_split(r) == r

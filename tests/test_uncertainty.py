@@ -68,6 +68,12 @@ def test_a_family_without_measurements_says_borrowed_unvalidated(gpu_id: str) ->
     assert "fabric: not given" in status["line"]
 
 
+def test_a_partly_fitted_family_says_which_terms_are_borrowed() -> None:
+    status = calibration_status(ClusterSpec(gpu=get_gpu("gb200-nvl72"), num_gpus=8))
+    assert "GEMM terms fitted; other terms borrowed from hopper, unvalidated" in status["line"]
+    assert not status["validated"]
+
+
 def test_a_fitted_family_says_so() -> None:
     status = calibration_status(ClusterSpec(gpu=get_gpu("h100-sxm-80gb"), num_gpus=8))
     assert status["validated"] and status["borrowed_from"] is None
