@@ -48,6 +48,14 @@ def launcher_flags(script: str, entry: str) -> dict[str, str | bool]:
     return flags
 
 
+def megatron_core() -> tuple[Any, Any]:
+    """torch and Megatron-Core's ``transformer_config`` module; a skip names what is missing."""
+    torch = pytest.importorskip("torch", reason="torch not installed (extra: export-check)")
+    tc = pytest.importorskip("megatron.core.transformer.transformer_config",
+                             reason="megatron-core not installed (extra: export-check)")
+    return torch, tc
+
+
 # Megatron-LM's megatron.training (parse_args, validate_args) is not on the package index: the
 # megatron-core wheel ships megatron.core only. The exported flags are read into Megatron-Core's
 # TransformerConfig, whose __post_init__ holds the parallel and model checks.
@@ -85,6 +93,15 @@ def transformer_config_kwargs(flags: dict[str, Any], torch: Any) -> dict[str, An
     }
 
 
+
+def megatron_kwargs(files: dict[str, str]) -> tuple[Any, dict[str, str | bool], dict[str, Any]]:
+    """Megatron-Core's ``transformer_config`` module, the flags of the exported ``megatron.sh``
+    and the TransformerConfig keywords they give."""
+    torch, tc = megatron_core()
+    flags = launcher_flags(files["megatron.sh"], "pretrain_gpt.py")
+    return tc, flags, transformer_config_kwargs(flags, torch)
+
+
 # megatron-bridge (0.3.1 on the index) needs transformer-engine, mamba-ssm and causal-conv1d,
 # CUDA builds that do not install on a CPU machine; its recipe and Hydra overrides then cannot
 # run here. The model.* overrides are built into Megatron-Core's TransformerConfig, which Bridge's
@@ -100,9 +117,7 @@ def nemo_overrides(files: dict[str, str]) -> dict[str, str]:
 
 
 def nemo_model_config(files: dict[str, str]) -> Any:
-    torch = pytest.importorskip("torch", reason="torch not installed (extra: export-check)")
-    tc = pytest.importorskip("megatron.core.transformer.transformer_config",
-                             reason="megatron-core not installed (extra: export-check)")
+    torch, tc = megatron_core()
     o = nemo_overrides(files)
     # a DeepSeek recipe's provider is an MLATransformerConfig (nemo.latent_overrides)
     cls = tc.MLATransformerConfig if "model.kv_lora_rank" in o else tc.TransformerConfig

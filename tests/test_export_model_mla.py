@@ -9,13 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from export_helpers import (
-    exported,
-    launcher_flags,
-    nemo_model_config,
-    nemo_overrides,
-    transformer_config_kwargs,
-)
+from export_helpers import exported, megatron_kwargs, nemo_model_config, nemo_overrides
 from export_plans import deepseek
 from megatron_lm import megatron_lm_reads, megatron_lm_reads_many, source
 
@@ -23,11 +17,7 @@ from tcf_search.export import ExportOptions, ExportRefused, render
 
 
 def megatron_mla_config(files: dict[str, str]) -> tuple[Any, dict[str, str | bool]]:
-    torch = pytest.importorskip("torch", reason="torch not installed (extra: export-check)")
-    tc = pytest.importorskip("megatron.core.transformer.transformer_config",
-                             reason="megatron-core not installed (extra: export-check)")
-    flags = launcher_flags(files["megatron.sh"], "pretrain_gpt.py")
-    kw = transformer_config_kwargs(flags, torch)
+    tc, flags, kw = megatron_kwargs(files)
     kw |= {"q_lora_rank": int(str(flags["--q-lora-rank"])),
            "kv_lora_rank": int(str(flags["--kv-lora-rank"])),
            "qk_head_dim": int(str(flags["--qk-head-dim"])),

@@ -17,9 +17,9 @@ import pytest
 from export_helpers import (
     exported,
     launcher_flags,
+    megatron_kwargs,
     nemo_model_config,
     nemo_overrides,
-    transformer_config_kwargs,
 )
 from export_plans import PLANS, seventy_b
 
@@ -30,11 +30,8 @@ from tcf_search.export import ExportOptions, ExportRefused, render
 
 
 def megatron_config(files: dict[str, str]) -> tuple[Any, dict[str, str | bool]]:
-    torch = pytest.importorskip("torch", reason="torch not installed (extra: export-check)")
-    tc = pytest.importorskip("megatron.core.transformer.transformer_config",
-                             reason="megatron-core not installed (extra: export-check)")
-    flags = launcher_flags(files["megatron.sh"], "pretrain_gpt.py")
-    return tc.TransformerConfig(**transformer_config_kwargs(flags, torch)), flags
+    tc, flags, kw = megatron_kwargs(files)
+    return tc.TransformerConfig(**kw), flags
 
 
 def test_megatron_core_accepts_every_export(plans: dict[str, PlanFile]) -> None:
