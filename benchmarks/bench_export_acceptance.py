@@ -1,6 +1,6 @@
 """How many of the shipped studies' top plans each export format accepts, and why it refuses the
 rest: ``python benchmarks/bench_export_acceptance.py [--trials N]``. The launchers' own parsers
-check the accepted files in tests/test_export_roundtrip.py; this prints the counts."""
+check the accepted files in tests/test_export_roundtrip_*.py; this prints the counts."""
 
 from __future__ import annotations
 

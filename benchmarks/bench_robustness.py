@@ -10,7 +10,7 @@
    sequence equal an uninterrupted run with the same seed.
 3. Worker kills: the controlling process of a 4-worker run killed alone; workers left running
    (must be 0), layouts judged twice (must be 0) and the exact trial count after resuming.
-4. Faults (issue 19): tests/test_robust_policy.py — devices, FIFOs, symlinks and folders as
+4. Faults (issue 19): tests/test_robust_policy_*.py — devices, FIFOs, symlinks and folders as
    outputs, a tmpfs disk-full run (where this machine can mount one), torn journal records,
    FIFOs and devices as inputs, reruns, hostile names, signals mid-write: cases held / skipped.
 """
@@ -154,9 +154,10 @@ def worker_kills(rounds: int, workers: int = 4, target: int = 200) -> None:
 def faults() -> None:
     heading("Faults: outputs, full disk, torn journal, hostile inputs and names, signals")
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider",
-                           "tests/test_robust_policy.py"], cwd=ROOT, capture_output=True,
-                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    cases = [str(p) for p in sorted((ROOT / "tests").glob("test_robust_policy_*.py"))]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-rs", "-p", "no:cacheprovider", *cases],
+                          cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     tail = done.stdout.strip().splitlines()
     counts = [ln for ln in tail if " passed" in ln or " failed" in ln]
     result = counts[-1].strip("= ") if counts else (tail or [done.stderr[-400:]])[-1]

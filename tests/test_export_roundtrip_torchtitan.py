@@ -1,0 +1,94 @@
+"""torchtitan reads every export whole, the way ``torchtitan.train`` does: 0.3's ConfigManager on
+the exported module, and 0.2's TOML job file against 0.2's flavour table, over every shipped
+study's top plans and the golden plans (``pip install -e .[export-check]``; a test skips, saying
+why, when torchtitan is not installed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+from export_helpers import exported, titan_config
+from export_plans import PLANS, seventy_b
+
+from search.planfile import PlanFile, load_plan_file
+from search.presets import get_preset
+from tcf_search.export import ExportOptions, render
+from tcf_search.export.rules import TITAN_FLAVORS_02
+
+
+def check_titan(cfg: Any, pf: PlanFile) -> None:
+    dims = importlib.import_module("torchtitan.distributed.parallel_dims")
+    model, par = cfg.model_spec.model, cfg.parallelism
+    attention = model.layers[0].attention.qkv_linear
+    assert (len(model.layers), model.dim, attention.n_heads, attention.n_kv_heads,
+            model.vocab_size) == (pf.model.layers, pf.model.hidden, pf.model.heads,
+                                  pf.model.kv_heads, pf.model.vocab)
+    assert model.layers[0].attention.rope.theta == pf.model.rope_base
+    dims.ParallelDims(dp_replicate=par.data_parallel_replicate_degree,
+                      dp_shard=par.data_parallel_shard_degree, cp=par.context_parallel_degree,
+                      tp=par.tensor_parallel_degree, pp=par.pipeline_parallel_degree,
+                      ep=par.expert_parallel_degree, world_size=pf.num_gpus)
+    assert (par.tensor_parallel_degree, par.pipeline_parallel_degree) == (pf.plan.tp, pf.plan.pp)
+    t = cfg.training
+    assert (t.global_batch_size, t.seq_len) == (pf.training.global_batch, pf.training.seq_len)
+    assert t.disable_cuda_graphs or pf.plan.pp == 1
+
+
+def test_torchtitan_config_manager_accepts_every_export(plans: dict[str, PlanFile],
+                                                        tmp_path: Path) -> None:
+    for _name, pf, files in exported(plans, "torchtitan"):
+        check_titan(titan_config(files, tmp_path), pf)
+
+
+def test_torchtitan_70b_reads_back(tmp_path: Path) -> None:
+    pf = seventy_b()
+    cfg = titan_config(render("torchtitan", pf), tmp_path)
+    check_titan(cfg, pf)
+    assert len(cfg.model_spec.model.layers) == 80 and cfg.model_spec.model.vocab_size == 128256
+
+
+def test_torchtitan_even_pipeline_split_matches_torchtitans_own() -> None:
+    pp = pytest.importorskip("torchtitan.distributed.pipeline_parallel",
+                             reason="torchtitan not installed (extra: export-check)")
+    split = getattr(pp, "_generate_llm_fqn_per_model_part", None)
+    if split is None:
+        pytest.skip("this torchtitan has no _generate_llm_fqn_per_model_part")
+    pf = load_plan_file(PLANS / "pp8b.yaml")
+    text = render("torchtitan", pf)["tcf_titan_config.py"]
+    fqns = eval(text.split("module_fqns_per_model_part=")[1].split("\n")[0].rstrip(","))
+    assert fqns == split(pf.plan.pp, pf.model.layers, 0, 0)
+
+
+# torchtitan 0.2 is not the installed release (0.3 replaced the TOML job file), so its TOML is
+# read with tomllib and checked against 0.2's flavour table and parallelism product.
+def check_titan_02(doc: dict[str, Any], pf: PlanFile) -> None:
+    known = {"job", "model", "optimizer", "training", "parallelism", "activation_checkpoint"}
+    assert set(doc) <= known
+    par = doc["parallelism"]
+    world = (par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
+             * par["tensor_parallel_degree"] * par["pipeline_parallel_degree"]
+             * par["context_parallel_degree"])
+    assert world == pf.num_gpus
+    m = pf.model
+    assert TITAN_FLAVORS_02[doc["model"]["flavor"]] == (
+        m.layers, m.hidden, m.heads, m.kv_heads, m.ffn_hidden, m.vocab)
+
+
+def test_torchtitan_0_2_toml(plans: dict[str, PlanFile]) -> None:
+    for _name, pf, files in exported(plans, "torchtitan", ExportOptions(target_version="0.2")):
+        check_titan_02(tomllib.loads(files["torchtitan.toml"]), pf)
+
+
+def test_torchtitan_0_2_70b_reads_back() -> None:
+    # 0.2's flavours always scale RoPE as Llama 3.1 does: Llama 3.1 70B is the 70B it trains
+    pf = dataclasses.replace(seventy_b(), model=get_preset("llama3.1-70b"))
+    doc = tomllib.loads(render("torchtitan", pf, ExportOptions(target_version="0.2"))
+                        ["torchtitan.toml"])
+    check_titan_02(doc, pf)
+    assert doc["model"]["flavor"] == "70B"  # 80 layers, 8192, 64 heads, 8 KV, vocab 128256
