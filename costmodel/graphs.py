@@ -36,10 +36,14 @@ gives no further size (it logs what a capture took, cuda_graphs.py create_cudagr
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from costmodel.errors import SpecError
+
+if TYPE_CHECKING:
+    from costmodel.specs import ModelSpec, Training
 
 GRAPH_IMPLS = ("none", "local", "transformer_engine")
 # the --cuda-graph-scope values of a language model (CudaGraphScope: "mamba" has no layer here)
@@ -116,3 +120,37 @@ def host_ops(ops: Mapping[str, np.ndarray | float], order: Sequence[str], impl: 
                          0.0 if inside else ops[name])
         previous = inside
     return total
+
+
+def graphs_allowed(recompute_full: np.ndarray, impl: str, scope: Sequence[str], moe_layers: int,
+                   layers: int, pad_to_capacity: bool, a2a_overlap: bool) -> np.ndarray:
+    """What Megatron-Core refuses of CUDA graphs beside a plan and a model (the rule
+    ``cuda_graphs`` of costmodel.rules; megatron/core/transformer/transformer_config.py
+    __post_init__, core_v0.16.0): full recompute only under a full-iteration graph ("full
+    recompute is only supported with full iteration CUDA graph"); the moe scopes only on a MoE
+    model ("moe cuda graph is only supported for MoE"), mlp only where some layer is dense; moe
+    only with token drop and padding ("moe cuda graph is only supported with drop-padding MoE"),
+    and so the whole layer and the full iteration, whose capture would hold the dropless
+    dispatcher's wait on the host (token_dispatcher.py _maybe_dtoh_and_synchronize:
+    d2h_event.synchronize(), which stream capture forbids); with
+    --overlap-moe-expert-parallel-comm, the transformer_engine impl without moe or mlp ("CUDA
+    graph scope on moe and mlp is not supported with overlap_moe_expert_parallel_comm")."""
+    if impl == "none":
+        return np.ones_like(np.asarray(recompute_full), dtype=bool)
+    moe, names = moe_layers > 0, set(scope)
+    whole = not scope or "full_iteration" in names
+    scopes_ok = ((moe or not names & {"moe", "moe_router", "moe_preprocess"})
+                 and ("mlp" not in names or moe_layers < layers))
+    static_ok = not moe or pad_to_capacity or not (whole or "moe" in names)
+    overlap_ok = not a2a_overlap or (impl == "transformer_engine" and not names & {"moe", "mlp"})
+    recompute_ok = ~np.asarray(recompute_full, dtype=bool) | ("full_iteration" in names)
+    return recompute_ok & bool(scopes_ok and static_ok and overlap_ok)
+
+
+def graph_facts(model: ModelSpec, training: Training) -> dict[str, Any]:
+    """The fields of ``costmodel.rules.Facts`` that :func:`graphs_allowed` reads."""
+    return {"moe_layers": model.moe_layers,
+            "cuda_graph_impl": training.cuda_graph_impl,
+            "cuda_graph_scope": training.cuda_graph_scope,
+            "moe_pad_to_capacity": training.moe_pad_to_capacity,
+            "moe_a2a_overlap": training.moe_a2a_overlap}
