@@ -196,4 +196,30 @@ def test_check_plan_names_the_graph_rule(h100: GpuSpec) -> None:
         estimate(FINE, cluster, Plan(dp=8, ep=8), replace(EAGER, cuda_graph_impl="local"))
     with pytest.raises(SpecError, match="cuda_graphs: "):
         estimate(FINE, cluster, Plan(dp=8, ep=8, recompute="full"), ROUTER)
-    assert estimate(FINE, cluster, Plan(dp=8, ep=8, recompute="selective"), ROUTER).tokens_per_s_per_gpu > 0
+    selective = Plan(dp=8, ep=8, recompute="selective")
+    assert estimate(FINE, cluster, selective, ROUTER).tokens_per_s_per_gpu > 0
+
+
+def test_the_megatron_and_nemo_exports_write_the_graphs() -> None:
+    from pathlib import Path
+
+    from search.planfile import load_plan_file
+    from tcf_search.export import ExportOptions, render
+
+    pf = load_plan_file(Path(__file__).parent / "golden" / "export" / "plans" / "moe_ep.yaml")
+    eager = "\n".join(render("megatron", pf).values())
+    assert "--cuda-graph" not in eager and "capacity" not in eager
+    graphed = replace(pf, training=replace(pf.training, cuda_graph_impl="transformer_engine",
+                                           cuda_graph_scope=("attn", "moe_router",
+                                                             "moe_preprocess")))
+    text = "\n".join(render("megatron", graphed).values())
+    assert "--cuda-graph-impl transformer_engine" in text
+    assert "--cuda-graph-scope attn moe_router moe_preprocess" in text
+    nemo = "\n".join(render("nemo", graphed,
+                            ExportOptions(nemo_recipe="qwen3_30b_a3b_pretrain_config")).values())
+    assert "model.cuda_graph_impl=transformer_engine" in nemo
+    assert "model.cuda_graph_scope=[attn,moe_router,moe_preprocess]" in nemo
+    padded = replace(pf, training=replace(pf.training, cuda_graph_impl="transformer_engine",
+                                          cuda_graph_scope=("moe",), moe_pad_to_capacity=True))
+    text = "\n".join(render("megatron", padded).values())
+    assert "--moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity" in text
