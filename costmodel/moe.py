@@ -26,7 +26,9 @@
   token counts on the host to size its buffers and TE GroupedLinear's per-expert splits, and
   waits for them once per MoE layer forward (recomputed forwards too; the backward reuses the
   splits): the GPU drains, then idles while the counts cross to the host and it issues the
-  next kernel, and the host cannot run ahead of the post-sync kernels any more.
+  next kernel, and the host cannot run ahead of the post-sync kernels any more;
+* the host's issue (:func:`host_segments`): every operation of the layer, counted from the code
+  (the constants below), by the segments a CUDA graph scope captures (``costmodel.graphs``).
 
 The dispatch's communication is ``costmodel.parallel.expert``'s.
 """
