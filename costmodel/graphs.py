@@ -61,7 +61,8 @@ def graph_scope(impl: str, scope: Sequence[str]) -> tuple[str, ...]:
     if impl not in GRAPH_IMPLS:
         raise SpecError(f"training.cuda_graph_impl must be one of {list(GRAPH_IMPLS)}, "
                         f"but got {impl!r}")
-    names = tuple(scope)
+    # a string is comma-separated, as TransformerConfig splits it
+    names = tuple(scope.split(",") if scope else ()) if isinstance(scope, str) else tuple(scope)
     if names == ("full",):
         names = ()
     bad = [s for s in names if s not in GRAPH_SCOPES]

@@ -158,6 +158,9 @@ def test_full_is_the_whole_layer_and_local_captures_router_and_preprocess_togeth
     assert Training(seq_len=8, global_batch=8, cuda_graph_impl="local",
                     cuda_graph_scope=("moe_router",)).cuda_graph_scope == (
         "moe_router", "moe_preprocess")
+    assert Training(seq_len=8, global_batch=8, cuda_graph_impl="transformer_engine",
+                    cuda_graph_scope="attn,moe_router").cuda_graph_scope == (  # type: ignore[arg-type]
+        "attn", "moe_router")
 
 
 FULL, NOT_FULL = np.asarray([True]), np.asarray([False])
@@ -223,3 +226,25 @@ def test_the_megatron_and_nemo_exports_write_the_graphs() -> None:
                                           cuda_graph_scope=("moe",), moe_pad_to_capacity=True))
     text = "\n".join(render("megatron", padded).values())
     assert "--moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity" in text
+
+
+@pytest.mark.parametrize("framework", ["megatron", "nemo", "", "torchtitan", "nanotron"])
+def test_every_profile_runs_eagerly_by_default(framework: str) -> None:
+    """TransformerConfig.cuda_graph_impl defaults to "none" (core_v0.16.0); the others have no
+    such switch."""
+    from search.specs import training_spec
+
+    tr = training_spec(framework=framework, precision="bf16", seq_len=128, global_batch=8)
+    assert (tr.cuda_graph_impl, tr.cuda_graph_scope, tr.moe_router_fusion) == ("none", (), False)
+
+
+def test_a_plan_file_keeps_the_graphs() -> None:
+    from pathlib import Path
+
+    from search.planfile import dump_plan_file, load_plan_file, parse_plan_file
+
+    pf = load_plan_file(Path(__file__).parent / "golden" / "export" / "plans" / "moe_ep.yaml")
+    graphed = replace(pf, training=replace(pf.training, cuda_graph_impl="transformer_engine",
+                                           cuda_graph_scope=("moe_router", "moe_preprocess")))
+    back = parse_plan_file(dump_plan_file(graphed))
+    assert back.training == graphed.training
