@@ -151,6 +151,16 @@ def test_cuda_graph_rule_one_verdict(specs: Specs, graphs: dict[str, object], pl
         ["cuda_graphs"] if refused else [])
 
 
+def test_explain_repairs_full_recompute_under_graphs(specs: Specs) -> None:
+    graphed = replace(specs, training=replace(specs.training, cuda_graph_impl="transformer_engine",
+                                              cuda_graph_scope=("attn",)))
+    base = Plan(tp=1, pp=1, dp=48, ep=4, zero_stage=0, recompute="full")
+    plan, notes = apply_change(base, {"zero_stage": 1}, graphed)
+    assert (plan.zero_stage, plan.recompute) == (1, "selective")
+    assert "recompute" in {n.split()[0] for n in notes}
+    assert check_verdict(plan, graphed, graphed.switches) == "ok"
+
+
 MOE_TP = Plan(tp=2, pp=1, dp=24, ep=4, zero_stage=1)
 
 
