@@ -62,6 +62,7 @@ sys.path.insert(0, str(ROOT))
 import pandas as pd  # noqa: E402
 
 from costmodel import ClusterSpec, Plan, SpecError, estimate  # noqa: E402
+from costmodel.specs import Recompute  # noqa: E402
 from hardware_catalog import get_gpu  # noqa: E402
 from hardware_catalog.fabrics import fabric_fraction  # noqa: E402
 from search.presets import PRESETS  # noqa: E402
@@ -109,15 +110,58 @@ ASYNC_TP_TABLES = frozenset({"5", "6"})
 # QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1): HybridEP (flex), no overlap. Every one is
 # balanced by construction (force-balanced or padded to capacity); the padded ones need no
 # device-to-host sync in the dispatcher (moe_pad_to_capacity), the force-balanced ones do.
+# 25.11 on B200 and GB200 (Qwen3-30B-A3B): dropless with force-balanced routing
+# (set_qwen3_common_configs), the alltoall dispatcher on B200 (no flex backend given) and
+# HybridEP on GB200 (moe_flex_dispatcher_backend="hybridep", which
+# src/megatron/bridge/training/flex_dispatcher_backend.py applies on GB200), no overlap.
 MOE_RECIPES: dict[tuple[str, str], dict[str, object]] = {
     ("25.09", "DGX-H100"): {"moe_dispatcher": "flex", "moe_a2a_overlap": True},
     ("25.11", "DGX-H100"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": True},
+    ("25.11", "DGX-B200"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": False},
+    ("25.11", "DGX-GB200"): {"moe_dispatcher": "flex", "moe_a2a_overlap": False},
     ("26.04.01", "DGX-H100"): {"moe_dispatcher": "flex", "moe_a2a_overlap": False},
     ("25.09", "DGX-B200"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": False,
                             "moe_shared_expert_overlap": True, "moe_pad_to_capacity": True},
     ("25.09", "DGX-GB200"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": False,
                              "moe_shared_expert_overlap": True, "moe_pad_to_capacity": True},
 }
+
+# CUDA graphs as each release's performance scripts set them (facts from the release's code; a
+# row not listed runs eagerly). 25.09 (v0.1.0rc4 scripts/performance/configs/*/*.yaml, the
+# perf_matrix's cuda_graphs, which utils/helpers.py set_cuda_graph_overrides sets as
+# model.enable_cuda_graph): on for Llama 3 8B on B200, Qwen3-30B-A3B on B200 and GB200 and
+# Qwen3-235B-A22B on GB200; off for every H100 row, DeepSeek-V3, Llama 3 70B and 405B, and
+# Llama 3 8B on GB200 at per-tensor fp8. The release pins megatron-core 0.14, whose
+# enable_cuda_graph is the local CudaGraphManager over the whole TransformerLayer (scope "full",
+# megatron/core/transformer/transformer_layer.py) and refuses any recompute
+# (transformer_config.py: "CUDA graphs not supported with activation recomputation"), so those
+# rows recompute nothing. 25.11 (v0.2.2 scripts/performance/configs/*/workload_base_configs.py):
+# Qwen3-30B-A3B on B200 (FP8_CS, FP8_MX the same preset) and GB200 (FP8_MX) capture
+# ["moe_router", "moe_preprocess"] with transformer_engine; the H100 FP8_CS presets of Qwen3
+# and Llama set none (Qwen3-30B's BF16 preset does). 26.04 (v0.4.0
+# configs/qwen/qwen3_workload_base_configs.py QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1):
+# none (its BF16 preset: transformer_engine, moe_router and moe_preprocess).
+WHOLE_LAYER: dict[str, object] = {"cuda_graph_impl": "local", "cuda_graph_scope": ()}
+ROUTER_GRAPHS: dict[str, object] = {"cuda_graph_impl": "transformer_engine",
+                                    "cuda_graph_scope": ("moe_router", "moe_preprocess")}
+GRAPH_RECIPES: dict[tuple[str, str, str], dict[str, object]] = {
+    ("25.09", "DGX-B200", "llama3-8b"): WHOLE_LAYER,
+    ("25.09", "DGX-B200", "qwen3-30b-a3b"): WHOLE_LAYER,
+    ("25.09", "DGX-GB200", "qwen3-30b-a3b"): WHOLE_LAYER,
+    ("25.09", "DGX-GB200", "qwen3-235b-a22b"): WHOLE_LAYER,
+    ("25.11", "DGX-B200", "qwen3-30b-a3b"): ROUTER_GRAPHS,
+    ("25.11", "DGX-GB200", "qwen3-30b-a3b"): ROUTER_GRAPHS,
+}
+
+
+def graph_switches(release: str, system: str, preset: str) -> dict[str, object]:
+    return dict(GRAPH_RECIPES.get((release, system, preset), {}))
+
+
+def recompute_modes(release: str, graphs: dict[str, object]) -> tuple[Recompute, ...]:
+    """The recompute modes a row may run: none under Megatron-Core 0.14's graphs (25.09)."""
+    return ("none",) if graphs and release == "25.09" else ("none", "selective", "full")
+
 
 # What the MoE recipes recompute (facts from each release's scripts, printed beside the chosen
 # mode, not used to choose it): Qwen3 none in every release (25.09 configs/qwen3/*.yaml
@@ -137,7 +181,9 @@ def recipe_recompute(preset: str, system: str) -> str:
 def moe_switches(release: str, system: str, is_moe: bool) -> dict[str, object]:
     if not is_moe:
         return {}
-    return {"moe_permute_fusion": True, "moe_load_imbalance": 1.0,
+    # --moe-router-fusion: every release's MoE recipes (25.09 configs/*/*.yaml
+    # moe_router_fusion: true; 25.11 and 26.04 set_qwen3_common_configs)
+    return {"moe_permute_fusion": True, "moe_router_fusion": True, "moe_load_imbalance": 1.0,
             **MOE_RECIPES.get((release, system), {})}
 
 
@@ -217,28 +263,35 @@ def megatron_bridge_table() -> None:
          published) in BRIDGE:
         gpu_id, per_node = BRIDGE_SYSTEMS[system]
         model = PRESETS[preset]
+        graphs = graph_switches(release, system, preset)
         training = training_spec(framework="megatron", precision="fp8", seq_len=seq,
                                  global_batch=batch,
                                  switches={**MEGATRON_FP8_RECIPE, **recipe_switches(preset, tp),
-                                           **moe_switches(release, system, model.is_moe)})
+                                           **moe_switches(release, system, model.is_moe),
+                                           **graphs})
         head = f"{release:<10}{system:<11}{preset:<17}{gpus:>5}{published:>11,.0f}"
         try:
             cluster = ClusterSpec(gpu=get_gpu(gpu_id), num_gpus=gpus, gpus_per_node=per_node,
                                   fabric="infiniband",
                                   network_bw_fraction=fabric_fraction("infiniband"))
             first, last = BRIDGE_EDGES.get((preset, pp), (0, 0)) if vp > 1 else (0, 0)
-            plans = [Plan(tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp), ep=ep, vpp=vp,
-                          micro_batch=mb, zero_stage=3 if fsdp else 1, recompute=rec,
-                          sequence_parallel=tp > 1, first_stage_layers=first,
-                          last_stage_layers=last)
-                     for rec in ("none", "selective", "full")]
-            ests = [estimate(model, cluster, plan, training) for plan in plans]
+            modes, refused = {}, SpecError("no recompute mode")
+            for rec in recompute_modes(release, graphs):
+                plan = Plan(tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp), ep=ep, vpp=vp,
+                            micro_batch=mb, zero_stage=3 if fsdp else 1, recompute=rec,
+                            sequence_parallel=tp > 1, first_stage_layers=first,
+                            last_stage_layers=last)
+                try:  # a mode the training's graphs refuse (full recompute) is not a choice
+                    modes[rec] = estimate(model, cluster, plan, training)
+                except SpecError as e:
+                    refused = e
+            if not modes:
+                raise refused
         except SpecError as e:
             print(f"{head}  not modelled: {e}")
             continue
         # the table does not say what is recomputed: the fastest mode that fits, as predict
         # would choose (the least memory when none fits)
-        modes = dict(zip(("none", "selective", "full"), ests, strict=True))
         fitting = [m for m, e in modes.items() if e.memory.fits]
         chosen = (max(fitting, key=lambda m: modes[m].tokens_per_s_per_gpu) if fitting
                   else min(modes, key=lambda m: modes[m].memory.peak_bytes))
@@ -247,7 +300,9 @@ def megatron_bridge_table() -> None:
         errs["moe" if model.is_moe else "dense"].append(abs(tok / published - 1))
         fits = "" if est.memory.fits else " *"
         recipe = f" ({recipe_recompute(preset, system)})" if model.is_moe else ""
-        print(f"{head}{tok:>11,.0f}{tok / published - 1:>+8.0%}  {chosen}{fits}{recipe}")
+        scope = ",".join(training.cuda_graph_scope) or "layer"
+        graph = f"  graphs {training.cuda_graph_impl}:{scope}" if graphs else ""
+        print(f"{head}{tok:>11,.0f}{tok / published - 1:>+8.0%}  {chosen}{fits}{recipe}{graph}")
     print("tokens/s per GPU, mean absolute error: " + ", ".join(
         f"{sum(v) / len(v):.1%} on {len(v)} {k} runs" for k, v in errs.items() if v)
           + "; * = predicted not to fit")

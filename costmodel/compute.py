@@ -23,6 +23,7 @@ import numpy as np
 
 from costmodel.attention import causal_keys, qk_dim, qkv_params, v_dim
 from costmodel.attention import rope_elems as rope_width
+from costmodel.graphs import DENSE_SEGMENTS, host_ops
 from costmodel.kernels import Kernels, fwd_bwd, kernels_of
 from costmodel.mapping import StageLayers
 from costmodel.moe import MoeLayer, moe_layer
@@ -41,6 +42,11 @@ from costmodel.specs import ClusterSpec, ModelSpec, Training
 # the runs that used it (the Playbook's nanotron; NeMo's DGX Cloud tables)
 FLASH3_FAMILIES = ("hopper", "blackwell")
 FWD_KERNELS_PER_LAYER = 14.0  # norms, GEMMs, RoPE, attention, activation, residual adds
+# of which Megatron-Core's TransformerLayer._forward_attention issues 8 (input norm, QKV GEMM,
+# the q/k/v split, RoPE on q and k, attention, output GEMM, bias-dropout-add) and _forward_mlp
+# the other 6 (norm, fc1, activation, fc2, bias-dropout-add by name: the total predates the
+# split): a CUDA graph's "attn" and "mlp" scopes (costmodel.graphs); eager composites alike
+ATTN_FWD_KERNELS = 8.0
 # Eager PyTorch composites (no fused kernels, no torch.compile), counted op by op in HBM bytes
 # per element at 2-byte activations; a fused kernel reads and writes once (4 bytes):
 # RMSNorm: to fp32 (2+4), pow (4+4), mean (4), scale (4+4), back to bf16 (4+2), weight (2+2) = 36;
@@ -116,6 +122,11 @@ class _Elementwise:
     act_elems: float  # the activation function's elements per token, dense MLP width
     kernels_fwd: float  # kernels per layer forward
     overhead_fwd_s: float  # their launch cost
+
+    @property
+    def attn_kernels_fwd(self) -> float:
+        """The attention block's share of them."""
+        return self.kernels_fwd * ATTN_FWD_KERNELS / FWD_KERNELS_PER_LAYER
 
 
 def _elementwise(model: ModelSpec, tr: Training, kn: Kernels) -> _Elementwise:
@@ -244,7 +255,9 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     dense = _dense_layer(model, tr, kn)
     moe = moe_layer(model, tr, p, kn, dense) if model.is_moe else None
     selective_dense, selective_moe = _selective_extra(model, tr, kn, dense, moe)
-    kernels_fwd, kernels = dense.elem.kernels_fwd, moe.kernels if moe else 1.0
+    elem = dense.elem
+    dense_ops = {"attn": elem.attn_kernels_fwd, "mlp": elem.kernels_fwd - elem.attn_kernels_fwd}
+    dense_host = host_ops(dense_ops, DENSE_SEGMENTS, tr.cuda_graph_impl, tr.cuda_graph_scope)
     head = kn.gemm(model.vocab / kn.tp, float(model.hidden))
     loss_elems = kn.tokens * float(model.vocab) / kn.tp  # logits -> fp32 softmax -> loss, grad
     loss_s = loss_elems * (kn.act + 4.0 + 4.0) / kn.hbm
@@ -254,8 +267,9 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         bwd_dense_s=dense.bwd_s, bwd_moe_s=moe.bwd_s if moe else dense.bwd_s,
         attention_fwd_s=dense.attention_s, gemm_fwd_dense_s=dense.gemm_s,
         selective_extra_s=selective_dense, selective_extra_moe_s=selective_moe,
-        host_fwd_dense_s=np.full_like(kn.tokens, kernels_fwd * tr.host_overhead_s),
-        host_fwd_moe_s=kernels_fwd * kernels * tr.host_overhead_s * np.ones_like(kn.tokens),
+        host_fwd_dense_s=dense_host * tr.host_overhead_s * np.ones_like(kn.tokens),
+        host_fwd_moe_s=(moe.host_ops if moe else dense_host) * tr.host_overhead_s
+        * np.ones_like(kn.tokens),
         head_fwd_s=head + loss_s, head_bwd_s=2.0 * head + loss_s,
         gemm_efficiency=dense.gemm_flops / dense.gemm_s / kn.peak,
         gemm_flops_fwd_dense=dense.gemm_flops,

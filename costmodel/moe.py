@@ -26,7 +26,9 @@
   token counts on the host to size its buffers and TE GroupedLinear's per-expert splits, and
   waits for them once per MoE layer forward (recomputed forwards too; the backward reuses the
   splits): the GPU drains, then idles while the counts cross to the host and it issues the
-  next kernel, and the host cannot run ahead of the post-sync kernels any more.
+  next kernel, and the host cannot run ahead of the post-sync kernels any more;
+* the host's issue (:func:`host_segments`): every operation of the layer, counted from the code
+  (the constants below), by the segments a CUDA graph scope captures (``costmodel.graphs``).
 
 The dispatch's communication is ``costmodel.parallel.expert``'s.
 """
@@ -39,6 +41,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from costmodel.attention import rope_elems as rope_width
+from costmodel.graphs import MOE_SEGMENTS, host_ops
 from costmodel.kernels import Kernels, fwd_bwd, gemm_time
 from costmodel.mapping import expert_tp
 from costmodel.plans import PlanArrays
@@ -52,15 +55,60 @@ FP32 = 4.0
 # (read), the probabilities and routing map scattered back (write two), the load-balancing
 # loss's reductions (read two)
 ROUTER_FP32_PASSES = 8.0
-# kernels of the router and the dispatcher's local copies, per layer forward: gating GEMM,
-# softmax, top-k, scatters, aux loss; permute, sort, unsort, unpermute (fused: one each)
-ROUTER_KERNELS, PERMUTE_KERNELS, FUSED_PERMUTE_KERNELS = 8.0, 10.0, 4.0
+# Operations the host issues in one MoE layer forward, as Megatron-Core core_v0.16.0 runs it
+# (megatron/core/transformer/moe/); each is a Python-level op or collective, and a library call
+# that launches a kernel per expert counts one per expert. Each also launches (at least) one
+# kernel on the GPU, which pays ``kernel_overhead_s`` for it.
+# transformer_layer.py _forward_mlp: the pre-MLP norm, and the bias-dropout-add after the MoE
+PRE_MLP_NORM_OPS, MLP_BDA_OPS = 1.0, 1.0
+# router.py TopKRouter.forward: the gating GEMM (moe_utils.py RouterGatingLinearFunction, one
+# te_general_gemm); top-k with the softmax score (moe_utils.py topk_routing_with_score_function:
+# topk, softmax, type_as, then the probabilities and the routing map scattered into tokens x
+# experts: zeros_like, scatter; zeros_like, int, scatter, bool), one fused kernel under
+# --moe-router-fusion (TE fused_topk_with_score_function); the load-balancing loss (_apply_aux_loss;
+# recipes train with one: compute_routing_scores_for_aux_loss softmax, topk, zeros_like, int,
+# scatter, bool; get_tokens_per_expert_and_token_count sum and all-reduce over TP x CP;
+# switch_load_balancing_loss_func sum, multiply, sum, scale; MoEAuxLossAutoScaler and the aux-loss
+# tracker's add), fused: TE's score and loss kernels in place of those two groups of four and six
+ROUTER_GATING_OPS = 1.0
+TOPK_OPS, FUSED_TOPK_OPS = 9.0, 1.0
+AUX_LOSS_OPS, FUSED_AUX_LOSS_OPS = 14.0, 6.0
+# token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess with EP or TP, dropless: tokens per
+# expert (sum), the input splits (reshape, sum), the counts all-gathered over TP x EP, this
+# rank's experts' slice (contiguous), the per-rank and per-TP-rank sums and the local experts'
+# sum (the sum alone on one rank); padded to capacity, two torch.full of the capacity. The other
+# dispatchers (allgather, flex) are taken to issue as many.
+COUNT_OPS, PADDED_COUNT_OPS = 7.0, 2.0
+# moe_utils.py permute (with probabilities): the routing map transposed (bool, T.contiguous),
+# token indices (arange, expand), masked_select of them and of the transposed probabilities
+# (T.contiguous, masked_select), index_select of the tokens; unpermute: the probabilities
+# masked-selected through the transposed map (two T.contiguous, masked_select), the tokens
+# weighted (multiply, cast), scattered into a zeroed output (zeros, scatter_add). Fused
+# (--moe-permute-fusion, TE's moe_permute_with_probs / moe_unpermute): one call each
+PERMUTE_OPS, UNPERMUTE_OPS, FUSED_PERMUTE_OPS = 7.0, 7.0, 1.0
+# sort_chunks_by_idxs, with several local experts under EP or expert TP: the received tokens and
+# probabilities split into chunks and concatenated by local expert (split, cat, twice), the
+# experts' output back (split, cat); fused: one call each way
+SORT_OPS, FUSED_SORT_OPS = 6.0, 2.0
+# the dropless dispatcher's device-to-host copies on its side stream
+# (_maybe_dtoh_and_synchronize: tokens per expert, the input, output and TP splits, the output
+# size, the per-local-expert counts) and its event's record and wait
+DTOH_OPS = 7.0
+# the dispatch's all-to-alls (tokens, probabilities; token_dispatch) and the combine's
+# (token_combine); under expert TP an all-gather of tokens and probabilities and a reduce-scatter
+A2A_OPS, EXPERT_TP_COLLECTIVES = 3.0, 3.0
+# experts.py TEGroupedMLP.forward: fc1 and fc2 are Transformer Engine GroupedLinear modules
+# (transformer_engine/pytorch/module/grouped_linear.py _GroupedLinear.forward, v2.8: the input
+# split by expert, general_grouped_gemm launching one GEMM per expert and, under fp8,
+# tex.split_quantize quantising each expert's split), between them the activation weighted by
+# the probabilities (weighted_bias_swiglu_impl) and, under fp8, the tokens and probabilities
+# padded per expert and unpadded (quantization_padding)
+GEMMS_PER_EXPERT, EXPERT_FIXED_OPS, FP8_PADDING_OPS = 2.0, 3.0, 3.0
+# shared_experts.py SharedExpertMLP: fc1, activation, fc2, and the add to the routed output
+SHARED_EXPERT_OPS = 4.0
 # a few bytes of token counts copied device-to-host on a side stream and the host woken by
 # its event (cudaMemcpyAsync + cudaEventSynchronize over PCIe): a prior, not fitted
 D2H_SYNC_S = 10e-6
-# the dispatch's collectives the host issues after the sync: the all-to-all, the combine's
-# all-to-all and, under expert TP, the all-gather and reduce-scatter
-POST_SYNC_COLLECTIVES = 4.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +118,8 @@ class MoeLayer:
     router_s: np.ndarray
     shared_s: np.ndarray  # the shared experts' GEMMs
     elem_s: np.ndarray
-    kernels: np.ndarray  # kernels the host issues, relative to a dense layer
+    kernels: np.ndarray  # kernels the GPU launches, relative to a dense layer
+    host_ops: np.ndarray  # operations the host issues per forward (graph launches for captures)
     fwd_s: np.ndarray
     bwd_s: np.ndarray
 
@@ -103,7 +152,14 @@ def grouped_expert_time(model: ModelSpec, tr: Training, p: PlanArrays,
     return one * model.moe_experts / p.ep
 
 
-def router_time(model: ModelSpec, kn: Kernels) -> np.ndarray:
+def router_ops(tr: Training) -> float:
+    """Operations of the router's forward: gating, top-k and the load-balancing loss."""
+    if tr.moe_router_fusion:
+        return ROUTER_GATING_OPS + FUSED_TOPK_OPS + FUSED_AUX_LOSS_OPS
+    return ROUTER_GATING_OPS + TOPK_OPS + AUX_LOSS_OPS
+
+
+def router_time(model: ModelSpec, tr: Training, kn: Kernels) -> np.ndarray:
     """The gating GEMM on the rank's M / tp sequence-parallel tokens and the fp32 routing."""
     E, h = float(model.moe_experts), float(model.hidden)
     rows = kn.tokens / kn.tp
@@ -111,7 +167,7 @@ def router_time(model: ModelSpec, kn: Kernels) -> np.ndarray:
     gate = gemm_time(rows, np.broadcast_to(E, rows.shape), np.broadcast_to(h, rows.shape),
                      kn.peak, kn.cluster, max(kn.in_bytes, 2.0))  # the router stays bf16
     return (gate + ROUTER_FP32_PASSES * rows * E * FP32 / kn.hbm
-            + (ROUTER_KERNELS - 1.0) * eff.kernel_overhead_s)
+            + (router_ops(tr) - 1.0) * eff.kernel_overhead_s)
 
 
 def permute_elements(model: ModelSpec, tr: Training, p: PlanArrays,
@@ -149,14 +205,49 @@ def host_syncs(tr: Training) -> float:
     return 1.0
 
 
-def sync_stall(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels, routed_s: np.ndarray,
-               permute_s: np.ndarray, permute_kernels: float) -> np.ndarray:
+def sort_ops(model: ModelSpec, tr: Training, p: PlanArrays) -> np.ndarray:
+    """The chunk sort and unsort of a rank holding several experts under EP or expert TP."""
+    spread = (model.moe_experts / p.ep > 1) & (p.ep * expert_tp(p) > 1)
+    return np.where(spread, FUSED_SORT_OPS if tr.moe_permute_fusion else SORT_OPS, 0.0)
+
+
+def host_segments(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
+                  attn_ops: float) -> dict[str, np.ndarray]:
+    """Operations of one MoE layer forward by the segments a CUDA graph scope captures
+    (costmodel.graphs.MOE_SEGMENTS): attention; the router (with the pre-MLP norm and the shared
+    experts unless they overlap the dispatch); the dispatcher's preprocess (counts, the first
+    permute); the eager middle (device-to-host copies, the collectives, the chunk sort, the
+    experts' grouped GEMMs); the unpermute and bias-dropout-add after the combine."""
+    fused, fp8 = tr.moe_permute_fusion, kn.fp8
+    local = model.moe_experts / p.ep
+    etp = expert_tp(p).astype(float)
+    shared = SHARED_EXPERT_OPS if model.moe_shared_experts else 0.0
+    counts = (PADDED_COUNT_OPS if tr.moe_pad_to_capacity
+              else np.where(p.ep * etp > 1, COUNT_OPS, 1.0))
+    sort = sort_ops(model, tr, p)
+    experts = (GEMMS_PER_EXPERT * local + EXPERT_FIXED_OPS
+               + (GEMMS_PER_EXPERT * local + FP8_PADDING_OPS if fp8 else 0.0))
+    middle = (host_syncs(tr) * DTOH_OPS + np.where(p.ep > 1, A2A_OPS, 0.0)
+              + np.where(etp > 1, EXPERT_TP_COLLECTIVES, 0.0) + sort + experts
+              + (shared if tr.moe_shared_expert_overlap else 0.0))
+    ones = np.ones_like(kn.tokens)
+    return {"attn": attn_ops * ones,
+            "router": (PRE_MLP_NORM_OPS + router_ops(tr)
+                       + (0.0 if tr.moe_shared_expert_overlap else shared)) * ones,
+            "preprocess": (counts + (FUSED_PERMUTE_OPS if fused else PERMUTE_OPS)) * ones,
+            "experts": middle * ones,
+            "postprocess": ((FUSED_PERMUTE_OPS if fused else UNPERMUTE_OPS) + MLP_BDA_OPS) * ones}
+
+
+def sync_stall(tr: Training, routed_s: np.ndarray, permute_s: np.ndarray,
+               segments: dict[str, np.ndarray]) -> np.ndarray:
     """GPU idle time per MoE layer forward from the host's waits: the count's round trip and
     the host's issue of the first kernel after it, then what the host's issue of the rest of the
-    layer's MoE kernels (the expert GEMMs, the unsort and unpermute, the collectives) exceeds
-    their GPU time; the transfers' own time, which also lets the host catch up, is left out."""
-    local = model.moe_experts / p.ep
-    host_post = (2.0 * local + permute_kernels / 2.0 + POST_SYNC_COLLECTIVES) * tr.host_overhead_s
+    layer's MoE operations (the collectives, the sort, the expert GEMMs, the unpermute; eager in
+    every graph scope that leaves a sync) exceeds their GPU time; the transfers' own time, which
+    also lets the host catch up, is left out."""
+    after = segments["experts"] - host_syncs(tr) * DTOH_OPS + segments["postprocess"]
+    host_post = after * tr.host_overhead_s
     gpu_post = routed_s + permute_s / 2.0
     return host_syncs(tr) * (D2H_SYNC_S + tr.host_overhead_s
                              + np.maximum(host_post - gpu_post, 0.0))
@@ -170,10 +261,12 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     routed = grouped_expert_time(model, tr, p, kn)
     shared = model.moe_shared_experts * (kn.gemm(n_up_e / tp, float(h))
                                          + kn.gemm(float(h), fe / tp))
-    router = router_time(model, kn)
-    permute_kernels = FUSED_PERMUTE_KERNELS if tr.moe_permute_fusion else PERMUTE_KERNELS
+    router = router_time(model, tr, kn)
+    segments = host_segments(model, tr, p, kn, elem.attn_kernels_fwd)
+    copies = sort_ops(model, tr, p) + (2.0 * FUSED_PERMUTE_OPS if tr.moe_permute_fusion
+                                       else PERMUTE_OPS + UNPERMUTE_OPS)
     permute = (kn.tokens / tp * permute_elements(model, tr, p, kn) * h * kn.act / kn.hbm
-               + permute_kernels * eff.kernel_overhead_s)
+               + copies * eff.kernel_overhead_s)
     moe_s = routed + shared + router + permute
     gemm_s = dense.qkv_s + dense.out_s + moe_s
     # the experts' activation function runs on the top-k copies (the busiest rank's), at the
@@ -181,17 +274,18 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     expert_act = model.moe_topk * tr.moe_load_imbalance * (elem.act_elems / f) * fe
     elem_s = kn.tokens * (elem.replicated + (elem.rope_elems * rope_width(model) + expert_act)
                           / tp) * kn.act / kn.hbm
-    # the GPU's launch costs of the router, copies and expert GEMMs are in their times; the host
-    # issues them all: the dense layer's, the router's, the copies', two GEMMs per local expert
-    # (GroupedLinear's per-expert GEMMs) and the dispatch's collectives (4)
-    issued = (elem.kernels_fwd + ROUTER_KERNELS + permute_kernels
-              + 2.0 * model.moe_experts / p.ep + 4.0)
-    kernels = np.broadcast_to(issued / elem.kernels_fwd, kn.tokens.shape).astype(float)
+    # the GPU's launch costs of the router, copies and expert GEMMs are in their times; the
+    # GPU launches a kernel for every operation whether a graph holds it or not, the host issues
+    # the operations no graph holds (costmodel.graphs)
+    eager = sum(segments.values())
+    kernels = np.broadcast_to(eager / elem.kernels_fwd, kn.tokens.shape).astype(float)
+    issued = host_ops(segments, MOE_SEGMENTS, tr.cuda_graph_impl, tr.cuda_graph_scope)
     # the experts' GEMMs are not split for TP overlap: their weight gradients cost as forward
     fwd, bwd = fwd_bwd(gemm_s, dense.wgrad_attn_s + moe_s, dense.attention_s, elem_s,
                        elem.overhead_fwd_s, 1.0)
-    fwd = fwd + sync_stall(model, tr, p, kn, routed, permute, permute_kernels)
+    fwd = fwd + sync_stall(tr, routed, permute, segments)
     return MoeLayer(routed_s=routed, permute_s=permute, router_s=router,
                     shared_s=np.broadcast_to(shared, kn.tokens.shape).astype(float),
-                    elem_s=elem_s,
-                    kernels=kernels, fwd_s=fwd, bwd_s=bwd)
+                    elem_s=elem_s, kernels=kernels,
+                    host_ops=np.broadcast_to(issued, kn.tokens.shape).astype(float),
+                    fwd_s=fwd, bwd_s=bwd)

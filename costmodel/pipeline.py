@@ -23,7 +23,11 @@ from costmodel.plans import PlanArrays
 from costmodel.recompute import recomputed_layers
 from costmodel.specs import ModelSpec, Training
 
-BWD_HOST_FACTOR = 2.0  # backward issues about twice the forward's kernels
+# backward issues about twice the forward's kernels: each GEMM's input and weight gradients
+# (Transformer Engine's GroupedLinear backward: a dgrad and a wgrad general_grouped_gemm, one GEMM
+# per expert each, and under fp8 the output gradient quantised per split), autograd's kernel or two
+# per elementwise op; a captured region replays its backward graph as one launch
+BWD_HOST_FACTOR = 2.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from costmodel.graphs import graph_facts, graphs_allowed
 from costmodel.mapping import chunk_split_exists, expert_groups, launchable_chunks, rank_split
 from costmodel.specs import (
     RECOMPUTE_CODES,
@@ -109,6 +110,11 @@ class Facts:
     # ``Training.moe_tensor_parallel``, from its profile)
     moe_max_zero_stage: int = 3
     moe_tensor_parallel: bool = True
+    moe_layers: int = 0  # the CUDA-graph rule's facts (costmodel.graphs.graph_facts)
+    cuda_graph_impl: str = "none"
+    cuda_graph_scope: tuple[str, ...] = ()
+    moe_pad_to_capacity: bool = False
+    moe_a2a_overlap: bool = False
 
     def values(self) -> dict[str, object]:
         s = self.switches
@@ -118,6 +124,10 @@ class Facts:
                 "nvlink_domain": self.nvlink_domain,
                 "moe_max_zero_stage": self.moe_max_zero_stage,
                 "moe_tensor_parallel": self.moe_tensor_parallel,
+                "moe_layers": self.moe_layers, "cuda_graph_impl": self.cuda_graph_impl,
+                "cuda_graph_scope": list(self.cuda_graph_scope),
+                "moe_pad_to_capacity": self.moe_pad_to_capacity,
+                "moe_a2a_overlap": self.moe_a2a_overlap,
                 "uneven_pipeline": s.uneven_pipeline,
                 "uneven_chunks": s.uneven_chunks, "tp_in_node": s.tp_in_node,
                 "split_later": s.split_later,
@@ -138,7 +148,8 @@ def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
                  global_batch=training.global_batch, num_gpus=cluster.num_gpus,
                  nvlink_domain=cluster.nvlink_domain, switches=switches,
                  moe_max_zero_stage=training.moe_max_zero_stage,
-                 moe_tensor_parallel=training.moe_tensor_parallel)
+                 moe_tensor_parallel=training.moe_tensor_parallel, **graph_facts(model, training))
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,6 +322,17 @@ RULES: tuple[Rule, ...] = (
          "microbatch_groups (the interleaved schedule's groups of pp micro-batches)",
          lambda c, f: (c["vpp"] == 1) | (not f.switches.microbatch_groups)
          | ((f.global_batch // (c["micro_batch"] * c["dp"])) % c["pp"] == 0)),
+    Rule("cuda_graphs", ("recompute",),
+         ("cuda_graph_impl", "cuda_graph_scope", "moe_layers", "layers", "moe_pad_to_capacity",
+          "moe_a2a_overlap"),
+         "cuda_graph_impl == none, or: recompute != full unless full_iteration is in "
+         "cuda_graph_scope; moe scopes only with moe_layers > 0, mlp only with moe_layers < "
+         "layers; with moe_layers > 0 the whole layer (no scope), full_iteration and moe only "
+         "with moe_pad_to_capacity; moe_a2a_overlap only under transformer_engine without moe "
+         "or mlp (Megatron-Core's TransformerConfig; costmodel.graphs.graphs_allowed)",
+         lambda c, f: graphs_allowed(c["recompute"] == FULL, f.cuda_graph_impl,
+                                     f.cuda_graph_scope, f.moe_layers, f.layers,
+                                     f.moe_pad_to_capacity, f.moe_a2a_overlap)),
     Rule("schedule", ("pp_schedule", "vpp", "pp"), ("canonical",),
          "pp_schedule interleaved iff vpp > 1, and gpipe only with vpp == 1 (and pp > 1 in a "
          "canonical space)",

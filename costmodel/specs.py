@@ -13,6 +13,7 @@ from typing import Literal
 
 from costmodel.attention import MlaSpec
 from costmodel.errors import SpecError, require_positive
+from costmodel.graphs import graph_scope
 from costmodel.hardware import ClusterSpec, Efficiency, GpuSpec
 from costmodel.layer_style import (
     Bias,
@@ -259,20 +260,18 @@ class Training:
     # gradients and reduce-scatters once (FSDP2 with set_requires_gradient_sync(False) until the
     # last micro-batch, as torch.distributed.pipelining's schedules do). ``_pp``: under PP.
     zero2_grad_sync: Literal["micro_batch", "step"] = "micro_batch"
-    # How context parallelism moves the key/value blocks (costmodel/parallel/context.py): a
-    # ring of cp - 1 point-to-point steps (Megatron-Core's default --cp-comm-type p2p) or one
-    # all-gather (torchtitan's default context_parallel_rotate_method)
+    # How context parallelism moves the key/value blocks (costmodel/parallel/context.py): cp - 1
+    # ring steps (Megatron-Core's --cp-comm-type p2p) or one all-gather (torchtitan's default)
     cp_comm: Literal["ring", "all_gather"] = "ring"
     zero2_grad_sync_pp: Literal["micro_batch", "step"] = "micro_batch"
     # A partial full-recompute count is per model chunk (Megatron-LM's --recompute-num-layers,
     # read by every chunk's TransformerBlock): with vpp chunks a stage recomputes a multiple of
     # vpp layers. A validity switch (costmodel.rules ``recompute_chunks``), not a cost.
     recompute_per_chunk: bool = False
-    # The interleaved schedule runs micro-batches in groups of pp (Megatron-Core's
-    # microbatch_group_size_per_vp_stage default): their count is a multiple of pp. Validity
-    # (costmodel.rules ``microbatch_groups``), not a cost.
+    # The interleaved schedule runs micro-batches in groups of pp (Megatron-Core's default
+    # microbatch_group_size_per_vp_stage): a multiple of pp. Validity (rules microbatch_groups)
     microbatch_groups: bool = False
-    # A model with MoE layers trains with tp > 1 only under sequence parallelism (Megatron-Core's
+    # MoE layers train with tp > 1 only under sequence parallelism (Megatron-Core's
     # MoELayer.forward). Validity (costmodel.rules ``moe_tp_sp``), not a cost.
     moe_tp_sequence_parallel: bool = False
     # The launcher takes an explicit per-virtual-stage layout, so any split of a stage's layers
@@ -282,26 +281,23 @@ class Training:
     uneven_chunks: bool = False
     dp_bucket_bytes: float = 25 * 2**20  # gradient bucket (torch DDP's default 25 MiB)
     # Extra seconds per TP ring step when a pipeline engine interleaves its point-to-point
-    # transfers with TP collectives on one stream and those transfers cross the network (seen
-    # in nanotron's eager PP engine: its tp x pp runs inside one node run at the model's speed,
-    # across nodes at 0.3-0.6 of it; 0 for engines that keep them on separate streams, e.g.
-    # Megatron-LM).
+    # transfers with TP collectives on one stream and they cross the network (nanotron's eager
+    # PP engine: tp x pp in one node at the model's speed, across nodes at 0.3-0.6 of it; 0 for
+    # engines that keep them on separate streams, e.g. Megatron-LM).
     pp_tp_step_overhead_s: float = 0.0
     # Megatron-LM's scatter/gather of pipeline activations (Narayanan et al., SC21, sec. 4.1):
-    # each TP rank sends 1/tp of a stage boundary's activation over its own NIC and the
-    # receiving stage all-gathers it over NVLink. Only matters without sequence parallel, which
-    # shards those activations anyway.
+    # each TP rank sends 1/tp of a stage boundary's activation over its NIC, the next stage
+    # all-gathers it over NVLink. Only without sequence parallel, which shards them anyway.
     pp_scatter_gather: bool = False
     # Interleaved 1F1B sends a chunk's activation while the next chunk computes (Megatron-LM's
-    # overlap_p2p_comm, on by default with a virtual pipeline; --no-overlap-p2p-communication
-    # turns it off). Without interleaving every framework here waits for its transfers.
+    # overlap_p2p_comm, default with a virtual pipeline). Without interleaving all wait for it.
     overlap_p2p_comm: bool = False
     # What sequence parallel keeps for the backward of the QKV and MLP-in projections: Megatron
     # keeps the sequence-sharded norm output and all-gathers it again in backward (Korthikanti
     # et al., 2022, sec. 4.2.2); PyTorch DTensor's ColwiseParallel keeps the gathered one.
     sp_saves_gathered_input: bool = False
-    # TP runs on PyTorch DTensors (torchtitan, the validation harness): every op of a TP layer
-    # pays the host's ``dtensor_op_overhead_s`` on top of ``host_overhead_s``
+    # TP on PyTorch DTensors (torchtitan, the validation harness): each op of a TP layer pays
+    # ``dtensor_op_overhead_s`` on top of ``host_overhead_s``
     dtensor_tp: bool = False
     # Bytes of one activation element, as exchanged between ranks, stored for backward and
     # streamed by elementwise kernels: 2 under bf16/fp16 autocast (fp8 GEMMs still hand bf16
@@ -315,24 +311,29 @@ class Training:
     # distributed optimizer all-gathers fp8 parameters; fp32 master weights stay in the optimizer
     fp8_param_gather: bool = False
     # fp8 casts of the weights are cached after a step's first micro-batch (Megatron-Core's TE
-    # layers pass is_first_microbatch, megatron/core/extensions/transformer_engine.py); torchao's
-    # float8 linear casts them at every call
+    # layers pass is_first_microbatch, megatron/core/extensions/transformer_engine.py); not in
+    # torchao's float8 linear
     fp8_weight_cache: bool = True
     # Norms, RoPE and the activation function run as fused kernels (custom kernels, as in
     # nanotron and Transformer Engine, or torch.compile); False: eager PyTorch composites that
     # pass over HBM several times each (costmodel.compute.EAGER_*)
     fused_elementwise: bool = True
-    # Pipeline stages placed by compute cost, the LM head counted (nanotron: a plan that gives no
-    # split; costmodel.mapping.cost_balanced_split); False: an even split of the layers
+    # Pipeline stages placed by compute cost, the LM head counted (nanotron, where a plan gives
+    # no split; costmodel.mapping.cost_balanced_split); False: an even split
     pp_cost_balance: bool = False
-    # What recompute="selective" recomputes: "activation" (the MLP's activation function, and
-    # attention's scores without flash attention; Korthikanti et al.'s selective recompute), or
-    # "every_other_mm" (torchtitan's op-level policy: every elementwise op and every second
-    # GEMM of a layer, saving the other GEMMs' and attention's outputs)
+    # What recompute="selective" recomputes: "activation" (the MLP's activation, attention's
+    # scores without flash attention: Korthikanti et al.), or "every_other_mm" (torchtitan's
+    # per-op policy: every elementwise op and every second GEMM; the rest and attention saved)
     selective_recompute: Literal["activation", "every_other_mm"] = "activation"
     # CPU time to issue one kernel or collective: a layer cannot run faster than the host issues
     # its work (eager PyTorch with Python-level modules; ~10-20 us for lean stacks).
     host_overhead_s: float = 15e-6
+    # CUDA graphs (costmodel/graphs.py; Megatron-Core --cuda-graph-impl/--cuda-graph-scope):
+    # the scope names what a layer's graphs capture, () the whole layer; "none": eager
+    cuda_graph_impl: Literal["none", "local", "transformer_engine"] = "none"
+    cuda_graph_scope: tuple[str, ...] = ()
+    # --moe-router-fusion: the router's top-k and load-balancing loss as TE's fused kernels
+    moe_router_fusion: bool = False
     # MoE token dispatch (costmodel/moe.py, costmodel/parallel/expert.py), Megatron-Core's
     # --moe-token-dispatcher-type: "alltoall" (permute, all-to-all over EP, all-gather over
     # expert TP), "allgather" (every token all-gathered over TP x EP, reduce-scattered back) or
@@ -391,6 +392,8 @@ class Training:
         if self.precision not in PRECISION_CODES:
             raise SpecError(f"training.precision must be one of {sorted(PRECISION_CODES)}, "
                             f"but got {self.precision!r}")
+        object.__setattr__(self, "cuda_graph_scope",
+                           graph_scope(self.cuda_graph_impl, self.cuda_graph_scope))
 
     @property
     def tokens_per_step(self) -> int:

@@ -87,8 +87,9 @@ def check_verdict(plan: Plan, specs: Specs, switches: rules.Switches) -> str:
 
 def test_the_grid_holds_valid_and_invalid_plans_of_every_rule(specs: Specs) -> None:
     verdicts = {check_verdict(p, specs, specs.switches) for p in grid()}
-    # the generic profile allows every MoE combination: test_framework_moe_rules holds those
-    framework_only = {"sp_tp", "moe_tp", "moe_zero"}
+    # the generic profile allows every MoE combination: test_framework_moe_rules holds those;
+    # it runs no CUDA graphs: test_cuda_graph_rule_one_verdict holds those
+    framework_only = {"sp_tp", "moe_tp", "moe_zero", "cuda_graphs"}
     assert verdicts == {"ok", *(r.name for r in rules.RULES if r.name not in framework_only)}
 
 
@@ -117,6 +118,47 @@ def test_framework_moe_rules(framework: str, plan: Plan, rule: str) -> None:
                       training=specs.training, plan=plan)
         f = facts_of(pf, ExportOptions(), "deepspeed")
         assert [r.rule.name for r in COMMON if isinstance(r, Shared) and not r.holds(f)] == [rule]
+
+
+@pytest.mark.parametrize("graphs,plan,refused", [
+    # Megatron-Core: full recompute only under a full-iteration graph
+    ({"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ("attn",)},
+     Plan(tp=1, pp=1, dp=48, ep=4, recompute="full"), True),
+    # dropless MoE: no static-shape capture of the layer; the router's graphs run
+    ({"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ("moe",)},
+     Plan(tp=1, pp=1, dp=48, ep=4), True),
+    ({"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ("moe",),
+      "moe_pad_to_capacity": True}, Plan(tp=1, pp=1, dp=48, ep=4), False),
+    ({"cuda_graph_impl": "transformer_engine", "cuda_graph_scope": ("moe_router",
+                                                                     "moe_preprocess")},
+     Plan(tp=1, pp=1, dp=48, ep=4, recompute="selective"), False),
+])
+def test_cuda_graph_rule_one_verdict(specs: Specs, graphs: dict[str, object], plan: Plan,
+                                     refused: bool) -> None:
+    """check_plan, the search space and the exporters' common rules read the training's graphs
+    alike."""
+    graphed = replace(specs, training=replace(specs.training, **graphs))  # type: ignore[arg-type]
+    expected = "cuda_graphs" if refused else "ok"
+    assert check_verdict(plan, graphed, graphed.switches) == expected
+    study = parse_study(STUDY, name="rules-table")
+    assert [v.split(":")[0] for v in violations(build_space(study, graphed), plan)] == (
+        ["cuda_graphs"] if refused else [])
+    pf = PlanFile(study="rules-table", model=graphed.model, gpu=graphed.cluster.gpu.id,
+                  num_gpus=graphed.cluster.num_gpus, gpus_per_node=graphed.cluster.gpus_per_node,
+                  training=graphed.training, plan=plan)
+    f = facts_of(pf, ExportOptions(), "megatron")
+    assert [r.rule.name for r in COMMON if isinstance(r, Shared) and not r.holds(f)] == (
+        ["cuda_graphs"] if refused else [])
+
+
+def test_explain_repairs_full_recompute_under_graphs(specs: Specs) -> None:
+    graphed = replace(specs, training=replace(specs.training, cuda_graph_impl="transformer_engine",
+                                              cuda_graph_scope=("attn",)))
+    base = Plan(tp=1, pp=1, dp=48, ep=4, zero_stage=0, recompute="full")
+    plan, notes = apply_change(base, {"zero_stage": 1}, graphed)
+    assert (plan.zero_stage, plan.recompute) == (1, "selective")
+    assert "recompute" in {n.split()[0] for n in notes}
+    assert check_verdict(plan, graphed, graphed.switches) == "ok"
 
 
 MOE_TP = Plan(tp=2, pp=1, dp=24, ep=4, zero_stage=1)

@@ -62,6 +62,34 @@ def data_parallel_args(f: LaunchView, pf: PlanFile) -> list[Group]:
     return out
 
 
+# the capacity factor Megatron-Bridge's token drop sets with padding (src/megatron/bridge/training/
+# utils/moe_token_drop.py apply_moe_token_drop: 1.0), taken where a plan pads to capacity
+PAD_CAPACITY_FACTOR = 1.0
+
+
+def cuda_graph_args(pf: PlanFile, f: LaunchView) -> list[Group]:
+    """The training's CUDA graphs (megatron/training/arguments.py, core_v0.16.0:
+    --cuda-graph-impl, --cuda-graph-scope nargs='+' and none for the whole layer; validate_args
+    asks the local impl under EP for --moe-pad-experts-for-cuda-graph-inference and a
+    full-iteration graph for --no-check-for-nan-in-loss-and-grad), and the token drop with
+    padding a MoE capture of static shapes needs."""
+    t = pf.training
+    out: list[Group] = []
+    if pf.model.is_moe and t.moe_pad_to_capacity:
+        out.append(("--moe-expert-capacity-factor", PAD_CAPACITY_FACTOR,
+                    "--moe-pad-expert-input-to-capacity"))
+    if t.cuda_graph_impl == "none":
+        return out
+    out.append(("--cuda-graph-impl", t.cuda_graph_impl))
+    if t.cuda_graph_scope:
+        out.append(("--cuda-graph-scope", *t.cuda_graph_scope))
+    if t.cuda_graph_impl == "local" and f.ep > 1:
+        out.append(("--moe-pad-experts-for-cuda-graph-inference",))
+    if "full_iteration" in t.cuda_graph_scope:
+        out.append(("--no-check-for-nan-in-loss-and-grad",))
+    return out
+
+
 NORMALIZATION = {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}
 POSITIONS = {"rope": "rope", "learned": "learned_absolute"}
 
@@ -254,6 +282,7 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
         precision_args(f.precision),
         *weight_and_grad_dtype_args(pf),
         *model_args(pf),
+        *cuda_graph_args(pf, f),
         ("--optimizer", pf.training.optimizer, "--lr", options.lr, "--min-lr", options.lr / 10,
          "--lr-decay-style", "cosine", "--train-iters", options.train_iters),
         # Synthetic data so the command runs as is; swap in --data-path and a real tokenizer.

@@ -9,7 +9,7 @@ from costmodel.layer_style import MoeRouter
 from search.planfile import PlanFile
 
 from . import rules
-from .megatron import split_args
+from .megatron import PAD_CAPACITY_FACTOR, split_args
 from .options import ExportOptions, ExportRefused
 from .shell import Group, command, script, torchrun_head
 from .view import LaunchView, facts_of
@@ -49,6 +49,8 @@ def _value(v: object) -> str:
         return "true" if v else "false"
     if v is None:
         return "null"
+    if isinstance(v, list):  # a Hydra-style list override
+        return "[" + ",".join(_value(x) for x in v) + "]"
     return str(v)
 
 
@@ -162,6 +164,25 @@ def latent_overrides(pf: PlanFile) -> dict[str, object]:
                 "model.mscale": s.mscale, "model.mscale_all_dim": s.mscale_all_dim}
 
 
+def graph_overrides(pf: PlanFile) -> dict[str, object]:
+    """The training's CUDA graphs as Megatron-Bridge's ConfigContainer takes them (its
+    performance scripts' set_cuda_graph_overrides, scripts/performance/utils/helpers.py v0.2.2:
+    model.cuda_graph_impl, model.cuda_graph_scope, and the Transformer Engine RNG tracker the
+    graphs need, rng.te_rng_tracker and model.use_te_rng_tracker) and token drop with padding
+    (apply_moe_token_drop's model.moe_expert_capacity_factor 1.0 and
+    model.moe_pad_expert_input_to_capacity)."""
+    t = pf.training
+    o: dict[str, object] = {}
+    if pf.model.is_moe and t.moe_pad_to_capacity:
+        o = {"model.moe_expert_capacity_factor": PAD_CAPACITY_FACTOR,
+             "model.moe_pad_expert_input_to_capacity": True}
+    if t.cuda_graph_impl != "none":
+        o |= {"model.cuda_graph_impl": t.cuda_graph_impl,
+              "model.cuda_graph_scope": list(t.cuda_graph_scope),
+              "rng.te_rng_tracker": True, "model.use_te_rng_tracker": True}
+    return o
+
+
 def recipe_of(pf: PlanFile, options: ExportOptions) -> tuple[str, bool]:
     """The recipe and whether it has a comm_overlap section; refuses a model without one."""
     if options.nemo_recipe:
@@ -187,7 +208,7 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
             f"latent attention is built by a DeepSeek recipe's MLATransformerConfig (an "
             f"override cannot change a config's class), but the model has mla="
             f"{pf.model.mla} and the recipe is {recipe}"])
-    o = overrides(pf, f, options)
+    o = overrides(pf, f, options) | graph_overrides(pf)
     if has_comm_overlap:
         o["comm_overlap.tp_comm_overlap"] = pf.training.tp_comm_overlap
     elif pf.training.tp_comm_overlap:

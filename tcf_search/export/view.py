@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from costmodel import rules
+from costmodel.graphs import graph_facts
 from costmodel.mapping import chunk_counts, expert_tp, stage_counts
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 from costmodel.specs import ModelSpec
@@ -136,7 +137,7 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
                                experts=m.moe_experts, seq_len=t.seq_len,
                                global_batch=t.global_batch, num_gpus=pf.num_gpus,
                                nvlink_domain=pf.gpus_per_node, switches=format_switches(fmt),
-                               **_moe_switches(fmt)),
+                               **_moe_switches(fmt), **graph_facts(m, t)),
     )
 
 
