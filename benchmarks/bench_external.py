@@ -225,7 +225,7 @@ def megatron_bridge_table() -> None:
             cluster = ClusterSpec(gpu=get_gpu(gpu_id), num_gpus=gpus, gpus_per_node=per_node,
                                   fabric="infiniband",
                                   network_bw_fraction=fabric_fraction("infiniband"))
-            first, last = BRIDGE_EDGES.get((preset, pp), (0, 0)) if vp > 1 else (0, 0)
+            first, last = BRIDGE_EDGES.get((preset, pp), (0, 0))
             plans = [Plan(tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp), ep=ep, vpp=vp,
                           micro_batch=mb, zero_stage=3 if fsdp else 1, recompute=rec,
                           sequence_parallel=tp > 1, first_stage_layers=first,

@@ -109,6 +109,10 @@ class Facts:
     # ``Training.moe_tensor_parallel``, from its profile)
     moe_max_zero_stage: int = 3
     moe_tensor_parallel: bool = True
+    # multi-token prediction depths, and whether the framework builds them
+    # (``Training.multi_token_prediction``, from its profile)
+    mtp_layers: int = 0
+    multi_token_prediction: bool = True
 
     def values(self) -> dict[str, object]:
         s = self.switches
@@ -118,6 +122,8 @@ class Facts:
                 "nvlink_domain": self.nvlink_domain,
                 "moe_max_zero_stage": self.moe_max_zero_stage,
                 "moe_tensor_parallel": self.moe_tensor_parallel,
+                "mtp_layers": self.mtp_layers,
+                "multi_token_prediction": self.multi_token_prediction,
                 "uneven_pipeline": s.uneven_pipeline,
                 "uneven_chunks": s.uneven_chunks, "tp_in_node": s.tp_in_node,
                 "split_later": s.split_later,
@@ -138,7 +144,9 @@ def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
                  global_batch=training.global_batch, num_gpus=cluster.num_gpus,
                  nvlink_domain=cluster.nvlink_domain, switches=switches,
                  moe_max_zero_stage=training.moe_max_zero_stage,
-                 moe_tensor_parallel=training.moe_tensor_parallel)
+                 moe_tensor_parallel=training.moe_tensor_parallel,
+                 mtp_layers=model.mtp_layers,
+                 multi_token_prediction=training.multi_token_prediction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +287,10 @@ RULES: tuple[Rule, ...] = (
          "experts == 0 or zero_stage <= moe_max_zero_stage (the ZeRO stages the framework runs "
          "with MoE layers)",
          lambda c, f: (f.experts == 0) | (c["zero_stage"] <= f.moe_max_zero_stage)),
+    # a framework that builds no multi-token prediction module cannot run a model with one
+    Rule("mtp", ("pp",), ("mtp_layers", "multi_token_prediction"),
+         "mtp_layers == 0 or multi_token_prediction (the framework builds MTP modules)",
+         lambda c, f: (c["pp"] > 0) & ((f.mtp_layers == 0) | f.multi_token_prediction)),
     Rule("expert_tp", ("expert_tp", "ep", "tp", "dp", "cp"), ("experts", "canonical"),
          "expert_tp == 0 (derived), or experts > 0 and (tp * cp * dp) % (ep * expert_tp) == 0 "
          "(the expert ranks of a stage, expert TP x EP x expert DP, fill its tp x cp x dp), and "
