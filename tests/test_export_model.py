@@ -162,8 +162,10 @@ def test_deepseek_v3_nemo_uses_its_recipe_with_the_searched_sizes() -> None:
     assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_head_dim, cfg.v_head_dim) == (
         1536, 512, 128, 128)
     assert (cfg.rope_type, cfg.rotary_scaling_factor, cfg.mscale_all_dim) == ("yarn", 40.0, 1.0)
-    # the recipe's MTP layer and its own pipeline layout are not the searched model's
-    assert o["model.mtp_num_layers"] == "null" and cfg.mtp_num_layers is None
+    # the searched model's MTP depth (the preset's, which is the recipe's default), not the
+    # recipe's own pipeline layout
+    assert o["model.mtp_num_layers"] == "1" and cfg.mtp_num_layers == 1
+    assert o["model.pipeline_model_parallel_layout"] == "null"
     assert (cfg.moe_router_score_function, cfg.moe_router_num_groups,
             cfg.moe_router_group_topk, cfg.moe_router_enable_expert_bias) == (
         "sigmoid", 8, 4, True)
@@ -297,7 +299,9 @@ def test_deepseek_v3_config_json_reads_back_mla(fmt: str, tmp_path: Path) -> Non
     pf = deepseek()
     # DeepSpeed runs MoE models at ZeRO-1/2 only (the moe_zero rule); Accelerate's FSDP at 3
     zero = 2 if fmt == "deepspeed" else 3
+    # transformers' DeepseekV3ForCausalLM builds no MTP module (DeepSpeed's profile refuses one)
     pf = dataclasses.replace(pf, plan=Plan(tp=1, pp=1, dp=2048, zero_stage=zero),
+                             model=dataclasses.replace(pf.model, mtp_layers=0),
                              training=dataclasses.replace(pf.training, global_batch=16384))
     files = render(fmt, pf)
     cfg = hf_config(files, tmp_path)
