@@ -121,6 +121,7 @@ def transformer_config_kwargs(flags: dict[str, Any], torch: Any) -> dict[str, An
         "num_moe_experts": num("--num-experts"),
         "moe_router_topk": num("--moe-router-topk") or 2,
         "moe_ffn_hidden_size": num("--moe-ffn-hidden-size"),
+        "mtp_num_layers": num("--mtp-num-layers"),
         "gated_linear_unit": bool(flags.get("--swiglu")),
         "add_bias_linear": not flags.get("--disable-bias-linear"),
         "add_qkv_bias": bool(flags.get("--add-qkv-bias")),
@@ -154,6 +155,7 @@ def test_megatron_core_accepts_every_export(plans: dict[str, PlanFile]) -> None:
         assert (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size) == (
             pf.plan.tp, pf.plan.pp), name
         assert (cfg.virtual_pipeline_model_parallel_size or 1) == pf.plan.vpp, name
+        assert (cfg.mtp_num_layers or 0) == m.mtp_layers, name
 
 
 def test_megatron_fsdp_modes_carry_their_required_flags() -> None:
