@@ -206,7 +206,10 @@ def megatron_bridge_table() -> None:
     gradients), InfiniBand at the fabric's fitted fraction, ZeRO-3 where the table's FSDP column
     is set and the distributed optimizer otherwise. The tables say MoE tokens are force-balanced
     over the experts, as the model assumes; the dispatcher and its overlap are each release's
-    recipe's (MOE_RECIPES). Blackwell carries the hopper fit over."""
+    recipe's (MOE_RECIPES). DeepSeek-V3 trains with its multi-token prediction module (the
+    preset's; the recipe's mtp_num_layers=1) on the recipe's layouts (BRIDGE_EDGES: the MTP
+    stage holds 1 decoder layer of 4 on B200, 13 of 16 on GB200, 6 of 8 on H100). Blackwell
+    carries the hopper fit over."""
     print("\nMegatron-Bridge performance summary (docs/performance-summary-archive.md), megatron "
           "profile, fp8, infiniband")
     print(f"{'release':<10}{'system':<11}{'model':<17}{'GPUs':>5}{'published':>11}"
