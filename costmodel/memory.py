@@ -309,10 +309,15 @@ def step_memory(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArr
 def largest_stage_params(co: MemoryCoefficients,
                          layers: StageLayers) -> tuple[np.ndarray, np.ndarray]:
     """Local (dense, routed-expert) parameters of the stage with the most layers, counted with
-    the embedding: what the data-parallel collectives and the optimizer step move."""
-    n_big = layers.largest
-    return (n_big * co.dense_params_per_layer + co.embed_params,
-            n_big * co.expert_params_per_layer)
+    the embedding, or of the last stage where its MTP depths make it hold more: what the
+    data-parallel collectives and the optimizer step move."""
+    n_big, n_last = layers.largest, layers.last
+    big = (n_big * co.dense_params_per_layer + co.embed_params,
+           n_big * co.expert_params_per_layer)
+    last = (n_last * co.dense_params_per_layer + co.embed_params + co.mtp_dense_params,
+            n_last * co.expert_params_per_layer + co.mtp_expert_params)
+    more = last[0] + last[1] > big[0] + big[1]
+    return np.where(more, last[0], big[0]), np.where(more, last[1], big[1])
 
 
 def allocator_stall(step_s: np.ndarray, stages: dict[str, StageBytes], cluster: ClusterSpec,
