@@ -88,7 +88,8 @@ PRESETS: dict[str, ModelSpec] = {
 }
 
 APPROXIMATIONS: dict[str, str] = {
-    "deepseek-v3": "The multi-token-prediction module (14B, one layer) is left out: 671B total.",
+    "deepseek-v3": "The multi-token-prediction module (14B, one layer) runs on the last "
+                   "pipeline stage but is not in the 671B total (the paper's count).",
     "kimi-k2": "The multi-token-prediction module is left out. RoPE as written here (base "
                "10000, no scaling): the releases' config.json files differ in rope_theta and "
                "YaRN factor, so none is carried.",
