@@ -252,8 +252,11 @@ def megatron_bridge_table() -> None:
     gradients), InfiniBand at the fabric's fitted fraction, ZeRO-3 where the table's FSDP column
     is set and the distributed optimizer otherwise. The tables say MoE tokens are force-balanced
     over the experts, as the model assumes; the dispatcher and its overlap are each release's
-    recipe's (MOE_RECIPES). Blackwell's GEMM fractions are fitted on the measured GB200 dense rows,
-    its other terms borrowed from hopper."""
+    recipe's (MOE_RECIPES). DeepSeek-V3 trains with its multi-token prediction module (the
+    preset's; the recipe's mtp_num_layers=1) on the recipe's layouts (BRIDGE_EDGES: the MTP
+    stage holds 1 decoder layer of 4 on B200, 13 of 16 on GB200, 6 of 8 on H100). Blackwell's
+    GEMM fractions are fitted on the measured GB200 dense rows, its other terms borrowed from
+    hopper."""
     print("\nMegatron-Bridge performance summary (docs/performance-summary-archive.md), megatron "
           "profile, fp8, infiniband")
     print(f"{'release':<10}{'system':<11}{'model':<17}{'GPUs':>5}{'published':>11}"
@@ -274,7 +277,7 @@ def megatron_bridge_table() -> None:
             cluster = ClusterSpec(gpu=get_gpu(gpu_id), num_gpus=gpus, gpus_per_node=per_node,
                                   fabric="infiniband",
                                   network_bw_fraction=fabric_fraction("infiniband"))
-            first, last = BRIDGE_EDGES.get((preset, pp), (0, 0)) if vp > 1 else (0, 0)
+            first, last = BRIDGE_EDGES.get((preset, pp), (0, 0))
             modes, refused = {}, SpecError("no recompute mode")
             for rec in recompute_modes(release, graphs):
                 plan = Plan(tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp), ep=ep, vpp=vp,

@@ -105,8 +105,12 @@ BRIDGE = (
 
 # layers that do not split evenly over pp x vp chunks: Megatron counts the embedding and the loss
 # as layers of the first and last stage (Llama 3.1 405B: 126 + 2 over 64 chunks; Qwen3-235B:
-# 94 + 2 over 32), or is
-# given a layout (DeepSeek-V3's 61 layers: taken as 7 / 6 on the first / last of 8 stages and
-# 15 / 14 of 4, so the middle stages split evenly into their chunks)
+# 94 + 2 over 32), or is given a layout. DeepSeek-V3's 61 layers, with its MTP module beside the
+# loss in the last virtual stage, as Megatron-Bridge 25.09 lays them out (v0.1.0rc4): on H100
+# (pp 8, vp 4) run_script.py's "Et|(tt|)*30mL", 7 / 8 / 6 layers on the first / middle / last
+# rank; on B200 (pp 16) and GB200 (pp 4, vp 4) the recipe's map_pp_vp_to_layout
+# (src/megatron/bridge/recipes/deepseek/deepseek_v3.py): 16 chunks of E + 4, 14 x 4, 1 + mtp +
+# loss, so 4 / 4 / 1 layers on 16 ranks and 16 / 16 / 13 on 4
 BRIDGE_EDGES = {("llama3.1-405b", 8): (15, 15), ("qwen3-235b-a22b", 8): (11, 11),
-                ("deepseek-v3", 8): (7, 6), ("deepseek-v3", 4): (15, 14)}
+                ("deepseek-v3", 8): (7, 6), ("deepseek-v3", 16): (4, 1),
+                ("deepseek-v3", 4): (16, 13)}

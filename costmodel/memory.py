@@ -28,6 +28,7 @@ from costmodel.mapping import (
     inflight_micro_batches,
     micro_batches,
 )
+from costmodel.mtp import block_saved_bytes, mtp_params
 from costmodel.params import (
     attention_params,
     dense_mlp_params,
@@ -56,6 +57,9 @@ class MemoryCoefficients:
     bytes_per_param: dict[str, np.ndarray]  # weights, grads, optimizer, opt_buffer
     expert_bytes_per_param: dict[str, np.ndarray]  # the same over the expert-DP shard
     logits: np.ndarray  # last stage, one micro-batch
+    mtp_dense_params: np.ndarray  # last stage: the MTP depths' local parameters (costmodel.mtp)
+    mtp_expert_params: np.ndarray
+    mtp_act: np.ndarray  # ... and their stored activations, one micro-batch
     gather_buffer: np.ndarray  # ZeRO-3 / FSDP unsharded units in flight
 
 
@@ -208,6 +212,11 @@ def coefficients(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     one_copy = tr.zero3_master_is_param and tr.master_weights
     gathered = dense + experts * ((expert_shard > 1) | one_copy)
     gather = np.where(p.zero_stage >= 3, 2.0 * gathered * BF16, 0.0)
+    mtp_dense, mtp_experts = mtp_params(model, p)
+    # each depth: its layer's activations as a decoder layer's (under full recompute the module's
+    # checkpoint alone) and the block's own
+    mtp_layer_act = np.where(p.recompute == 2, 0.0, stored)
+    mtp_act = model.mtp_layers * act_f * (mtp_layer_act + block_saved_bytes(model, tr, p))
     return MemoryCoefficients(
         dense_params_per_layer=dense, expert_params_per_layer=experts,
         act_per_layer=act_f * stored, ckpt_per_layer=act_f * ckpt,
@@ -216,6 +225,7 @@ def coefficients(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         bytes_per_param=_states_per_param(tr, p, shard),
         expert_bytes_per_param=_states_per_param(tr, p, expert_shard),
         logits=mm.logits_bytes_per_element * M * model.vocab / tp,
+        mtp_dense_params=mtp_dense, mtp_expert_params=mtp_experts, mtp_act=mtp_act,
         gather_buffer=gather,
     )
 
@@ -256,8 +266,10 @@ def stage_memory(model: ModelSpec, tr: Training, p: PlanArrays, co: MemoryCoeffi
         extra = extra + np.where(head_here, co.head_params, 0.0)
     if has_embed and not has_head:  # pp == 1 puts the head on the first stage too
         extra = extra + np.where((pp == 1) & (not model.tied_embeddings), co.head_params, 0.0)
-    dense = n * co.dense_params_per_layer + extra
-    experts = n * co.expert_params_per_layer
+    # the MTP depths sit with the head (costmodel.mtp)
+    ends = np.where(pp == 1, 1.0, 0.0) if has_embed else np.full_like(n, float(has_head))
+    dense = n * co.dense_params_per_layer + extra + ends * co.mtp_dense_params
+    experts = n * co.expert_params_per_layer + ends * co.mtp_expert_params
     bpp, bpp_e = co.bytes_per_param, co.expert_bytes_per_param
 
     def part(key: str) -> np.ndarray:
@@ -267,10 +279,12 @@ def stage_memory(model: ModelSpec, tr: Training, p: PlanArrays, co: MemoryCoeffi
     per_mb = np.where(p.recompute == 2, (n - r) * co.working + r * co.ckpt_per_layer,
                       n * co.act_per_layer)
     inflight = inflight_micro_batches(p, m, stage)
-    activations = inflight * per_mb + co.working
-    logits = co.logits if has_head else np.zeros_like(n)
-    if has_embed:
-        logits = np.where(pp == 1, co.logits, logits)
+    # the MTP depths sit in the last virtual chunk, which runs each micro-batch's backward right
+    # after its forward: one micro-batch in flight (GPipe: all)
+    mtp_inflight = np.where(p.pp_schedule == 2, m, 1.0)
+    activations = inflight * per_mb + co.working + ends * mtp_inflight * co.mtp_act
+    # each depth's logits through the loss, held with the main head's until backward
+    logits = ends * (1.0 + model.mtp_layers) * co.logits
     volatile = activations + logits + co.gather_buffer
     opt_buffers = part("opt_buffer")
     comm_buffers = part("comm_buffer")
@@ -295,10 +309,15 @@ def step_memory(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArr
 def largest_stage_params(co: MemoryCoefficients,
                          layers: StageLayers) -> tuple[np.ndarray, np.ndarray]:
     """Local (dense, routed-expert) parameters of the stage with the most layers, counted with
-    the embedding: what the data-parallel collectives and the optimizer step move."""
-    n_big = layers.largest
-    return (n_big * co.dense_params_per_layer + co.embed_params,
-            n_big * co.expert_params_per_layer)
+    the embedding, or of the last stage where its MTP depths make it hold more: what the
+    data-parallel collectives and the optimizer step move."""
+    n_big, n_last = layers.largest, layers.last
+    big = (n_big * co.dense_params_per_layer + co.embed_params,
+           n_big * co.expert_params_per_layer)
+    last = (n_last * co.dense_params_per_layer + co.embed_params + co.mtp_dense_params,
+            n_last * co.expert_params_per_layer + co.mtp_expert_params)
+    more = last[0] + last[1] > big[0] + big[1]
+    return np.where(more, last[0], big[0]), np.where(more, last[1], big[1])
 
 
 def allocator_stall(step_s: np.ndarray, stages: dict[str, StageBytes], cluster: ClusterSpec,

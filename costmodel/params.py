@@ -71,4 +71,26 @@ def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
     n_matmul = active_params(m) - m.hidden - (0 if m.tied_embeddings else embedding_params(m))
     n_matmul -= m.layers * norm_params(m)
     keys = score_keys(m, seq_len)
-    return 6.0 * n_matmul + 6.0 * m.layers * m.heads * (qk_dim(m) + v_dim(m)) * keys
+    mtp_layer = 6.0 * last_layer_matmul_params(m) + 6.0 * m.heads * (qk_dim(m) + v_dim(m)) * keys
+    return (6.0 * n_matmul + 6.0 * m.layers * m.heads * (qk_dim(m) + v_dim(m)) * keys
+            + mtp_flops(m, mtp_layer))
+
+
+def last_layer_matmul_params(m: ModelSpec) -> int:
+    """Weights one token multiplies in the last layer (a MoE layer's top-k and shared experts
+    and its router, as ``active_params`` counts them)."""
+    if m.moe_layers:
+        mlp = (m.moe_topk + m.moe_shared_experts) * expert_params(m) + m.hidden * m.moe_experts
+    else:
+        mlp = dense_mlp_params(m)
+    return attention_params(m) + mlp
+
+
+def mtp_flops(m: ModelSpec, layer_flops: float) -> float:
+    """Training FLOPs per token of the multi-token prediction depths (costmodel.mtp), Megatron's
+    convention (megatron/training/training.py ``num_floating_point_operations``; Megatron-Bridge's
+    src/megatron/bridge/training/utils/flop_utils.py alike): per depth one more layer of the last
+    layer's kind (``layer_flops``), 6 (3h + 2h^2) for its norms and eh_proj, and 6 h V for the
+    logits again."""
+    h, V = float(m.hidden), float(m.vocab)
+    return m.mtp_layers * (layer_flops + 6.0 * (3.0 * h + 2.0 * h * h) + 6.0 * h * V)

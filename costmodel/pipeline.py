@@ -18,6 +18,7 @@ from costmodel import comm
 from costmodel.comm import CollectiveArrays
 from costmodel.compute import LayerTimes
 from costmodel.mapping import STAGES, StageLayers
+from costmodel.mtp import MtpStage
 from costmodel.parallel.mesh import Mesh
 from costmodel.plans import PlanArrays
 from costmodel.recompute import recomputed_layers
@@ -49,31 +50,33 @@ class StageTimes:
 
 def stage_times(p: PlanArrays, layers: StageLayers, lt: LayerTimes, comm_fwd_s: np.ndarray,
                 comm_bwd_s: np.ndarray, host_fwd_s: np.ndarray, vocab_s: Mapping[str, np.ndarray],
-                synchronous: bool) -> StageTimes:
-    """Each stage's layers forward and backward, the recomputed forward, the LM head where it
-    sits, and per layer the exposed communication and the host time to issue its kernels."""
+                synchronous: bool, mtp: MtpStage) -> StageTimes:
+    """Each stage's layers forward and backward, the recomputed forward, the LM head and the
+    multi-token prediction depths where they sit (``costmodel.mtp``), and per layer the exposed
+    communication and the host time to issue its kernels."""
     fwd, bwd, pp = lt.fwd_s, lt.bwd_s, p.pp
     head = lt.head_fwd_s + lt.head_bwd_s
     out: dict[str, dict[str, np.ndarray]] = {"compute": {}, "comm": {}, "recompute": {}}
+    # the last stage holds the head and the MTP depths; pp == 1 puts them on the first too
+    at_end = {"first": (pp == 1).astype(float), "middle": 0.0 * pp, "last": 1.0 + 0.0 * pp}
     for st in STAGES:
         n = layers.of(st)
+        ends = at_end[st]
         r = recomputed_layers(p, n)
         selective = np.where(p.recompute == 1, n * lt.selective_extra_avg_s, 0.0)
         comp = n * (fwd + bwd) + selective
         comp = comp + r * fwd
-        if st == "last":
-            comp = comp + head
-        if st == "first":  # pp == 1 puts the head on the first stage too
-            comp = comp + np.where(pp == 1, head, 0.0)
-        comm_mb = n * (comm_fwd_s + comm_bwd_s) + r * comm_fwd_s + vocab_s[st]
-        host = (n * (1.0 + BWD_HOST_FACTOR) + r) * host_fwd_s
+        comp = comp + ends * (head + mtp.compute_s)
+        comm_mb = (n * (comm_fwd_s + comm_bwd_s) + r * comm_fwd_s + vocab_s[st]
+                   + ends * mtp.comm_s)
+        host = (n * (1.0 + BWD_HOST_FACTOR) + r) * host_fwd_s + ends * mtp.host_s
         # a host-bound stage waits for its kernels to be issued: count the wait as compute;
         # on a synchronous device issuing is part of every kernel's time
         comp = comp + (host if synchronous else np.maximum(host - comp - comm_mb, 0.0))
         out["compute"][st], out["comm"][st] = comp, comm_mb
         # the kernels that re-run, as a share of ``compute``: the re-run forward's exposed
         # communication (the EP all-to-all of a recomputed MoE layer) is in ``comm`` already
-        out["recompute"][st] = r * fwd + selective
+        out["recompute"][st] = r * fwd + selective + ends * mtp.recompute_s
     total = {st: out["compute"][st] + out["comm"][st] for st in STAGES}
     return StageTimes(compute_s=out["compute"], comm_s=out["comm"], recompute_s=out["recompute"],
                       total_s=total,

@@ -13,7 +13,7 @@ Validity is arithmetic, not feasibility: nothing here asks whether a plan fits i
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -115,25 +115,16 @@ class Facts:
     cuda_graph_scope: tuple[str, ...] = ()
     moe_pad_to_capacity: bool = False
     moe_a2a_overlap: bool = False
+    # multi-token prediction depths, and whether the framework builds them
+    # (``Training.multi_token_prediction``, from its profile)
+    mtp_layers: int = 0
+    multi_token_prediction: bool = True
 
     def values(self) -> dict[str, object]:
-        s = self.switches
-        return {"layers": self.layers, "heads": self.heads, "kv_heads": self.kv_heads,
-                "experts": self.experts, "seq_len": self.seq_len,
-                "global_batch": self.global_batch, "num_gpus": self.num_gpus,
-                "nvlink_domain": self.nvlink_domain,
-                "moe_max_zero_stage": self.moe_max_zero_stage,
-                "moe_tensor_parallel": self.moe_tensor_parallel,
-                "moe_layers": self.moe_layers, "cuda_graph_impl": self.cuda_graph_impl,
-                "cuda_graph_scope": list(self.cuda_graph_scope),
-                "moe_pad_to_capacity": self.moe_pad_to_capacity,
-                "moe_a2a_overlap": self.moe_a2a_overlap,
-                "uneven_pipeline": s.uneven_pipeline,
-                "uneven_chunks": s.uneven_chunks, "tp_in_node": s.tp_in_node,
-                "split_later": s.split_later,
-                "canonical": s.canonical, "recompute_per_chunk": s.recompute_per_chunk,
-                "microbatch_groups": s.microbatch_groups,
-                "moe_tp_sequence_parallel": s.moe_tp_sequence_parallel}
+        """Every fact and switch by name (tuples as lists), as a rule's text quotes them."""
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "switches"}
+        both = {**own, **{f.name: getattr(self.switches, f.name) for f in fields(Switches)}}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in both.items()}
 
 
 def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
@@ -148,7 +139,10 @@ def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
                  global_batch=training.global_batch, num_gpus=cluster.num_gpus,
                  nvlink_domain=cluster.nvlink_domain, switches=switches,
                  moe_max_zero_stage=training.moe_max_zero_stage,
-                 moe_tensor_parallel=training.moe_tensor_parallel, **graph_facts(model, training))
+                 moe_tensor_parallel=training.moe_tensor_parallel,
+                 mtp_layers=model.mtp_layers,
+                 multi_token_prediction=training.multi_token_prediction,
+                 **graph_facts(model, training))
 
 
 
@@ -290,6 +284,10 @@ RULES: tuple[Rule, ...] = (
          "experts == 0 or zero_stage <= moe_max_zero_stage (the ZeRO stages the framework runs "
          "with MoE layers)",
          lambda c, f: (f.experts == 0) | (c["zero_stage"] <= f.moe_max_zero_stage)),
+    # a framework that builds no multi-token prediction module cannot run a model with one
+    Rule("mtp", ("pp",), ("mtp_layers", "multi_token_prediction"),
+         "mtp_layers == 0 or multi_token_prediction (the framework builds MTP modules)",
+         lambda c, f: (c["pp"] > 0) & ((f.mtp_layers == 0) | f.multi_token_prediction)),
     Rule("expert_tp", ("expert_tp", "ep", "tp", "dp", "cp"), ("experts", "canonical"),
          "expert_tp == 0 (derived), or experts > 0 and (tp * cp * dp) % (ep * expert_tp) == 0 "
          "(the expert ranks of a stage, expert TP x EP x expert DP, fill its tp x cp x dp), and "

@@ -69,6 +69,7 @@ class ModelSpec:
     rope_base: float = 10000.0  # RoPE theta; unused with learned positions
     rope_scaling: RopeScaling | None = None  # long-context RoPE scaling (no cost; the exports)
     bias: Bias = "none"  # linear-layer biases: none, QKV only (Qwen2.x), every one (GPT-3)
+    mtp_layers: int = 0  # multi-token prediction depths (Megatron --mtp-num-layers; costmodel.mtp)
 
     def __post_init__(self) -> None:
         require_positive("model", layers=self.layers, hidden=self.hidden,
@@ -86,9 +87,10 @@ class ModelSpec:
             raise SpecError(f"model.head_dim, or hidden // heads when it is 0, must be >= 1, but "
                             f"got head_dim={self.head_dim}, hidden={self.hidden}, "
                             f"heads={self.heads}")
-        if (self.moe_experts < 0 or self.moe_topk < 0 or self.moe_shared_experts < 0
-                or self.moe_ffn_hidden < 0):
-            raise SpecError("model.moe_* counts must be >= 0")
+        for name in ("moe_experts", "moe_topk", "moe_shared_experts", "moe_ffn_hidden",
+                     "sliding_window", "mtp_layers"):
+            if getattr(self, name) < 0:
+                raise SpecError(f"model.{name} must be >= 0, but got {getattr(self, name)}")
         if self.moe_experts and not 0 < self.moe_topk <= self.moe_experts:
             raise SpecError(f"model.moe_topk must be in 1..moe_experts={self.moe_experts}, "
                             f"but got moe_topk={self.moe_topk}")
@@ -98,8 +100,6 @@ class ModelSpec:
                             f"groups divide, but got moe_experts={self.moe_experts}")
         if self.rope_scaling is not None and self.position_embedding != "rope":
             raise SpecError("model.rope_scaling needs position_embedding rope")
-        if self.sliding_window < 0:
-            raise SpecError(f"model.sliding_window must be >= 0, but got {self.sliding_window}")
         if not 0 <= self.moe_dense_layers <= self.layers:
             raise SpecError(f"model.moe_dense_layers must be in 0..layers, "
                             f"but got {self.moe_dense_layers}")
@@ -369,6 +369,9 @@ class Training:
     # Tensor parallelism on a model with MoE layers (NeMo AutoModel's MoE parallelizer asserts
     # tp == 1: nemo_automodel/components/moe/parallelizer.py, parallelize_model)
     moe_tensor_parallel: bool = True
+    # The framework builds multi-token prediction modules (Megatron-Core's --mtp-num-layers,
+    # costmodel.mtp). Validity (costmodel.rules ``mtp``), not a cost.
+    multi_token_prediction: bool = True
     memory_model: MemoryModel = field(default_factory=MemoryModel)
 
     def __post_init__(self) -> None:
@@ -377,15 +380,12 @@ class Training:
         if self.activation_dtype_bytes not in (2.0, 4.0):
             raise SpecError("training.activation_dtype_bytes must be 2 (bf16/fp16) or 4 (fp32), "
                             f"but got {self.activation_dtype_bytes!r}")
-        if self.selective_recompute not in ("activation", "every_other_mm"):
-            raise SpecError("training.selective_recompute must be one of ['activation', "
-                            f"'every_other_mm'], but got {self.selective_recompute!r}")
-        if self.attention_kernel not in ("flash2", "flash3"):
-            raise SpecError("training.attention_kernel must be one of ['flash2', 'flash3'], "
-                            f"but got {self.attention_kernel!r}")
-        if self.moe_dispatcher not in ("alltoall", "allgather", "flex"):
-            raise SpecError("training.moe_dispatcher must be one of ['allgather', 'alltoall', "
-                            f"'flex'], but got {self.moe_dispatcher!r}")
+        for name, allowed in (("selective_recompute", ("activation", "every_other_mm")),
+                              ("attention_kernel", ("flash2", "flash3")),
+                              ("moe_dispatcher", ("allgather", "alltoall", "flex"))):
+            if getattr(self, name) not in allowed:
+                raise SpecError(f"training.{name} must be one of {list(allowed)}, but got "
+                                f"{getattr(self, name)!r}")
         if not self.moe_load_imbalance >= 1.0:
             raise SpecError("training.moe_load_imbalance must be >= 1 (busiest rank / mean), "
                             f"but got {self.moe_load_imbalance!r}")

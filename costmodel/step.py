@@ -16,6 +16,7 @@ from costmodel.comm import CollectiveArrays, contention_time
 from costmodel.compute import hardware_flops, layer_times
 from costmodel.mapping import STAGES, stage_layers
 from costmodel.memory import StageBytes, allocator_stall, step_memory
+from costmodel.mtp import mtp_stage
 from costmodel.optimizer import optimizer_time
 from costmodel.parallel.context import context_parallel
 from costmodel.parallel.data import data_parallel
@@ -75,8 +76,9 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     # per layer, what of their communication stays on one micro-batch's critical path
     comm_fwd = tensor.layer_exposed_s + context.exposed_fwd_s + expert.average_layer_s
     comm_bwd = tensor.layer_exposed_s + context.exposed_bwd_s + expert.average_bwd_s
+    mtp = mtp_stage(model, cluster, tr, p, lt, tensor, context, expert)
     per_mb = stage_times(p, layers, lt, comm_fwd, comm_bwd, lt.host_fwd_s + tensor.host_fwd_s,
-                         tensor.vocab_s, g.synchronous)
+                         tensor.vocab_s, g.synchronous, mtp)
     bubble = bubble_time(per_mb, g)
     p2p = point_to_point(model, tr, g, layers, lt)
     grads, params = data_parallel(tr, g, co, layers, lt)

@@ -38,14 +38,22 @@ def memory_terms_batch(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     first = embed * (1 + (pp1 & untied))
     extra = {"first": first, "middle": np.zeros_like(embed),
              "last": np.where(pp1, first, embed * ((~pp1) | untied))}
-    logits = {"first": np.where(pp1, co.logits, 0.0), "middle": np.zeros_like(embed),
-              "last": co.logits}
+    # the head's stage: the LM head's logits and the MTP depths (costmodel.memory.stage_memory)
+    ends = {"first": pp1.astype(float), "middle": np.zeros_like(embed),
+            "last": np.ones_like(embed)}
+    mtp_inflight = np.where(p.pp_schedule == 2, m, 1.0)
+    mtp_volatile = (1.0 + model.mtp_layers) * co.logits + mtp_inflight * co.mtp_act
     out: dict[str, np.ndarray] = {}
     for st in STAGES:
-        out[f"fixed_{st}"] = (extra[st] * state_pp + frag * (co.gather_buffer + logits[st])
+        mtp_states = {k: ends[st] * (co.mtp_dense_params * bpp[k]
+                                     + co.mtp_expert_params * bpp_e[k])
+                      for k in (*_STATES, "opt_buffer")}
+        mtp_state = sum(mtp_states[k] for k in _STATES)
+        out[f"fixed_{st}"] = (extra[st] * state_pp + mtp_state
+                              + frag * (co.gather_buffer + ends[st] * mtp_volatile)
                               + mm.allocator_const_bytes)
-        out[f"opt_fixed_{st}"] = (extra[st] * (state_pp + bpp["opt_buffer"])
-                                  + mm.allocator_const_bytes)
+        out[f"opt_fixed_{st}"] = (extra[st] * (state_pp + bpp["opt_buffer"]) + mtp_state
+                                  + mtp_states["opt_buffer"] + mm.allocator_const_bytes)
         out[f"inflight_{st}"] = inflight_micro_batches(p, m, st)
     act = np.where(p.recompute == 2, co.working, co.act_per_layer)
     out.update(

@@ -142,9 +142,6 @@ def _window(cfg: dict[str, Any], layers: int) -> tuple[int, list[str]]:
 
 def _not_modelled(cfg: dict[str, Any]) -> list[str]:
     out = []
-    if _int(cfg, "num_nextn_predict_layers", default=0):
-        out.append(f"num_nextn_predict_layers={cfg['num_nextn_predict_layers']} (the "
-                   f"multi-token-prediction module is left out)")
     if cfg.get("mlp_bias"):
         out.append("mlp_bias=true")
     if cfg.get("attention_bias") and "o_proj_bias" not in cfg:
@@ -179,6 +176,8 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
         "vocab": _int(cfg, "vocab_size"), "ffn_type": _ffn_type(cfg),
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", "n_embd" in cfg)),
         "mla": mla, "sliding_window": window,
+        # DeepSeek-V3's multi-token prediction modules (costmodel.mtp)
+        "mtp_layers": _int(cfg, "num_nextn_predict_layers", default=0),
         **_layer_style(cfg),
         "rope_scaling": rope_scaling if "n_embd" not in cfg else None,
     }

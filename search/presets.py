@@ -55,13 +55,15 @@ PRESETS: dict[str, ModelSpec] = {
     # bias (DEEPSEEK_V3_ROUTER), plus 1 shared expert; rope_theta 10000 with YaRN
     # scaling (config.json rope_scaling: factor 40, original_max_position_embeddings 4096,
     # beta_fast 32, beta_slow 1, mscale 1, mscale_all_dim 1); multi-head latent attention
-    # (DEEPSEEK_V3_MLA).
+    # (DEEPSEEK_V3_MLA); one multi-token prediction module (sec. 2.2, D = 1; config.json
+    # num_nextn_predict_layers 1; Megatron-Bridge's recipe mtp_num_layers=1,
+    # src/megatron/bridge/recipes/deepseek/deepseek_v3.py).
     "deepseek-v3": ModelSpec(name="deepseek-v3", layers=61, hidden=7168, ffn_hidden=18432,
                              heads=128, kv_heads=128, head_dim=128, vocab=129280,
                              moe_experts=256, moe_topk=8, moe_ffn_hidden=2048,
                              moe_shared_experts=1, moe_dense_layers=3, mla=DEEPSEEK_V3_MLA,
                              rope_scaling=DEEPSEEK_V3_ROPE_SCALING,
-                             moe_router=DEEPSEEK_V3_ROUTER),
+                             moe_router=DEEPSEEK_V3_ROUTER, mtp_layers=1),
     # Kimi K2 (Moonshot AI, 2025, config.json): DeepSeek-V3's shape with 64 heads, 384
     # experts, one dense layer and an ungrouped router (KIMI_K2_ROUTER); 1.04T total, 32B
     # active published
@@ -86,7 +88,8 @@ PRESETS: dict[str, ModelSpec] = {
 }
 
 APPROXIMATIONS: dict[str, str] = {
-    "deepseek-v3": "The multi-token-prediction module (14B, one layer) is left out: 671B total.",
+    "deepseek-v3": "The multi-token-prediction module (14B, one layer) runs on the last "
+                   "pipeline stage but is not in the 671B total (the paper's count).",
     "kimi-k2": "The multi-token-prediction module is left out. RoPE as written here (base "
                "10000, no scaling): the releases' config.json files differ in rope_theta and "
                "YaRN factor, so none is carried.",

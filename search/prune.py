@@ -43,12 +43,15 @@ _EPS = 1e-9
 def head_cost_units(specs: Specs) -> int:
     """The LM head's forward+backward work in quarter-layer-forward units (the placement's proxy
     for the last stage's extra time): 2*h*V FLOPs per token against a layer's
-    2*params + 4*s*a*d."""
+    2*params + 4*s*a*d; with multi-token prediction (costmodel.mtp) each depth adds the head
+    again, one layer (12 units) and eh_proj's 2*2h*h."""
     m, s = specs.model, specs.training.seq_len
     mlp = (dense_mlp_params(m) if not m.is_moe
            else (m.moe_topk + m.moe_shared_experts) * expert_params(m))
     layer_fwd = 2.0 * (attention_params(m) + mlp) + 4.0 * s * m.heads * m.d_head
-    return int(round(4 * 3 * (2.0 * m.hidden * m.vocab) / layer_fwd))
+    head = 4 * 3 * (2.0 * m.hidden * m.vocab) / layer_fwd
+    mtp = m.mtp_layers * (head + 12.0 + 4 * 3 * (4.0 * m.hidden * m.hidden) / layer_fwd)
+    return int(round(head + mtp))
 
 
 def need_tables(t: StageTerms, recompute: np.ndarray, layers: int, headroom_bytes: float

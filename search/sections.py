@@ -149,6 +149,7 @@ class Architecture(_Section):
     moe: Moe | None = None
     mla: Mla | None = None
     sliding_window: Int = Field(default=0, ge=0)  # 0: attend to the whole sequence
+    mtp_layers: Int = Field(default=0, ge=0)  # multi-token prediction depths (costmodel.mtp)
 
 
 class ModelSection(_Section):

@@ -51,7 +51,7 @@ def build_model(study: Study) -> ModelSpec:
                 moe_router=(MoeRouter(**moe.router.model_dump()) if moe and moe.router
                             else None),
                 mla=MlaSpec(**arch.mla.model_dump()) if arch.mla else None,
-                sliding_window=arch.sliding_window)
+                sliding_window=arch.sliding_window, mtp_layers=arch.mtp_layers)
     except HfConfigError as exc:
         raise StudyError(f"model.hf_config: {exc}") from None
     except SpecError as exc:

@@ -84,6 +84,7 @@ def transformer_config_kwargs(flags: dict[str, Any], torch: Any) -> dict[str, An
         "num_moe_experts": num("--num-experts"),
         "moe_router_topk": num("--moe-router-topk") or 2,
         "moe_ffn_hidden_size": num("--moe-ffn-hidden-size"),
+        "mtp_num_layers": num("--mtp-num-layers"),
         "gated_linear_unit": bool(flags.get("--swiglu")),
         "add_bias_linear": not flags.get("--disable-bias-linear"),
         "add_qkv_bias": bool(flags.get("--add-qkv-bias")),

@@ -43,11 +43,13 @@ def test_mla_attention_flops_use_the_query_key_and_value_widths() -> None:
     m = PRESETS["deepseek-v3"]
     mha = dataclasses.replace(m, mla=None)  # 128 heads of 128: d_qk = d_v = 128
     s = 4096
-    # scores and values: 6 * L * a * (d_qk + d_v) * s, (192 + 128) vs (128 + 128)
+    # scores and values: 6 * L * a * (d_qk + d_v) * s, (192 + 128) vs (128 + 128), over the 61
+    # layers and the MTP module's one (Megatron's formula counts it)
     # the GEMM term does not depend on s: the difference of two lengths is attention alone
     att = model_flops_per_token(m, s) - model_flops_per_token(m, 1)
     att_mha = model_flops_per_token(mha, s) - model_flops_per_token(mha, 1)
-    assert att == pytest.approx(6 * 61 * 128 * (192 + 128) * (s - 1))
+    assert m.mtp_layers == 1
+    assert att == pytest.approx(6 * (61 + 1) * 128 * (192 + 128) * (s - 1))
     assert att / att_mha == pytest.approx(320 / 256)
 
 

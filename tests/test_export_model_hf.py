@@ -36,7 +36,9 @@ def test_deepseek_v3_config_json_reads_back_mla(fmt: str, tmp_path: Path) -> Non
     pf = deepseek()
     # DeepSpeed runs MoE models at ZeRO-1/2 only (the moe_zero rule); Accelerate's FSDP at 3
     zero = 2 if fmt == "deepspeed" else 3
+    # transformers' DeepseekV3ForCausalLM builds no MTP module (DeepSpeed's profile refuses one)
     pf = dataclasses.replace(pf, plan=Plan(tp=1, pp=1, dp=2048, zero_stage=zero),
+                             model=dataclasses.replace(pf.model, mtp_layers=0),
                              training=dataclasses.replace(pf.training, global_batch=16384))
     files = render(fmt, pf)
     cfg = hf_config(files, tmp_path)

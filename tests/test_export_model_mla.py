@@ -64,6 +64,7 @@ def test_deepseek_v3_megatron_reads_back_mla() -> None:
         "sigmoid", 8, 4, 2.5, True)
     assert "--group-query-attention" not in flags  # validate_args: exclusive with MLA
     assert (cfg.tensor_model_parallel_size, cfg.expert_model_parallel_size) == (8, 64)
+    assert flags["--mtp-num-layers"] == "1" and cfg.mtp_num_layers == 1  # the MTP module
 
 
 def test_deepseek_v3_megatron_lm_parses_and_validates() -> None:
@@ -72,8 +73,9 @@ def test_deepseek_v3_megatron_lm_parses_and_validates() -> None:
         "q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim",
         "rope_type", "rotary_scaling_factor", "moe_layer_freq", "num_moe_experts",
         "qk_layernorm", "moe_router_num_groups", "moe_router_group_topk",
-        "moe_router_score_function", "moe_router_enable_expert_bias"])
+        "moe_router_score_function", "moe_router_enable_expert_bias", "mtp_num_layers"])
     assert got["config_class"] == "MLATransformerConfig"
+    assert got["mtp_num_layers"] == 1
     assert (got["q_lora_rank"], got["kv_lora_rank"], got["qk_head_dim"],
             got["qk_pos_emb_head_dim"], got["v_head_dim"]) == (1536, 512, 128, 64, 128)
     assert (got["rope_type"], got["rotary_scaling_factor"]) == ("yarn", 40.0)
@@ -110,8 +112,10 @@ def test_deepseek_v3_nemo_uses_its_recipe_with_the_searched_sizes() -> None:
     assert (cfg.q_lora_rank, cfg.kv_lora_rank, cfg.qk_head_dim, cfg.v_head_dim) == (
         1536, 512, 128, 128)
     assert (cfg.rope_type, cfg.rotary_scaling_factor, cfg.mscale_all_dim) == ("yarn", 40.0, 1.0)
-    # the recipe's MTP layer and its own pipeline layout are not the searched model's
-    assert o["model.mtp_num_layers"] == "null" and cfg.mtp_num_layers is None
+    # the searched model's MTP depth (the preset's, which is the recipe's default), not the
+    # recipe's own pipeline layout
+    assert o["model.mtp_num_layers"] == "1" and cfg.mtp_num_layers == 1
+    assert o["model.pipeline_model_parallel_layout"] == "null"
     assert (cfg.moe_router_score_function, cfg.moe_router_num_groups,
             cfg.moe_router_group_topk, cfg.moe_router_enable_expert_bias) == (
         "sigmoid", 8, 4, True)

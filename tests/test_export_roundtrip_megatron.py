@@ -50,6 +50,7 @@ def test_megatron_core_accepts_every_export(plans: dict[str, PlanFile]) -> None:
         assert (cfg.tensor_model_parallel_size, cfg.pipeline_model_parallel_size) == (
             pf.plan.tp, pf.plan.pp), name
         assert (cfg.virtual_pipeline_model_parallel_size or 1) == pf.plan.vpp, name
+        assert (cfg.mtp_num_layers or 0) == m.mtp_layers, name
 
 
 def test_megatron_fsdp_modes_carry_their_required_flags() -> None:

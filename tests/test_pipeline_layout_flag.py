@@ -71,7 +71,8 @@ def test_deepseek_v3_split_is_written_as_megatron_cores_layout() -> None:
         assert flag not in script
     layout = _megatron_layout(text, pp)
     assert layout.virtual_pipeline_model_parallel_size == vpp
-    assert layout.validate_layer_layout(num_layers=layers, mtp_num_layers=None) is False
+    assert layout.validate_layer_layout(num_layers=layers,
+                                        mtp_num_layers=pf.model.mtp_layers) is False
     expected = chunk_counts(stage_counts(layers, pp, first, last), vpp)
     assert _decoders_per_virtual_stage(layout, pp, vpp) == list(expected)
     assert expected[0] == 1 and expected[pp - 1] == 1  # rank 0's and rank 15's first chunks

@@ -89,7 +89,7 @@ def test_the_grid_holds_valid_and_invalid_plans_of_every_rule(specs: Specs) -> N
     verdicts = {check_verdict(p, specs, specs.switches) for p in grid()}
     # the generic profile allows every MoE combination: test_framework_moe_rules holds those;
     # it runs no CUDA graphs: test_cuda_graph_rule_one_verdict holds those
-    framework_only = {"sp_tp", "moe_tp", "moe_zero", "cuda_graphs"}
+    framework_only = {"sp_tp", "moe_tp", "moe_zero", "cuda_graphs", "mtp"}
     assert verdicts == {"ok", *(r.name for r in rules.RULES if r.name not in framework_only)}
 
 
@@ -159,6 +159,36 @@ def test_explain_repairs_full_recompute_under_graphs(specs: Specs) -> None:
     assert (plan.zero_stage, plan.recompute) == (1, "selective")
     assert "recompute" in {n.split()[0] for n in notes}
     assert check_verdict(plan, graphed, graphed.switches) == "ok"
+
+
+@pytest.mark.parametrize("framework,refused", [
+    # Megatron-Core builds MTP modules (multi_token_prediction.py); nanotron's models,
+    # torchtitan's exported job configs and DeepSpeed's Hugging Face models do not
+    ("", False), ("megatron", False), ("nemo", False),
+    ("torchtitan", True), ("deepspeed", True), ("nanotron", True),
+])
+def test_mtp_needs_a_framework_that_builds_it(framework: str, refused: bool) -> None:
+    """A model with multi-token prediction: check_plan, the search space and the framework's
+    exporter give one verdict from its profile's switch; without MTP every framework runs it."""
+    text = STUDY.replace("training: {", f"training: {{framework: {framework}, ") if framework \
+        else STUDY
+    text = text.replace("moe: {experts: 4, topk: 2}", "moe: {experts: 4, topk: 2}, mtp_layers: 1")
+    study = parse_study(text, name="rules-table")
+    specs = build_specs(study)
+    assert specs.model.mtp_layers == 1
+    plan = Plan(tp=1, pp=2, dp=24, ep=4, zero_stage=1)
+    want = "mtp" if refused else "ok"
+    assert check_verdict(plan, specs, specs.switches) == want
+    assert [v.split(":")[0] for v in violations(build_space(study, specs), plan)] == (
+        [want] if refused else [])
+    without = replace(specs, model=replace(specs.model, mtp_layers=0))
+    assert check_verdict(plan, without, without.switches) == "ok"
+    pf = PlanFile(study="rules-table", model=specs.model, gpu=specs.cluster.gpu.id,
+                  num_gpus=specs.cluster.num_gpus, gpus_per_node=specs.cluster.gpus_per_node,
+                  training=specs.training, plan=plan)
+    f = facts_of(pf, ExportOptions(), framework or "megatron")
+    assert [r.rule.name for r in COMMON if isinstance(r, Shared) and not r.holds(f)] == (
+        [want] if refused else [])
 
 
 MOE_TP = Plan(tp=2, pp=1, dp=24, ep=4, zero_stage=1)

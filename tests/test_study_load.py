@@ -197,9 +197,10 @@ def test_hf_config_llama_mixtral_qwen_deepseek(tmp_path: Path) -> None:
                 "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
                 "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256,
                 "n_shared_experts": 1, "first_k_dense_replace": 3, "num_experts_per_tok": 8,
-                "moe_intermediate_size": 2048}
+                "moe_intermediate_size": 2048, "num_nextn_predict_layers": 1}
     d = load_hf_config(_config(tmp_path, deepseek))
     assert (d.kv_heads, d.head_dim, d.moe_dense_layers, d.moe_shared_experts) == (128, 128, 3, 1)
+    assert d.mtp_layers == PRESETS["deepseek-v3"].mtp_layers == 1  # its MTP module
     assert d.mla is not None and (d.mla.q_lora_rank, d.mla.qk_rope_head_dim) == (1536, 64)
 
 

@@ -31,6 +31,7 @@ class TensorComm:
     host_fwd_s: np.ndarray  # host time the TP calls add to a layer's forward
     vocab_s: dict[str, np.ndarray]  # per stage: embedding and LM head collectives
     vocab_sides: dict[str, np.ndarray]  # per stage: how many of the embedding and head it holds
+    vocab_side_s: np.ndarray  # one embedding-sized collective forward and its backward
 
     def collectives(self, g: Mesh, layers: int, vocab_s: np.ndarray,
                     vocab_sides: np.ndarray) -> tuple[CollectiveArrays, CollectiveArrays]:
@@ -62,6 +63,13 @@ def _host_fwd(cluster: ClusterSpec, tr: Training, g: Mesh, calls: np.ndarray) ->
     return host
 
 
+def _vocab_side(x_act: np.ndarray, g: Mesh) -> np.ndarray:
+    tp, k_tp, link = g.tp, g.k_tp, g.link
+    sp = g.plan.sequence_parallel > 0
+    return np.where(tp > 1, np.where(sp, 2.0 * comm.gather_time(x_act, tp, k_tp, link),
+                                     comm.all_reduce_time(x_act, tp, k_tp, link)), 0.0)
+
+
 def _vocab_parallel(x_act: np.ndarray, g: Mesh) -> dict[str, np.ndarray]:
     """The vocabulary-parallel embedding and LM head (Megatron-LM, nanotron, torchtitan) talk
     over the TP group once per micro-batch each: the embedding reduces its partial lookups (an
@@ -71,9 +79,7 @@ def _vocab_parallel(x_act: np.ndarray, g: Mesh) -> dict[str, np.ndarray]:
     all-reduces of one fp32 value per token (max, sum of exponentials, target logit). Nothing
     overlaps them: the first layer waits for its input, the loss for the logits."""
     tp, pp, k_tp, link = g.tp, g.pp, g.k_tp, g.link
-    sp = g.plan.sequence_parallel > 0
-    side = np.where(tp > 1, np.where(sp, 2.0 * comm.gather_time(x_act, tp, k_tp, link),
-                                     comm.all_reduce_time(x_act, tp, k_tp, link)), 0.0)
+    side = _vocab_side(x_act, g)
     embed = side
     head = side + np.where(tp > 1, 3.0 * comm.all_reduce_time(g.tokens * 4.0, tp, k_tp, link),
                            0.0)
@@ -96,7 +102,12 @@ def tensor_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mes
         exposed = np.where(sp, np.maximum(layer_fwd - lt.gemm_fwd_dense_s, 0.0), layer_fwd)
     else:
         exposed = layer_fwd
-    sides = {"first": 1.0 + (pp == 1), "middle": 0.0 * pp, "last": 1.0 + 0.0 * pp}
+    # multi-token prediction on the last stage: per depth an embedding, a head and eh_proj's
+    # three embedding-sized sides (costmodel.mtp.mtp_stage)
+    mtp_sides = 5.0 * model.mtp_layers
+    sides = {"first": 1.0 + (pp == 1) * (1.0 + mtp_sides), "middle": 0.0 * pp,
+             "last": 1.0 + mtp_sides + 0.0 * pp}
     return TensorComm(activation_bytes=x_act, layer_fwd_s=layer_fwd, layer_exposed_s=exposed,
                       host_fwd_s=_host_fwd(cluster, tr, g, calls),
-                      vocab_s=_vocab_parallel(x_act, g), vocab_sides=sides)
+                      vocab_s=_vocab_parallel(x_act, g), vocab_sides=sides,
+                      vocab_side_s=_vocab_side(x_act, g))

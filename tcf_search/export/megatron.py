@@ -185,6 +185,8 @@ def model_args(pf: PlanFile) -> list[Group]:
                         f"([0]*{m.moe_dense_layers}+[1]*{m.moe_layers})"))
         out += router_args(m)
         out.append(("--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"))
+    if m.mtp_layers:  # multi-token prediction (megatron/training/arguments.py _add_mtp_args)
+        out.append(("--mtp-num-layers", m.mtp_layers))
     return out
 
 
@@ -238,8 +240,10 @@ def pipeline_layout(f: LaunchView) -> str:
     """Megatron-Core's ``--pipeline-model-parallel-layout``
     (megatron/core/transformer/pipeline_parallel_layer_layout.py, ``PipelineParallelLayerLayout``):
     the virtual stages in layer order (stage ``chunk * pp + rank``, as ``chunk_counts`` lists
-    them), separated by ``|``; ``t`` a decoder layer, ``E`` the embedding (first stage), ``L``
-    the loss (last stage); ``t*n`` repeats a layer and ``(s|)*k`` a stage. The flag excludes the
+    them), separated by ``|``; ``t`` a decoder layer, ``E`` the embedding (first stage), ``m``
+    a multi-token prediction layer and ``L`` the loss (last stage: ``validate_layer_layout``
+    wants every ``m`` after the decoder layers, in the last rank's last virtual stage, as many as
+    ``--mtp-num-layers``); ``t*n`` repeats a layer and ``(s|)*k`` a stage. The flag excludes the
     first/last stage counts and the ``account_for_*`` switches (transformer_config.py)."""
     def decoders(n: int) -> str:
         return "t" * n if n < 2 else f"t*{n}"
@@ -252,7 +256,7 @@ def pipeline_layout(f: LaunchView) -> str:
         else:
             runs.append([s, 1])
     middle = "".join(f"({s}|)*{k}" if k > 1 else f"{s}|" for s, k in runs)
-    return f"E{stages[0]}|{middle}{stages[-1]}L"
+    return f"E{stages[0]}|{middle}{stages[-1]}{'m' * f.model.mtp_layers}L"
 
 
 def precision_args(precision: str) -> Group:

@@ -100,7 +100,8 @@ def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, 
           "model.gated_linear_unit": m.ffn_type == "swiglu", "tokenizer.vocab_size": m.vocab}
     if m.position_embedding == "rope":
         o["model.rotary_base"] = int(m.rope_base)
-    o |= latent_overrides(pf)
+    # the DeepSeek recipes' own layout and MTP depth are cleared unless the plan sets them
+    o |= {k: v for k, v in latent_overrides(pf).items() if k not in o}
     if m.is_moe:
         o |= {"model.num_moe_experts": m.moe_experts, "model.moe_router_topk": m.moe_topk,
               "model.moe_ffn_hidden_size": m.expert_ffn_hidden}
@@ -148,6 +149,8 @@ def latent_overrides(pf: PlanFile) -> dict[str, object]:
     if m.mla is None:
         llama3 = s is not None and s.kind == "llama3"
         o["model.rope_scaling"] = llama3
+        if m.mtp_layers:  # TransformerConfig's mtp_num_layers (multi-token prediction)
+            o["model.mtp_num_layers"] = m.mtp_layers
         if s is not None and llama3:
             o["model.rope_scaling_factor"] = s.factor
         return o
@@ -155,7 +158,8 @@ def latent_overrides(pf: PlanFile) -> dict[str, object]:
     o |= {"model.q_lora_rank": a.q_lora_rank or None, "model.kv_lora_rank": a.kv_lora_rank,
           "model.qk_head_dim": a.qk_nope_head_dim, "model.qk_pos_emb_head_dim":
           a.qk_rope_head_dim, "model.v_head_dim": a.v_head_dim, "model.qk_layernorm": True,
-          "model.mtp_num_layers": None, "model.pipeline_model_parallel_layout": None}
+          "model.mtp_num_layers": m.mtp_layers or None,
+          "model.pipeline_model_parallel_layout": None}
     if s is None:
         return o | {"model.rope_type": "rope", "model.apply_rope_fusion": False}
     return o | {"model.rope_type": "yarn", "model.rotary_scaling_factor": s.factor,

@@ -137,16 +137,19 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
                                experts=m.moe_experts, seq_len=t.seq_len,
                                global_batch=t.global_batch, num_gpus=pf.num_gpus,
                                nvlink_domain=pf.gpus_per_node, switches=format_switches(fmt),
-                               **_moe_switches(fmt), **graph_facts(m, t)),
+                               mtp_layers=m.mtp_layers, **_moe_switches(fmt),
+                               **graph_facts(m, t)),
     )
 
 
 def _moe_switches(fmt: str) -> dict[str, Any]:
-    """What the launcher's framework runs beside MoE layers (its profile's switches; a launcher
-    with no profile of its own, the generic one's)."""
+    """What the launcher's framework runs beside MoE layers, and whether it builds multi-token
+    prediction modules (its profile's switches; a launcher with no profile of its own, the
+    generic one's)."""
     s = framework_settings(fmt)
     return {"moe_max_zero_stage": int(str(s.get("moe_max_zero_stage", 3))),
-            "moe_tensor_parallel": bool(s.get("moe_tensor_parallel", True))}
+            "moe_tensor_parallel": bool(s.get("moe_tensor_parallel", True)),
+            "multi_token_prediction": bool(s.get("multi_token_prediction", True))}
 
 
 def virtual_stage_layers(f: LaunchView) -> list[int]:

@@ -116,6 +116,8 @@ def check_supported(model: ModelSpec, plan: Plan, training: Training, device: st
         raise ValidationError(str(exc)) from None
     if model.is_moe or plan.ep > 1:
         raise Unsupported("model.moe_experts > 0 / plan.ep > 1: the harness builds dense models")
+    if model.mtp_layers:
+        raise Unsupported("model.mtp_layers > 0: the harness builds no multi-token prediction")
     if plan.cp > 1 and (plan.tp > 1 or plan.pp > 1):
         raise Unsupported(f"plan.cp={plan.cp} with tp={plan.tp}, pp={plan.pp}: the harness's "
                           "context parallel runs beside data parallel only (tp = pp = 1)")
