@@ -242,6 +242,10 @@ class Training:
     # Hopper-specific generation (FlashAttention-3, cuDNN fused attention under Transformer
     # Engine), which Shah et al. (2024) measure 1.5-2.0x faster than FlashAttention-2 on H100.
     attention_kernel: Literal["flash2", "flash3"] = "flash2"
+    # The LM head's loss over its logits (costmodel.compute.LOSS_FP32_BYTES): "fused" streams
+    # them once each way into an fp32 softmax; "eager_fp32" casts them to fp32 and runs max,
+    # subtract, exp, sum and divide as PyTorch ops (nanotron's cast_to_fp32, _ShardedCrossEntropy)
+    loss_kernel: Literal["fused", "eager_fp32"] = "fused"
     # whether ZeRO-1/2's gradient reduce-scatter runs during backward (Megatron's distributed
     # optimizer with --overlap-grad-reduce) or after it (nanotron's ZeRO-1)
     overlap_grad_reduce_sharded: bool = True
@@ -376,15 +380,13 @@ class Training:
         if self.activation_dtype_bytes not in (2.0, 4.0):
             raise SpecError("training.activation_dtype_bytes must be 2 (bf16/fp16) or 4 (fp32), "
                             f"but got {self.activation_dtype_bytes!r}")
-        if self.selective_recompute not in ("activation", "every_other_mm"):
-            raise SpecError("training.selective_recompute must be one of ['activation', "
-                            f"'every_other_mm'], but got {self.selective_recompute!r}")
-        if self.attention_kernel not in ("flash2", "flash3"):
-            raise SpecError("training.attention_kernel must be one of ['flash2', 'flash3'], "
-                            f"but got {self.attention_kernel!r}")
-        if self.moe_dispatcher not in ("alltoall", "allgather", "flex"):
-            raise SpecError("training.moe_dispatcher must be one of ['allgather', 'alltoall', "
-                            f"'flex'], but got {self.moe_dispatcher!r}")
+        for name, choices in (("selective_recompute", ("activation", "every_other_mm")),
+                              ("loss_kernel", ("fused", "eager_fp32")),
+                              ("attention_kernel", ("flash2", "flash3")),
+                              ("moe_dispatcher", ("alltoall", "allgather", "flex"))):
+            if (value := getattr(self, name)) not in choices:
+                raise SpecError(f"training.{name} must be one of {sorted(choices)}, "
+                                f"but got {value!r}")
         if not self.moe_load_imbalance >= 1.0:
             raise SpecError("training.moe_load_imbalance must be >= 1 (busiest rank / mean), "
                             f"but got {self.moe_load_imbalance!r}")
