@@ -66,6 +66,16 @@ FUSED_SWIGLU_BWD_PER_F, FUSED_GELU_BWD_PER_F = 5.0, 3.0
 # kernels per layer forward when eager: 7 per norm, 4 per RoPE'd tensor, 2 for SwiGLU, plus the
 # GEMMs, attention and residual adds
 EAGER_FWD_KERNELS_PER_LAYER = 34.0
+# The LM head's loss, in HBM bytes per logit element (forward, backward). "fused": the logits
+# read once (the activation's bytes) into an fp32 softmax written once (4 + 4), and the same back.
+# "eager_fp32", nanotron (src/nanotron/models/llama.py: the cast_to_fp32 block's x.float() after
+# lm_head, then Loss; _ShardedCrossEntropy in src/nanotron/parallel/tensor_parallel/
+# functional.py), op by op on fp32 logits: max reads 4; subtracting the max writes a new tensor
+# (4 + 4); exp in place (4 + 4); sum reads 4; dividing by the sum in place (4 + 4): 32; its
+# backward multiplies the saved softmax by the gradient in place (4 + 4): 8. The cast reads the
+# logits and writes fp32, and its backward the reverse (act + 4 each way); without autocast the
+# logits are fp32 already and x.float() copies nothing.
+LOSS_FP32_BYTES = {"fused": (8.0, 8.0), "eager_fp32": (32.0, 8.0)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,8 +93,10 @@ class LayerTimes:
     selective_extra_moe_s: np.ndarray  # ... and per MoE layer
     host_fwd_dense_s: np.ndarray  # CPU time to issue one layer's forward kernels
     host_fwd_moe_s: np.ndarray
-    head_fwd_s: np.ndarray
+    head_fwd_s: np.ndarray  # the LM head's GEMMs and its loss
     head_bwd_s: np.ndarray
+    loss_s: np.ndarray  # the loss's share of head_fwd_s + head_bwd_s (the cast and softmax)
+    cast_s: np.ndarray  # ... of which the fp32 cast of the logits, forward and backward
     gemm_efficiency: np.ndarray  # achieved fraction of the GEMM peak, dense layer forward
     gemm_flops_fwd_dense: np.ndarray
     shared_expert_fwd_s: np.ndarray  # a MoE layer's shared experts, forward (0 without)
@@ -249,6 +261,18 @@ def _selective_extra(model: ModelSpec, tr: Training, kn: Kernels, dense: _DenseL
                    * model.expert_ffn_hidden / kn.tp * kn.act / kn.hbm + eff.kernel_overhead_s)
 
 
+def _loss_s(model: ModelSpec, tr: Training, kn: Kernels
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The loss's memory-bound passes over this GPU's logits (its vocabulary shard), forward
+    and backward (``LOSS_FP32_BYTES``), and the eager fp32 cast's part of both."""
+    fwd, bwd = LOSS_FP32_BYTES[tr.loss_kernel]
+    per_byte_s = kn.tokens * float(model.vocab) / kn.tp / kn.hbm
+    if tr.loss_kernel == "fused":
+        return per_byte_s * (kn.act + fwd), per_byte_s * (kn.act + bwd), 0.0 * per_byte_s
+    cast = kn.act + 4.0 if kn.act < 4.0 else 0.0  # x.float(): a copy unless fp32 already
+    return per_byte_s * (cast + fwd), per_byte_s * (cast + bwd), per_byte_s * 2.0 * cast
+
+
 def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
                 p: PlanArrays) -> LayerTimes:
     kn = kernels_of(cluster, tr, p)
@@ -259,8 +283,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     dense_ops = {"attn": elem.attn_kernels_fwd, "mlp": elem.kernels_fwd - elem.attn_kernels_fwd}
     dense_host = host_ops(dense_ops, DENSE_SEGMENTS, tr.cuda_graph_impl, tr.cuda_graph_scope)
     head = kn.gemm(model.vocab / kn.tp, float(model.hidden))
-    loss_elems = kn.tokens * float(model.vocab) / kn.tp  # logits -> fp32 softmax -> loss, grad
-    loss_s = loss_elems * (kn.act + 4.0 + 4.0) / kn.hbm
+    loss_fwd_s, loss_bwd_s, cast_s = _loss_s(model, tr, kn)
     return LayerTimes(
         moe_fraction=model.moe_layers / model.layers,
         fwd_dense_s=dense.fwd_s, fwd_moe_s=moe.fwd_s if moe else dense.fwd_s,
@@ -270,7 +293,8 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         host_fwd_dense_s=dense_host * tr.host_overhead_s * np.ones_like(kn.tokens),
         host_fwd_moe_s=(moe.host_ops if moe else dense_host) * tr.host_overhead_s
         * np.ones_like(kn.tokens),
-        head_fwd_s=head + loss_s, head_bwd_s=2.0 * head + loss_s,
+        head_fwd_s=head + loss_fwd_s, head_bwd_s=2.0 * head + loss_bwd_s,
+        loss_s=loss_fwd_s + loss_bwd_s, cast_s=cast_s,
         gemm_efficiency=dense.gemm_flops / dense.gemm_s / kn.peak,
         gemm_flops_fwd_dense=dense.gemm_flops,
         shared_expert_fwd_s=moe.shared_s if moe else np.zeros_like(kn.tokens),

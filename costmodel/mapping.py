@@ -22,7 +22,11 @@ STAGES: tuple[str, ...] = ("first", "middle", "last")
 class StageLayers:
     first: np.ndarray
     middle: np.ndarray
-    last: np.ndarray
+    last: np.ndarray  # the LM head's stage (it may hold no layer: nanotron's cost balance)
+    # ranks after the head's that run the fp32 cast of the logits and the loss: 0 (with the
+    # head), 1 (both on the next rank) or 2 (the cast, then the loss, each on its own rank;
+    # :func:`cost_balanced_ranks`)
+    loss_ranks: np.ndarray | None = None
 
     def of(self, stage: str) -> np.ndarray:
         return {"first": self.first, "middle": self.middle, "last": self.last}[stage]
@@ -32,39 +36,46 @@ class StageLayers:
         return np.maximum(np.maximum(self.first, self.middle), self.last)
 
 
-def cost_balanced_split(num_layers: int, pp: int, layer_cost: float, head_cost: float
-                        ) -> tuple[int, int]:
-    """First rank's layers and the LM head's rank's (with any ranks after it) when blocks are
-    placed by cumulative compute cost, as nanotron's ``build_model`` does
-    (src/nanotron/models/base.py: block i goes to the current rank, which moves on once the
-    running cost passes ``total * (rank + 1) / pp``), the head costing ``head_cost`` and each
-    layer ``layer_cost`` (src/nanotron/models/llama.py, ``get_block_compute_costs``: 4 h^2 +
-    3 f h a layer, vocab x h the head). A rank left with only the loss counts with the head's;
-    the head's stage holds at least one layer."""
-    cum = np.cumsum([layer_cost] * num_layers + [head_cost])
-    thresholds = cum[-1] * (np.arange(pp) + 1.0) / pp
+def cost_balanced_ranks(num_layers: int, pp: int, layer_cost: float, head_cost: float
+                        ) -> tuple[tuple[int, ...], int, int]:
+    """Layers on each pipeline rank, the LM head's rank and the loss's rank as nanotron's
+    ``build_model`` places its pipeline blocks (src/nanotron/models/base.py): in model order
+    (src/nanotron/models/llama.py: the token embedding, the decoder layers, the final norm, the
+    LM head, the fp32 cast of the logits, then LlamaForTraining's loss), each block goes to the
+    current rank, which moves on once the running cost passes ``total * (rank + 1) / pp``. Only
+    the layers (``layer_cost``: 4 h^2 + 3 f h) and the head (``head_cost``: vocab x h) cost
+    anything (``get_block_compute_costs``), so the head's rank can hold no layer, and when the
+    head passes its rank's share the cast and the loss go to the ranks after it (1B, vocab
+    131072, pp 8: 3, 3, 2, 3, 2, 3 layers, then the head alone, then the cast and the loss)."""
+    costs = [0.0] + [layer_cost] * num_layers + [0.0, head_cost, 0.0, 0.0]
+    cum = np.cumsum(costs)
+    thresholds = [cum[-1] * ((rank + 1) / pp) for rank in range(pp)]
     ranks, r = [], 0
     for c in cum:
         ranks.append(r)
         r += int(c > thresholds[r])
-    per_rank = np.bincount(ranks[:num_layers], minlength=pp)
-    last = max(int(per_rank[ranks[-1]:].sum()), 1)
-    return min(int(per_rank[0]), num_layers - last), last
+    per_rank = np.bincount(ranks[1:num_layers + 1], minlength=pp)
+    return tuple(int(n) for n in per_rank), ranks[num_layers + 2], ranks[-1]
+
+
+def cost_balanced_split(num_layers: int, pp: int, layer_cost: float, head_cost: float
+                        ) -> tuple[int, int, int]:
+    """The first rank's layers, the LM head's rank's layers (possibly none) and how many
+    ranks after the head's run the cast and the loss (0, 1 or 2; the cast's own rank then
+    comes between), by :func:`cost_balanced_ranks`."""
+    per_rank, head_rank, loss_rank = cost_balanced_ranks(num_layers, pp, layer_cost, head_cost)
+    return per_rank[0], per_rank[head_rank], loss_rank - head_rank
 
 
 def stage_layers(num_layers: int, p: PlanArrays,
                  head_balance: tuple[float, float] | None = None) -> StageLayers:
     """Layers held by the first, a middle and the last pipeline stage (floats for averages).
     ``head_balance`` (a layer's and the LM head's compute cost): plans that give no split place
-    their layers by :func:`cost_balanced_split` (nanotron) instead of evenly."""
+    their layers by :func:`cost_balanced_split` (nanotron) instead of evenly; the middle stage
+    is then the mean of the other ranks, those after the head's (holding the loss, or nothing)
+    counted with none."""
     L, pp = float(num_layers), p.pp.astype(float)
     given_first, given_last = p.first_stage_layers, p.last_stage_layers
-    if head_balance is not None:
-        unset = (p.pp > 1) & (given_first == 0) & (given_last == 0)
-        split = {int(k): cost_balanced_split(num_layers, int(k), *head_balance)
-                 for k in np.unique(p.pp[unset])}
-        given_first = np.where(unset, [split.get(int(k), (0, 0))[0] for k in p.pp], given_first)
-        given_last = np.where(unset, [split.get(int(k), (0, 0))[1] for k in p.pp], given_last)
     f_set, l_set = given_first > 0, given_last > 0
     # layers left for the stages whose count is not given, split evenly among them
     free = pp - f_set - l_set
@@ -77,7 +88,19 @@ def stage_layers(num_layers: int, p: PlanArrays,
     last = np.where(pp == 1, first, last)
     unset_middle = (L - first - last) / np.maximum(pp - 2, 1)
     middle = np.where(pp > 2, np.where(f_set | l_set, rest, unset_middle), first)
-    return StageLayers(first=first, middle=middle, last=last)
+    if head_balance is None:
+        return StageLayers(first=first, middle=middle, last=last)
+    unset = (p.pp > 1) & ~f_set & ~l_set
+    split = {int(k): cost_balanced_split(num_layers, int(k), *head_balance)
+             for k in np.unique(p.pp[unset])}
+    bal_first, bal_last, loss_ranks = (np.asarray([split.get(int(k), (0, 0, 0))[i]
+                                                   for k in p.pp]) for i in range(3))
+    first = np.where(unset, bal_first, first)
+    last = np.where(unset, bal_last, last)
+    middle = np.where(unset, np.where(pp > 2, (L - first - last) / np.maximum(pp - 2, 1), first),
+                      middle)
+    return StageLayers(first=first, middle=middle, last=last,
+                       loss_ranks=np.where(unset, loss_ranks, 0))
 
 
 def rank_split(num_layers: int, pp: np.ndarray, first: np.ndarray, last: np.ndarray

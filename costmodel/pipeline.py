@@ -41,6 +41,9 @@ class StageTimes:
     recompute_s: dict[str, np.ndarray]
     total_s: dict[str, np.ndarray]
     slowest: np.ndarray  # index into STAGES of the stage that takes longest
+    # where the fp32 cast and the loss run on ranks after the LM head's (StageLayers.loss_ranks):
+    # the time of the pipeline's end ranks that ``last`` does not stand for (0 where none)
+    end_extra_s: np.ndarray
 
     def at_slowest(self, values: Mapping[str, np.ndarray]) -> np.ndarray:
         """``values`` of the slowest stage (per plan)."""
@@ -48,14 +51,62 @@ class StageTimes:
                                   self.slowest[None, :], axis=0)[0]
 
 
+@dataclass(frozen=True, slots=True)
+class _EndRanks:
+    """The ranks after the LM head's that run only the fp32 cast and the loss (nanotron's cost
+    balance, :func:`costmodel.mapping.cost_balanced_ranks`): one rank for both, or the cast's
+    and then the loss's. The head's rank sends its logits shard on and receives its gradient
+    (a blocking send and receive per micro-batch each way)."""
+
+    head_saved_s: np.ndarray  # the loss's kernels, which the head's rank no longer runs
+    head_comm_s: np.ndarray  # the head's rank sending the logits and receiving their gradient
+    compute_s: np.ndarray  # the longest end rank: its kernels
+    comm_s: np.ndarray  # ... and its transfers
+    sum_s: np.ndarray  # all the end ranks' time, for the bubble
+
+
+def _end_ranks(layers: StageLayers, lt: LayerTimes,
+               hops: tuple[np.ndarray, np.ndarray]) -> _EndRanks:
+    k = np.zeros_like(lt.loss_s) if layers.loss_ranks is None else layers.loss_ranks
+    hop_act, hop_fp32 = hops  # the logits in the activation dtype; in fp32, after the cast
+    cast, softmax = lt.cast_s, lt.loss_s - lt.cast_s
+    one_c, one_m = cast + softmax, 2.0 * hop_act
+    cast_c, cast_m = cast, 2.0 * (hop_act + hop_fp32)
+    loss_c, loss_m = softmax, 2.0 * hop_fp32
+    cast_longer = cast_c + cast_m >= loss_c + loss_m
+    two_c, two_m = np.where(cast_longer, cast_c, loss_c), np.where(cast_longer, cast_m, loss_m)
+    zero = np.zeros_like(lt.loss_s)
+    return _EndRanks(
+        head_saved_s=np.where(k > 0, lt.loss_s, 0.0),
+        head_comm_s=np.where(k > 0, 2.0 * hop_act, 0.0),
+        compute_s=np.where(k == 1, one_c, np.where(k == 2, two_c, zero)),
+        comm_s=np.where(k == 1, one_m, np.where(k == 2, two_m, zero)),
+        sum_s=np.where(k == 1, one_c + one_m,
+                       np.where(k == 2, cast_c + cast_m + loss_c + loss_m, zero)))
+
+
+def logits_hops(model: ModelSpec, tr: Training, g: Mesh) -> tuple[np.ndarray, np.ndarray]:
+    """One micro-batch's logits shard (its tokens x vocab / tp) sent one way between pipeline
+    ranks: in the activation dtype from the LM head's rank, in fp32 from the cast's."""
+    x = g.tokens * float(model.vocab) / g.tp
+    return (comm.p2p_time(x * tr.activation_dtype_bytes, g.pp_crosses_network, g.link),
+            comm.p2p_time(x * 4.0, g.pp_crosses_network, g.link))
+
+
 def stage_times(p: PlanArrays, layers: StageLayers, lt: LayerTimes, comm_fwd_s: np.ndarray,
                 comm_bwd_s: np.ndarray, host_fwd_s: np.ndarray, vocab_s: Mapping[str, np.ndarray],
-                synchronous: bool, mtp: MtpStage) -> StageTimes:
+                synchronous: bool, mtp: MtpStage | None = None,
+                logits_hops_s: tuple[np.ndarray, np.ndarray] | None = None) -> StageTimes:
     """Each stage's layers forward and backward, the recomputed forward, the LM head and the
     multi-token prediction depths where they sit (``costmodel.mtp``), and per layer the exposed
-    communication and the host time to issue its kernels."""
+    communication and the host time to issue its kernels. Where the loss runs on ranks after the
+    head's (``logits_hops_s``: :func:`logits_hops`), ``last`` is the longest of the head's rank
+    and those."""
     fwd, bwd, pp = lt.fwd_s, lt.bwd_s, p.pp
-    head = lt.head_fwd_s + lt.head_bwd_s
+    zero = np.zeros_like(lt.loss_s)
+    end = _end_ranks(layers, lt, logits_hops_s or (zero, zero))
+    mtp = mtp or MtpStage(compute_s=zero, comm_s=zero, recompute_s=zero, host_s=zero)
+    head = lt.head_fwd_s + lt.head_bwd_s - end.head_saved_s
     out: dict[str, dict[str, np.ndarray]] = {"compute": {}, "comm": {}, "recompute": {}}
     # the last stage holds the head and the MTP depths; pp == 1 puts them on the first too
     at_end = {"first": (pp == 1).astype(float), "middle": 0.0 * pp, "last": 1.0 + 0.0 * pp}
@@ -69,6 +120,8 @@ def stage_times(p: PlanArrays, layers: StageLayers, lt: LayerTimes, comm_fwd_s: 
         comp = comp + ends * (head + mtp.compute_s)
         comm_mb = (n * (comm_fwd_s + comm_bwd_s) + r * comm_fwd_s + vocab_s[st]
                    + ends * mtp.comm_s)
+        if st == "last":
+            comm_mb = comm_mb + end.head_comm_s
         host = (n * (1.0 + BWD_HOST_FACTOR) + r) * host_fwd_s + ends * mtp.host_s
         # a host-bound stage waits for its kernels to be issued: count the wait as compute;
         # on a synchronous device issuing is part of every kernel's time
@@ -77,16 +130,24 @@ def stage_times(p: PlanArrays, layers: StageLayers, lt: LayerTimes, comm_fwd_s: 
         # the kernels that re-run, as a share of ``compute``: the re-run forward's exposed
         # communication (the EP all-to-all of a recomputed MoE layer) is in ``comm`` already
         out["recompute"][st] = r * fwd + selective + ends * mtp.recompute_s
+    head_rank = out["compute"]["last"] + out["comm"]["last"]
+    end_longer = end.compute_s + end.comm_s > head_rank
+    out["compute"]["last"] = np.where(end_longer, end.compute_s, out["compute"]["last"])
+    out["comm"]["last"] = np.where(end_longer, end.comm_s, out["comm"]["last"])
+    out["recompute"]["last"] = np.where(end_longer, 0.0, out["recompute"]["last"])
     total = {st: out["compute"][st] + out["comm"][st] for st in STAGES}
     return StageTimes(compute_s=out["compute"], comm_s=out["comm"], recompute_s=out["recompute"],
                       total_s=total,
-                      slowest=np.argmax(np.stack([total[st] for st in STAGES]), axis=0))
+                      slowest=np.argmax(np.stack([total[st] for st in STAGES]), axis=0),
+                      end_extra_s=head_rank + end.sum_s - total["last"])
 
 
 def bubble_time(stages: StageTimes, g: Mesh) -> np.ndarray:
     pp = g.pp
     total = stages.total_s
-    all_stages = (total["first"] + total["last"] + np.maximum(pp - 2, 0) * total["middle"])
+    # the loss's own ranks (counted among the middle ones, with no layer) add their time
+    all_stages = (total["first"] + total["last"] + np.maximum(pp - 2, 0) * total["middle"]
+                  + stages.end_extra_s)
     slowest_mb = np.max(np.stack([total[st] for st in STAGES]), axis=0)
     return np.where(pp > 1, np.maximum(all_stages - slowest_mb, 0.0) / g.vpp, 0.0)
 

@@ -243,6 +243,8 @@ class Training:
     # Hopper-specific generation (FlashAttention-3, cuDNN fused attention under Transformer
     # Engine), which Shah et al. (2024) measure 1.5-2.0x faster than FlashAttention-2 on H100.
     attention_kernel: Literal["flash2", "flash3"] = "flash2"
+    # the loss over the logits: "fused", or nanotron's "eager_fp32" ops (compute.LOSS_FP32_BYTES)
+    loss_kernel: Literal["fused", "eager_fp32"] = "fused"
     # whether ZeRO-1/2's gradient reduce-scatter runs during backward (Megatron's distributed
     # optimizer with --overlap-grad-reduce) or after it (nanotron's ZeRO-1)
     overlap_grad_reduce_sharded: bool = True
@@ -369,8 +371,7 @@ class Training:
     # Tensor parallelism on a model with MoE layers (NeMo AutoModel's MoE parallelizer asserts
     # tp == 1: nemo_automodel/components/moe/parallelizer.py, parallelize_model)
     moe_tensor_parallel: bool = True
-    # The framework builds multi-token prediction modules (Megatron-Core's --mtp-num-layers,
-    # costmodel.mtp). Validity (costmodel.rules ``mtp``), not a cost.
+    # The framework builds MTP modules (Megatron-Core's --mtp-num-layers): rule ``mtp``
     multi_token_prediction: bool = True
     memory_model: MemoryModel = field(default_factory=MemoryModel)
 
@@ -380,18 +381,17 @@ class Training:
         if self.activation_dtype_bytes not in (2.0, 4.0):
             raise SpecError("training.activation_dtype_bytes must be 2 (bf16/fp16) or 4 (fp32), "
                             f"but got {self.activation_dtype_bytes!r}")
-        for name, allowed in (("selective_recompute", ("activation", "every_other_mm")),
+        for name, choices in (("selective_recompute", ("activation", "every_other_mm")),
+                              ("loss_kernel", ("fused", "eager_fp32")),
                               ("attention_kernel", ("flash2", "flash3")),
-                              ("moe_dispatcher", ("allgather", "alltoall", "flex"))):
-            if getattr(self, name) not in allowed:
-                raise SpecError(f"training.{name} must be one of {list(allowed)}, but got "
-                                f"{getattr(self, name)!r}")
+                              ("moe_dispatcher", ("alltoall", "allgather", "flex")),
+                              ("precision", tuple(PRECISION_CODES))):
+            if (value := getattr(self, name)) not in choices:
+                raise SpecError(f"training.{name} must be one of {sorted(choices)}, "
+                                f"but got {value!r}")
         if not self.moe_load_imbalance >= 1.0:
             raise SpecError("training.moe_load_imbalance must be >= 1 (busiest rank / mean), "
                             f"but got {self.moe_load_imbalance!r}")
-        if self.precision not in PRECISION_CODES:
-            raise SpecError(f"training.precision must be one of {sorted(PRECISION_CODES)}, "
-                            f"but got {self.precision!r}")
         object.__setattr__(self, "cuda_graph_scope",
                            graph_scope(self.cuda_graph_impl, self.cuda_graph_scope))
 

@@ -1,6 +1,7 @@
 """nanotron's pipeline placement by compute cost (src/nanotron/models/base.py, build_model): the
-LM head counts as vocab x h against 4 h^2 + 3 f h a layer, and the block that crosses a rank's
-share of the total stays on that rank."""
+LM head counts as vocab x h against 4 h^2 + 3 f h a layer, the block that crosses a rank's share
+of the total stays on that rank, and the blocks after the head (the fp32 cast, the loss) cost
+nothing, so they move on to the next rank when the head crosses its rank's share."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import numpy as np
 import pytest
 
 from costmodel import ClusterSpec, ModelSpec, Plan, Training, estimate
-from costmodel.mapping import cost_balanced_split, stage_layers
+from costmodel.compute import layer_times
+from costmodel.mapping import StageLayers, cost_balanced_ranks, cost_balanced_split, stage_layers
+from costmodel.parallel.mesh import mesh_of
+from costmodel.pipeline import bubble_time, stage_times
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 
 # Llama 3.2 1B's shape: a layer 4 x 2048^2 + 3 x 8192 x 2048 = 67.1M, the head 128256 x 2048 =
@@ -19,19 +23,104 @@ LAYER, HEAD = 4 * H * H + 3 * F * H, V * H
 
 
 def test_one_billion_model_on_two_stages_splits_ten_and_six() -> None:
-    assert cost_balanced_split(16, 2, LAYER, HEAD) == (10, 6)
+    assert cost_balanced_split(16, 2, LAYER, HEAD) == (10, 6, 0)
 
 
 def test_crossing_block_stays_on_its_rank() -> None:
     """32 layers, no head cost, pp=4: thresholds 8, 16, 24, 32 are passed by the 9th, 17th and
     25th layers, which stay behind: 9, 8, 8, 7."""
-    assert cost_balanced_split(32, 4, 1.0, 0.0) == (9, 7)
+    assert cost_balanced_split(32, 4, 1.0, 0.0) == (9, 7, 0)
 
 
-@pytest.mark.parametrize("pp", [2, 4, 8])
-def test_head_stage_holds_no_more_layers_than_the_first(pp: int) -> None:
-    first, last = cost_balanced_split(16, pp, LAYER, HEAD)
-    assert 1 <= last <= first and first + last <= 16
+# the Playbook's 1B: vocab 131072, the head 4 layers' cost exactly (20 layer-costs in all)
+PLAYBOOK_HEAD = 131072 * H
+
+
+def test_playbook_1b_at_pp4_leaves_the_head_a_rank_of_its_own() -> None:
+    """Shares of 5 layer-costs: rank 0 takes the sixth layer that passes 5 (ties do not pass),
+    ranks 1 and 2 five each, rank 3 the norm, the head, the cast and the loss, and no layer."""
+    assert cost_balanced_ranks(16, 4, LAYER, PLAYBOOK_HEAD) == ((6, 5, 5, 0), 3, 3)
+    assert cost_balanced_split(16, 4, LAYER, PLAYBOOK_HEAD) == (6, 0, 0)
+
+
+def test_playbook_1b_at_pp8_puts_the_loss_after_the_head() -> None:
+    """Shares of 2.5 layer-costs: the head (4) passes rank 6's share alone, so the cast and the
+    loss go to rank 7."""
+    per_rank, head, loss = cost_balanced_ranks(16, 8, LAYER, PLAYBOOK_HEAD)
+    assert per_rank == (3, 3, 2, 3, 2, 3, 0, 0) and (head, loss) == (6, 7)
+    p = as_plan_arrays(plans_to_arrays([Plan(pp=8, dp=1, micro_batch=1)]))
+    s = stage_layers(16, p, (LAYER, PLAYBOOK_HEAD))
+    assert (s.first[0], s.last[0], s.middle[0]) == (3, 0, 13 / 6)
+    assert s.loss_ranks is not None and s.loss_ranks[0] == 1
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8, 16])
+def test_every_layer_is_placed_once(pp: int) -> None:
+    per_rank, head, loss = cost_balanced_ranks(16, pp, LAYER, PLAYBOOK_HEAD)
+    first, last, after = cost_balanced_split(16, pp, LAYER, PLAYBOOK_HEAD)
+    assert sum(per_rank) == 16 and len(per_rank) == pp and head <= loss < pp
+    assert (first, last, after) == (per_rank[0], per_rank[head], loss - head) and after <= 2
+
+
+def test_a_loss_apart_leaves_the_head_stage_and_stays_in_the_bubble(h100) -> None:
+    model = ModelSpec(name="1b", layers=16, hidden=H, ffn_hidden=F, heads=32, kv_heads=32,
+                      vocab=131072, tied_embeddings=True)
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    tr = Training(seq_len=4096, global_batch=32, loss_kernel="eager_fp32")
+    p = as_plan_arrays(plans_to_arrays([Plan(pp=8, dp=1, micro_batch=1)]))
+    lt = layer_times(model, cluster, tr, p)
+    g = mesh_of(cluster, tr, p)
+    zero = np.zeros(1)
+    hops = (np.array([1e-3]), np.array([2e-3]))
+
+    def stages(ranks: int):  # the 1B's pp=8 placement, the loss with the head or after it
+        layers = StageLayers(first=np.array([3.0]), middle=np.array([13 / 6]),
+                             last=np.array([0.0]), loss_ranks=np.array([ranks]))
+        return stage_times(p, layers, lt, zero, zero, zero,
+                           {"first": zero, "middle": zero, "last": zero}, False,
+                           logits_hops_s=hops)
+
+    together, one, two = stages(0), stages(1), stages(2)
+    assert 0 < lt.cast_s[0] < lt.loss_s[0]
+    # the head's rank no longer runs the loss, and sends the logits (1 ms) and receives their
+    # gradient; the rank after it receives them and runs the cast and the loss
+    assert np.isclose(together.compute_s["last"][0] - one.compute_s["last"][0], lt.loss_s[0])
+    assert np.isclose(one.comm_s["last"][0], 2e-3)
+    assert np.isclose(one.end_extra_s[0], lt.loss_s[0] + 2e-3)
+    # the cast's own rank passes fp32 logits on (2 ms each way) to the loss's: both ranks
+    # wait for that transfer
+    assert np.isclose(two.end_extra_s[0], lt.loss_s[0] + 2 * 1e-3 + 2 * 2 * 2e-3)
+    # with the loss apart the first stage (3 layers) is the slowest: the bubble holds the
+    # loss and both ranks' waits for the logits and their gradient
+    layers = StageLayers(first=np.array([3.0]), middle=np.array([13 / 6]),
+                         last=np.array([0.0]), loss_ranks=np.array([1]))
+    no_hops = stage_times(p, layers, lt, zero, zero, zero,
+                          {"first": zero, "middle": zero, "last": zero}, False)
+    assert one.slowest[0] == no_hops.slowest[0] == 0
+    assert np.isclose(bubble_time(one, g)[0] - bubble_time(no_hops, g)[0], 4 * 1e-3)
+
+
+def test_the_end_rank_is_the_last_stage_when_it_is_longest(h100) -> None:
+    """With long fp32 transfers (1 s each way) from the cast's own rank to the loss's, the loss's
+    rank (the softmax's 40 bytes a logit against the cast's 12) is the pipeline's ``last``
+    stage; the head's rank and the cast's then count in the bubble."""
+    model = ModelSpec(name="1b", layers=16, hidden=H, ffn_hidden=F, heads=32, kv_heads=32,
+                      vocab=131072, tied_embeddings=True)
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    tr = Training(seq_len=4096, global_batch=32, loss_kernel="eager_fp32")
+    p = as_plan_arrays(plans_to_arrays([Plan(pp=16, dp=1, micro_batch=1)]))
+    lt = layer_times(model, cluster, tr, p)
+    zero = np.zeros(1)
+    layers = StageLayers(first=np.array([2.0]), middle=np.array([1.0]),
+                         last=np.array([0.0]), loss_ranks=np.array([2]))
+    st = stage_times(p, layers, lt, zero, zero, zero,
+                     {"first": zero, "middle": zero, "last": zero}, False,
+                     logits_hops_s=(zero, np.ones(1)))
+    softmax = lt.loss_s[0] - lt.cast_s[0]
+    assert np.isclose(st.compute_s["last"][0], softmax) and st.comm_s["last"][0] == 2.0
+    head_gemms = lt.head_fwd_s[0] + lt.head_bwd_s[0] - lt.loss_s[0]
+    assert np.isclose(st.end_extra_s[0], head_gemms + lt.cast_s[0] + 2.0)
+    assert st.slowest[0] == 2
 
 
 def test_balance_lightens_the_head_stage_and_keeps_every_layer(h100) -> None:
