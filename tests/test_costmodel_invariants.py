@@ -6,6 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
+from costmodel_helpers import assert_terms_match_estimate
 
 from costmodel import (
     ClusterSpec,
@@ -14,7 +15,6 @@ from costmodel import (
     Training,
     estimate,
     estimate_batch,
-    memory_terms,
     plans_to_arrays,
 )
 
@@ -139,12 +139,7 @@ def test_memory_terms_match_estimate(h100, llama8b, pp: int, recompute: str, r: 
     tr = Training(seq_len=8192, global_batch=64)
     plan = Plan(tp=4, pp=pp, dp=32 // (4 * pp), micro_batch=1, recompute=recompute,  # type: ignore[arg-type]
                 recompute_layers=r, sequence_parallel=True, zero_stage=1)
-    est = estimate(llama8b, cluster, plan, tr)
-    terms = memory_terms(llama8b, cluster, plan, tr)
-    n = llama8b.layers // pp
-    rr = (r or n) if recompute == "full" else 0
-    for st in est.memory.stages:
-        assert terms.stage_bytes(st.stage, n, rr) == pytest.approx(st.total_bytes, rel=1e-9)
+    terms = assert_terms_match_estimate(llama8b, cluster, plan, tr)
     assert np.isfinite(terms.usable_bytes)
 
 

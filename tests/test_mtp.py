@@ -7,6 +7,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from costmodel_helpers import assert_terms_match_estimate
 
 from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, Training, estimate
 from costmodel.mapping import STAGES
@@ -126,15 +127,8 @@ def test_the_placements_memory_terms_hold_the_mtp_depths(pp: int, recompute: str
                                                          schedule: str) -> None:
     """The CP-SAT stage's linear terms (costmodel.terms) reproduce every stage's bytes with MTP
     on the head's stage."""
-    from costmodel.terms import memory_terms
-
     model = dataclasses.replace(MOE, mtp_layers=2)
     plan = Plan(tp=2, pp=pp, dp=16 // (2 * pp), ep=2, recompute=recompute,  # type: ignore[arg-type]
                 recompute_layers=r, sequence_parallel=True, zero_stage=1,
                 pp_schedule=schedule)  # type: ignore[arg-type]
-    est = estimate(model, CLUSTER, plan, TRAINING)
-    terms = memory_terms(model, CLUSTER, plan, TRAINING)
-    n = model.layers // pp
-    rr = (r or n) if recompute == "full" else 0
-    for st in est.memory.stages:
-        assert terms.stage_bytes(st.stage, n, rr) == pytest.approx(st.total_bytes, rel=1e-9)
+    assert_terms_match_estimate(model, CLUSTER, plan, TRAINING)

@@ -62,13 +62,19 @@ def test_every_layer_is_placed_once(pp: int) -> None:
     assert (first, last, after) == (per_rank[0], per_rank[head], loss - head) and after <= 2
 
 
-def test_a_loss_apart_leaves_the_head_stage_and_stays_in_the_bubble(h100) -> None:
+def _one_b_eager_loss(h100, pp: int):
+    """The Playbook's 1B with nanotron's eager fp32 loss on one pp-stage pipeline: its plan
+    columns, layer times and cluster, the training."""
     model = ModelSpec(name="1b", layers=16, hidden=H, ffn_hidden=F, heads=32, kv_heads=32,
                       vocab=131072, tied_embeddings=True)
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
     tr = Training(seq_len=4096, global_batch=32, loss_kernel="eager_fp32")
-    p = as_plan_arrays(plans_to_arrays([Plan(pp=8, dp=1, micro_batch=1)]))
-    lt = layer_times(model, cluster, tr, p)
+    p = as_plan_arrays(plans_to_arrays([Plan(pp=pp, dp=1, micro_batch=1)]))
+    return p, layer_times(model, cluster, tr, p), cluster, tr
+
+
+def test_a_loss_apart_leaves_the_head_stage_and_stays_in_the_bubble(h100) -> None:
+    p, lt, cluster, tr = _one_b_eager_loss(h100, 8)
     g = mesh_of(cluster, tr, p)
     zero = np.zeros(1)
     hops = (np.array([1e-3]), np.array([2e-3]))
@@ -104,12 +110,7 @@ def test_the_end_rank_is_the_last_stage_when_it_is_longest(h100) -> None:
     """With long fp32 transfers (1 s each way) from the cast's own rank to the loss's, the loss's
     rank (the softmax's 40 bytes a logit against the cast's 12) is the pipeline's ``last``
     stage; the head's rank and the cast's then count in the bubble."""
-    model = ModelSpec(name="1b", layers=16, hidden=H, ffn_hidden=F, heads=32, kv_heads=32,
-                      vocab=131072, tied_embeddings=True)
-    cluster = ClusterSpec(gpu=h100, num_gpus=8)
-    tr = Training(seq_len=4096, global_batch=32, loss_kernel="eager_fp32")
-    p = as_plan_arrays(plans_to_arrays([Plan(pp=16, dp=1, micro_batch=1)]))
-    lt = layer_times(model, cluster, tr, p)
+    p, lt, _, _ = _one_b_eager_loss(h100, 16)
     zero = np.zeros(1)
     layers = StageLayers(first=np.array([2.0]), middle=np.array([1.0]),
                          last=np.array([0.0]), loss_ranks=np.array([2]))
