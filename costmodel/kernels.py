@@ -15,6 +15,12 @@ from costmodel.specs import ClusterSpec, Training
 
 BF16 = 2.0
 BWD_KERNEL_FACTOR = 2.0
+# the host issues about twice the forward's operations in backward: each GEMM's input and weight
+# gradients (Transformer Engine's GroupedLinear backward: a dgrad and a wgrad
+# general_grouped_gemm, one GEMM per expert each, and under fp8 the output gradient quantised per
+# split), autograd's kernel or two per elementwise op; a captured region replays its backward
+# graph as one launch
+BWD_HOST_FACTOR = 2.0
 
 
 def gemm_time(m: np.ndarray, n: np.ndarray, k: np.ndarray, peak: float, c: ClusterSpec,

@@ -34,18 +34,17 @@ from costmodel.compute import (
     FUSED_NORM_BWD_ELEMS,
     LayerTimes,
 )
-from costmodel.kernels import kernels_of
+from costmodel.kernels import BWD_HOST_FACTOR, kernels_of
 from costmodel.mapping import expert_tp
 from costmodel.params import attention_params, dense_mlp_params, embedding_params, expert_params
 from costmodel.plans import PlanArrays
-from costmodel.specs import ClusterSpec, ModelSpec, Training
+from costmodel.specs import RECOMPUTE_CODES, ClusterSpec, ModelSpec, Training
 
 if TYPE_CHECKING:
     from costmodel.parallel.context import ContextComm
     from costmodel.parallel.expert import ExpertComm
     from costmodel.parallel.tensor import TensorComm
 
-BWD_HOST_FACTOR = 2.0  # as costmodel.pipeline's: backward issues about twice the forward's
 # kernels of a depth's own forward: the embedding lookup, enorm, hnorm, concat, eh_proj (and its
 # fp8 cast), the output gather, final_layernorm, the concatenation of the depths' outputs
 BLOCK_KERNELS_FWD = 8.0
@@ -121,6 +120,12 @@ class MtpStage:
     host_s: np.ndarray  # host time to issue its kernels and collectives
 
 
+def no_mtp(like: np.ndarray) -> MtpStage:
+    """A stage without multi-token prediction: nothing added."""
+    zero = np.zeros_like(like)
+    return MtpStage(compute_s=zero, comm_s=zero, recompute_s=zero, host_s=zero)
+
+
 def mtp_stage(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays,
               lt: LayerTimes, tensor: TensorComm, context: ContextComm,
               expert: ExpertComm) -> MtpStage:
@@ -131,14 +136,14 @@ def mtp_stage(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArray
     (2h) and its output over TP (h), both mirrored in backward (three embedding-sized sides)."""
     D = float(model.mtp_layers)
     if not D:
-        zero = np.zeros_like(lt.head_fwd_s)
-        return MtpStage(compute_s=zero, comm_s=zero, recompute_s=zero, host_s=zero)
+        return no_mtp(lt.head_fwd_s)
     moe = mtp_layer_is_moe(model)
     fwd_l, bwd_l = (lt.fwd_moe_s, lt.bwd_moe_s) if moe else (lt.fwd_dense_s, lt.bwd_dense_s)
     selective_l = lt.selective_extra_moe_s if moe else lt.selective_extra_s
     block_fwd, block_bwd = _block_kernels(model, cluster, tr, p)
-    full = p.recompute == 2
-    recompute = np.where(full, block_fwd + fwd_l, np.where(p.recompute == 1, selective_l, 0.0))
+    full = p.recompute == RECOMPUTE_CODES["full"]
+    selective = p.recompute == RECOMPUTE_CODES["selective"]
+    recompute = np.where(full, block_fwd + fwd_l, np.where(selective, selective_l, 0.0))
     compute = block_fwd + block_bwd + fwd_l + bwd_l + lt.head_fwd_s + lt.head_bwd_s + recompute
     comm_fwd = tensor.layer_exposed_s + context.exposed_fwd_s
     comm_bwd = tensor.layer_exposed_s + context.exposed_bwd_s

@@ -17,18 +17,13 @@ import numpy as np
 from costmodel import comm
 from costmodel.comm import CollectiveArrays
 from costmodel.compute import LayerTimes
+from costmodel.kernels import BWD_HOST_FACTOR
 from costmodel.mapping import STAGES, StageLayers
-from costmodel.mtp import MtpStage
+from costmodel.mtp import MtpStage, no_mtp
 from costmodel.parallel.mesh import Mesh
 from costmodel.plans import PlanArrays
 from costmodel.recompute import recomputed_layers
 from costmodel.specs import ModelSpec, Training
-
-# backward issues about twice the forward's kernels: each GEMM's input and weight gradients
-# (Transformer Engine's GroupedLinear backward: a dgrad and a wgrad general_grouped_gemm, one GEMM
-# per expert each, and under fp8 the output gradient quantised per split), autograd's kernel or two
-# per elementwise op; a captured region replays its backward graph as one launch
-BWD_HOST_FACTOR = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +100,7 @@ def stage_times(p: PlanArrays, layers: StageLayers, lt: LayerTimes, comm_fwd_s: 
     fwd, bwd, pp = lt.fwd_s, lt.bwd_s, p.pp
     zero = np.zeros_like(lt.loss_s)
     end = _end_ranks(layers, lt, logits_hops_s or (zero, zero))
-    mtp = mtp or MtpStage(compute_s=zero, comm_s=zero, recompute_s=zero, host_s=zero)
+    mtp = mtp or no_mtp(zero)
     head = lt.head_fwd_s + lt.head_bwd_s - end.head_saved_s
     out: dict[str, dict[str, np.ndarray]] = {"compute": {}, "comm": {}, "recompute": {}}
     # the last stage holds the head and the MTP depths; pp == 1 puts them on the first too

@@ -117,15 +117,15 @@ def calibration_status(cluster: ClusterSpec) -> dict[str, Any]:
     borrowed = ""
     if "transferred from the " in src:
         borrowed = src.split("transferred from the ", 1)[1].split(" ", 1)[0]
-    validated = (src.startswith("fitted") and not borrowed
-                 and "borrowed from hopper, unvalidated" not in src)
+    partly = "borrowed from hopper, unvalidated" in src  # GEMM terms fitted, the rest not
+    validated = src.startswith("fitted") and not borrowed and not partly
     fabric = cluster.fabric
     fabrics = load_fabrics() if fabric else {}
     fab_src = (str(fabrics[fabric].source) if fabric in fabrics
                else f"none given: the {family} family's network fraction")
     if borrowed:
         line = f"{family} efficiency borrowed from {borrowed}, unvalidated"
-    elif "borrowed from hopper, unvalidated" in src:
+    elif partly:
         line = f"{family} GEMM terms fitted; other terms borrowed from hopper, unvalidated"
     elif validated:
         line = f"{family} efficiency fitted on measured runs"

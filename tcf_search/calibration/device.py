@@ -198,8 +198,8 @@ def _dtensor_op_overhead(dev: Any, sync: Any) -> float:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
+    from costmodel.kernels import BWD_HOST_FACTOR
     from costmodel.parallel.tensor import DTENSOR_OPS_PER_LAYER_FWD
-    from costmodel.pipeline import BWD_HOST_FACTOR
     from costmodel.specs import ModelSpec
     from tcf_search.validate.model import Decoder
     from tcf_search.validate.parallel import apply_tensor_parallel

@@ -66,7 +66,6 @@ DGXC_PARAMS = ("gemm_peak_fraction", "flash3_attention_peak_fraction", "fp8_gemm
 # dense rows came out 31-40% fast. One side misses a term (the MoE rows' exposed data-parallel
 # traffic grows with DP in the model, not in the rows); the dense rows identify the GEMMs.
 BLACKWELL_PARAMS = ("gemm_peak_fraction", "fp8_gemm_peak_fraction")
-UNFITTED_WHY: dict[str, str] = {}
 EFF_BOUNDS = {"gemm_peak_fraction": (0.3, 0.95), "gemm_half_size": (1.0, 4096.0),
               "attention_peak_fraction": (0.05, 0.9), "memory_bw_fraction": (0.2, 1.0),
               "host_overhead_s": (1e-6, 5e-4), "collective_overhead_s": (1e-6, 1e-3),
@@ -378,8 +377,8 @@ def main(argv: list[str] | None = None) -> int:
     effs = {"hopper": hopper, "ampere": ampere, "blackwell": blackwell}
     for family in (f for f in FAMILIES if f != "cpu"):
         # no measurements: carry the newest fitted family over, and say so
-        why = (UNFITTED_WHY.get(family) or f"no measured {family} runs to fit")
-        effs.setdefault(family, replace(hopper, source=f"transferred from the hopper fit: {why}"))
+        effs.setdefault(family, replace(hopper, source="transferred from the hopper fit: no "
+                                        f"measured {family} runs to fit"))
     effs = fit_moe(frame, groups, train, effs)  # the MoE stage, on the dense terms just fitted
     report_moe(frame, groups, held, effs)
     pred = predict_groups(groups, len(frame), effs)
