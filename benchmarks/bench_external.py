@@ -54,6 +54,7 @@ fitted number: every mechanism comes from the frameworks' code or documentation.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,6 +72,7 @@ from tcf_search.calibration.predict import CHOICE_COLUMNS, predict_frame  # noqa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from published_runs import (  # noqa: E402
+    AUTOMODEL,
     BRIDGE,
     BRIDGE_EDGES,
     BRIDGE_SYSTEMS,
@@ -311,6 +313,46 @@ def megatron_bridge_table() -> None:
           + "; * = predicted not to fit")
 
 
+def automodel_table() -> None:
+    """MoE runs of NeMo AutoModel (PyTorch-native: FSDP2, DeepEP, TE kernels) on DGX H100 in
+    bf16, with the nemo-automodel profile: bf16 parameters and Adam states, FSDP2 reducing in
+    fp32 with gradient sync off until a step's last micro-batch, ZeRO-2's traffic under PP
+    (reshard_after_forward=False), DeepEP's dispatcher, no MTP module. The 1,024-GPU run
+    accumulates 4 pipeline schedules of 8 micro-batches per step; the model runs its 32
+    micro-batches through one schedule (one bubble instead of 4: about 4% optimistic at pp 4,
+    vp 8). A later edition of the table reruns Qwen3-30B at 12,040 tokens/s."""
+    gpu = get_gpu("h100-sxm-80gb")
+    print("\nNeMo AutoModel performance summary (docs/performance-summary.md), nemo-automodel "
+          "profile, bf16, infiniband")
+    print(f"{'model':<17}{'GPUs':>5}{'layout':>24}{'published':>11}{'predicted':>11}"
+          f"{'error':>8}{'peak GiB':>10}")
+    errs = []
+    for preset, gpus, batch, mb, pp, vp, ep, first, last, published in AUTOMODEL:
+        training = training_spec(framework="nemo-automodel", precision="bf16", seq_len=4096,
+                                 global_batch=batch)
+        cluster = ClusterSpec(gpu=gpu, num_gpus=gpus, gpus_per_node=8, fabric="infiniband",
+                              network_bw_fraction=fabric_fraction("infiniband"))
+        plan = Plan(tp=1, pp=pp, dp=gpus // pp, ep=ep, vpp=vp, micro_batch=mb,
+                    zero_stage=2 if pp > 1 else 3, recompute="full",
+                    first_stage_layers=first, last_stage_layers=last)
+        layout = f"pp{pp} vp{vp} ep{ep} mbs{mb}"
+        # the model AutoModel built: DeepSeek-V3 without its multi-token prediction module
+        model = replace(PRESETS[preset], mtp_layers=0)
+        try:
+            est = estimate(model, cluster, plan, training)
+        except SpecError as e:
+            print(f"{preset:<17}{gpus:>5}{layout:>24}{published:>11,.0f}  not modelled: {e}")
+            continue
+        tok = est.tokens_per_s_per_gpu
+        errs.append(abs(tok / published - 1))
+        fits = "" if est.memory.fits else " *"
+        print(f"{preset:<17}{gpus:>5}{layout:>24}{published:>11,.0f}{tok:>11,.0f}"
+              f"{tok / published - 1:>+8.0%}{est.memory.peak_bytes / 2**30:>10.1f}{fits}")
+    if errs:
+        print(f"tokens/s per GPU, mean absolute error {sum(errs) / len(errs):.1%} on {len(errs)} "
+              "moe runs; * = predicted not to fit 80 GB")
+
+
 def torchtitan_table() -> None:
     gpu = get_gpu("h100-sxm-96gb-500w")
     print("\ntorchtitan H100 benchmark (benchmarks/llama3_h100_202412_torchtitan.md), "
@@ -388,6 +430,7 @@ def main() -> int:
     megatron_fp8()
     megatron_weak_scaling()
     megatron_bridge_table()
+    automodel_table()
     torchtitan_table()
     return 0
 

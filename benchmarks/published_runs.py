@@ -114,3 +114,18 @@ BRIDGE = (
 BRIDGE_EDGES = {("llama3.1-405b", 8): (15, 15), ("qwen3-235b-a22b", 8): (11, 11),
                 ("deepseek-v3", 8): (7, 6), ("deepseek-v3", 16): (4, 1),
                 ("deepseek-v3", 4): (16, 13)}
+
+# NeMo AutoModel's performance summary (NVIDIA-NeMo/Automodel, docs/performance-summary.md as
+# first published, 89e3a9fdd, 2025-10-06), DGX-H100, BF16, with the recipes of
+# examples/benchmark/configs/ (qwen3_moe_30b_te_deepep.yaml, deepseek_v3_te_deepep.yaml at
+# 79d0ccfdb): TE + DeepEP, mock data, fake balanced gate, activation checkpointing (full),
+# sequence 4096. DeepSeek-V3's AutoPipeline (layers_per_stage 2: ceil(61 / 2) + 1 = 32 virtual
+# stages, 2 layers each but the last 3, looped over 4 ranks; distributed/pipelining/
+# functional.py calculate_virtual_stages, generate_hf_model_fqn_per_model_part) holds 16 / 15 /
+# 15 / 15 layers on its ranks. (preset, GPUs, global batch, micro-batch, pp, vp, ep, first and
+# last stage layers, published tokens/s per GPU)
+AUTOMODEL = (
+    ("qwen3-30b-a3b", 8, 512, 4, 1, 1, 8, 0, 0, 11842.0),
+    ("deepseek-v3", 256, 512, 1, 4, 8, 64, 16, 15, 1002.0),
+    ("deepseek-v3", 1024, 8192, 1, 4, 8, 64, 16, 15, 865.0),
+)

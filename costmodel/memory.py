@@ -71,6 +71,13 @@ def zero2_reduces_each_micro_batch(tr: Training, p: PlanArrays) -> np.ndarray:
     return (p.zero_stage == 2) & (mode | (micro_batches(tr.global_batch, p) == 1))
 
 
+def zero3_accumulates_whole(tr: Training, p: PlanArrays) -> np.ndarray:
+    """Where ZeRO-3 accumulates whole gradients and reduce-scatters once per step
+    (``Training.zero3_grad_sync``) rather than every micro-batch."""
+    return ((p.zero_stage >= 3) & (tr.zero3_grad_sync == "step")
+            & (micro_batches(tr.global_batch, p) > 1))
+
+
 def _states_per_param(tr: Training, p: PlanArrays, shard: np.ndarray) -> dict[str, np.ndarray]:
     z = p.zero_stage
     fp8 = tr.precision == "fp8"
@@ -78,13 +85,18 @@ def _states_per_param(tr: Training, p: PlanArrays, shard: np.ndarray) -> dict[st
     w = (1.0 if tr.fp8_param_gather else BF16 + 1.0) if fp8 else BF16
     g = float(tr.grad_dtype_bytes)
     master = 4.0 if tr.master_weights else 0.0
-    o = master + (8.0 if tr.optimizer == "adam" else 4.0)
+    state = float(tr.optimizer_state_bytes)
+    o = master + (2.0 if tr.optimizer == "adam" else 1.0) * state
     # FSDP's ZeRO-3 holds the fp32 master shard as the parameter itself, no bf16 shard beside
     # it (``Training.zero3_master_is_param``): the weights are the master, the rest optimizer
     one_copy = tr.zero3_master_is_param and tr.master_weights
     weights = np.where(z >= 3, (master if one_copy else w) / shard, w)
-    # ZeRO-2 accumulating whole gradients over micro-batches holds them unsharded
+    # ZeRO-2 accumulating whole gradients over micro-batches holds them unsharded; so does
+    # ZeRO-3 with its sync off until the last micro-batch, in the reduce dtype, where the group
+    # is sharded at all (FSDP leaves a group of one, e.g. experts without replicas, to autograd)
     grads = np.where((z >= 3) | zero2_reduces_each_micro_batch(tr, p), g / shard, g)
+    grads = np.where(zero3_accumulates_whole(tr, p) & (shard > 1),
+                     float(tr.grad_reduce_dtype_bytes), grads)
     optimizer = np.where(z >= 1, np.where((z >= 3) & one_copy, o - master, o) / shard, o)
     # A framework that reduces gradients out of a separate buffer keeps a low-precision copy for
     # the all-reduce all step long (ZeRO-0), or a full-precision one plus the gathered shard at

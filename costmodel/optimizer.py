@@ -16,12 +16,16 @@ def optimizer_time(co: MemoryCoefficients, layers: StageLayers, p: PlanArrays,
                    cluster: ClusterSpec, tr: Training) -> np.ndarray:
     """Adam over the largest stage's shard (ZeRO >= 1 shards the dense parameters over dp x cp
     and the routed experts over their expert-DP replicas): reads grad, master, m, v; writes
-    master, m, v, weights."""
+    master, m, v, weights (SGD: the gradient and the weights; its momentum is not counted)."""
     dense, experts = largest_stage_params(co, layers)
     sharded = p.zero_stage >= 1
     params_local = (dense / np.where(sharded, (p.dp * p.cp).astype(float), 1.0)
                     + experts / np.where(sharded, expert_dp(p).astype(float), 1.0))
     eff = cluster.gpu.efficiency
-    bytes_per_param = 4.0 + 3 * 8.0 + BF16 if tr.optimizer == "adam" else 4.0 + 8.0 + BF16
+    # read the gradient, read and write each state; the fp32 master is read and written and the
+    # bf16 weights written from it, or without a master the weights are read and written
+    states = (2.0 if tr.optimizer == "adam" else 0.0) * float(tr.optimizer_state_bytes)
+    weights = 2 * 4.0 + BF16 if tr.master_weights else 2 * BF16
+    bytes_per_param = float(tr.grad_dtype_bytes) + 2 * states + weights
     hbm = cluster.gpu.hbm_bw_bytes_per_s * eff.memory_bw_fraction
     return params_local * bytes_per_param / hbm + 20 * eff.kernel_overhead_s

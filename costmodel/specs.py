@@ -23,6 +23,7 @@ from costmodel.layer_style import (
     RopeScaling,
     style_errors,
 )
+from costmodel.memory_model import MemoryModel
 
 FfnType = Literal["swiglu", "gelu"]
 Recompute = Literal["none", "selective", "full"]
@@ -127,32 +128,6 @@ class ModelSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class MemoryModel:
-    """Calibrated, physically meaningful memory parameters of the software stack.
-
-    activation_factor: stored activations relative to the tensor-by-tensor count of
-        ``costmodel.memory`` (framework extras: saved casts, masks, autograd bookkeeping).
-    logits_bytes_per_element: bytes held per logit element while the loss runs (bf16 logits,
-        fp32 upcast, softmax and its gradient).
-    allocator_fraction: caching-allocator fragmentation, as a fraction of the volatile
-        (activation and logits) bytes that ``max_memory_reserved`` holds beyond what is allocated.
-    allocator_const_bytes: fixed workspace (cuBLAS, NCCL buffers inside the torch allocator).
-    pressure_start / pressure_slowdown: above ``pressure_start`` of usable memory the caching
-        allocator frees cached blocks and retries cudaMalloc, synchronising the device; the
-        step slows by ``pressure_slowdown`` per unit of the remaining headroom consumed.
-    source: where the numbers come from.
-    """
-
-    activation_factor: float = 1.0
-    logits_bytes_per_element: float = 6.0
-    allocator_fraction: float = 0.1
-    allocator_const_bytes: float = 0.5 * 2**30
-    pressure_start: float = 0.9
-    pressure_slowdown: float = 0.0
-    source: str = "prior"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
     """One distributed-training layout. ``tp*pp*cp*dp`` is the world size; EP is carved out of
     ``dp*cp`` for the expert layers (Megatron's convention).
@@ -234,6 +209,15 @@ class Training:
     optimizer: Literal["adam", "sgd"] = "adam"
     grad_dtype_bytes: int = 4  # fp32 gradient accumulation buffer (Megatron main_grad, nanotron)
     master_weights: bool = True  # fp32 master copy next to the low-precision weights
+    # Bytes of each optimizer state element (Adam's m and v, SGD's momentum): fp32 beside fp32
+    # master weights; torch.optim keeps them in the parameter's dtype (zeros_like), so a model
+    # whose parameters are bf16 (NeMo AutoModel's MoE models) holds them in bf16
+    optimizer_state_bytes: int = 4
+    # Bytes of a gradient element as reduced, where it differs from the stored gradient
+    # (0: grad_dtype_bytes): FSDP2's MixedPrecisionPolicy(reduce_dtype=float32) reduces bf16
+    # gradients in fp32 and, with gradient sync off, accumulates them unsharded in fp32
+    # (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, to_accumulated_grad_if_needed)
+    grad_reduce_bytes: int = 0
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
@@ -266,6 +250,11 @@ class Training:
     # ring steps (Megatron-Core's --cp-comm-type p2p) or one all-gather (torchtitan's default)
     cp_comm: Literal["ring", "all_gather"] = "ring"
     zero2_grad_sync_pp: Literal["micro_batch", "step"] = "micro_batch"
+    # ZeRO-3 under gradient accumulation: "micro_batch" reduce-scatters every micro-batch's
+    # gradients (FSDP with gradient sync on, as torchtitan's train_step runs it); "step" switches
+    # sync off until the last micro-batch, accumulating whole gradients (in the reduce dtype) and
+    # reduce-scattering once (NeMo AutoModel's get_sync_ctx: set_requires_gradient_sync)
+    zero3_grad_sync: Literal["micro_batch", "step"] = "micro_batch"
     # A partial full-recompute count is per model chunk (Megatron-LM's --recompute-num-layers,
     # read by every chunk's TransformerBlock): with vpp chunks a stage recomputes a multiple of
     # vpp layers. A validity switch (costmodel.rules ``recompute_chunks``), not a cost.
@@ -382,6 +371,8 @@ class Training:
             raise SpecError("training.activation_dtype_bytes must be 2 (bf16/fp16) or 4 (fp32), "
                             f"but got {self.activation_dtype_bytes!r}")
         for name, choices in (("selective_recompute", ("activation", "every_other_mm")),
+                              ("optimizer_state_bytes", (2, 4)), ("grad_reduce_bytes", (0, 2, 4)),
+                              ("zero3_grad_sync", ("micro_batch", "step")),
                               ("loss_kernel", ("fused", "eager_fp32")),
                               ("attention_kernel", ("flash2", "flash3")),
                               ("moe_dispatcher", ("alltoall", "allgather", "flex")),
@@ -398,3 +389,8 @@ class Training:
     @property
     def tokens_per_step(self) -> int:
         return self.seq_len * self.global_batch
+
+    @property
+    def grad_reduce_dtype_bytes(self) -> int:
+        """Bytes of a gradient element on the wire (and in an unsharded accumulation)."""
+        return self.grad_reduce_bytes or self.grad_dtype_bytes

@@ -14,6 +14,7 @@ from costmodel.memory import (
     MemoryCoefficients,
     largest_stage_params,
     zero2_reduces_each_micro_batch,
+    zero3_accumulates_whole,
 )
 from costmodel.parallel.mesh import Mesh
 from costmodel.specs import Training
@@ -29,7 +30,7 @@ def _one_pass(tr: Training, g: Mesh, co: MemoryCoefficients, dense: np.ndarray,
     ranks torchtitan's ``efsdp`` mesh dimension and NeMo AutoModel's ``ep_shard`` hold), on
     that group's own links: EP packed inside a node leaves its replicas across nodes."""
     dpcp, k_dp, edp, k_edp, link = g.dp * g.cp, g.k_dp, g.edp, g.k_edp, g.link
-    g_bytes = float(tr.grad_dtype_bytes)
+    g_bytes = float(tr.grad_reduce_dtype_bytes)
     # FSDP / ZeRO-3 gathers and reduces one layer (its unit) per call
     layer_unit = (co.dense_params_per_layer + co.expert_params_per_layer) * BF16
     bucket = np.where(g.plan.zero_stage >= 3, np.maximum(layer_unit, tr.dp_bucket_bytes),
@@ -74,15 +75,17 @@ def data_parallel(tr: Training, g: Mesh, co: MemoryCoefficients, layers: StageLa
 
     # ZeRO-0 all-reduces (2 passes), ZeRO-1 reduce-scatters once per step; ZeRO-3 every
     # micro-batch, gathering the weights again in forward and backward (FSDP FULL_SHARD);
-    # ZeRO-2 every micro-batch, each behind that micro-batch's backward, unless the framework
-    # accumulates whole gradients (then once per step, and the memory holds them whole).
+    # ZeRO-2 every micro-batch, each behind that micro-batch's backward; ZeRO-2 and -3 once per
+    # step where the framework accumulates whole gradients (and the memory holds them whole).
     z3 = z >= 3
+    z3_whole = zero3_accumulates_whole(tr, p)
     z2_each = zero2_reduces_each_micro_batch(tr, p) & (m > 1)
-    bwd_mix = param_ag + grad_rs
+    # a ZeRO-3 backward gathers the weights and, unless its sync is off, reduce-scatters
+    bwd_mix = param_ag + np.where(z3_whole, 0.0, grad_rs)
     z3_bwd_exposed = hide(bwd_mix, bwd_window, True)
     z3_ag_share = param_ag / np.maximum(bwd_mix, 1e-30)
     full_reduce = (z == 0) | ((z <= 2) & tr.sharded_grad_all_reduce)
-    per_micro = z3 | z2_each
+    per_micro = (z3 & ~z3_whole) | z2_each
     grad_time = np.where(full_reduce, 2.0, np.where(per_micro, m, 1.0)) * grad_rs
     once_exposed = np.where(z == 0, hide(grad_time, bwd_window * chunk_window,
                                          tr.overlap_grad_reduce),
@@ -100,7 +103,7 @@ def data_parallel(tr: Training, g: Mesh, co: MemoryCoefficients, layers: StageLa
     grad_count = np.where(per_micro, m, 1.0)
     ag_count = np.where(z3, 2 * m, np.where(z >= 1, 1.0, 0.0))
     grads = _by_group("grad_reduce", "reduce_scatter", g, (dense, experts), passes["grad"],
-                      grad_count * float(tr.grad_dtype_bytes), grad_time, grad_exposed)
+                      grad_count * float(tr.grad_reduce_dtype_bytes), grad_time, grad_exposed)
     params = _by_group("param_all_gather", "all_gather", g, (dense, experts), passes["param"],
                        ag_count * _param_bytes(tr), ag_time, ag_exposed)
     return grads, params
