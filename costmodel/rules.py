@@ -13,23 +13,23 @@ Validity is arithmetic, not feasibility: nothing here asks whether a plan fits i
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-from costmodel.graphs import graph_facts, graphs_allowed
+from costmodel.graphs import graphs_allowed
 from costmodel.mapping import chunk_split_exists, expert_groups, launchable_chunks, rank_split
+from costmodel.rule_facts import Facts, Switches, facts_of
 from costmodel.specs import (
     RECOMPUTE_CODES,
     SCHEDULE_CODES,
-    ClusterSpec,
-    ModelSpec,
     Plan,
     SpecError,
-    Training,
 )
+
+__all__ = ["RULES", "BY_NAME", "Facts", "Rule", "Switches", "facts_of", "plan_columns"]
 
 # numpy columns (the search's layouts), or one plan's plain ints: the predicates read both
 Columns = Mapping[str, Any]
@@ -48,102 +48,6 @@ def schedule_code(pp_schedule: ArrayLike, vpp: ArrayLike) -> np.ndarray:
     """The schedule a plan runs: interleaved 1F1B iff vpp > 1 (Narayanan et al., SC21, sec.
     2.2), else the one it names. The one place that derives it."""
     return np.where(np.asarray(vpp) > 1, INTERLEAVED, pp_schedule)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Switches:
-    """What the framework (or the study) allows. The defaults are what the cost model prices.
-
-    uneven_pipeline: the first/last pipeline stages may hold other layer counts than the rest
-        (Megatron-LM's ``--decoder-first/last-pipeline-num-layers``), and, with neither pinned,
-        a layer count that pp does not divide goes to the first stages (nanotron); off, layers
-        must split evenly. The search's study switch: the CP-SAT stage places the ends later.
-    uneven_chunks: with pinned first/last stages, any split makes vpp chunks (torchtitan's
-        per-stage module lists, Megatron-LM's ``--pipeline-model-parallel-layout``). Off: only
-        the splits Megatron-LM's first/last stage flags or its ``account_for_*_in_pipeline_split``
-        switches build (:func:`costmodel.mapping.launchable_chunks`). An even split (nothing
-        pinned) needs ``layers % (pp * vpp) == 0`` either way, as
-        ``--num-layers-per-virtual-pipeline-stage`` requires.
-    tp_in_node: tensor parallelism stays inside one NVLink domain (a study switch).
-    split_later: the first/last stage layers are chosen after the rules run (the search's
-        CP-SAT stage): an interleaved layout with no split yet holds when some split Megatron-LM
-        launches exists (:func:`costmodel.mapping.chunk_split_exists`, any split under
-        uneven_chunks; needs uneven_pipeline).
-    canonical: generate one plan of a set the cost model cannot tell apart (the search):
-        ZeRO with no data-parallel rank to shard over is ZeRO-0, GPipe without a pipeline is
-        1F1B. Not a validity rule: such plans run.
-    recompute_per_chunk: a partial full-recompute count is per model chunk, so with vpp chunks
-        per rank a stage recomputes a multiple of vpp layers (Megatron-LM's
-        ``--recompute-num-layers``; a framework profile's switch, ``Training``).
-    microbatch_groups: the interleaved schedule runs micro-batches in groups of pp, so their
-        count per step is a multiple of pp (Megatron-Core's ``microbatch_group_size_per_vp_stage``
-        defaults to pp; a framework profile's switch, ``Training``).
-    moe_tp_sequence_parallel: a model with MoE layers trains with tp > 1 only under sequence
-        parallelism (Megatron-Core's ``MoELayer.forward``; a framework profile's switch,
-        ``Training``).
-    """
-
-    uneven_pipeline: bool = True
-    uneven_chunks: bool = True
-    tp_in_node: bool = False
-    split_later: bool = False
-    canonical: bool = False
-    recompute_per_chunk: bool = False
-    microbatch_groups: bool = False
-    moe_tp_sequence_parallel: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Facts:
-    """What the rules read besides the plan."""
-
-    layers: int
-    heads: int
-    kv_heads: int
-    experts: int
-    seq_len: int
-    global_batch: int
-    num_gpus: int
-    nvlink_domain: int
-    switches: Switches = field(default_factory=Switches)
-    # what the framework runs beside MoE layers (``Training.moe_max_zero_stage`` and
-    # ``Training.moe_tensor_parallel``, from its profile)
-    moe_max_zero_stage: int = 3
-    moe_tensor_parallel: bool = True
-    moe_layers: int = 0  # the CUDA-graph rule's facts (costmodel.graphs.graph_facts)
-    cuda_graph_impl: str = "none"
-    cuda_graph_scope: tuple[str, ...] = ()
-    moe_pad_to_capacity: bool = False
-    moe_a2a_overlap: bool = False
-    # multi-token prediction depths, and whether the framework builds them
-    # (``Training.multi_token_prediction``, from its profile)
-    mtp_layers: int = 0
-    multi_token_prediction: bool = True
-
-    def values(self) -> dict[str, object]:
-        """Every fact and switch by name (tuples as lists), as a rule's text quotes them."""
-        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "switches"}
-        both = {**own, **{f.name: getattr(self.switches, f.name) for f in fields(Switches)}}
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in both.items()}
-
-
-def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
-             switches: Switches | None = None) -> Facts:
-    """The facts of a model on a cluster; the framework's own switches (``recompute_per_chunk``,
-    ``microbatch_groups``, ``moe_tp_sequence_parallel``: a profile's) are the training's."""
-    switches = replace(switches or Switches(), recompute_per_chunk=training.recompute_per_chunk,
-                       microbatch_groups=training.microbatch_groups,
-                       moe_tp_sequence_parallel=training.moe_tp_sequence_parallel)
-    return Facts(layers=model.layers, heads=model.heads, kv_heads=model.kv_heads,
-                 experts=model.moe_experts, seq_len=training.seq_len,
-                 global_batch=training.global_batch, num_gpus=cluster.num_gpus,
-                 nvlink_domain=cluster.nvlink_domain, switches=switches,
-                 moe_max_zero_stage=training.moe_max_zero_stage,
-                 moe_tensor_parallel=training.moe_tensor_parallel,
-                 mtp_layers=model.mtp_layers,
-                 multi_token_prediction=training.multi_token_prediction,
-                 **graph_facts(model, training))
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,12 +129,24 @@ def _recompute_chunks(c: Columns, f: Facts) -> np.ndarray:
     be asked for (Megatron has no assert for it: the flag takes per-chunk counts only). All of a
     stage's layers (recompute_layers 0, or >= the stage's) is the "uniform" method."""
     vpp, r = c["vpp"], c["recompute_layers"]
+    whole = _recomputes_all(c, f) | (r % np.maximum(vpp, 1) == 0)
+    return (c["recompute"] != FULL) | (vpp == 1) | whole | (not f.switches.recompute_per_chunk)
+
+
+def _recomputes_all(c: Columns, f: Facts) -> np.ndarray:
+    """Full recompute of every layer of each stage: recompute_layers 0, or at least the most
+    any stage holds."""
+    r = c["recompute_layers"]
     split, _ = rank_split(f.layers, c["pp"], c["first_stage_layers"], c["last_stage_layers"])
     pinned = (c["first_stage_layers"] > 0) | (c["last_stage_layers"] > 0)
     most = np.where(pinned, np.maximum(np.maximum(split.first, split.middle), split.last),
                     -(-f.layers // np.maximum(c["pp"], 1)))
-    whole = (r == 0) | (r >= most) | (r % np.maximum(vpp, 1) == 0)
-    return (c["recompute"] != FULL) | (vpp == 1) | whole | (not f.switches.recompute_per_chunk)
+    return (r == 0) | (r >= most)
+
+
+def _framework_recompute(c: Columns, f: Facts) -> np.ndarray:
+    modes = np.isin(c["recompute"], [RECOMPUTE_CODES[m] for m in f.recompute_modes])
+    return modes & ((c["recompute"] != FULL) | f.partial_recompute | _recomputes_all(c, f))
 
 
 RULES: tuple[Rule, ...] = (
@@ -284,6 +200,20 @@ RULES: tuple[Rule, ...] = (
          "experts == 0 or zero_stage <= moe_max_zero_stage (the ZeRO stages the framework runs "
          "with MoE layers)",
          lambda c, f: (f.experts == 0) | (c["zero_stage"] <= f.moe_max_zero_stage)),
+    # what the framework implements at all (its profile cites the code)
+    Rule("framework_zero", ("zero_stage", "pp"), ("zero_stages", "zero_stages_pp"),
+         "zero_stage in zero_stages, or in zero_stages_pp where pp > 1 (the ZeRO stages the "
+         "framework implements)",
+         lambda c, f: np.where(c["pp"] > 1, np.isin(c["zero_stage"], f.zero_stages_pp),
+                               np.isin(c["zero_stage"], f.zero_stages))),
+    Rule("framework_recompute", ("recompute", "recompute_layers", "pp", "first_stage_layers",
+                                 "last_stage_layers"),
+         ("recompute_modes", "partial_recompute", "layers"),
+         "recompute (0 none, 1 selective, 2 full) in recompute_modes, and full recompute covers "
+         "every layer of a stage "
+         "(recompute_layers 0 or at least the stage's) unless partial_recompute (the "
+         "recompute modes the framework implements)",
+         _framework_recompute),
     # a framework that builds no multi-token prediction module cannot run a model with one
     Rule("mtp", ("pp",), ("mtp_layers", "multi_token_prediction"),
          "mtp_layers == 0 or multi_token_prediction (the framework builds MTP modules)",

@@ -213,9 +213,8 @@ class Training:
     # master weights; torch.optim keeps them in the parameter's dtype (zeros_like), so a model
     # whose parameters are bf16 (NeMo AutoModel's MoE models) holds them in bf16
     optimizer_state_bytes: int = 4
-    # Bytes of a gradient element as reduced, where it differs from the stored gradient
-    # (0: grad_dtype_bytes): FSDP2's MixedPrecisionPolicy(reduce_dtype=float32) reduces bf16
-    # gradients in fp32 and, with gradient sync off, accumulates them unsharded in fp32
+    # Bytes of a gradient element as reduced (0: grad_dtype_bytes): FSDP2's reduce_dtype=float32
+    # reduces bf16 gradients in fp32 and, with sync off, accumulates them unsharded in fp32
     # (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, to_accumulated_grad_if_needed)
     grad_reduce_bytes: int = 0
     overlap_grad_reduce: bool = True
@@ -250,10 +249,8 @@ class Training:
     # ring steps (Megatron-Core's --cp-comm-type p2p) or one all-gather (torchtitan's default)
     cp_comm: Literal["ring", "all_gather"] = "ring"
     zero2_grad_sync_pp: Literal["micro_batch", "step"] = "micro_batch"
-    # ZeRO-3 under gradient accumulation: "micro_batch" reduce-scatters every micro-batch's
-    # gradients (FSDP with gradient sync on, as torchtitan's train_step runs it); "step" switches
-    # sync off until the last micro-batch, accumulating whole gradients (in the reduce dtype) and
-    # reduce-scattering once (NeMo AutoModel's get_sync_ctx: set_requires_gradient_sync)
+    # ZeRO-3 alike: "micro_batch" as torchtitan's train_step, "step" as NeMo AutoModel's
+    # get_sync_ctx (set_requires_gradient_sync; whole gradients held in the reduce dtype)
     zero3_grad_sync: Literal["micro_batch", "step"] = "micro_batch"
     # A partial full-recompute count is per model chunk (Megatron-LM's --recompute-num-layers,
     # read by every chunk's TransformerBlock): with vpp chunks a stage recomputes a multiple of
@@ -271,10 +268,9 @@ class Training:
     # account_for_* switches build. Validity (costmodel.rules ``vpp_layers``), not a cost.
     uneven_chunks: bool = False
     dp_bucket_bytes: float = 25 * 2**20  # gradient bucket (torch DDP's default 25 MiB)
-    # Extra seconds per TP ring step when a pipeline engine interleaves its point-to-point
-    # transfers with TP collectives on one stream and they cross the network (nanotron's eager
-    # PP engine: tp x pp in one node at the model's speed, across nodes at 0.3-0.6 of it; 0 for
-    # engines that keep them on separate streams, e.g. Megatron-LM).
+    # Extra seconds per TP ring step when a pipeline engine interleaves its p2p transfers with TP
+    # collectives on one stream across the network (nanotron's eager PP engine: tp x pp in a node
+    # at the model's speed, across nodes 0.3-0.6 of it; 0 for separate streams, Megatron-LM).
     pp_tp_step_overhead_s: float = 0.0
     # Megatron-LM's scatter/gather of pipeline activations (Narayanan et al., SC21, sec. 4.1):
     # each TP rank sends 1/tp of a stage boundary's activation over its NIC, the next stage
@@ -287,8 +283,7 @@ class Training:
     # keeps the sequence-sharded norm output and all-gathers it again in backward (Korthikanti
     # et al., 2022, sec. 4.2.2); PyTorch DTensor's ColwiseParallel keeps the gathered one.
     sp_saves_gathered_input: bool = False
-    # TP on PyTorch DTensors (torchtitan, the validation harness): each op of a TP layer pays
-    # ``dtensor_op_overhead_s`` on top of ``host_overhead_s``
+    # TP on PyTorch DTensors (torchtitan, the harness): each TP op pays dtensor_op_overhead_s more
     dtensor_tp: bool = False
     # Bytes of one activation element, as exchanged between ranks, stored for backward and
     # streamed by elementwise kernels: 2 under bf16/fp16 autocast (fp8 GEMMs still hand bf16
@@ -301,9 +296,8 @@ class Training:
     # Engine's fp8 primary weights): 1 byte per weight instead of bf16 plus an fp8 cast, and the
     # distributed optimizer all-gathers fp8 parameters; fp32 master weights stay in the optimizer
     fp8_param_gather: bool = False
-    # fp8 casts of the weights are cached after a step's first micro-batch (Megatron-Core's TE
-    # layers pass is_first_microbatch, megatron/core/extensions/transformer_engine.py); not in
-    # torchao's float8 linear
+    # fp8 weight casts cached after a step's first micro-batch (Megatron-Core's TE layers pass
+    # is_first_microbatch, megatron/core/extensions/transformer_engine.py); not in torchao's
     fp8_weight_cache: bool = True
     # Norms, RoPE and the activation function run as fused kernels (custom kernels, as in
     # nanotron and Transformer Engine, or torch.compile); False: eager PyTorch composites that
@@ -316,8 +310,7 @@ class Training:
     # scores without flash attention: Korthikanti et al.), or "every_other_mm" (torchtitan's
     # per-op policy: every elementwise op and every second GEMM; the rest and attention saved)
     selective_recompute: Literal["activation", "every_other_mm"] = "activation"
-    # CPU time to issue one kernel or collective: a layer cannot run faster than the host issues
-    # its work (eager PyTorch with Python-level modules; ~10-20 us for lean stacks).
+    # CPU time to issue one kernel or collective (eager PyTorch; ~10-20 us for lean stacks)
     host_overhead_s: float = 15e-6
     # CUDA graphs (costmodel/graphs.py; Megatron-Core --cuda-graph-impl/--cuda-graph-scope):
     # the scope names what a layer's graphs capture, () the whole layer; "none": eager
@@ -352,10 +345,15 @@ class Training:
     # Off: a bf16 shard beside the fp32 main shard (DeepSpeed stage 3's fp16 and fp32
     # partitions, Megatron-FSDP's model and main weight buffers).
     zero3_master_is_param: bool = False
-    # The ZeRO stages the framework runs on a model with MoE layers: DeepSpeed's engine refuses
-    # stage 3 (deepspeed/runtime/engine.py, _configure_zero_optimizer: "MoE not supported with
-    # Stage 3"); FSDP (torchtitan, NeMo AutoModel) and Megatron's distributed optimizer and
-    # Megatron-FSDP shard experts over the expert-data-parallel group at every stage
+    # What the framework runs at all, cited in its profile (validity: costmodel.rules
+    # ``framework_zero``, ``framework_recompute``): its ZeRO stages (``_pp``: under PP), its
+    # recompute modes, and whether full recompute may cover part of a stage (--recompute-num-layers)
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    zero_stages_pp: tuple[int, ...] = (0, 1, 2, 3)
+    recompute_modes: tuple[str, ...] = ("none", "selective", "full")
+    partial_recompute: bool = True
+    # ... and on a model with MoE layers (DeepSpeed's engine refuses stage 3 there:
+    # deepspeed/runtime/engine.py, _configure_zero_optimizer)
     moe_max_zero_stage: int = 3
     # Tensor parallelism on a model with MoE layers (NeMo AutoModel's MoE parallelizer asserts
     # tp == 1: nemo_automodel/components/moe/parallelizer.py, parallelize_model)
@@ -385,6 +383,12 @@ class Training:
                             f"but got {self.moe_load_imbalance!r}")
         object.__setattr__(self, "cuda_graph_scope",
                            graph_scope(self.cuda_graph_impl, self.cuda_graph_scope))
+        for name, known in (("zero_stages", (0, 1, 2, 3)), ("zero_stages_pp", (0, 1, 2, 3)),
+                            ("recompute_modes", tuple(RECOMPUTE_CODES))):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+            if not getattr(self, name) or not set(getattr(self, name)) <= set(known):
+                raise SpecError(f"training.{name} must be a non-empty subset of {list(known)}, "
+                                f"but got {list(getattr(self, name))!r}")
 
     @property
     def tokens_per_step(self) -> int:

@@ -109,8 +109,9 @@ def build_space(study: Study, specs: Specs) -> SearchSpace:
     sw = specs.switches
     facts = rules.facts_of(specs.model, specs.cluster, specs.training,
                            dataclasses.replace(sw, split_later=sw.uneven_pipeline))
+    # a partial recompute count only where both the study and the framework allow one
     space = SearchSpace(domains=domains, facts=facts,
-                        partial_recompute=section.partial_recompute)
+                        partial_recompute=section.partial_recompute and facts.partial_recompute)
     return dataclasses.replace(space, rules=make_rules(space))
 
 
@@ -264,7 +265,7 @@ def exclusions(space: SearchSpace, plan: Plan) -> list[dict[str, Any]]:
     for r in rules.broken(plan, f):
         out.append({"kind": "rule", "name": r.name, "rule": r.text,
                     "text": f"rule {r.message(cols, f)}"})
-    if plan.recompute_layers and not space.partial_recompute:
+    if plan.recompute_layers and not space.partial_recompute and space.facts.partial_recompute:
         out.append({"kind": "switch", "name": "partial_recompute",
                     "text": f"search_space.partial_recompute is false, so the search recomputes "
                             f"every layer of a stage, not recompute_n={plan.recompute_layers}"})

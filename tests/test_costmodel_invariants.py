@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import numpy as np
@@ -12,6 +13,7 @@ from costmodel import (
     ClusterSpec,
     ModelSpec,
     Plan,
+    SpecError,
     Training,
     estimate,
     estimate_batch,
@@ -298,8 +300,15 @@ def test_zero2_under_accumulation_pays_per_micro_batch_or_a_whole_buffer(
     dp = 64 // pp
     tr = Training(seq_len=4096, global_batch=dp * mbs * 8, **framework_settings(framework))
     m = tr.global_batch // (dp * mbs)
-    zero1, zero2 = (estimate(llama8b, cluster, Plan(pp=pp, dp=dp, micro_batch=mbs,
-                                                    zero_stage=z), tr) for z in (1, 2))
+    plan = Plan(pp=pp, dp=dp, micro_batch=mbs, zero_stage=2)
+    if 2 not in (tr.zero_stages_pp if pp > 1 else tr.zero_stages):
+        with pytest.raises(SpecError, match="framework_zero"):  # DeepSpeed's pipeline engine
+            estimate(llama8b, cluster, plan, tr)
+        return
+    # ZeRO-1, priced whether or not the framework runs it, is the yardstick
+    anything = dataclasses.replace(tr, zero_stages=(0, 1, 2, 3), zero_stages_pp=(0, 1, 2, 3))
+    zero1 = estimate(llama8b, cluster, dataclasses.replace(plan, zero_stage=1), anything)
+    zero2 = estimate(llama8b, cluster, plan, tr)
     grads1, grads2 = (e.memory.stages[0].grads_bytes for e in (zero1, zero2))
     bytes1, time1 = _grad_reduce(zero1)
     bytes2, time2 = _grad_reduce(zero2)
@@ -330,8 +339,8 @@ def test_context_parallel_never_ties_the_same_tokens_without_it(h100, llama8b, f
 
     cluster = ClusterSpec(gpu=h100, num_gpus=64)
     tr = Training(seq_len=seq, global_batch=64 * 2, **framework_settings(framework))
-    base = estimate(llama8b, cluster, Plan(dp=64, zero_stage=1), tr)
-    with_cp = estimate(llama8b, cluster, Plan(cp=k, dp=64 // k, micro_batch=k, zero_stage=1), tr)
+    base = estimate(llama8b, cluster, Plan(dp=64), tr)  # ZeRO-0: every framework runs it
+    with_cp = estimate(llama8b, cluster, Plan(cp=k, dp=64 // k, micro_batch=k), tr)
     assert with_cp.step_time_s > base.step_time_s
     assert with_cp.compute.time_s > base.compute.time_s
 

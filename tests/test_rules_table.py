@@ -87,9 +87,10 @@ def check_verdict(plan: Plan, specs: Specs, switches: rules.Switches) -> str:
 
 def test_the_grid_holds_valid_and_invalid_plans_of_every_rule(specs: Specs) -> None:
     verdicts = {check_verdict(p, specs, specs.switches) for p in grid()}
-    # the generic profile allows every MoE combination: test_framework_moe_rules holds those;
+    # the generic profile allows every combination a framework refuses (test_framework_rules);
     # it runs no CUDA graphs: test_cuda_graph_rule_one_verdict holds those
-    framework_only = {"sp_tp", "moe_tp", "moe_zero", "cuda_graphs", "mtp"}
+    framework_only = {"sp_tp", "moe_tp", "moe_zero", "cuda_graphs", "mtp", "framework_zero",
+                      "framework_recompute"}
     assert verdicts == {"ok", *(r.name for r in rules.RULES if r.name not in framework_only)}
 
 
@@ -100,8 +101,19 @@ def test_the_grid_holds_valid_and_invalid_plans_of_every_rule(specs: Specs) -> N
     # NeMo AutoModel's MoE parallelizer asserts tp == 1
     ("nemo-automodel", Plan(tp=2, pp=1, dp=24, ep=4, zero_stage=3, sequence_parallel=True),
      "moe_tp"),
+    # the ZeRO stages a framework implements: nanotron's ZeRO-1 optimizer at most; FSDP stacks
+    # shard no optimizer states alone without a pipeline; DeepSpeed's pipeline engine < 2
+    ("nanotron", Plan(tp=1, pp=1, dp=48, zero_stage=2), "framework_zero"),
+    ("torchtitan", Plan(tp=1, pp=1, dp=48, zero_stage=1), "framework_zero"),
+    ("deepspeed", Plan(tp=1, pp=2, dp=24, zero_stage=2), "framework_zero"),
+    # the recompute modes it implements: whole layers only, or no per-stage count
+    ("deepspeed", Plan(tp=1, pp=1, dp=48, recompute="selective"), "framework_recompute"),
+    ("nemo-automodel", Plan(tp=1, pp=1, dp=48, ep=4, zero_stage=3, recompute="selective"),
+     "framework_recompute"),
+    ("torchtitan", Plan(tp=1, pp=2, dp=24, zero_stage=2, recompute="full", recompute_layers=2),
+     "framework_recompute"),
 ])
-def test_framework_moe_rules(framework: str, plan: Plan, rule: str) -> None:
+def test_framework_rules(framework: str, plan: Plan, rule: str) -> None:
     """A combination a framework refuses is refused by check_plan, the search space and that
     framework's exporter alike, read from its profile's switch; another profile allows it."""
     text = STUDY.replace("training: {", f"training: {{framework: {framework}, ").replace(
@@ -191,7 +203,7 @@ def test_mtp_needs_a_framework_that_builds_it(framework: str, refused: bool) -> 
         [want] if refused else [])
 
 
-MOE_TP = Plan(tp=2, pp=1, dp=24, ep=4, zero_stage=1)
+MOE_TP = Plan(tp=2, pp=1, dp=24, ep=4)
 
 
 @pytest.mark.parametrize("framework,refused", [

@@ -162,9 +162,6 @@ HF_MODEL: tuple[AnyRule, ...] = (
 )
 
 DEEPSPEED: tuple[AnyRule, ...] = COMMON + HF_MODEL + (
-    Rule(lambda f: f.pp == 1 or f.zero < 2,
-         "the DeepSpeed pipeline engine rejects ZeRO-2/3, but got pp={pp}, zero_stage={zero}",
-         "deepspeed/runtime/pipe/engine.py"),
     Rule(lambda f: f.cp == 1,
          "DeepSpeed has no ring context parallelism (Ulysses is all-to-all with other costs), "
          "but got cp={cp}", "deepspeed/runtime/config.py"),
@@ -178,10 +175,6 @@ DEEPSPEED: tuple[AnyRule, ...] = COMMON + HF_MODEL + (
     Rule(lambda f: f.pp == 1 or f.schedule == "1f1b",
          "the DeepSpeed pipeline engine runs 1F1B only, but got pp_schedule={schedule}",
          "deepspeed/runtime/pipe/schedule.py"),
-    Rule(lambda f: f.recompute == "none" or f.recompute_all,
-         "DeepSpeed checkpoints whole layers (activation_checkpoint_interval), not selective "
-         "or a per-stage count, but got recompute={recompute}, recompute_layers="
-         "{recompute_layers}", "deepspeed/runtime/activation_checkpointing/config.py"),
     Rule(lambda f: not f.sp,
          "DeepSpeed AutoTP has no Megatron-style sequence parallelism, but got "
          "sequence_parallel={sp}", "deepspeed/runtime/tensor_parallel/config.py"),
@@ -241,10 +234,6 @@ TORCHTITAN: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + TITAN_LLAMA + (
     Rule(lambda f: f.kv_heads % f.tp == 0,
          "kv_heads % tp == 0 must hold (column-sharded wk/wv split whole KV heads), but got "
          "kv_heads={kv_heads}, tp={tp}", "torchtitan/models/llama3/parallelize.py"),
-    Rule(lambda f: f.recompute != "full" or f.recompute_all,
-         "torchtitan's FullAC recomputes every block; a per-stage count is not a knob, but "
-         "got recompute_layers={recompute_layers}",
-         "torchtitan/distributed/activation_checkpoint.py"),
     Rule(lambda f: f.precision != "fp16",
          "torchtitan trains in bfloat16 or float32 (mixed_precision_param), not fp16",
          "torchtitan/config/configs.py"),
@@ -296,9 +285,6 @@ NANOTRON: tuple[AnyRule, ...] = COMMON + (
     Rule(lambda f: f.version != "0.4" or f.model.rope_base == 10000.0,
          "nanotron 0.4's LlamaConfig has no rope_theta (RoPE base 10000), but the model has "
          "rope_base={model.rope_base}", "nanotron 0.4 nanotron/config/models_config.py"),
-    Rule(lambda f: f.zero in (0, 1),
-         "nanotron implements ZeRO-0/1 only, but got zero_stage={zero}",
-         "nanotron/helpers.py (optimizer builder)"),
     Rule(lambda f: f.ep == 1,
          "nanotron asserts tp*cp*dp*pp == world while laying EP as a separate grid axis, so "
          "EP cannot be carved out of DP, but got ep={ep}", "nanotron/parallel/context.py"),
@@ -314,10 +300,10 @@ NANOTRON: tuple[AnyRule, ...] = COMMON + (
     Rule(lambda f: f.pp == 1 or f.schedule != "1f1b" or f.microbatches >= f.pp - 1,
          "the 1F1B engine needs micro-batches >= pp-1, but got microbatches={microbatches}, "
          "pp={pp}", "nanotron/parallel/pipeline_parallel/engine.py"),
-    Rule(lambda f: f.recompute == "none" or (f.recompute_all and f.version != "0.4"),
-         "nanotron recomputes whole layers (recompute_layer, not in 0.4) and nothing selective "
-         "or partial, but got recompute={recompute}, recompute_layers={recompute_layers}",
-         "nanotron/config/parallelism_config.py"),
+    # whole layers only, nothing selective (the table's framework_recompute, nanotron's profile)
+    Rule(lambda f: f.recompute == "none" or f.version != "0.4",
+         "nanotron 0.4 has no recompute_layer, but got recompute={recompute}",
+         "nanotron 0.4 nanotron/config/parallelism_config.py"),
     Rule(lambda f: f.cp == 1 or (f.version != "0.4" and f.seq_len % f.cp == 0),
          "nanotron context parallelism needs seq_len % cp == 0 and a release newer than 0.4, "
          "but got seq_len={seq_len}, cp={cp}", "nanotron/config/parallelism_config.py"),

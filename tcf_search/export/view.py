@@ -143,13 +143,20 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
 
 
 def _moe_switches(fmt: str) -> dict[str, Any]:
-    """What the launcher's framework runs beside MoE layers, and whether it builds multi-token
-    prediction modules (its profile's switches; a launcher with no profile of its own, the
-    generic one's)."""
+    """What the launcher's framework runs beside MoE layers, whether it builds multi-token
+    prediction modules, and the ZeRO stages and recompute modes it implements (its profile's
+    switches; a launcher with no profile of its own, the generic one's)."""
     s = framework_settings(fmt)
     return {"moe_max_zero_stage": int(str(s.get("moe_max_zero_stage", 3))),
             "moe_tensor_parallel": bool(s.get("moe_tensor_parallel", True)),
-            "multi_token_prediction": bool(s.get("multi_token_prediction", True))}
+            "multi_token_prediction": bool(s.get("multi_token_prediction", True)),
+            # the ZeRO stages and recompute modes it implements (rules framework_*)
+            "zero_stages": tuple(s.get("zero_stages", (0, 1, 2, 3))),  # type: ignore[arg-type]
+            "zero_stages_pp": tuple(s.get("zero_stages_pp",  # type: ignore[arg-type]
+                                          (0, 1, 2, 3))),
+            "recompute_modes": tuple(s.get("recompute_modes",  # type: ignore[arg-type]
+                                           ("none", "selective", "full"))),
+            "partial_recompute": bool(s.get("partial_recompute", True))}
 
 
 def virtual_stage_layers(f: LaunchView) -> list[int]:

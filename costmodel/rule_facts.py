@@ -1,0 +1,115 @@
+"""What the validity rules (``costmodel.rules``) read besides the plan: the model's, the run's and
+the cluster's sizes, and what the framework (from its profile) or the study allows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+
+from costmodel.graphs import graph_facts
+from costmodel.specs import ClusterSpec, ModelSpec, Training
+
+__all__ = ["Facts", "Switches", "facts_of"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Switches:
+    """What the framework (or the study) allows. The defaults are what the cost model prices.
+
+    uneven_pipeline: the first/last pipeline stages may hold other layer counts than the rest
+        (Megatron-LM's ``--decoder-first/last-pipeline-num-layers``), and, with neither pinned,
+        a layer count that pp does not divide goes to the first stages (nanotron); off, layers
+        must split evenly. The search's study switch: the CP-SAT stage places the ends later.
+    uneven_chunks: with pinned first/last stages, any split makes vpp chunks (torchtitan's
+        per-stage module lists, Megatron-LM's ``--pipeline-model-parallel-layout``). Off: only
+        the splits Megatron-LM's first/last stage flags or its ``account_for_*_in_pipeline_split``
+        switches build (:func:`costmodel.mapping.launchable_chunks`). An even split (nothing
+        pinned) needs ``layers % (pp * vpp) == 0`` either way, as
+        ``--num-layers-per-virtual-pipeline-stage`` requires.
+    tp_in_node: tensor parallelism stays inside one NVLink domain (a study switch).
+    split_later: the first/last stage layers are chosen after the rules run (the search's
+        CP-SAT stage): an interleaved layout with no split yet holds when some split Megatron-LM
+        launches exists (:func:`costmodel.mapping.chunk_split_exists`, any split under
+        uneven_chunks; needs uneven_pipeline).
+    canonical: generate one plan of a set the cost model cannot tell apart (the search):
+        ZeRO with no data-parallel rank to shard over is ZeRO-0, GPipe without a pipeline is
+        1F1B. Not a validity rule: such plans run.
+    recompute_per_chunk: a partial full-recompute count is per model chunk, so with vpp chunks
+        per rank a stage recomputes a multiple of vpp layers (Megatron-LM's
+        ``--recompute-num-layers``; a framework profile's switch, ``Training``).
+    microbatch_groups: the interleaved schedule runs micro-batches in groups of pp, so their
+        count per step is a multiple of pp (Megatron-Core's ``microbatch_group_size_per_vp_stage``
+        defaults to pp; a framework profile's switch, ``Training``).
+    moe_tp_sequence_parallel: a model with MoE layers trains with tp > 1 only under sequence
+        parallelism (Megatron-Core's ``MoELayer.forward``; a framework profile's switch,
+        ``Training``).
+    """
+
+    uneven_pipeline: bool = True
+    uneven_chunks: bool = True
+    tp_in_node: bool = False
+    split_later: bool = False
+    canonical: bool = False
+    recompute_per_chunk: bool = False
+    microbatch_groups: bool = False
+    moe_tp_sequence_parallel: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Facts:
+    """What the rules read besides the plan."""
+
+    layers: int
+    heads: int
+    kv_heads: int
+    experts: int
+    seq_len: int
+    global_batch: int
+    num_gpus: int
+    nvlink_domain: int
+    switches: Switches = field(default_factory=Switches)
+    # what the framework runs beside MoE layers (``Training.moe_max_zero_stage`` and
+    # ``Training.moe_tensor_parallel``, from its profile)
+    moe_max_zero_stage: int = 3
+    moe_tensor_parallel: bool = True
+    moe_layers: int = 0  # the CUDA-graph rule's facts (costmodel.graphs.graph_facts)
+    cuda_graph_impl: str = "none"
+    cuda_graph_scope: tuple[str, ...] = ()
+    moe_pad_to_capacity: bool = False
+    moe_a2a_overlap: bool = False
+    # multi-token prediction depths, and whether the framework builds them
+    # (``Training.multi_token_prediction``, from its profile)
+    mtp_layers: int = 0
+    multi_token_prediction: bool = True
+    # what the framework runs at all (``Training.zero_stages[_pp]``, ``recompute_modes``,
+    # ``partial_recompute``, from its profile)
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    zero_stages_pp: tuple[int, ...] = (0, 1, 2, 3)
+    recompute_modes: tuple[str, ...] = ("none", "selective", "full")
+    partial_recompute: bool = True
+
+    def values(self) -> dict[str, object]:
+        """Every fact and switch by name (tuples as lists), as a rule's text quotes them."""
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "switches"}
+        both = {**own, **{f.name: getattr(self.switches, f.name) for f in fields(Switches)}}
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in both.items()}
+
+
+def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
+             switches: Switches | None = None) -> Facts:
+    """The facts of a model on a cluster; the framework's own switches (``recompute_per_chunk``,
+    ``microbatch_groups``, ``moe_tp_sequence_parallel``: a profile's) are the training's."""
+    switches = replace(switches or Switches(), recompute_per_chunk=training.recompute_per_chunk,
+                       microbatch_groups=training.microbatch_groups,
+                       moe_tp_sequence_parallel=training.moe_tp_sequence_parallel)
+    return Facts(layers=model.layers, heads=model.heads, kv_heads=model.kv_heads,
+                 experts=model.moe_experts, seq_len=training.seq_len,
+                 global_batch=training.global_batch, num_gpus=cluster.num_gpus,
+                 nvlink_domain=cluster.nvlink_domain, switches=switches,
+                 moe_max_zero_stage=training.moe_max_zero_stage,
+                 moe_tensor_parallel=training.moe_tensor_parallel,
+                 mtp_layers=model.mtp_layers,
+                 multi_token_prediction=training.multi_token_prediction,
+                 zero_stages=training.zero_stages, zero_stages_pp=training.zero_stages_pp,
+                 recompute_modes=training.recompute_modes,
+                 partial_recompute=training.partial_recompute,
+                 **graph_facts(model, training))
