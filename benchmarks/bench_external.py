@@ -46,6 +46,10 @@ DeepSeek-V3 on DGX H100, B200 and GB200 in FP8. The same recipe's MoE throughput
 1.8x between container releases (Qwen3-30B-A3B on 16 H100: 5,113 tokens/s in 26.02, 9,058 in
 26.02.01), so these rows bound what a configuration model can say about MoE software.
 
+NeMo AutoModel's performance summary (NVIDIA-NeMo/Automodel, docs/performance-summary.md as first
+published): Qwen3-30B-A3B and DeepSeek-V3 on DGX H100 in bf16 with its benchmark recipes, run
+with the nemo-automodel profile (its switches read from the recipes' code, not from this table).
+
 These tables guided some of the model's structure (the torchtitan runs: eager elementwise ops,
 the per-op selective policy, FSDP under PP; the fp8 recipes: fp8 parameter gathering), never a
 fitted number: every mechanism comes from the frameworks' code or documentation.

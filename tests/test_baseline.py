@@ -106,7 +106,7 @@ def test_the_gain_split_adds_up_to_the_total(a: str, b: str) -> None:
 def test_outside_the_space_by_an_axis_names_the_axis_and_its_values() -> None:
     study = load_study(TINY)
     specs = build_specs(study)
-    plan = parse_baseline("tp=1,pp=1,mbs=8,recompute=selective,zero=1", specs)
+    plan = parse_baseline("tp=1,pp=1,mbs=8,recompute=selective,zero=0", specs)
     found = exclusions(build_space(study, specs), plan)
     assert [(x["kind"], x["name"], x["value"]) for x in found] == [
         ("axis", "micro_batch", 8), ("axis", "recompute", "selective")]
@@ -120,7 +120,7 @@ def test_outside_the_space_by_an_axis_names_the_axis_and_its_values() -> None:
 
 def test_outside_the_space_by_a_rule_names_the_rule_and_its_text(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    study = with_baseline(tmp_path, TINY, "tp=2,pp=1,mbs=2,recompute=none,zero=1")
+    study = with_baseline(tmp_path, TINY, "tp=2,pp=1,mbs=2,recompute=none,zero=2")
     code, out, err = run(capsys, "explain", str(study), "--plan", INSIDE, "--json")
     assert code == 0, err
     b = json.loads(out)["baseline"]
@@ -197,7 +197,7 @@ def test_report_baseline_flag_overrides(finished: tuple[Path, Path, dict], tmp_p
     study, out, _ = finished
     html = tmp_path / "r.html"
     code, _, err = run(capsys, "report", str(out), "-o", str(html), "--no-png", "--study",
-                       str(study), "--baseline", "tp=1,pp=1,mbs=8,recompute=full,zero=1")
+                       str(study), "--baseline", "tp=1,pp=1,mbs=8,recompute=full,zero=2")
     assert code == 0, err
     assert "micro_batch=8 is not among the searched values" in html.read_text()
 

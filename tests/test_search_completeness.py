@@ -32,9 +32,9 @@ PUBLISHED: dict[str, tuple[Plan, dict[str, tuple[object, ...]]]] = {
     # NeMo AutoModel's DGX-H100 pre-training table (docs/performance-summary.md; config
     # examples/benchmark/configs/qwen3_moe_30b_te_deepep.yaml): EP8 over FSDP2 of 8, TP/PP/CP
     # 1, activation checkpointing, micro-batch 4. FSDP2 without resharding after forward (the
-    # parallelizer's default) is ZeRO-2 here, with it ZeRO-3. The tool puts micro-batch 4 at
-    # 81 GiB (3.7 over; its logits and loss buffers are the generic prior), so smaller
-    # micro-batches stand in for it.
+    # parallelizer's default) is ZeRO-2 here, with it ZeRO-3. With the profile's bf16 states
+    # (no fp32 master or moments) micro-batch 4 fits, at 57 GiB; before, the tool put it at
+    # 81 GiB, and the smaller micro-batches still stand in for it.
     "qwen3-30b-a3b-h100x8": (Plan(tp=1, pp=1, dp=8, ep=8, zero_stage=3, micro_batch=4,
                                   recompute="full"),
                              {"micro_batch": (1, 2, 4), "zero_stage": (2, 3)}),
