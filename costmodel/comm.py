@@ -38,7 +38,8 @@ class CollectiveArrays:
 @dataclass(frozen=True, slots=True)
 class Link:
     nvlink_bw: float
-    network_bw: float
+    network_bw: float  # what a collective's network phase reaches (the fitted fraction)
+    p2p_network_bw: float  # what one send/receive pair reaches across the network
     nvlink_latency_s: float
     network_latency_s: float
     call_overhead_s: float
@@ -51,6 +52,7 @@ def link_of(cluster: ClusterSpec) -> Link:
            else cluster.network_bw_fraction)
     return Link(nvlink_bw=g.intra_node_bw_bytes_per_s * eff.nvlink_bw_fraction,
                 network_bw=g.network_bw_bytes_per_s * net,
+                p2p_network_bw=g.network_bw_bytes_per_s * eff.p2p_network_bw_fraction,
                 nvlink_latency_s=g.intra_node_latency_s, network_latency_s=g.network_latency_s,
                 call_overhead_s=eff.collective_overhead_s, domain=cluster.nvlink_domain)
 
@@ -101,7 +103,12 @@ def all_to_all_time(x_bytes: np.ndarray, n: np.ndarray, k: np.ndarray,
 
 
 def p2p_time(x_bytes: np.ndarray, crosses_network: np.ndarray, link: Link) -> np.ndarray:
-    bw = np.where(crosses_network, link.network_bw, link.nvlink_bw)
+    """One send/receive of X bytes between two ranks. Across the network it runs at
+    ``p2p_network_bw``, not at the collectives' fraction: the collectives' fraction is what a
+    ring of ranks in lockstep reaches (each step waits on the slowest of its members and on the
+    fabric's congestion under all of them), while one pair streams over the sender's own NIC
+    (Efficiency.p2p_network_bw_fraction says where its prior comes from)."""
+    bw = np.where(crosses_network, link.p2p_network_bw, link.nvlink_bw)
     lat = np.where(crosses_network, link.network_latency_s, link.nvlink_latency_s)
     return x_bytes / bw + lat + link.call_overhead_s
 

@@ -28,6 +28,10 @@ class Efficiency:
         stream synchronisation, the host waiting on the result in eager frameworks).
     nvlink_bw_fraction / network_bw_fraction: collective bus bandwidth reached, as a fraction
         of the link's unidirectional bandwidth.
+    p2p_network_bw_fraction: one send/receive pair across the network (pipeline activations,
+        nanotron's logits hop, context parallelism's ring of K/V blocks), as a fraction of the
+        GPU's own NIC line rate: a single transfer over one NIC, no ring of ranks in lockstep, so
+        it does not carry the collectives' fraction (a cited prior; see its default).
     fp8_gemm_peak_fraction: the fraction of the dense fp8 peak a large fp8 GEMM reaches (fp8
         tensor cores reach a smaller share of their doubled peak than bf16 ones of theirs).
     comm_sm_share: the share of the GPU's SMs an NCCL collective's kernel occupies while it runs
@@ -51,6 +55,13 @@ class Efficiency:
     collective_overhead_s: float = 20e-6
     nvlink_bw_fraction: float = 0.8
     network_bw_fraction: float = 0.8
+    # NCCL's point-to-point peak per NIC, as NVIDIA's NCCL engineers state it: an all-to-all
+    # (one send and receive per peer) "cannot aggregate the bandwidth of multiple NICs", and a
+    # 400 Gb/s NDR ConnectX-7 NIC (50 GB/s) "should achieve up to 48-49GB/s"
+    # (github.com/NVIDIA/nccl-tests/issues/267, 2024-11-19 and 2025-01-23); 24 GB/s is the peak
+    # of a 200 Gb/s HDR NIC (github.com/NVIDIA/nccl-tests/issues/119, 2022-11-17): 0.96 of
+    # line rate on both, what one GPU's transfer to one peer over its own NIC reaches
+    p2p_network_bw_fraction: float = 0.96
     # host time one op on a TP-sharded DTensor costs beyond a plain op (sharding propagation,
     # redistribute bookkeeping in Python): measured by `tcf-search calibrate`, 0 where not
     dtensor_op_overhead_s: float = 0.0

@@ -27,6 +27,7 @@ class StageLayers:
     # head), 1 (both on the next rank) or 2 (the cast, then the loss, each on its own rank;
     # :func:`cost_balanced_ranks`)
     loss_ranks: np.ndarray | None = None
+    head_rank: np.ndarray | None = None  # the LM head's pipeline rank where loss_ranks is set
 
     def of(self, stage: str) -> np.ndarray:
         return {"first": self.first, "middle": self.middle, "last": self.last}[stage]
@@ -67,6 +68,14 @@ def cost_balanced_split(num_layers: int, pp: int, layer_cost: float, head_cost: 
     return per_rank[0], per_rank[head_rank], loss_rank - head_rank
 
 
+def hop_crosses_domain(rank: np.ndarray, stride: np.ndarray, domain: int) -> np.ndarray:
+    """Whether pipeline rank ``rank``'s send to rank + 1 leaves its NVLink domain: the two sit
+    ``stride`` (tp x cp x dp) global ranks apart, at rank x stride and (rank + 1) x stride, in
+    domains of ``domain`` consecutive ranks. Stages closer than a domain cross only where a
+    domain boundary falls between them."""
+    return (rank * stride) // domain != ((rank + 1) * stride) // domain
+
+
 def stage_layers(num_layers: int, p: PlanArrays,
                  head_balance: tuple[float, float] | None = None) -> StageLayers:
     """Layers held by the first, a middle and the last pipeline stage (floats for averages).
@@ -91,16 +100,18 @@ def stage_layers(num_layers: int, p: PlanArrays,
     if head_balance is None:
         return StageLayers(first=first, middle=middle, last=last)
     unset = (p.pp > 1) & ~f_set & ~l_set
-    split = {int(k): cost_balanced_split(num_layers, int(k), *head_balance)
+    split = {int(k): (*cost_balanced_split(num_layers, int(k), *head_balance),
+                      cost_balanced_ranks(num_layers, int(k), *head_balance)[1])
              for k in np.unique(p.pp[unset])}
-    bal_first, bal_last, loss_ranks = (np.asarray([split.get(int(k), (0, 0, 0))[i]
-                                                   for k in p.pp]) for i in range(3))
+    bal_first, bal_last, loss_ranks, head_rank = (
+        np.asarray([split.get(int(k), (0, 0, 0, 0))[i] for k in p.pp]) for i in range(4))
     first = np.where(unset, bal_first, first)
     last = np.where(unset, bal_last, last)
     middle = np.where(unset, np.where(pp > 2, (L - first - last) / np.maximum(pp - 2, 1), first),
                       middle)
     return StageLayers(first=first, middle=middle, last=last,
-                       loss_ranks=np.where(unset, loss_ranks, 0))
+                       loss_ranks=np.where(unset, loss_ranks, 0),
+                       head_rank=np.where(unset, head_rank, pp - 1))
 
 
 def rank_split(num_layers: int, pp: np.ndarray, first: np.ndarray, last: np.ndarray

@@ -18,7 +18,7 @@ from costmodel import comm
 from costmodel.comm import CollectiveArrays
 from costmodel.compute import LayerTimes
 from costmodel.kernels import BWD_HOST_FACTOR
-from costmodel.mapping import STAGES, StageLayers
+from costmodel.mapping import STAGES, StageLayers, hop_crosses_domain
 from costmodel.mtp import MtpStage, no_mtp
 from costmodel.parallel.mesh import Mesh
 from costmodel.plans import PlanArrays
@@ -80,12 +80,18 @@ def _end_ranks(layers: StageLayers, lt: LayerTimes,
                        np.where(k == 2, cast_c + cast_m + loss_c + loss_m, zero)))
 
 
-def logits_hops(model: ModelSpec, tr: Training, g: Mesh) -> tuple[np.ndarray, np.ndarray]:
+def logits_hops(model: ModelSpec, tr: Training, g: Mesh, layers: StageLayers
+                ) -> tuple[np.ndarray, np.ndarray]:
     """One micro-batch's logits shard (its tokens x vocab / tp) sent one way between pipeline
-    ranks: in the activation dtype from the LM head's rank, in fp32 from the cast's."""
+    ranks: in the activation dtype from the LM head's rank, in fp32 from the cast's. Each is one
+    pair of ranks (the head's h to h + 1, the cast's h + 1 to h + 2), on the network only where
+    that pair straddles a domain boundary (:func:`costmodel.mapping.hop_crosses_domain`)."""
     x = g.tokens * float(model.vocab) / g.tp
-    return (comm.p2p_time(x * tr.activation_dtype_bytes, g.pp_crosses_network, g.link),
-            comm.p2p_time(x * 4.0, g.pp_crosses_network, g.link))
+    head = g.pp - 1.0 if layers.head_rank is None else layers.head_rank.astype(float)
+    stride, domain = g.tp * g.cp * g.dp, g.link.domain
+    return (comm.p2p_time(x * tr.activation_dtype_bytes,
+                          hop_crosses_domain(head, stride, domain), g.link),
+            comm.p2p_time(x * 4.0, hop_crosses_domain(head + 1.0, stride, domain), g.link))
 
 
 def stage_times(p: PlanArrays, layers: StageLayers, lt: LayerTimes, comm_fwd_s: np.ndarray,

@@ -15,19 +15,27 @@ from hardware_catalog.frameworks import PROFILES_FILE
 from tcf_search.calibration.fit import EFF_BOUNDS, MEM_BOUNDS, PRIOR_FABRICS
 
 REL = 1e-3
+# A known entry leaves the list once it is clearly off its bound, 1% away: hopper's memory-bound
+# fraction fits at 0.998 since point-to-point transfers have their own network fraction (the
+# least-squares optimum, unchanged at 1000 evaluations: the same pull to the bound, not a term
+# found), which REL alone would call off its bound.
+OFF_REL = 1e-2
 # Fitted values known to sit at a bound, each with why (a missing term, not a property of the
 # hardware). hopper's memory-bound fraction (and the families that borrow hopper's fit): on the
 # Playbook it trades almost freely against the attention fraction (held at 0.8 the objective
 # rises 0.2% and attention takes 0.151 -> 0.168); what pulls it to 1.0 are the pp > 1 rows
 # whose slowest stage holds the LM head and its loss (1B, 8B), too slow under an even split.
-# nanotron's placement by compute cost (frameworks.yaml pp_cost_balance, exact since issue 17)
-# takes it to 0.51-0.68 but the held-out Spearman median below its bar (issue 17's note).
+# nanotron's placement by compute cost (frameworks.yaml pp_cost_balance) does not take it off:
+# with point-to-point priced near line rate (issue 17) the refit leaves it at 1.0 and the
+# held-out Spearman median below its bar (0.82); the 3B and 8B pp 16 rows across nodes come
+# out 0.55-0.62x measured with the logits hop at 0.96 of line rate, and fitted free the p2p
+# fraction runs to its own bound, 1.0 (frameworks.yaml says why the placement stays off).
 KNOWN_AT_BOUND: set[str] = {f"{family}.memory_bw_fraction"
                             for family in ("hopper", "blackwell", "ada", "cdna3")}
 
 
-def _at_bound(value: float, bounds: tuple[float, float]) -> bool:
-    return any(abs(value - b) <= REL * max(abs(b), 1e-12) for b in bounds)
+def _at_bound(value: float, bounds: tuple[float, float], rel: float = REL) -> bool:
+    return any(abs(value - b) <= rel * max(abs(b), 1e-12) for b in bounds)
 
 
 def _shipped() -> list[tuple[str, float, tuple[float, float]]]:
@@ -67,7 +75,8 @@ def test_no_shipped_fitted_value_sits_at_a_bound() -> None:
 def test_known_values_at_a_bound_are_still_there() -> None:
     """An entry of KNOWN_AT_BOUND that came off its bound must leave the list."""
     shipped = {n: (v, b) for n, v, b in _shipped()}
-    off = sorted(n for n in KNOWN_AT_BOUND if n in shipped and not _at_bound(*shipped[n]))
+    off = sorted(n for n in KNOWN_AT_BOUND
+                 if n in shipped and not _at_bound(*shipped[n], rel=OFF_REL))
     assert not off, f"no longer at a bound, remove from KNOWN_AT_BOUND: {off}"
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
-from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, Training, estimate
+from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, Training, comm, estimate
 from costmodel.specs import GpuSpec
 from hardware_catalog import UnknownFabric, get_fabric, load_fabrics
 from hardware_catalog.frameworks import framework_settings
@@ -148,7 +149,13 @@ def test_scatter_gather_splits_cross_node_stage_activations_over_tp(h100: GpuSpe
     p2p_plain = _collective(estimate(llama8b, cluster, no_sp, plain), "pp_activation_send_recv")
     p2p_sg = _collective(estimate(llama8b, cluster, no_sp, sg), "pp_activation_send_recv")
     assert p2p_sg.bytes == pytest.approx(p2p_plain.bytes / 8)
-    assert p2p_sg.time_s < p2p_plain.time_s / 2  # an NVLink all-gather replaces 7/8 of the NIC
+    # an NVLink all-gather replaces 7/8 of the NIC's bytes: each of 2 x 64 hops sends x / 8
+    # across nodes, then all-gathers x over the node
+    link, x, one = comm.link_of(cluster), 4096 * 4096 * 2.0, np.array([1.0])
+    hop = (comm.p2p_time(np.array([x / 8]), one > 0, link)
+           + comm.gather_time(np.array([x]), 8 * one, 8 * one, link))
+    assert p2p_sg.time_s == pytest.approx(2 * 64 * float(hop[0]), rel=1e-9)
+    assert p2p_sg.time_s < p2p_plain.time_s
     with_sp = Plan(tp=8, pp=2, sequence_parallel=True)  # already sharded: nothing changes
     assert (estimate(llama8b, cluster, with_sp, sg).step_time_s
             == estimate(llama8b, cluster, with_sp, plain).step_time_s)

@@ -281,7 +281,7 @@ def measure_machine(*, device: str = "cpu", ranks: int = 2, quick: bool = False)
         attention_peak_fraction=min(comp["attention_flops_per_s"] / peak, 1.0),
         memory_bw_fraction=min(comp["add_bytes_per_s"] / comp["copy_bytes_per_s"], 1.0),
         kernel_overhead_s=comp["kernel_overhead_s"], collective_overhead_s=overhead,
-        nvlink_bw_fraction=1.0, network_bw_fraction=1.0,
+        nvlink_bw_fraction=1.0, network_bw_fraction=1.0, p2p_network_bw_fraction=1.0,
         dtensor_op_overhead_s=float(coll.get("dtensor_op_overhead_s", 0.0)), source=where)
     is_cpu = device == "cpu"
     gpu = GpuSpec(
