@@ -54,6 +54,35 @@ def test_playbook_1b_at_pp8_puts_the_loss_after_the_head() -> None:
     assert s.loss_ranks is not None and s.loss_ranks[0] == 1
 
 
+# the Playbook's 3B (28 layers, h 3072, f 8192) and 8B (32 layers, h 4096, f 14336), vocab 131072
+PLAYBOOK_3B, PLAYBOOK_8B = (28, 3072, 8192), (32, 4096, 14336)
+
+
+def _playbook_ranks(shape: tuple[int, int, int], pp: int) -> tuple[tuple[int, ...], int, int]:
+    layers, h, f = shape
+    return cost_balanced_ranks(layers, pp, 4 * h * h + 3 * f * h, 131072 * h)
+
+
+@pytest.mark.parametrize(("shape", "pp", "rank0"), [
+    (PLAYBOOK_3B, 2, 16), (PLAYBOOK_8B, 2, 18), (PLAYBOOK_8B, 4, 9), (PLAYBOOK_8B, 16, 3)])
+def test_first_rank_holds_the_layers_the_playbook_memory_shows(shape, pp: int,
+                                                               rank0: int) -> None:
+    """Rank 0's max_memory_allocated in the Playbook (3B tp 2 ZeRO-0 at pp 2: 20.75 GiB; 8B
+    tp 4 at pp 2, 4, 16) is that of these layer counts, not an even split's (14; 16, 8, 2)."""
+    assert _playbook_ranks(shape, pp)[0][0] == rank0
+
+
+@pytest.mark.parametrize(("shape", "pp"), [(PLAYBOOK_3B, 16), (PLAYBOOK_8B, 16), (None, 8)])
+def test_the_last_rank_holds_no_parameter_wherever_the_tail_goes(shape, pp: int) -> None:
+    """Where the Playbook ran 3B and 8B at pp 16 and 1B at pp 8 (ZeRO-0, dp > 1, ten runs ok),
+    the head lands on the last rank but one: the last holds no layer and no head, so it has no
+    parameter with the cast and the loss or without them, and nanotron's DDP (trainer.py
+    check_model_has_grad) would refuse it either way; moving the tail does not explain them."""
+    per_rank, head, loss = (_playbook_ranks(shape, pp) if shape else
+                            cost_balanced_ranks(16, pp, LAYER, PLAYBOOK_HEAD))
+    assert (head, loss) == (pp - 2, pp - 1) and per_rank[-1] == 0
+
+
 @pytest.mark.parametrize("pp", [2, 4, 8, 16])
 def test_every_layer_is_placed_once(pp: int) -> None:
     per_rank, head, loss = cost_balanced_ranks(16, pp, LAYER, PLAYBOOK_HEAD)
