@@ -143,14 +143,27 @@ def stage_times(p: PlanArrays, layers: StageLayers, lt: LayerTimes, comm_fwd_s: 
                       end_extra_s=head_rank + end.sum_s - total["last"])
 
 
-def bubble_time(stages: StageTimes, g: Mesh) -> np.ndarray:
+def chunk_share(layers: StageLayers, vpp: np.ndarray, stage: str) -> np.ndarray:
+    """The largest virtual chunk's share of a stage's layers, what one of its chunk steps takes
+    of the stage's time: 1 / vpp where vpp divides its layers; with fewer layers than chunks
+    (Megatron-Core's --pipeline-model-parallel-layout allows empty virtual stages) a chunk step
+    still runs a whole layer: 4 layers in 8 chunks take a quarter each, not an eighth."""
+    n = layers.of(stage)
+    return np.where(n > 0, np.ceil(n / vpp) / np.maximum(n, 1.0), 1.0 / vpp)
+
+
+def bubble_time(stages: StageTimes, g: Mesh, layers: StageLayers) -> np.ndarray:
+    """The other stages' time for one micro-batch, in chunk steps: interleaving divides it by
+    the chunks a stage's layers make (``chunk_share``), no further."""
     pp = g.pp
     total = stages.total_s
+    share = {st: chunk_share(layers, g.vpp, st) for st in STAGES}
     # the loss's own ranks (counted among the middle ones, with no layer) add their time
-    all_stages = (total["first"] + total["last"] + np.maximum(pp - 2, 0) * total["middle"]
-                  + stages.end_extra_s)
-    slowest_mb = np.max(np.stack([total[st] for st in STAGES]), axis=0)
-    return np.where(pp > 1, np.maximum(all_stages - slowest_mb, 0.0) / g.vpp, 0.0)
+    all_stages = (total["first"] * share["first"] + total["last"] * share["last"]
+                  + np.maximum(pp - 2, 0) * total["middle"] * share["middle"]
+                  + stages.end_extra_s / g.vpp)
+    slowest = stages.at_slowest({st: total[st] * share[st] for st in STAGES})
+    return np.where(pp > 1, np.maximum(all_stages - slowest, 0.0), 0.0)
 
 
 def point_to_point(model: ModelSpec, tr: Training, g: Mesh, layers: StageLayers,

@@ -79,7 +79,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     mtp = mtp_stage(model, cluster, tr, p, lt, tensor, context, expert)
     per_mb = stage_times(p, layers, lt, comm_fwd, comm_bwd, lt.host_fwd_s + tensor.host_fwd_s,
                          tensor.vocab_s, g.synchronous, mtp, logits_hops(model, tr, g, layers))
-    bubble = bubble_time(per_mb, g)
+    bubble = bubble_time(per_mb, g, layers)
     p2p = point_to_point(model, tr, g, layers, lt)
     grads, params = data_parallel(tr, g, co, layers, lt)
     optimizer_s = optimizer_time(co, layers, p, cluster, tr)

@@ -163,3 +163,24 @@ def test_calibration_presumes_the_counted_split_only_where_no_other_builds() -> 
                  {**row, "layers": "128"}]
     for r in unchanged:
         assert presumed_split(r) == r
+
+
+def test_interleaving_divides_the_bubble_by_the_chunks_the_layers_make(h100) -> None:
+    """A stage's chunk step runs at least one layer: 126 layers on pp 32 (4 a stage, 2 on the
+    ends) leave the same bubble in 8 virtual stages as in 4 (the other 4 empty); where vpp
+    divides a stage's layers (63 on each of 2 stages: 7 chunks of 9) it divides the bubble."""
+    from costmodel import ClusterSpec, Plan, Training, estimate
+    from search.presets import PRESETS
+
+    model = PRESETS["llama3.1-405b"]
+    cluster = ClusterSpec(gpu=h100, num_gpus=32 * 8 * 4)
+    tr = Training(seq_len=8192, global_batch=256)
+
+    def bubble(pp: int, vpp: int, first: int = 0, last: int = 0) -> float:
+        plan = Plan(tp=8, pp=pp, dp=32 * 4 // pp, vpp=vpp, sequence_parallel=True,
+                    recompute="full", first_stage_layers=first, last_stage_layers=last)
+        return estimate(model, cluster, plan, tr).bubble_time_s
+
+    assert bubble(32, 8, 4, 2) == pytest.approx(bubble(32, 4, 4, 2), rel=0.02)
+    assert bubble(32, 2, 4, 2) == pytest.approx(2 * bubble(32, 4, 4, 2), rel=0.02)
+    assert bubble(2, 7) == pytest.approx(bubble(2, 1) / 7, rel=0.02)

@@ -132,7 +132,8 @@ def test_a_loss_apart_leaves_the_head_stage_and_stays_in_the_bubble(h100) -> Non
     no_hops = stage_times(p, layers, lt, zero, zero, zero,
                           {"first": zero, "middle": zero, "last": zero}, False)
     assert one.slowest[0] == no_hops.slowest[0] == 0
-    assert np.isclose(bubble_time(one, g)[0] - bubble_time(no_hops, g)[0], 4 * 1e-3)
+    assert np.isclose(bubble_time(one, g, layers)[0] - bubble_time(no_hops, g, layers)[0],
+                      4 * 1e-3)
 
 
 def test_the_end_rank_is_the_last_stage_when_it_is_longest(h100) -> None:
