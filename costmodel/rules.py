@@ -201,11 +201,12 @@ RULES: tuple[Rule, ...] = (
          "with MoE layers)",
          lambda c, f: (f.experts == 0) | (c["zero_stage"] <= f.moe_max_zero_stage)),
     # what the framework implements at all (its profile cites the code)
-    Rule("framework_zero", ("zero_stage", "pp"), ("zero_stages", "zero_stages_pp"),
+    Rule("framework_zero", ("zero_stage", "pp", "dp", "cp"), ("zero_stages", "zero_stages_pp"),
          "zero_stage in zero_stages, or in zero_stages_pp where pp > 1 (the ZeRO stages the "
-         "framework implements)",
+         "framework implements), or 0 with no data-parallel rank to shard over (dp * cp == 1)",
          lambda c, f: np.where(c["pp"] > 1, np.isin(c["zero_stage"], f.zero_stages_pp),
-                               np.isin(c["zero_stage"], f.zero_stages))),
+                               np.isin(c["zero_stage"], f.zero_stages))
+         | ((c["zero_stage"] == 0) & (c["dp"] * c["cp"] == 1))),
     Rule("framework_recompute", ("recompute", "recompute_layers", "pp", "first_stage_layers",
                                  "last_stage_layers"),
          ("recompute_modes", "partial_recompute", "layers"),

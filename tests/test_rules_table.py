@@ -112,6 +112,8 @@ def test_the_grid_holds_valid_and_invalid_plans_of_every_rule(specs: Specs) -> N
      "framework_recompute"),
     ("torchtitan", Plan(tp=1, pp=2, dp=24, zero_stage=2, recompute="full", recompute_layers=2),
      "framework_recompute"),
+    # NeMo AutoModel's DDP builds no expert parallelism, under PP or not
+    ("nemo-automodel", Plan(tp=1, pp=2, dp=24, ep=4, zero_stage=0), "framework_zero"),
 ])
 def test_framework_rules(framework: str, plan: Plan, rule: str) -> None:
     """A combination a framework refuses is refused by check_plan, the search space and that
@@ -344,3 +346,15 @@ def test_the_one_stage_split_is_the_cost_models(layers: int, pp: int, first: int
         assert counts[1] == s.middle[0]
     _, whole = rank_split(layers, np.asarray([pp]), np.asarray([first]), np.asarray([last]))
     assert whole[0]
+
+
+def test_no_zero_stage_is_asked_for_where_there_is_nothing_to_shard() -> None:
+    """ZeRO-0 with one data-parallel rank is every framework's (the canonical space's only
+    choice there), even one whose profile lists no ZeRO-0 (NeMo AutoModel)."""
+    study = parse_study(STUDY.replace("training: {", "training: {framework: nemo-automodel, "),
+                        name="rules-table")
+    specs = build_specs(study)
+    lone = replace(specs, cluster=replace(specs.cluster, num_gpus=12))
+    assert check_verdict(Plan(tp=1, pp=12, dp=1, ep=1), lone, lone.switches) == "ok"
+    assert check_verdict(Plan(tp=1, pp=1, dp=12, ep=4), lone, lone.switches) == "framework_zero"
+
