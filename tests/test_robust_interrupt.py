@@ -26,6 +26,7 @@ from typing import Any
 import optuna
 import psutil
 import pytest
+from clirunner import KILL_AT, self_killing
 from optuna.trial import TrialState
 
 from search.planfile import load_plan_file
@@ -94,10 +95,6 @@ def result_files_whole(out: Path) -> None:
         load_plan_file(plan)
 
 
-def journal_size(journal: Path) -> int:
-    return journal.stat().st_size if journal.exists() else 0
-
-
 def appended_ops(journal: Path, since: int) -> int:
     """Operations (one JSON line each) appended to the study's journal past byte ``since``."""
     if not journal.exists():
@@ -129,25 +126,21 @@ def kill_points(rng: random.Random, count: int) -> list[int]:
 
 def kill_and_resume(study: Path, out: Path, count: int, seed: int, tmp: Path,
                     root: Path = ROOT) -> dict[int, tuple[int, float]]:
-    """Start the same command (from ``root``) ``count`` times and SIGKILL each start once it has
-    appended the chosen number of operations to the study's journal: where a kill lands is
-    decided by the study's progress, not by how fast the machine is, and every kill lands while
-    the command runs (none can finish the study first). Returns the completed trials after the
-    last kill."""
-    journal = out / "study.journal"
+    """Start the same command (from ``root``) ``count`` times, each SIGKILLed right after the
+    chosen number of its journal appends (``self_killing``): where a kill lands is decided by the
+    study's progress alone, not by how fast the machine or this process is, and a start that
+    ends otherwise (the study finished first, an error) fails the test. Returns the completed
+    trials after the last kill."""
     seen: dict[int, tuple[int, float]] = {}
     for i, ops in enumerate(kill_points(random.Random(seed), count)):
-        since = journal_size(journal)
         with (tmp / f"start-{i}.err").open("w+b") as err:
-            proc = subprocess.Popen(command(study, out), cwd=root, env=env(root),
-                                    stdout=subprocess.DEVNULL, stderr=err)
-            reached = ops == 0 or wait_for_ops(journal, since, ops, proc)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
+            proc = subprocess.run(self_killing(command(study, out)), cwd=root,
+                                  env={**env(root), KILL_AT: str(ops)},
+                                  stdout=subprocess.DEVNULL, stderr=err, timeout=LIMIT_S)
             err.seek(0)
-            assert reached and proc.returncode == -signal.SIGKILL, (
-                f"start {i} ended (rc={proc.returncode}) or stalled before appending {ops} "
-                f"journal operations: {err.read().decode(errors='replace')[-2000:]}")
+            assert proc.returncode == -signal.SIGKILL, (
+                f"start {i} ended (rc={proc.returncode}) before appending {ops} journal "
+                f"operations: {err.read().decode(errors='replace')[-2000:]}")
         now = completed(out)
         lost = {n: v for n, v in seen.items() if now.get(n) != v}
         assert not lost, f"kill {i} (after {ops} operations): completed trials lost or " \
@@ -155,6 +148,18 @@ def kill_and_resume(study: Path, out: Path, count: int, seed: int, tmp: Path,
         seen = now
         result_files_whole(out)
     return seen
+
+
+def test_a_self_killing_command_dies_right_after_the_chosen_append(tmp_path: Path,
+                                                                   frozen_checkout: Path) -> None:
+    study = study_file(tmp_path)
+    for ops in (0, 1, 2 * OPS_PER_TRIAL + 5):
+        out = tmp_path / f"at-{ops}"
+        proc = subprocess.run(self_killing(command(study, out)), cwd=frozen_checkout,
+                              env={**env(frozen_checkout), KILL_AT: str(ops)},
+                              capture_output=True, text=True, timeout=LIMIT_S)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+        assert appended_ops(out / "study.journal", 0) == ops
 
 
 def test_commands_run_from_the_frozen_checkout_import_it(frozen_checkout: Path) -> None:

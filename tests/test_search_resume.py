@@ -7,11 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
 import pytest
+from clirunner import KILL_AT, self_killing
 from optuna.trial import TrialState
 
 from search.pipeline import RunOptions, run_study
@@ -67,18 +67,11 @@ def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path: Path,
     root = frozen_checkout
     study = study_file(tmp_path)
     out = tmp_path / "killed"
-    proc = subprocess.Popen(cli(study, out), cwd=root, env=env(root), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    # Killed by the study's progress: once about 10 trials are in its journal (12 operations
-    # each, one line per operation; a line count is cheap enough to catch the moment). The
-    # deadline is a safety net against a hang, not a timing the test depends on.
-    journal = out / "study.journal"
-    deadline = time.monotonic() + 120
-    while proc.poll() is None and time.monotonic() < deadline and not (
-            journal.exists() and journal.read_bytes().count(b"\n") >= 10 * 12):
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    # Killed by the study's progress: by itself, right after its journal append 120 (about 10
+    # trials of 12 operations each), however fast the machine.
+    proc = subprocess.run(self_killing(cli(study, out)), cwd=root,
+                          env={**env(root), KILL_AT: str(10 * 12)}, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, timeout=300)
     before = len(complete(out))
     if proc.returncode != -signal.SIGKILL or before >= TRIALS:
         pytest.fail(f"the run was not killed mid-way (rc={proc.returncode}, {before} trials)")
