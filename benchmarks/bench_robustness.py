@@ -45,6 +45,8 @@ def heading(text: str) -> None:
 
 def interrupt_helpers() -> ModuleType:
     """tests/test_robust_interrupt.py's kill loop and storage readers (one code path)."""
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))  # its helpers (clirunner), as pytest finds them
     spec = importlib.util.spec_from_file_location(
         "robust_interrupt", ROOT / "tests" / "test_robust_interrupt.py")
     assert spec is not None and spec.loader is not None

@@ -164,7 +164,10 @@ def solve_placement(sp: Subproblem) -> Placement | None:
     # CP-SAT's own SIGINT handler leaves SIGINT at SIG_DFL afterwards: Ctrl-C would kill the
     # process instead of stopping the study cleanly.
     solver.parameters.catch_sigint_signal = False
-    solver.parameters.max_time_in_seconds = 30.0
+    # A budget of CP-SAT's deterministic work, not of seconds: the placement (and so the search)
+    # is the same on a slow, loaded or paused machine. The shipped studies' largest solve takes
+    # about 2 units (llama3.1-405b): this only stops a runaway model.
+    solver.parameters.max_deterministic_time = 30.0
     if solver.solve(m) != cp_model.OPTIMAL:
         return None
     val = {s: int(solver.value(v)) for s, v in n.items()}

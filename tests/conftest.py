@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import shutil
+import signal
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -9,6 +12,35 @@ from costmodel import ClusterSpec, GpuSpec, ModelSpec, Training
 
 if TYPE_CHECKING:
     from search.planfile import PlanFile
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("costmodel", "search", "hardware_catalog", "tcf_search")  # pyproject's packages
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A SIGTERM sent to pytest (a time limit around the run, a kill) stops the run after the
+    test under way and says so. Left to its default it lands in whatever runs: inside an
+    in-process ``tcf_search.cli.main`` it is taken for that command's own (exit 143), so one
+    test failed, blamed, and the rest ran on."""
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one kills, as usual
+        session.shouldstop = "pytest got SIGTERM: stopped after the test under way"
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, stop)
+
+
+@pytest.fixture(scope="session")
+def frozen_checkout(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the packages (code and catalog data), for tests that compare the trials of
+    separate ``tcf-search`` processes: each process run from it (cwd and PYTHONPATH) imports this
+    copy, so a checkout that changes under a running suite (a merge, a refit rewriting
+    calibration.yaml) cannot make one run disagree with another."""
+    root = tmp_path_factory.mktemp("checkout")
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, root / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    return root
 
 
 @pytest.fixture()

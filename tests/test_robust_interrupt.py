@@ -5,7 +5,10 @@ end result is the one an uninterrupted run with the same seed gives. Ctrl-C (SIG
 cleanly with exit 130 and says how to resume; worker processes never outlive their command; a
 second command on a folder in use is refused with one line instead of corrupting the first.
 Every test acts at a point in the study's progress, read from its journal, never after a sleep;
-the time limits are safety nets against a hang.
+the time limits are safety nets against a hang. The killed runs and the uninterrupted one they
+are held to are separate processes of one copy of the code (``frozen_checkout``): never this
+process, whose modules and catalog were loaded when the session began, against ones that import
+the checkout as it is now (a merge or a refit landing mid-suite made them disagree).
 """
 
 from __future__ import annotations
@@ -23,12 +26,11 @@ from typing import Any
 import optuna
 import psutil
 import pytest
+from clirunner import KILL_AT, self_killing
 from optuna.trial import TrialState
 
-from search.pipeline import RunOptions, run_study
 from search.planfile import load_plan_file
 from search.storage import StorageSpec
-from search.study import load_study
 
 ROOT = Path(__file__).resolve().parents[1]
 # Mixtral on 1,024 GPUs, CP and EP searched: 377 parallel layouts, so TPE samples (no brute force)
@@ -60,9 +62,11 @@ def command(study: Path, out: Path, trials: int = TRIALS, *extra: str) -> list[s
             "--trials", str(trials), "-q", *extra]
 
 
-def env() -> dict[str, str]:
+def env(root: Path = ROOT) -> dict[str, str]:
+    """The environment of a command run from ``root`` (with ``cwd=root``): it imports the code
+    there."""
     return {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+        p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
 
 
 def trials(out: Path) -> list[optuna.trial.FrozenTrial]:
@@ -89,10 +93,6 @@ def result_files_whole(out: Path) -> None:
         load_plan_file(out / "best_plan.yaml")
     for plan in (out / "top").glob("*.yaml") if (out / "top").is_dir() else []:
         load_plan_file(plan)
-
-
-def journal_size(journal: Path) -> int:
-    return journal.stat().st_size if journal.exists() else 0
 
 
 def appended_ops(journal: Path, since: int) -> int:
@@ -124,26 +124,23 @@ def kill_points(rng: random.Random, count: int) -> list[int]:
     return [rng.randint(*phases[i % len(phases)]) for i in range(count)]
 
 
-def kill_and_resume(study: Path, out: Path, count: int, seed: int, tmp: Path
-                    ) -> dict[int, tuple[int, float]]:
-    """Start the same command ``count`` times and SIGKILL each start once it has appended the
-    chosen number of operations to the study's journal: where a kill lands is decided by the
-    study's progress, not by how fast the machine is, and every kill lands while the command
-    runs (none can finish the study first). Returns the completed trials after the last kill."""
-    journal = out / "study.journal"
+def kill_and_resume(study: Path, out: Path, count: int, seed: int, tmp: Path,
+                    root: Path = ROOT) -> dict[int, tuple[int, float]]:
+    """Start the same command (from ``root``) ``count`` times, each SIGKILLed right after the
+    chosen number of its journal appends (``self_killing``): where a kill lands is decided by the
+    study's progress alone, not by how fast the machine or this process is, and a start that
+    ends otherwise (the study finished first, an error) fails the test. Returns the completed
+    trials after the last kill."""
     seen: dict[int, tuple[int, float]] = {}
     for i, ops in enumerate(kill_points(random.Random(seed), count)):
-        since = journal_size(journal)
         with (tmp / f"start-{i}.err").open("w+b") as err:
-            proc = subprocess.Popen(command(study, out), cwd=ROOT, env=env(),
-                                    stdout=subprocess.DEVNULL, stderr=err)
-            reached = ops == 0 or wait_for_ops(journal, since, ops, proc)
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
+            proc = subprocess.run(self_killing(command(study, out)), cwd=root,
+                                  env={**env(root), KILL_AT: str(ops)},
+                                  stdout=subprocess.DEVNULL, stderr=err, timeout=LIMIT_S)
             err.seek(0)
-            assert reached and proc.returncode == -signal.SIGKILL, (
-                f"start {i} ended (rc={proc.returncode}) or stalled before appending {ops} "
-                f"journal operations: {err.read().decode(errors='replace')[-2000:]}")
+            assert proc.returncode == -signal.SIGKILL, (
+                f"start {i} ended (rc={proc.returncode}) before appending {ops} journal "
+                f"operations: {err.read().decode(errors='replace')[-2000:]}")
         now = completed(out)
         lost = {n: v for n, v in seen.items() if now.get(n) != v}
         assert not lost, f"kill {i} (after {ops} operations): completed trials lost or " \
@@ -153,15 +150,40 @@ def kill_and_resume(study: Path, out: Path, count: int, seed: int, tmp: Path
     return seen
 
 
+def test_a_self_killing_command_dies_right_after_the_chosen_append(tmp_path: Path,
+                                                                   frozen_checkout: Path) -> None:
+    study = study_file(tmp_path)
+    for ops in (0, 1, 2 * OPS_PER_TRIAL + 5):
+        out = tmp_path / f"at-{ops}"
+        proc = subprocess.run(self_killing(command(study, out)), cwd=frozen_checkout,
+                              env={**env(frozen_checkout), KILL_AT: str(ops)},
+                              capture_output=True, text=True, timeout=LIMIT_S)
+        assert proc.returncode == -signal.SIGKILL, proc.stderr
+        assert appended_ops(out / "study.journal", 0) == ops
+
+
+def test_commands_run_from_the_frozen_checkout_import_it(frozen_checkout: Path) -> None:
+    """The premise of comparing one run with another: both import the copy, not the checkout
+    (which a merge may change under a running suite) nor an installed package."""
+    code = ("import costmodel, hardware_catalog, search, tcf_search\n"
+            "print(*(m.__file__ for m in (costmodel, hardware_catalog, search, tcf_search)))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=frozen_checkout,
+                          env=env(frozen_checkout), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    files = [Path(f) for f in done.stdout.split()]
+    assert len(files) == 4 and all(f.is_relative_to(frozen_checkout) for f in files), files
+
+
 @pytest.mark.slow
-def test_a_dozen_sigkills_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+def test_a_dozen_sigkills_lose_and_duplicate_nothing(tmp_path: Path,
+                                                     frozen_checkout: Path) -> None:
     study = study_file(tmp_path)
     out = tmp_path / "killed"
-    seen = kill_and_resume(study, out, KILLS, seed=2024, tmp=tmp_path)
+    seen = kill_and_resume(study, out, KILLS, seed=2024, tmp=tmp_path, root=frozen_checkout)
     assert len(seen) < TRIALS, "the kills should leave work to resume"
 
-    done = subprocess.run(command(study, out), cwd=ROOT, env=env(), capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(command(study, out), cwd=frozen_checkout, env=env(frozen_checkout),
+                          capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     final = completed(out)
     assert len(final) == TRIALS
@@ -170,15 +192,18 @@ def test_a_dozen_sigkills_lose_and_duplicate_nothing(tmp_path: Path) -> None:
     assert len(set(units)) == TRIALS, "a layout was judged twice"
     assert not [t for t in trials(out) if t.state == TrialState.RUNNING]
 
-    reference = run_study(load_study(study), RunOptions(out_dir=tmp_path / "whole",
-                                                        trials=TRIALS))
-    ref = completed(tmp_path / "whole")
+    whole = tmp_path / "whole"  # the same command, never interrupted
+    reference = subprocess.run(command(study, whole), cwd=frozen_checkout,
+                               env=env(frozen_checkout), capture_output=True, text=True,
+                               timeout=300)
+    assert reference.returncode == 0, reference.stderr
+    ref = completed(whole)
     assert units == [ref[n][0] for n in sorted(ref)], "the same trials in the same order"
-    doc = json.loads((out / "result.json").read_text())
-    assert reference.best is not None and doc["best"] is not None
-    assert doc["best"]["plan"] == reference.to_dict()["best"]["plan"]
-    assert doc["best"]["objective_values"] == pytest.approx(list(reference.best.values),
-                                                       rel=1e-12)
+    doc, ref_doc = (json.loads((d / "result.json").read_text()) for d in (out, whole))
+    assert ref_doc["best"] is not None and doc["best"] is not None
+    assert doc["best"]["plan"] == ref_doc["best"]["plan"]
+    assert doc["best"]["objective_values"] == pytest.approx(ref_doc["best"]["objective_values"],
+                                                           rel=1e-12)
     assert doc["trials"] == TRIALS
 
 

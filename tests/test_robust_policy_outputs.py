@@ -163,12 +163,57 @@ def test_a_signal_mid_write_leaves_no_temporary(tmp_path: Path,
         real(fd)
         os.kill(os.getpid(), signal.SIGTERM)  # handled before fsync returns
 
-    monkeypatch.setattr(files.os, "fsync", terminated)
-    code, _, err = cli("predict", str(cases), "-o", str(tmp_path / "OUT.csv"))
-    monkeypatch.undo()
+    # SIGTERM as a shell leaves it (the default): conftest's session handler is set aside.
+    session = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        monkeypatch.setattr(files.os, "fsync", terminated)
+        code, _, err = cli("predict", str(cases), "-o", str(tmp_path / "OUT.csv"))
+        monkeypatch.undo()
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, "the handler is put back"
+    finally:
+        signal.signal(signal.SIGTERM, session)
     assert code == 143 and "Traceback" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cases.csv"]
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, "the handler is put back"
+
+
+SIGTERM_SUITE = """
+import os, signal
+from search import files
+from tcf_search.cli import main
+
+
+def test_a_command_in_process(tmp_path, monkeypatch):
+    (tmp_path / "cases.csv").write_text({cases!r})
+    real = os.fsync
+
+    def terminated(fd):
+        real(fd)
+        os.kill(os.getpid(), signal.SIGTERM)  # as a time limit around the run sends it
+
+    monkeypatch.setattr(files.os, "fsync", terminated)
+    assert main(["predict", str(tmp_path / "cases.csv"), "-o", str(tmp_path / "o.csv")]) == 0
+
+
+def test_after_it():
+    raise AssertionError("the run goes on after a SIGTERM")
+"""
+
+
+def test_a_sigterm_to_pytest_stops_the_run_instead_of_failing_a_command(tmp_path: Path) -> None:
+    """conftest's handler: a SIGTERM sent to pytest while an in-process command runs is no
+    longer that command's own (exit 143, one test failed and the rest run on): the command
+    finishes, the run stops after its test and says why."""
+    cases = ("layers,hidden,ffn_hidden,heads,kv_heads,vocab,seq_len,gpu,num_gpus,global_batch\n"
+             "32,4096,14336,32,8,128256,8192,h100-sxm-80gb,8,64\n")
+    (tmp_path / "test_suite.py").write_text(SIGTERM_SUITE.format(cases=cases))
+    shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "--rootdir", str(tmp_path), str(tmp_path / "test_suite.py")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == pytest.ExitCode.INTERRUPTED, done.stdout + done.stderr
+    assert "1 passed" in done.stdout and "failed" not in done.stdout, done.stdout
+    assert "pytest got SIGTERM" in done.stdout + done.stderr
 
 
 def test_ctrl_c_while_the_command_line_loads_is_no_traceback() -> None:

@@ -8,6 +8,7 @@ that cannot fit at all.
 from __future__ import annotations
 
 import itertools
+import math
 from functools import cache
 
 import numpy as np
@@ -15,9 +16,10 @@ import pytest
 
 import costmodel
 from costmodel import Plan, estimate, estimate_batch, plans_to_arrays, rules
+from search import prune
 from search.misses import nearest_misses
-from search.placement import Placement, stages_of
-from search.prune import MemoryStage, memory_stage, plan_arrays
+from search.placement import Placement, Subproblem, stages_of
+from search.prune import MemoryStage, memory_stage, plan_arrays, solve_placement
 from search.space import AXES, build_space, enumerate_layouts, plan_from_row
 from search.specs import Specs, build_specs
 from search.stage_memory import stage_bytes, stage_terms
@@ -217,3 +219,23 @@ def test_headroom_shrinks_the_feasible_set() -> None:
     loose = memory_stage(specs, space, cols).feasible
     tight = memory_stage(specs, space, cols, headroom_gib=0.5).feasible
     assert tight.sum() < loose.sum() and not (tight & ~loose).any()
+
+
+def test_the_placement_is_bounded_by_work_not_by_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A solve slowed or paused past a wall-clock limit would return no placement, and the
+    search would judge its layout unplaceable on a loaded machine only: CP-SAT gets a budget of
+    deterministic work (the same on every machine) and no time limit."""
+    used = []
+
+    class Recording(prune.cp_model.CpSolver):
+        def solve(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            used.append((self.parameters.max_time_in_seconds,
+                         self.parameters.max_deterministic_time))
+            return super().solve(*args, **kwargs)
+
+    monkeypatch.setattr(prune.cp_model, "CpSolver", Recording)
+    need = tuple(tuple(max(0, n - 4) for n in range(15)) for _ in range(2))
+    placed = solve_placement(Subproblem(layers=14, pp=2, full=True, shift=True, partial=True,
+                                        head_units=0, need=need))
+    assert placed is not None and used
+    assert all(math.isinf(wall) and 0 < work < math.inf for wall, work in used)

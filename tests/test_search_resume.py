@@ -7,11 +7,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import optuna
 import pytest
+from clirunner import KILL_AT, self_killing
 from optuna.trial import TrialState
 
 from search.pipeline import RunOptions, run_study
@@ -55,30 +55,28 @@ def complete(out: Path) -> list[optuna.trial.FrozenTrial]:
         return []
 
 
-def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def env(root: Path) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 
 
-def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path: Path,
+                                                          frozen_checkout: Path) -> None:
+    # Every run here (killed, resumed, the uninterrupted reference) is a process of one copy of
+    # the code: never this process (modules and catalog as loaded when the session began)
+    # against ones that import the checkout as it is now.
+    root = frozen_checkout
     study = study_file(tmp_path)
     out = tmp_path / "killed"
-    proc = subprocess.Popen(cli(study, out), cwd=ROOT, env=env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    # Killed by the study's progress: once about 10 trials are in its journal (12 operations
-    # each, one line per operation; a line count is cheap enough to catch the moment). The
-    # deadline is a safety net against a hang, not a timing the test depends on.
-    journal = out / "study.journal"
-    deadline = time.monotonic() + 120
-    while proc.poll() is None and time.monotonic() < deadline and not (
-            journal.exists() and journal.read_bytes().count(b"\n") >= 10 * 12):
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    # Killed by the study's progress: by itself, right after its journal append 120 (about 10
+    # trials of 12 operations each), however fast the machine.
+    proc = subprocess.run(self_killing(cli(study, out)), cwd=root,
+                          env={**env(root), KILL_AT: str(10 * 12)}, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, timeout=300)
     before = len(complete(out))
     if proc.returncode != -signal.SIGKILL or before >= TRIALS:
         pytest.fail(f"the run was not killed mid-way (rc={proc.returncode}, {before} trials)")
 
-    resumed = subprocess.run(cli(study, out), cwd=ROOT, env=env(), capture_output=True,
+    resumed = subprocess.run(cli(study, out), cwd=root, env=env(root), capture_output=True,
                              text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     trials = complete(out)
@@ -90,13 +88,14 @@ def test_resume_after_sigkill_loses_and_duplicates_nothing(tmp_path: Path) -> No
     assert TrialState.RUNNING not in states
 
     # the same seed, uninterrupted: the same trials in the same order, the same best
-    reference = run_study(load_study(study), RunOptions(out_dir=tmp_path / "whole",
-                                                        trials=TRIALS))
-    ref_units = [t.user_attrs["unit"] for t in complete(tmp_path / "whole")]
-    assert units == ref_units
+    whole = tmp_path / "whole"
+    reference = subprocess.run(cli(study, whole), cwd=root, env=env(root), capture_output=True,
+                               text=True, timeout=300)
+    assert reference.returncode == 0, reference.stderr
+    ref_trials = complete(whole)
+    assert units == [t.user_attrs["unit"] for t in ref_trials]
     best = max(trials, key=lambda t: t.values[0])
-    assert reference.best is not None
-    assert best.values[0] == pytest.approx(reference.best.values[0], rel=1e-12)
+    assert best.values[0] == pytest.approx(max(t.values[0] for t in ref_trials), rel=1e-12)
 
 
 def test_four_workers_run_exactly_the_requested_trials(tmp_path: Path) -> None:
