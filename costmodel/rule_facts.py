@@ -4,11 +4,12 @@ the cluster's sizes, and what the framework (from its profile) or the study allo
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from costmodel.graphs import graph_facts
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 
-__all__ = ["Facts", "Switches", "facts_of"]
+__all__ = ["FRAMEWORK_FACTS", "Facts", "Switches", "facts_of", "framework_facts"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,11 +106,15 @@ def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
                  experts=model.moe_experts, seq_len=training.seq_len,
                  global_batch=training.global_batch, num_gpus=cluster.num_gpus,
                  nvlink_domain=cluster.nvlink_domain, switches=switches,
-                 moe_max_zero_stage=training.moe_max_zero_stage,
-                 moe_tensor_parallel=training.moe_tensor_parallel,
-                 mtp_layers=model.mtp_layers,
-                 multi_token_prediction=training.multi_token_prediction,
-                 zero_stages=training.zero_stages, zero_stages_pp=training.zero_stages_pp,
-                 recompute_modes=training.recompute_modes,
-                 partial_recompute=training.partial_recompute,
+                 mtp_layers=model.mtp_layers, **framework_facts(training),
                  **graph_facts(model, training))
+
+
+# what a framework builds and implements at all, as its Training carries them (rules moe_*,
+# mtp, framework_*)
+FRAMEWORK_FACTS = ("moe_max_zero_stage", "moe_tensor_parallel", "multi_token_prediction",
+                   "zero_stages", "zero_stages_pp", "recompute_modes", "partial_recompute")
+
+
+def framework_facts(training: Training) -> dict[str, Any]:
+    return {name: getattr(training, name) for name in FRAMEWORK_FACTS}

@@ -14,6 +14,7 @@ from costmodel import rules
 from costmodel.graphs import graph_facts
 from costmodel.mapping import chunk_counts, expert_tp, stage_counts
 from costmodel.plans import as_plan_arrays, plans_to_arrays
+from costmodel.rule_facts import framework_facts
 from costmodel.specs import ModelSpec, Training
 from hardware_catalog.frameworks import framework_settings
 from search.planfile import PlanFile
@@ -142,18 +143,13 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
     )
 
 
-# what a launcher's framework builds and implements at all (rules moe_*, mtp, framework_*)
-LAUNCHER_FACTS = ("moe_max_zero_stage", "moe_tensor_parallel", "multi_token_prediction",
-                  "zero_stages", "zero_stages_pp", "recompute_modes", "partial_recompute")
-
-
 def _moe_switches(fmt: str) -> dict[str, Any]:
     """What the launcher's framework runs beside MoE layers, whether it builds multi-token
     prediction modules, and the ZeRO stages and recompute modes it implements: its profile's
     switches as a ``Training`` reads them (its defaults where the profile is silent; a launcher
     with no profile of its own, the generic one's)."""
     own = Training(seq_len=1, global_batch=1, **framework_settings(fmt))  # type: ignore[arg-type]
-    return {name: getattr(own, name) for name in LAUNCHER_FACTS}
+    return framework_facts(own)
 
 
 def virtual_stage_layers(f: LaunchView) -> list[int]:
