@@ -21,20 +21,14 @@ REL = 1e-3
 # found), which REL alone would call off its bound.
 OFF_REL = 1e-2
 # Fitted values known to sit at a bound, each with why (a missing term, not a property of the
-# hardware). hopper's memory-bound fraction (and the families that borrow hopper's fit): on the
-# Playbook it trades almost freely against the attention fraction (held at 0.8 the objective
-# rises 0.2% and attention takes 0.151 -> 0.168); what pulls it to 1.0 are the pp > 1 rows
-# whose slowest stage holds the LM head and its loss (1B, 8B), too slow under an even split.
-# nanotron's placement by compute cost (frameworks.yaml pp_cost_balance) does not take it off:
-# with point-to-point priced near line rate (issue 17) the refit leaves it at 1.0 and the
-# held-out Spearman median below its bar (0.82); the 3B and 8B pp 16 rows across nodes come
-# out 0.55-0.62x measured with the logits hop at 0.96 of line rate, and fitted free the p2p
-# fraction runs to its own bound, 1.0 (frameworks.yaml says why the placement stays off).
-# With the cast and the loss kept on the head's rank (a probe: no nanotron of the time does
-# that) it leaves for 0.27, but the FlashAttention-3 fraction and the fp8 cast bytes go to
-# their bounds instead and the held-out Spearman median to 0.83.
-KNOWN_AT_BOUND: set[str] = {f"{family}.memory_bw_fraction"
-                            for family in ("hopper", "blackwell", "ada", "cdna3")}
+# hardware). Empty since issue 17's last refit: hopper's memory-bound fraction ran to 1.0 while
+# the Playbook's 845 runs (one sequence length, where it trades almost freely against the
+# attention fraction) outweighed everything else; with llm-foundry's single-node H100 runs
+# (512-65,536 tokens a sequence) in the fit and each source weighing as much as another
+# (fit.py source_weights) it fits at 0.79. The sources still disagree (llm-foundry's H100 runs
+# alone: 0.31, or a GEMM fraction of 0.54, which they cannot tell apart), so a per-token cost
+# that differs between the two frameworks' software is still unfound (issue 17's note).
+KNOWN_AT_BOUND: set[str] = set()
 
 
 def _at_bound(value: float, bounds: tuple[float, float], rel: float = REL) -> bool:

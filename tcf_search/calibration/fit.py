@@ -2,9 +2,11 @@
 
 Run ``python -m tcf_search.calibration.fit [--csv PATH] [--write]``. It fits
 
-* per SKU family (here: hopper on the Playbook's H100 runs; ampere on a part of llm-foundry's
-  A100 runs): GEMM peak fraction and half-size, attention peak fraction, memory-bound bandwidth
-  fraction, host (kernel issue) overhead, NVLink and network bus-bandwidth fractions;
+* per SKU family (here: hopper on the Playbook's H100 runs and llm-foundry's single-node ones;
+  ampere on a part of llm-foundry's A100 runs and Megatron SC21's), each source's rows weighing
+  as much together as another's: GEMM peak fraction and half-size, attention peak fraction,
+  memory-bound bandwidth fraction, host (kernel issue) overhead, NVLink and network
+  bus-bandwidth fractions;
 * the memory model of the software stack: activation factor, logits bytes per element,
   allocator fragmentation fraction and constant (Playbook ok runs' ``max_memory_reserved``);
 
@@ -148,6 +150,7 @@ def fit_efficiency(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, fa
     ``fabric:<id>`` to that fabric's network fraction (hardware_catalog/fabrics.yaml)."""
     measured = frame["tokens_per_sec_per_gpu"].to_numpy()
     idx = _covered(groups, rows)
+    weight = source_weights(frame, idx)
     fam_groups = [g for g in groups if g.cluster.gpu.family == family
                   and np.isin(g.index, idx).any()]
     values = {**dataclasses.asdict(start), **(start_values or {})}
@@ -174,13 +177,21 @@ def fit_efficiency(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, fa
         if memory:  # the allocator-pressure fit belongs to ``framework``'s profile
             g = with_training(g, framework, memory_model=memory)
         pred = predict_groups(g, len(frame), {family: eff})
-        return np.log(pred["tokens_per_s_per_gpu"][idx] / measured[idx])
+        return weight * np.log(pred["tokens_per_s_per_gpu"][idx] / measured[idx])
 
     x0 = _to_unit(values, params, bounds)
     sol = least_squares(residuals, x0, bounds=(0.0, 1.0), loss="cauchy", f_scale=0.1,
                         diff_step=1e-3, max_nfev=int(os.environ.get("TCF_FIT_NFEV", "300")))
     eff, _, v = split(sol.x)
     return eff, {k: val for k, val in v.items() if k not in dataclasses.asdict(start)}
+
+
+def source_weights(frame: pd.DataFrame, idx: np.ndarray) -> np.ndarray:
+    """Each source's rows weigh as much together as another's: the Playbook's 845 runs of one
+    sequence length must not outvote the runs that tell terms apart it cannot."""
+    src = frame["source"].to_numpy()[idx]
+    _, inverse, counts = np.unique(src, return_inverse=True, return_counts=True)
+    return np.sqrt(len(idx) / (len(counts) * counts[inverse]))
 
 
 def fit_memory(frame: pd.DataFrame, groups: list[Group], rows: pd.Series) -> dict[str, float]:
@@ -280,12 +291,23 @@ def write_fabrics(fabrics: dict[str, float], rows_on: dict[str, int]) -> None:
 def fit_playbook(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, start: Efficiency,
                  fitted: dict[str, float] | None = None) -> tuple[Efficiency, dict[str, float]]:
     """Hopper's attention, memory-bound and communication terms with nanotron's host and
-    allocator-pressure terms, on the Playbook's H100 runs (the GEMM fractions held)."""
+    allocator-pressure terms, on ``rows``: the Playbook's H100 runs and llm-foundry's
+    single-node ones (the GEMM fractions held)."""
     return fit_efficiency(
         frame, groups, rows, "hopper", start, EFF_PARAMS + TRAINING_PARAMS + PRESSURE_PARAMS,
         framework="nanotron",
         start_values=fitted or {"host_overhead_s": 5e-5, "pp_tp_step_overhead_s": 2e-4,
                                 "pressure_start": 0.85, "pressure_slowdown": 1.0})
+
+
+def foundry_node_rows(frame: pd.DataFrame, family: str) -> pd.Series:
+    """llm-foundry's ok runs on one node of ``family``'s GPUs. The Playbook runs one sequence
+    length (4,096), where attention and the per-token kernels (memory-bound, GEMM) grow alike
+    with the tokens and the fit cannot tell them apart; these runs span 512-65,536 tokens a
+    sequence, and within a node they need no assumption about a fabric the source does not give."""
+    one_node = frame["num_gpus"] <= frame["gpus_per_node"]
+    return (frame["source"].eq("llm-foundry") & frame["status"].eq("ok") & one_node
+            & regime(frame).str.startswith(family + "/"))
 
 
 def dgxc_rows(frame: pd.DataFrame, dense_only: bool = True) -> pd.Series:
@@ -331,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     groups = with_training(groups, "nanotron", memory_model=nanotron)
     print("allocator:", memory, "nanotron memory:", nanotron)
 
-    hop_rows = throughput_rows(frame) & train
+    foundry = foundry_node_rows(frame, "hopper") & train
+    hop_rows = (throughput_rows(frame) & train) | foundry
     mem_groups = [replace(g, training=replace(g.training, memory_model=replace(
         g.training.memory_model, **memory))) for g in groups]  # type: ignore[arg-type]
     # FlashAttention-3 / cuDNN start at 1.5x FlashAttention-2's prior (Shah et al., 2024)
@@ -358,8 +381,10 @@ def main(argv: list[str] | None = None) -> int:
     groups = with_training(groups, "nanotron", memory_model=nanotron_memory(nanotron), **fitted)
     n_dgxc = len(_covered(groups, dgxc & regime(frame).str.startswith("hopper/")))
     hopper = replace(hopper, source="fitted by python -m tcf_search.calibration.fit on "
-                     f"{int(hop_rows.sum())} Playbook H100 ok runs (pp=1 or after_pp_fix) "
-                     f"and {n_dgxc} dgxc-benchmarking H100 dense runs (GEMM, cuDNN attention, "
+                     f"{int((hop_rows & ~foundry).sum())} Playbook H100 ok runs (pp=1 or "
+                     f"after_pp_fix), {int(foundry.sum())} llm-foundry single-node H100 runs "
+                     f"(the two weighing alike) and {n_dgxc} dgxc-benchmarking H100 dense runs "
+                     "(GEMM, cuDNN attention, "
                      "fp8 GEMM and fp8 cast) of non-held-out (model, num_gpus) groups; GEMM "
                      "half-size from prior")
     print("hopper:", hopper)
