@@ -132,6 +132,34 @@ def test_a2a_overlap_never_shows_more_than_without(h100: GpuSpec) -> None:
     assert on.step_time_s < off.step_time_s
 
 
+def test_a2a_overlap_runs_the_first_forward_and_the_last_backward_alone(h100: GpuSpec) -> None:
+    """Megatron-Core's combined 1F1B pairs micro-batch i + 1's forward with i's backward: with one
+    micro-batch nothing pairs and the whole exchange shows; with more, a smaller share does."""
+    plan = Plan(dp=16, ep=16)
+    cluster = ClusterSpec(gpu=h100, num_gpus=16)
+    shares = []
+    for batch in (16, 64, 256):  # 1, 4 and 16 micro-batches per rank
+        base = Training(seq_len=4096, global_batch=batch)
+        off = _a2a(estimate(FINE, cluster, plan, base)).exposed_s  # type: ignore[attr-defined]
+        on = _a2a(estimate(FINE, cluster, plan,  # type: ignore[attr-defined]
+                           replace(base, moe_a2a_overlap=True))).exposed_s
+        shares.append(on / off)
+    assert shares[0] == pytest.approx(1.0)
+    assert shares[0] > shares[1] > shares[2] >= 1 / 16
+
+
+def test_unpaired_share_counts_the_interleaved_warmup(h100: GpuSpec) -> None:
+    from costmodel.parallel.expert import unpaired_share
+    from costmodel.parallel.mesh import mesh_of
+
+    # pp 8, vp 4, 128 micro-batches per rank: the first rank's warm-up runs
+    # (8 - 1) * 2 + (4 - 1) * 8 + 1 = 39 of its 128 * 4 = 512 forward chunk steps alone
+    cluster = ClusterSpec(gpu=h100, num_gpus=16)
+    tr = Training(seq_len=4096, global_batch=256, moe_a2a_overlap=True)
+    p = as_plan_arrays(plans_to_arrays([Plan(pp=8, vpp=4, dp=2, ep=2)]))
+    assert float(unpaired_share(mesh_of(cluster, tr, p))[0]) == pytest.approx(39 / 512)
+
+
 def test_permute_fusion_moves_fewer_bytes(h100: GpuSpec) -> None:
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
     p = as_plan_arrays(plans_to_arrays([Plan(dp=8, ep=8)]))
