@@ -375,8 +375,8 @@ def megatron_bridge_table() -> None:
         issues = ", ".join(sorted(set(BRIDGE_REGRESSIONS.values())))
         print(f"{DAGGER} a release's acknowledged regression ({issues}: 25.11's dropless "
               f"Qwen3-30B-A3B on H100 and B200, 2x slower than 25.09, fixed in 26.02.01); "
-              f"without those rows, mean absolute error {sum(clean) / len(clean):.1%} on "
-              f"{len(clean)} moe runs")
+              f"MoE error without them: {sum(clean) / len(clean):.1%} mean absolute "
+              f"({len(clean)} runs)")
 
 
 def automodel_table() -> None:

@@ -195,6 +195,32 @@ def test_measured_moe_rows_and_bridge_recipes_run_balanced() -> None:
         assert moe_switches(release, system, True)["moe_load_imbalance"] == 1.0
 
 
+def test_bridge_regression_rows_are_bridge_moe_rows_and_marked() -> None:
+    """Every row BRIDGE_REGRESSIONS names is a Megatron-Bridge MoE row and its label carries the
+    mark; the other MoE rows' do not; TP overlap reaches the MoE rows only where their recipe
+    runs it (25.09's Qwen3 at TP 2), never at TP 1."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_external import DAGGER, moe_label, moe_switches, recipe_switches
+    from published_runs import BRIDGE, BRIDGE_REGRESSIONS
+
+    from search.presets import PRESETS
+
+    moe_rows = {(r[0], r[1], r[2]): r for r in BRIDGE if PRESETS[r[2]].is_moe}
+    assert set(BRIDGE_REGRESSIONS) <= set(moe_rows)
+    for (release, system, preset), row in moe_rows.items():
+        tr = Training(seq_len=4096, global_batch=64,
+                      **moe_switches(release, system, True))  # type: ignore[arg-type]
+        marked = moe_label(release, system, preset, tr).endswith(DAGGER)
+        assert marked == ((release, system, preset) in BRIDGE_REGRESSIONS)
+        tp = row[8]
+        overlap = recipe_switches(preset, tp, (release, system)).get("tp_comm_overlap", False)
+        assert overlap == (tp > 1 and (release, system, preset)
+                           == ("25.09", "DGX-GB200", "qwen3-235b-a22b"))
+
+
 def test_moe_stage_rewrites_only_its_part_of_the_source() -> None:
     from costmodel.specs import Efficiency
     from tcf_search.calibration.moe_fit import MOE_MARK, with_moe_source
