@@ -44,7 +44,10 @@ Megatron-LM's H100 weak-scaling table (README, images/model_table.png): GPT mode
 Megatron-Bridge's performance summary (NeMo containers 25.09-26.04): Llama 3, Qwen3 MoE and
 DeepSeek-V3 on DGX H100, B200 and GB200 in FP8. The same recipe's MoE throughput moves by up to
 1.8x between container releases (Qwen3-30B-A3B on 16 H100: 5,113 tokens/s in 26.02, 9,058 in
-26.02.01), so these rows bound what a configuration model can say about MoE software.
+26.02.01), so these rows bound what a configuration model can say about MoE software. The two
+25.11 Qwen3-30B-A3B runs on H100 and B200 are of a regression the maintainers acknowledge
+(Megatron-Bridge #1998; BRIDGE_REGRESSIONS): marked, and the MoE mean is also given without
+them.
 
 NeMo AutoModel's performance summary (NVIDIA-NeMo/Automodel, docs/performance-summary.md as first
 published): Qwen3-30B-A3B and DeepSeek-V3 on DGX H100 in bf16 with its benchmark recipes, run
@@ -67,7 +70,7 @@ sys.path.insert(0, str(ROOT))
 import pandas as pd  # noqa: E402
 
 from costmodel import ClusterSpec, Plan, SpecError, estimate  # noqa: E402
-from costmodel.specs import Recompute  # noqa: E402
+from costmodel.specs import Recompute, Training  # noqa: E402
 from hardware_catalog import get_gpu  # noqa: E402
 from hardware_catalog.fabrics import fabric_fraction  # noqa: E402
 from search.presets import PRESETS  # noqa: E402
@@ -79,6 +82,7 @@ from published_runs import (  # noqa: E402
     AUTOMODEL,
     BRIDGE,
     BRIDGE_EDGES,
+    BRIDGE_REGRESSIONS,
     BRIDGE_SYSTEMS,
     LLAMA3_405B,
     MEGATRON_FP8,
@@ -96,6 +100,24 @@ MEGATRON_FP8_RECIPE = {"grad_dtype_bytes": 2, "fp8_param_gather": True}
 # B200/GB200); Megatron-LM's FP8 table says it follows NeMo's performance scripts, whose recipes
 # these are. The 8B recipes run TP 1; the MoE recipes are left at the profile's default.
 TP_OVERLAP_PRESETS = frozenset({"llama3-70b", "llama3.1-405b"})
+# The MoE rows at TP > 1 whose recipe overlaps TP communication: 25.09's run_script.py (v0.1.0rc4
+# and 8d5764fd3, whose TP 2 layout the table's Qwen3-235B GB200 row ran) builds every Qwen3
+# recipe with CommOverlapConfig(tp_comm_overlap=True), which src/megatron/bridge/training/
+# comm_overlap.py keeps at TP >= 2 with sequence parallel (the default userbuffers config). The
+# others keep it off: 25.11's Qwen3-235B H100 recipe (qwen3_llm_pretrain.py
+# qwen3_235b_a22b_h100_config: tp_comm_overlap=False) and DeepSeek-V3's (recipes/deepseek/
+# deepseek_v3.py: CommOverlapConfig(tp_comm_overlap=False)).
+TP_OVERLAP_MOE_ROWS = frozenset({("25.09", "DGX-GB200", "qwen3-235b-a22b")})
+# The fp8 recipe each MoE row ran (the tables' Precision column; in 25.09 the number outside the
+# parentheses): per-tensor current scaling ("cs") but for 25.11's Qwen3-30B-A3B on B200 and
+# GB200, MXFP8 ("mx", helpers.py get_precision_config "fp8_mx": bf16_with_mxfp8_mixed). The
+# model has one fp8 (its fitted casts and GEMM fraction): the column says which rows differ.
+FP8_MX_ROWS = frozenset({("25.11", "DGX-B200", "qwen3-30b-a3b"),
+                         ("25.11", "DGX-GB200", "qwen3-30b-a3b")})
+# The flex dispatcher's backend (printed; the model's flex is one fused dispatch whatever it is)
+DAGGER = "\u2020"  # marks a row of an acknowledged regression (BRIDGE_REGRESSIONS)
+FLEX_BACKENDS = {("25.09", "DGX-H100"): "deepep", ("25.11", "DGX-GB200"): "hybridep",
+                 ("26.04.01", "DGX-H100"): "hybridep"}
 
 
 # torchtitan's Tables 5 and 6 ran with AsyncTP (their captions), which overlaps the TP
@@ -164,17 +186,23 @@ def graph_switches(release: str, system: str, preset: str) -> dict[str, object]:
     return dict(GRAPH_RECIPES.get((release, system, preset), {}))
 
 
-def recompute_modes(release: str, graphs: dict[str, object]) -> tuple[Recompute, ...]:
-    """The recompute modes a row may run: none under Megatron-Core 0.14's graphs (25.09)."""
-    return ("none",) if graphs and release == "25.09" else ("none", "selective", "full")
+def recompute_modes(release: str, graphs: dict[str, object],
+                    preset: str = "") -> tuple[Recompute, ...]:
+    """The recompute modes a row may run: none under Megatron-Core 0.14's graphs (25.09) and in
+    every Qwen3 recipe (RECIPE_RECOMPUTE); the others' recipes recompute modules the model has
+    no mode for, so any of its modes."""
+    if (graphs and release == "25.09") or preset.startswith("qwen3"):
+        return ("none",)
+    return ("none", "selective", "full")
 
 
 # What the MoE recipes recompute (facts from each release's scripts, printed beside the chosen
-# mode, not used to choose it): Qwen3 none in every release (25.09 configs/qwen3/*.yaml
-# recompute_granularity: null; 25.11 and 26.04 configs/qwen*/qwen3_llm_pretrain.py
-# set_qwen3_common_configs); DeepSeek-V3 in 25.09 (run_script.py) the selective modules
-# mla_up_proj and mlp on H100, mla_up_proj on B200 and GB200 (the model's "selective" recomputes
-# the activation function only: the nearest of its modes, not the same).
+# mode): Qwen3 none in every release (25.09 configs/qwen3/*.yaml recompute_granularity: null;
+# 25.11 and 26.04 configs/qwen*/qwen3_llm_pretrain.py set_qwen3_common_configs), which the
+# Qwen3 rows run (recompute_modes); DeepSeek-V3 in 25.09 (run_script.py) the selective modules
+# mla_up_proj and mlp (the dense layers' MLP) on H100, mla_up_proj on B200 and GB200, which
+# no mode of the model's equals (its "selective" recomputes the activation function only), so
+# those rows run the fastest mode that fits.
 RECIPE_RECOMPUTE: dict[tuple[str, str], str] = {
     ("deepseek-v3", "DGX-H100"): "mla_up_proj+mlp", ("deepseek-v3", "DGX-B200"): "mla_up_proj",
     ("deepseek-v3", "DGX-GB200"): "mla_up_proj"}
@@ -193,8 +221,29 @@ def moe_switches(release: str, system: str, is_moe: bool) -> dict[str, object]:
             **MOE_RECIPES.get((release, system), {})}
 
 
-def recipe_switches(preset: str, tp: int) -> dict[str, object]:
-    return {"tp_comm_overlap": True} if preset in TP_OVERLAP_PRESETS and tp > 1 else {}
+def recipe_switches(preset: str, tp: int, row: tuple[str, str] = ("", "")) -> dict[str, object]:
+    """TP overlap where the recipe of the preset (or of the MoE row: release, system) runs it."""
+    on = preset in TP_OVERLAP_PRESETS or (*row, preset) in TP_OVERLAP_MOE_ROWS
+    return {"tp_comm_overlap": True} if on and tp > 1 else {}
+
+
+def model_has_shared(preset: str) -> bool:
+    return PRESETS[preset].moe_shared_experts > 0
+
+
+def moe_label(release: str, system: str, preset: str, training: Training) -> str:
+    """The row's MoE recipe in a few words: dispatcher (flex's backend), A2A or shared-expert
+    overlap, padding to capacity or dropless, the fp8 recipe, and the #1998 mark."""
+    tr = training
+    disp = (f"flex:{FLEX_BACKENDS.get((release, system), '?')}" if tr.moe_dispatcher == "flex"
+            else tr.moe_dispatcher)
+    shared = model_has_shared(preset) and tr.moe_shared_expert_overlap
+    parts = [disp + ("+a2a-overlap" if tr.moe_a2a_overlap else "")
+             + ("+shared-overlap" if shared else ""),
+             "pad" if tr.moe_pad_to_capacity else "dropless",
+             "mx" if (release, system, preset) in FP8_MX_ROWS else "cs"]
+    return " ".join(parts) + (f" {DAGGER}" if (release, system, preset) in BRIDGE_REGRESSIONS
+                              else "")
 
 
 def megatron_fp8() -> None:
@@ -258,16 +307,19 @@ def megatron_bridge_table() -> None:
     gradients), InfiniBand at the fabric's fitted fraction, ZeRO-3 where the table's FSDP column
     is set and the distributed optimizer otherwise. The tables say MoE tokens are force-balanced
     over the experts, as the model assumes; the dispatcher and its overlap are each release's
-    recipe's (MOE_RECIPES). DeepSeek-V3 trains with its multi-token prediction module (the
-    preset's; the recipe's mtp_num_layers=1) on the recipe's layouts (BRIDGE_EDGES: the MTP
-    stage holds 1 decoder layer of 4 on B200, 13 of 16 on GB200, 6 of 8 on H100). Blackwell's
-    GEMM fractions are fitted on the measured GB200 dense rows, its other terms borrowed from
-    hopper."""
+    recipe's (MOE_RECIPES), printed in the last column with the fp8 recipe (FP8_MX_ROWS).
+    DeepSeek-V3 trains with its multi-token prediction module (the preset's; the recipe's
+    mtp_num_layers=1) on the recipe's layouts (BRIDGE_EDGES: the MTP stage holds 1 decoder layer
+    of 4 on B200, 13 of 16 on GB200, 6 of 8 on H100). Blackwell's GEMM fractions are fitted on
+    the measured GB200 dense rows, its other terms borrowed from hopper. Rows of a release whose
+    slowdown the maintainers acknowledge as a regression (BRIDGE_REGRESSIONS) are marked and
+    their MoE mean is also given without them."""
     print("\nMegatron-Bridge performance summary (docs/performance-summary-archive.md), megatron "
           "profile, fp8, infiniband")
     print(f"{'release':<10}{'system':<11}{'model':<17}{'GPUs':>5}{'published':>11}"
-          f"{'predicted':>11}{'error':>8}  recompute (recipe's)")
+          f"{'predicted':>11}{'error':>8}  recompute (recipe's)  moe recipe")
     errs: dict[str, list[float]] = {"dense": [], "moe": []}
+    clean: list[float] = []  # MoE rows without an acknowledged regression
     for (release, system, preset, gpus, batch, mb, seq, fsdp, tp, pp, cp, vp, ep,
          published) in BRIDGE:
         gpu_id, per_node = BRIDGE_SYSTEMS[system]
@@ -275,7 +327,8 @@ def megatron_bridge_table() -> None:
         graphs = graph_switches(release, system, preset)
         training = training_spec(framework="megatron", precision="fp8", seq_len=seq,
                                  global_batch=batch,
-                                 switches={**MEGATRON_FP8_RECIPE, **recipe_switches(preset, tp),
+                                 switches={**MEGATRON_FP8_RECIPE,
+                                           **recipe_switches(preset, tp, (release, system)),
                                            **moe_switches(release, system, model.is_moe),
                                            **graphs})
         head = f"{release:<10}{system:<11}{preset:<17}{gpus:>5}{published:>11,.0f}"
@@ -285,7 +338,7 @@ def megatron_bridge_table() -> None:
                                   network_bw_fraction=fabric_fraction("infiniband"))
             first, last = BRIDGE_EDGES.get((preset, pp), (0, 0))
             modes, refused = {}, SpecError("no recompute mode")
-            for rec in recompute_modes(release, graphs):
+            for rec in recompute_modes(release, graphs, preset):
                 plan = Plan(tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp), ep=ep, vpp=vp,
                             micro_batch=mb, zero_stage=3 if fsdp else 1, recompute=rec,
                             sequence_parallel=tp > 1, first_stage_layers=first,
@@ -299,22 +352,34 @@ def megatron_bridge_table() -> None:
         except SpecError as e:
             print(f"{head}  not modelled: {e}")
             continue
-        # the table does not say what is recomputed: the fastest mode that fits, as predict
-        # would choose (the least memory when none fits)
+        # where the recipe's recompute has no equal among the model's modes (DeepSeek-V3's
+        # modules): the fastest mode that fits, as predict would choose (the least memory when
+        # none fits)
         fitting = [m for m, e in modes.items() if e.memory.fits]
         chosen = (max(fitting, key=lambda m: modes[m].tokens_per_s_per_gpu) if fitting
                   else min(modes, key=lambda m: modes[m].memory.peak_bytes))
         est = modes[chosen]
         tok = est.tokens_per_s_per_gpu
-        errs["moe" if model.is_moe else "dense"].append(abs(tok / published - 1))
+        err = abs(tok / published - 1)
+        errs["moe" if model.is_moe else "dense"].append(err)
+        if model.is_moe and (release, system, preset) not in BRIDGE_REGRESSIONS:
+            clean.append(err)
         fits = "" if est.memory.fits else " *"
         recipe = f" ({recipe_recompute(preset, system)})" if model.is_moe else ""
         scope = ",".join(training.cuda_graph_scope) or "layer"
         graph = f"  graphs {training.cuda_graph_impl}:{scope}" if graphs else ""
-        print(f"{head}{tok:>11,.0f}{tok / published - 1:>+8.0%}  {chosen}{fits}{recipe}{graph}")
+        moe = f"  {moe_label(release, system, preset, training)}" if model.is_moe else ""
+        print(f"{head}{tok:>11,.0f}{tok / published - 1:>+8.0%}  {chosen}{fits}{recipe}{moe}"
+              f"{graph}")
     print("tokens/s per GPU, mean absolute error: " + ", ".join(
         f"{sum(v) / len(v):.1%} on {len(v)} {k} runs" for k, v in errs.items() if v)
           + "; * = predicted not to fit")
+    if clean:
+        issues = ", ".join(sorted(set(BRIDGE_REGRESSIONS.values())))
+        print(f"{DAGGER} a release's acknowledged regression ({issues}: 25.11's dropless "
+              f"Qwen3-30B-A3B on H100 and B200, 2x slower than 25.09, fixed in 26.02.01); "
+              f"MoE error without them: {sum(clean) / len(clean):.1%} mean absolute "
+              f"({len(clean)} runs)")
 
 
 def automodel_table() -> None:

@@ -84,7 +84,8 @@ BRIDGE = (
     ("25.11", "DGX-H100", "llama3-8b", 8, 128, 1, 8192, 8, 1, 1, 1, 1, 1, 14451.0),
     ("25.11", "DGX-H100", "llama3-70b", 64, 128, 1, 8192, 0, 4, 8, 1, 5, 1, 1602.0),
     ("25.11", "DGX-H100", "llama3.1-405b", 1024, 512, 1, 8192, 0, 8, 8, 2, 8, 1, 292.0),
-    ("25.11", "DGX-H100", "qwen3-30b-a3b", 16, 512, 2, 4096, 0, 1, 2, 1, 24, 8, 5275.0),
+    # the 25.11 recipe's layout (MBS 1, VP 12), not the table's (MBS 2, VP 24): see below
+    ("25.11", "DGX-H100", "qwen3-30b-a3b", 16, 512, 1, 4096, 0, 1, 2, 1, 12, 8, 5275.0),
     ("25.11", "DGX-H100", "qwen3-235b-a22b", 256, 2048, 1, 4096, 0, 2, 8, 1, 4, 32, 1575.0),
     ("25.09", "DGX-H100", "deepseek-v3", 1024, 8192, 1, 4096, 0, 2, 8, 1, 4, 64, 1297.0),
     ("26.04.01", "DGX-H100", "qwen3-30b-a3b", 16, 1024, 1, 4096, 0, 1, 1, 1, 1, 16, 8960.0),
@@ -111,6 +112,29 @@ BRIDGE = (
 # rank; on B200 (pp 16) and GB200 (pp 4, vp 4) the recipe's map_pp_vp_to_layout
 # (src/megatron/bridge/recipes/deepseek/deepseek_v3.py): 16 chunks of E + 4, 14 x 4, 1 + mtp +
 # loss, so 4 / 4 / 1 layers on 16 ranks and 16 / 16 / 13 on 4
+# Qwen3-30B-A3B on 16 H100 in 25.11: the table gives MBS 2, VP 24 (GA 32), the 25.09 run's
+# layout (that release's perf_matrix before a28844195, scripts/performance/configs/qwen3/
+# qwen3_30b_a3b_llm_pretrain.yaml at 8d5764fd3: vp 24, fp8_cs mbs 2), while every 25.11 recipe
+# (r0.2.0 from 8aed9a229 "cuda graph fine grained scope | hybridEP | a2a overlap", which put
+# moe_a2a_overlap=True where micro_batch_size=2 was, to v0.2.2:
+# scripts/performance/configs/qwen3/workload_base_configs.py
+# QWEN3_30B_A3B_H100_FP8_CS_BASE_CONFIG) runs pp 2, vp 12 and the default micro-batch 1 (GA
+# 64): the BRIDGE row runs the recipe's. 26.02's table gives the recipe's (MBS 1, VP 12).
+#
+# Rows of a release its maintainers call a regression: Megatron-Bridge issue #1998 (open,
+# erhoo82, 2026-01-20): "2X slower performance in QWEN3 30B on H100 and B200 with the dropless
+# schedule compared to the token-drop schedule. Basically, the perf in 25.11 is 2X slower than
+# 25.09." (25.09's token-drop runs: 10,494 and 18,066 tokens/s per GPU.) 26.02 still ran 5,113
+# on H100 (PP 2, VP 12, MBS 1, GBS 1024) and 9,691 on B200 (MBS 1); 26.02.01 ran the same H100
+# layout at 9,058 and B200 at MBS 4 with HybridEP at 26,695, so 26.02.01 fixed it. Between the
+# two, r0.3.0's perf recipes named DeepEP for Qwen3-30B (#2351, 5c38201c9) and set the flex
+# dispatcher where a backend is named (#2393, 6a41745da); which change (or the Megatron-Core
+# bump) fixed it the record does not say. 26.04 (v0.4.x QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_
+# FP8_CS_V1: HybridEP, EP 16, no A2A overlap) is the 26.04.01 row. The 25.11 GB200 run used
+# HybridEP already and did not regress (23,766 vs 22,775).
+BRIDGE_REGRESSIONS = {("25.11", "DGX-H100", "qwen3-30b-a3b"): "Megatron-Bridge #1998",
+                      ("25.11", "DGX-B200", "qwen3-30b-a3b"): "Megatron-Bridge #1998"}
+
 BRIDGE_EDGES = {("llama3.1-405b", 8): (15, 15), ("qwen3-235b-a22b", 8): (11, 11),
                 ("deepseek-v3", 8): (7, 6), ("deepseek-v3", 16): (4, 1),
                 ("deepseek-v3", 4): (16, 13)}

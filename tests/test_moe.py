@@ -132,6 +132,34 @@ def test_a2a_overlap_never_shows_more_than_without(h100: GpuSpec) -> None:
     assert on.step_time_s < off.step_time_s
 
 
+def test_a2a_overlap_runs_the_first_forward_and_the_last_backward_alone(h100: GpuSpec) -> None:
+    """Megatron-Core's combined 1F1B pairs micro-batch i + 1's forward with i's backward: with one
+    micro-batch nothing pairs and the whole exchange shows; with more, a smaller share does."""
+    plan = Plan(dp=16, ep=16)
+    cluster = ClusterSpec(gpu=h100, num_gpus=16)
+    shares = []
+    for batch in (16, 64, 256):  # 1, 4 and 16 micro-batches per rank
+        base = Training(seq_len=4096, global_batch=batch)
+        off = _a2a(estimate(FINE, cluster, plan, base)).exposed_s  # type: ignore[attr-defined]
+        on = _a2a(estimate(FINE, cluster, plan,  # type: ignore[attr-defined]
+                           replace(base, moe_a2a_overlap=True))).exposed_s
+        shares.append(on / off)
+    assert shares[0] == pytest.approx(1.0)
+    assert shares[0] > shares[1] > shares[2] >= 1 / 16
+
+
+def test_unpaired_share_counts_the_interleaved_warmup(h100: GpuSpec) -> None:
+    from costmodel.parallel.expert import unpaired_share
+    from costmodel.parallel.mesh import mesh_of
+
+    # pp 8, vp 4, 128 micro-batches per rank: the first rank's warm-up runs
+    # (8 - 1) * 2 + (4 - 1) * 8 + 1 = 39 of its 128 * 4 = 512 forward chunk steps alone
+    cluster = ClusterSpec(gpu=h100, num_gpus=16)
+    tr = Training(seq_len=4096, global_batch=256, moe_a2a_overlap=True)
+    p = as_plan_arrays(plans_to_arrays([Plan(pp=8, vpp=4, dp=2, ep=2)]))
+    assert float(unpaired_share(mesh_of(cluster, tr, p))[0]) == pytest.approx(39 / 512)
+
+
 def test_permute_fusion_moves_fewer_bytes(h100: GpuSpec) -> None:
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
     p = as_plan_arrays(plans_to_arrays([Plan(dp=8, ep=8)]))
@@ -165,6 +193,32 @@ def test_measured_moe_rows_and_bridge_recipes_run_balanced() -> None:
 
     for release, system in MOE_RECIPES:
         assert moe_switches(release, system, True)["moe_load_imbalance"] == 1.0
+
+
+def test_bridge_regression_rows_are_bridge_moe_rows_and_marked() -> None:
+    """Every row BRIDGE_REGRESSIONS names is a Megatron-Bridge MoE row and its label carries the
+    mark; the other MoE rows' do not; TP overlap reaches the MoE rows only where their recipe
+    runs it (25.09's Qwen3 at TP 2), never at TP 1."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_external import DAGGER, moe_label, moe_switches, recipe_switches
+    from published_runs import BRIDGE, BRIDGE_REGRESSIONS
+
+    from search.presets import PRESETS
+
+    moe_rows = {(r[0], r[1], r[2]): r for r in BRIDGE if PRESETS[r[2]].is_moe}
+    assert set(BRIDGE_REGRESSIONS) <= set(moe_rows)
+    for (release, system, preset), row in moe_rows.items():
+        tr = Training(seq_len=4096, global_batch=64,
+                      **moe_switches(release, system, True))  # type: ignore[arg-type]
+        marked = moe_label(release, system, preset, tr).endswith(DAGGER)
+        assert marked == ((release, system, preset) in BRIDGE_REGRESSIONS)
+        tp = row[8]
+        overlap = recipe_switches(preset, tp, (release, system)).get("tp_comm_overlap", False)
+        assert overlap == (tp > 1 and (release, system, preset)
+                           == ("25.09", "DGX-GB200", "qwen3-235b-a22b"))
 
 
 def test_moe_stage_rewrites_only_its_part_of_the_source() -> None:

@@ -116,6 +116,22 @@ def _dispatch_s(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
     return t * tr.moe_load_imbalance
 
 
+def unpaired_share(g: Mesh) -> np.ndarray:
+    """The share of a rank's forward chunk steps (and as many backward ones) that Megatron-Core's
+    combined 1F1B schedule (--overlap-moe-expert-parallel-comm) runs unpaired, their exchange
+    exposed. Without PP (pipeline_parallel/combined_1f1b.py
+    combined_1f1b_schedule_for_no_pipelining) the first micro-batch's forward runs alone and the
+    last one's backward; under interleaved PP (the only PP the overlap allows:
+    transformer_config.py asserts virtual_pipeline_model_parallel_size) the warm-up forwards
+    and the cool-down backwards do, (pp - rank - 1) * 2 + (vp - 1) * group + 1 of them with
+    group = pp (schedules.py get_pp_rank_microbatches, overlap_moe_expert_parallel_comm's extra
+    one; model_parallel_config.py microbatch_group_size_per_vp_stage), on the first rank, which
+    has the most (Megatron-LM 0d8e0714cd, core_dev_r0.15.0). Of m * vp forward chunk steps."""
+    m, pp, vp = g.micro_batches.astype(float), g.pp.astype(float), g.vpp.astype(float)
+    warmup = np.where(pp > 1, 2.0 * (pp - 1.0) + (vp - 1.0) * pp + 1.0, 1.0)
+    return np.minimum(warmup / np.maximum(m * vp, 1.0), 1.0)
+
+
 def expert_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
                     lt: LayerTimes) -> ExpertComm:
     # each rank dispatches its own M / tp sequence shard (MoE with TP runs sequence parallel):
@@ -124,8 +140,11 @@ def expert_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mes
     moe_on = 1.0 if model.is_moe else 0.0
     layer_fwd = 2.0 * _dispatch_s(model, cluster, tr, g, x_tok) * moe_on
     if tr.moe_a2a_overlap and not g.synchronous:
-        # a forward's exchange behind another micro-batch's backward, and the other way round
-        shown = np.maximum(2.0 * layer_fwd - (lt.fwd_moe_s + lt.bwd_moe_s), 0.0) / 2.0
+        # a forward's exchange behind another micro-batch's backward, and the other way round;
+        # the chunk steps the combined 1F1B schedule runs alone show all of theirs
+        paired = np.maximum(2.0 * layer_fwd - (lt.fwd_moe_s + lt.bwd_moe_s), 0.0) / 2.0
+        alone = unpaired_share(g)
+        shown = (1.0 - alone) * paired + alone * layer_fwd
         fwd_s, bwd_s = shown, shown
     elif (tr.moe_shared_expert_overlap and tr.moe_dispatcher == "alltoall"
           and not g.synchronous):
