@@ -23,6 +23,7 @@ from search.misses import nearest_misses
 from search.output import write_outputs
 from search.presets import APPROXIMATIONS
 from search.prune import memory_stage
+from search.rescore import current_study, scoring
 from search.result import RankedPlan, StudyResult
 from search.space import Layouts, SearchSpace, build_space, enumerate_layouts
 from search.specs import Specs, build_specs
@@ -112,6 +113,16 @@ def fingerprint(study: Study, specs: Specs, space: SearchSpace) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def priced_by(study: Study, specs: Specs) -> dict[str, Any]:
+    """The study numbers that change a trial's values but not the study's fingerprint (which
+    is kept as it was, so that existing studies resume): part of its scoring
+    (``search.rescore``)."""
+    return {"fabric": specs.cluster.fabric,
+            "network_bw_fraction": specs.cluster.network_bw_fraction,
+            "token_budget": study.training.token_budget,
+            "price_per_gpu_hour": study.cluster.price_per_gpu_hour}
+
+
 def optimize(ev: Evaluator, study: Study, space: SearchSpace, options: RunOptions,
              progress: Progress | None) -> tuple[optuna.Study | None, dict[str, Any]]:
     s = study.search
@@ -128,6 +139,12 @@ def optimize(ev: Evaluator, study: Study, space: SearchSpace, options: RunOption
     # A folder whose own journal already held this study (same fingerprint) is this run's.
     info["resumed_own_folder"] = (spec.journal == options.out_dir / STORAGE_FILE
                                   and len(ostudy.get_trials(deepcopy=False)) > 0)
+    # trials scored by another cost model are re-scored into a study of their own, never mixed
+    key = scoring(priced_by(study, ev.specs))
+    ostudy, rescored = current_study(ostudy, spec, ev, key)
+    info.update(study_name=ostudy.study_name, cost_model=key["cost_model"])
+    if rescored is not None:
+        info["rescored"] = rescored
     info["recovered_trials"] = recover(ostudy, spec)
     kind = s.sampler
     if target >= ev.units:  # every unit once: the result is exact, more trials add nothing
