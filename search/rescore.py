@@ -30,12 +30,11 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from search.evaluate import Evaluator
-from search.optimize import objective
+from search.optimize import RESCORED_FROM, objective
 from search.storage import FINGERPRINT_ATTR, StorageSpec
 
 SCORING_ATTR = "tcf_search_scoring"  # {"cost_model": version, "inputs": {...}}
 CURRENT_ATTR = "tcf_search_current"  # on the study under its own name: the study continued
-RESCORED_FROM = "rescored_from"  # a re-scored trial's user attribute: the old trial's number
 # What turns a trial's sample into its values, beyond the fingerprinted specs: the cost model,
 # the catalog (its loaders and data files), and the search modules that judge a unit.
 PACKAGES = (("costmodel", ("*.py",)), ("hardware_catalog", ("*.py", "*.yaml")))
@@ -58,21 +57,27 @@ def _sources() -> Iterable[tuple[str, Path]]:
         yield f"search/{name}.py", here / f"{name}.py"
 
 
-@functools.cache
-def cost_model_version() -> str:
-    """SHA-256 over the files that score a trial, as installed: each file's package-relative
-    name and content, in name order (no path, mtime or listing order enters it)."""
+def source_digest(sources: Iterable[tuple[str, Path]]) -> str:
+    """SHA-256 over each file's name and content, in name order (no path, mtime or listing
+    order enters it)."""
     digest = hashlib.sha256()
-    for name, path in sorted(_sources()):
+    for name, path in sorted(sources):
         digest.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()
 
 
-def scoring(inputs: dict[str, Any], version: str | None = None) -> dict[str, Any]:
+@functools.cache
+def cost_model_version() -> str:
+    """The version of what scores a trial, as installed (a few ms, once a process: the first
+    run of a study, after its catalog is loaded)."""
+    return source_digest(_sources())
+
+
+def scoring(inputs: dict[str, Any]) -> dict[str, Any]:
     """What the study's trial values rest on: the cost-model version and the study numbers that
     only price a plan (JSON values, as the storage holds them)."""
-    return json.loads(json.dumps({"cost_model": version or cost_model_version(),
-                                  "inputs": inputs}, sort_keys=True))
+    return json.loads(json.dumps({"cost_model": cost_model_version(), "inputs": inputs},
+                                 sort_keys=True))
 
 
 def scored_name(name: str, key: dict[str, Any]) -> str:
@@ -92,18 +97,12 @@ def current_study(base: optuna.Study, spec: StorageSpec, ev: Evaluator,
         if base.user_attrs.get(CURRENT_ATTR, base.study_name) != base.study_name:
             base.set_user_attr(CURRENT_ATTR, base.study_name)
         return base, None
-    storage = base._storage
     name = scored_name(base.study_name, key)
     source = _latest(base, name)
-    if name in optuna.get_all_study_names(storage):
-        study = optuna.load_study(study_name=name, storage=storage)
-        if study.user_attrs.get(SCORING_ATTR) == key:  # re-scored before: continue it
-            base.set_user_attr(CURRENT_ATTR, name)
-            return study, None
-    else:
-        study = optuna.create_study(storage=storage, study_name=name,
-                                    directions=base.directions)
-        study.set_user_attr(FINGERPRINT_ATTR, base.user_attrs[FINGERPRINT_ATTR])
+    study = _scored_study(base, name)
+    if study.user_attrs.get(SCORING_ATTR) == key:  # re-scored before: continue it
+        base.set_user_attr(CURRENT_ATTR, name)
+        return study, None
     old = source.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     held = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     done = {t.user_attrs.get(RESCORED_FROM) for t in held}
@@ -117,6 +116,19 @@ def current_study(base: optuna.Study, spec: StorageSpec, ev: Evaluator,
             "from_scoring": was}
     print(f"note: {_note(spec, source.study_name, len(old), was, key, name)}", file=sys.stderr)
     return study, info
+
+
+def _scored_study(base: optuna.Study, name: str) -> optuna.Study:
+    """The study ``name`` beside ``base``, made (with its fingerprint) if there is none."""
+    storage = base._storage
+    if name in optuna.get_all_study_names(storage):  # made by an earlier run
+        return optuna.load_study(study_name=name, storage=storage)
+    try:
+        study = optuna.create_study(storage=storage, study_name=name, directions=base.directions)
+    except optuna.exceptions.DuplicatedStudyError:  # another host on the RDB, just now
+        return optuna.load_study(study_name=name, storage=storage)
+    study.set_user_attr(FINGERPRINT_ATTR, base.user_attrs[FINGERPRINT_ATTR])
+    return study
 
 
 def _latest(base: optuna.Study, name: str) -> optuna.Study:

@@ -4,6 +4,7 @@ model needs, built the way the search builds them."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,7 @@ class Subject:
     plan: Plan
     origin: str  # "--plan", "rank 1 of runs/x", a plan file path
     study: Study | None = None  # when a study file was given: its baseline and search space
+    folder: Path | None = None  # the result folder whose ranking the plan comes from
 
 
 def is_plan_file(path: Path) -> bool:
@@ -82,7 +84,8 @@ def resolve(target: Path, plan_text: str | None, rank: int | None,
                            origin="--plan")
         check(pf.plan, specs)
         return Subject(name=pf.study, specs=specs, plan=pf.plan, origin=f"rank {pf.rank} "
-                       f"of {path.parent.parent if target.is_dir() and rank else target}")
+                       f"of {path.parent.parent if target.is_dir() and rank else target}",
+                       folder=target if target.is_dir() else None)
     study = load_study(target)
     specs = build_specs(study)
     if plan_text is not None:
@@ -97,4 +100,20 @@ def resolve(target: Path, plan_text: str | None, rank: int | None,
                           f"pass --result DIR)")
     plan = ranked_plan(folder, rank, specs, f"rank {rank} of {folder} does not match {target}")
     return Subject(name=study.study_name, specs=specs, plan=plan,
-                   origin=f"rank {rank} of {folder}", study=study)
+                   origin=f"rank {rank} of {folder}", study=study, folder=folder)
+
+
+def ranking_note(folder: Path | None) -> str | None:
+    """Why the numbers explained may differ from the folder's ranking: another cost model
+    ranked it (``result.json``'s ``search.cost_model``) than the one explaining it now."""
+    from search.rescore import cost_model_version
+
+    try:
+        doc = json.loads((folder / "result.json").read_text()) if folder else {}
+        ranked = doc.get("search", {}).get("cost_model")
+    except (OSError, ValueError, AttributeError):
+        return None  # an unreadable result.json is the plan file readers' to report
+    if not isinstance(ranked, str) or ranked == cost_model_version():
+        return None
+    return (f"{folder} was ranked by cost model {ranked[:12]}; explained under "
+            f"{cost_model_version()[:12]} (rerun the study to re-score its trials)")
