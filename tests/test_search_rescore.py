@@ -201,3 +201,15 @@ def test_the_version_hashes_names_and_contents_only(tmp_path: Path) -> None:
     with copy["costmodel/step.py"].open("a") as f:
         f.write("# a changed line\n")
     assert rescore.source_digest(copy.items()) != rescore.cost_model_version()
+
+
+def test_an_rdb_study_is_rescored_alike(tmp_path: Path, study: Study,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    first = run_study(study, RunOptions(out_dir=tmp_path / "a", trials=6, storage=url))
+    upgrade(monkeypatch)
+    second = run_study(study, RunOptions(out_dir=tmp_path / "b", trials=8, storage=url))
+    assert second.search["rescored"]["trials"] == 6 and second.search["trials_this_run"] == 2
+    assert second.search["study_name"] != first.search["study_name"]
+    names = set(optuna.get_all_study_names(storage=url))
+    assert names == {NAME, second.search["study_name"]}
