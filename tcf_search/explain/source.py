@@ -12,12 +12,13 @@ import yaml
 
 from costmodel import Plan
 from costmodel.errors import TcfError
-from search.files import read_input
+from search.files import MIB, read_input
 from search.planfile import MAX_PLAN_FILE_BYTES, load_plan_file
 from search.specs import Specs, build_specs, plan_file_specs
 from search.study import Study, load_study
 from tcf_search.explain.planspec import PlanSpecError, check, parse_plan
 
+MAX_RESULT_BYTES = 1024 * MIB  # as report reads result.json
 DEFAULT_RUNS_DIR = Path("runs")  # where ``tcf-search run`` writes when -o is not given
 
 
@@ -108,11 +109,13 @@ def ranking_note(folder: Path | None) -> str | None:
     ranked it (``result.json``'s ``search.cost_model``) than the one explaining it now."""
     from search.rescore import cost_model_version
 
+    if folder is None:
+        return None
     try:
-        doc = json.loads((folder / "result.json").read_text()) if folder else {}
+        doc = json.loads(read_input(folder / "result.json", "RESULT", MAX_RESULT_BYTES))
         ranked = doc.get("search", {}).get("cost_model")
-    except (OSError, ValueError, AttributeError):
-        return None  # an unreadable result.json is the plan file readers' to report
+    except (TcfError, ValueError, UnicodeDecodeError, RecursionError, AttributeError):
+        return None  # no readable result.json: nothing says which model ranked the plans
     if not isinstance(ranked, str) or ranked == cost_model_version():
         return None
     return (f"{folder} was ranked by cost model {ranked[:12]}; explained under "
