@@ -100,10 +100,18 @@ def summarize(study: Study, ev: Evaluator, layouts: Layouts, top: list[RankedPla
         notes=notes(study, ev), calibration=calibration_status(specs.cluster))
 
 
-def fingerprint(study: Study, specs: Specs, space: SearchSpace) -> str:
-    """What makes two runs the same study: the resolved model, cluster, training, space,
-    objective and sampler settings (not the trial count, workers or storage)."""
-    doc = {"model": dataclasses.asdict(specs.model), "gpu": dataclasses.asdict(specs.cluster.gpu),
+def fingerprints(study: Study, specs: Specs, space: SearchSpace) -> tuple[str, str]:
+    """What makes two runs the same study: the resolved model, cluster (the GPU without its
+    calibrated efficiency, which scores a plan: ``priced_by``), training, space, objective and
+    sampler settings (not the trial count, workers or storage). Returns it and the fingerprint
+    tcf-search wrote before (the efficiency in it), which a study made then still answers to."""
+    gpu = dataclasses.asdict(specs.cluster.gpu)
+    return (_digest(study, specs, space, {k: v for k, v in gpu.items() if k != "efficiency"}),
+            _digest(study, specs, space, gpu))
+
+
+def _digest(study: Study, specs: Specs, space: SearchSpace, gpu: dict[str, Any]) -> str:
+    doc = {"model": dataclasses.asdict(specs.model), "gpu": gpu,
            "num_gpus": specs.cluster.num_gpus, "gpus_per_node": specs.cluster.gpus_per_node,
            "training": dataclasses.asdict(specs.training), "domains": space.domains,
            "flags": [space.switches.uneven_pipeline, space.partial_recompute,
@@ -114,10 +122,11 @@ def fingerprint(study: Study, specs: Specs, space: SearchSpace) -> str:
 
 
 def priced_by(study: Study, specs: Specs) -> dict[str, Any]:
-    """The study numbers that change a trial's values but not the study's fingerprint (which
-    is kept as it was, so that existing studies resume): part of its scoring
-    (``search.rescore``)."""
-    return {"fabric": specs.cluster.fabric,
+    """The study numbers that change a trial's values but not the study's fingerprint: part of
+    its scoring (``search.rescore``), with the GPU's calibrated efficiency (a refit re-scores a
+    study, as a new formula does)."""
+    return {"efficiency": dataclasses.asdict(specs.cluster.gpu.efficiency),
+            "fabric": specs.cluster.fabric,
             "network_bw_fraction": specs.cluster.network_bw_fraction,
             "token_budget": study.training.token_budget,
             "price_per_gpu_hour": study.cluster.price_per_gpu_hour}
@@ -134,7 +143,7 @@ def optimize(ev: Evaluator, study: Study, space: SearchSpace, options: RunOption
         return None, {**info, "trials_this_run": 0}
     spec = StorageSpec.parse(options.storage or s.storage, options.out_dir)
     ostudy = open_study(spec, study.study_name, ev.directions,
-                        fingerprint(study, ev.specs, space))
+                        *fingerprints(study, ev.specs, space))
     info["storage"] = spec.describe()
     # A folder whose own journal already held this study (same fingerprint) is this run's.
     info["resumed_own_folder"] = (spec.journal == options.out_dir / STORAGE_FILE

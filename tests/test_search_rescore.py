@@ -5,6 +5,7 @@ trials kept, and one under the same version resumes as it always did."""
 from __future__ import annotations
 
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,12 @@ import pytest
 from optuna.trial import TrialState
 
 import search.evaluate
+import search.pipeline
 import search.rescore as rescore
 from search.pipeline import RunOptions, run_study
-from search.storage import StorageSpec
+from search.space import build_space
+from search.specs import Specs, build_specs
+from search.storage import FINGERPRINT_ATTR, StorageSpec
 from search.study import Study, load_study
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,13 +160,44 @@ def test_a_pareto_study_is_rescored_with_its_constraints(
 def test_a_study_from_before_versions_is_rescored(tmp_path: Path, study: Study,
                                                  monkeypatch: pytest.MonkeyPatch,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # then: no scoring recorded, and the fingerprint with the GPU's efficiency in it
+    real = search.pipeline.fingerprints
     monkeypatch.setattr(rescore, "SCORING_ATTR", "not_recorded_then")
+    monkeypatch.setattr(search.pipeline, "fingerprints", lambda *a: (real(*a)[1], ""))
     run_study(study, RunOptions(out_dir=tmp_path, trials=6))
+    earlier = optuna.load_study(study_name=NAME, storage=StorageSpec.parse(None, tmp_path).open())
+    assert earlier.user_attrs[FINGERPRINT_ATTR] != real(
+        study, build_specs(study), build_space(study, build_specs(study)))[0]
     monkeypatch.undo()
     capsys.readouterr()
     result = run_study(study, RunOptions(out_dir=tmp_path, trials=6))
     assert "scored by an unrecorded cost model" in capsys.readouterr().err
     assert result.search["rescored"]["trials"] == 6 and result.trials == 6
+
+
+def test_a_refit_calibration_rescores_and_is_not_refused(
+        tmp_path: Path, study: Study, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A refit changes the GPU's efficiency, which scores a plan: the study is re-scored under
+    it (its fingerprint is the same), not refused as a study of other hardware."""
+    run_study(study, RunOptions(out_dir=tmp_path, trials=6))
+    real = search.pipeline.build_specs
+
+    def refit(s: Study) -> Specs:
+        specs = real(s)
+        gpu = specs.cluster.gpu
+        eff = replace(gpu.efficiency, gemm_peak_fraction=gpu.efficiency.gemm_peak_fraction / 2)
+        return replace(specs, cluster=replace(specs.cluster, gpu=replace(gpu, efficiency=eff)))
+
+    monkeypatch.setattr(search.pipeline, "build_specs", refit)
+    capsys.readouterr()
+    result = run_study(study, RunOptions(out_dir=tmp_path, trials=8))
+    assert "scored with other efficiency; re-scored" in capsys.readouterr().err
+    assert result.search["rescored"]["trials"] == 6 and result.trials == 8
+    old = {t.user_attrs["unit"]: t.values[0] for t in trials(tmp_path)}
+    now = [t for t in trials(tmp_path, result.search["study_name"])
+           if rescore.RESCORED_FROM in t.user_attrs]
+    assert len(now) == 6 and all(t.values[0] < old[t.user_attrs["unit"]] for t in now)
 
 
 def test_a_rescore_cut_short_is_finished_by_the_next_run(tmp_path: Path, study: Study,
