@@ -28,6 +28,7 @@ from search.evaluate import Evaluator
 from search.storage import SearchError, StorageSpec, quiet, signals_deferred
 
 MAX_FAILURES = 20  # trials failing in a row (a bug, not bad luck) before a worker gives up
+RESCORED_FROM = "rescored_from"  # a re-scored trial's attribute: its trial in the old study
 
 Progress = Callable[[int, int], None]
 _stop = False  # a worker process got SIGINT: it ends the trial under way, then stops
@@ -262,5 +263,7 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
         row.update(t.user_attrs.get("search", {}))
         row["duration_s"] = t.duration.total_seconds() if t.duration else ""
         row["error"] = t.user_attrs.get("error", "")
+        if RESCORED_FROM in t.user_attrs:  # search.rescore: judged again under today's model
+            row[RESCORED_FROM] = t.user_attrs[RESCORED_FROM]
         rows.append(row)
     return rows

@@ -23,6 +23,7 @@ from search.misses import nearest_misses
 from search.output import write_outputs
 from search.presets import APPROXIMATIONS
 from search.prune import memory_stage
+from search.rescore import current_study, scoring
 from search.result import RankedPlan, StudyResult
 from search.space import Layouts, SearchSpace, build_space, enumerate_layouts
 from search.specs import Specs, build_specs
@@ -99,10 +100,18 @@ def summarize(study: Study, ev: Evaluator, layouts: Layouts, top: list[RankedPla
         notes=notes(study, ev), calibration=calibration_status(specs.cluster))
 
 
-def fingerprint(study: Study, specs: Specs, space: SearchSpace) -> str:
-    """What makes two runs the same study: the resolved model, cluster, training, space,
-    objective and sampler settings (not the trial count, workers or storage)."""
-    doc = {"model": dataclasses.asdict(specs.model), "gpu": dataclasses.asdict(specs.cluster.gpu),
+def fingerprints(study: Study, specs: Specs, space: SearchSpace) -> tuple[str, str]:
+    """What makes two runs the same study: the resolved model, cluster (the GPU without its
+    calibrated efficiency, which scores a plan: ``priced_by``), training, space, objective and
+    sampler settings (not the trial count, workers or storage). Returns it and the fingerprint
+    tcf-search wrote before (the efficiency in it), which a study made then still answers to."""
+    gpu = dataclasses.asdict(specs.cluster.gpu)
+    return (_digest(study, specs, space, {k: v for k, v in gpu.items() if k != "efficiency"}),
+            _digest(study, specs, space, gpu))
+
+
+def _digest(study: Study, specs: Specs, space: SearchSpace, gpu: dict[str, Any]) -> str:
+    doc = {"model": dataclasses.asdict(specs.model), "gpu": gpu,
            "num_gpus": specs.cluster.num_gpus, "gpus_per_node": specs.cluster.gpus_per_node,
            "training": dataclasses.asdict(specs.training), "domains": space.domains,
            "flags": [space.switches.uneven_pipeline, space.partial_recompute,
@@ -110,6 +119,17 @@ def fingerprint(study: Study, specs: Specs, space: SearchSpace) -> str:
            "objective": study.objective.model_dump(),
            "sampler": [study.search.sampler, study.search.seed]}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def priced_by(study: Study, specs: Specs) -> dict[str, Any]:
+    """The study numbers that change a trial's values but not the study's fingerprint: part of
+    its scoring (``search.rescore``), with the GPU's calibrated efficiency (a refit re-scores a
+    study, as a new formula does)."""
+    return {"efficiency": dataclasses.asdict(specs.cluster.gpu.efficiency),
+            "fabric": specs.cluster.fabric,
+            "network_bw_fraction": specs.cluster.network_bw_fraction,
+            "token_budget": study.training.token_budget,
+            "price_per_gpu_hour": study.cluster.price_per_gpu_hour}
 
 
 def optimize(ev: Evaluator, study: Study, space: SearchSpace, options: RunOptions,
@@ -123,11 +143,17 @@ def optimize(ev: Evaluator, study: Study, space: SearchSpace, options: RunOption
         return None, {**info, "trials_this_run": 0}
     spec = StorageSpec.parse(options.storage or s.storage, options.out_dir)
     ostudy = open_study(spec, study.study_name, ev.directions,
-                        fingerprint(study, ev.specs, space))
+                        *fingerprints(study, ev.specs, space))
     info["storage"] = spec.describe()
     # A folder whose own journal already held this study (same fingerprint) is this run's.
     info["resumed_own_folder"] = (spec.journal == options.out_dir / STORAGE_FILE
                                   and len(ostudy.get_trials(deepcopy=False)) > 0)
+    # trials scored by another cost model are re-scored into a study of their own, never mixed
+    key = scoring(priced_by(study, ev.specs))
+    ostudy, rescored = current_study(ostudy, spec, ev, key)
+    info.update(study_name=ostudy.study_name, cost_model=key["cost_model"])
+    if rescored is not None:
+        info["rescored"] = rescored
     info["recovered_trials"] = recover(ostudy, spec)
     kind = s.sampler
     if target >= ev.units:  # every unit once: the result is exact, more trials add nothing

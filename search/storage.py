@@ -328,8 +328,10 @@ def unlock_journal(spec: StorageSpec) -> None:
 
 
 def open_study(spec: StorageSpec, name: str, directions: list[str],
-               fingerprint: str) -> optuna.Study:
-    """Create or resume the study; refuse storage that holds another study under this name."""
+               fingerprint: str, earlier: str = "") -> optuna.Study:
+    """Create or resume the study; refuse storage that holds another study under this name.
+    A study fingerprinted the ``earlier`` way (by an older tcf-search) is this one: it takes
+    the current fingerprint, and its trials are re-scored (``search.rescore``)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if spec.journal is not None:
         check_journal(spec.journal)  # before the lock file: refuse a file that is no journal
@@ -351,7 +353,7 @@ def open_study(spec: StorageSpec, name: str, directions: list[str],
         storage=storage, study_name=name, load_if_exists=True,
         directions=[optuna.study.StudyDirection[d.upper()] for d in directions])
     held = study.user_attrs.get(FINGERPRINT_ATTR)
-    if held is None:
+    if held is None or (earlier and held == earlier):
         study.set_user_attr(FINGERPRINT_ATTR, fingerprint)
     elif held != fingerprint:
         unlock_journal(spec)  # the folder is not this study's: leave it to its own

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+import search.rescore
 from search.planfile import load_plan_file
+from search.rescore import cost_model_version
 from tcf_search.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,6 +60,17 @@ def test_same_command_resumes_and_other_study_is_refused(
     code, out, _ = run(capsys, "run", str(TINY), "-o", str(tmp_path), "--json")
     doc = json.loads(out)
     assert code == 0 and doc["search"]["trials_this_run"] == 0
+    assert doc["search"]["cost_model"] == cost_model_version()
+    assert doc["search"]["study_name"] == "tiny-cpu" and "rescored" not in doc["search"]
+    # after an upgrade: the trials judged again, one note line, the new version recorded
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(search.rescore, "cost_model_version", lambda: "c" * 64)
+        code, out, err = run(capsys, "run", str(TINY), "-o", str(tmp_path), "--json")
+    again = json.loads(out)
+    assert code == 0 and again["search"]["cost_model"] == "c" * 64
+    assert again["search"]["rescored"]["trials"] == doc["trials"] == again["trials"]
+    assert err.count("\n") == 1 and err.startswith("note: storage ") and "re-scored" in err
+    assert again["best"]["plan"] == doc["best"]["plan"]  # the same formulas: the same answer
     other = tmp_path / "tiny-cpu.yaml"
     other.write_text(TINY.read_text().replace("seq_len: 256", "seq_len: 512"))
     code, _, err = run(capsys, "run", str(other), "-o", str(tmp_path))

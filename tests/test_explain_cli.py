@@ -9,6 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+import search.rescore
 from costmodel import estimate
 from search.pipeline import RunOptions, run_study
 from search.specs import build_specs
@@ -99,6 +100,18 @@ def test_rank_of_a_result_folder(result8: Path) -> None:
         rank2["predicted"]["tokens_per_s_per_gpu"])
     code, out, _ = run(str(S8), "--rank", "1", "--result", str(result8), "--quiet")
     assert code == 0 and "bound by" in out
+
+
+def test_a_ranking_by_another_cost_model_is_noted(result8: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    code, _, err = run(str(result8), "--rank", "1", "--quiet")
+    assert code == 0 and "note:" not in err  # ranked and explained by this model
+    monkeypatch.setattr(search.rescore, "cost_model_version", lambda: "e" * 64)
+    code, out, err = run(str(result8), "--rank", "1", "--quiet")
+    ranked = json.loads((result8 / "result.json").read_text())["search"]["cost_model"]
+    assert code == 0 and "bound by" in out
+    assert err == (f"note: {result8} was ranked by cost model {ranked[:12]}; explained under "
+                   f"eeeeeeeeeeee (rerun the study to re-score its trials)\n")
 
 
 @pytest.mark.parametrize(("args", "words"), [

@@ -38,10 +38,12 @@ def explain_cmd(
     helps most."""
     from tcf_search.explain.analysis import explain, with_baseline
     from tcf_search.explain.render import render
-    from tcf_search.explain.source import resolve
+    from tcf_search.explain.source import ranking_note, resolve
 
     with user_errors():
         subject = resolve(target, plan, rank, result)
+        if note := ranking_note(subject.folder):
+            typer.echo(f"note: {note}", err=True)
         doc = with_baseline(explain(subject), subject, baseline)
     if json_out:
         typer.echo(json.dumps(doc, indent=2))

@@ -4,6 +4,7 @@ model needs, built the way the search builds them."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,12 +12,13 @@ import yaml
 
 from costmodel import Plan
 from costmodel.errors import TcfError
-from search.files import read_input
+from search.files import MIB, read_input
 from search.planfile import MAX_PLAN_FILE_BYTES, load_plan_file
 from search.specs import Specs, build_specs, plan_file_specs
 from search.study import Study, load_study
 from tcf_search.explain.planspec import PlanSpecError, check, parse_plan
 
+MAX_RESULT_BYTES = 1024 * MIB  # as report reads result.json
 DEFAULT_RUNS_DIR = Path("runs")  # where ``tcf-search run`` writes when -o is not given
 
 
@@ -33,6 +35,7 @@ class Subject:
     plan: Plan
     origin: str  # "--plan", "rank 1 of runs/x", a plan file path
     study: Study | None = None  # when a study file was given: its baseline and search space
+    folder: Path | None = None  # the result folder whose ranking the plan comes from
 
 
 def is_plan_file(path: Path) -> bool:
@@ -82,7 +85,8 @@ def resolve(target: Path, plan_text: str | None, rank: int | None,
                            origin="--plan")
         check(pf.plan, specs)
         return Subject(name=pf.study, specs=specs, plan=pf.plan, origin=f"rank {pf.rank} "
-                       f"of {path.parent.parent if target.is_dir() and rank else target}")
+                       f"of {path.parent.parent if target.is_dir() and rank else target}",
+                       folder=target if target.is_dir() else None)
     study = load_study(target)
     specs = build_specs(study)
     if plan_text is not None:
@@ -97,4 +101,22 @@ def resolve(target: Path, plan_text: str | None, rank: int | None,
                           f"pass --result DIR)")
     plan = ranked_plan(folder, rank, specs, f"rank {rank} of {folder} does not match {target}")
     return Subject(name=study.study_name, specs=specs, plan=plan,
-                   origin=f"rank {rank} of {folder}", study=study)
+                   origin=f"rank {rank} of {folder}", study=study, folder=folder)
+
+
+def ranking_note(folder: Path | None) -> str | None:
+    """Why the numbers explained may differ from the folder's ranking: another cost model
+    ranked it (``result.json``'s ``search.cost_model``) than the one explaining it now."""
+    from search.rescore import cost_model_version
+
+    if folder is None:
+        return None
+    try:
+        doc = json.loads(read_input(folder / "result.json", "RESULT", MAX_RESULT_BYTES))
+        ranked = doc.get("search", {}).get("cost_model")
+    except (TcfError, ValueError, UnicodeDecodeError, RecursionError, AttributeError):
+        return None  # no readable result.json: nothing says which model ranked the plans
+    if not isinstance(ranked, str) or ranked == cost_model_version():
+        return None
+    return (f"{folder} was ranked by cost model {ranked[:12]}; explained under "
+            f"{cost_model_version()[:12]} (rerun the study to re-score its trials)")
