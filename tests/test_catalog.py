@@ -96,6 +96,23 @@ def test_worked_examples() -> None:
     assert get_gpu("b200-180gb").intra_node_domain_size == 8
 
 
+
+def test_blackwell_worked_examples() -> None:
+    """NVIDIA's sparse figures halved: HGX B200 (1,000 W) 4.5 / 9 PFLOPS bf16 / fp8 sparse ->
+    2.25 / 4.5 dense; GB200 NVL72 (1,200 W) 360 / 720 PFLOPS per 72-GPU rack -> 5 / 10 per GPU
+    sparse -> 2.5 / 5 dense. The one GPU differs by its power, so every peak by the same 10/9;
+    HBM 7.7 vs 576 TB/s / 72 = 8 TB/s; NVLink5 1.8 TB/s bidirectional -> 900 GB/s on both; one
+    400 Gb/s NIC (50 GB/s) per GPU on both."""
+    b200, gb200 = get_gpu("b200-180gb"), get_gpu("gb200-nvl72")
+    assert (b200.peak_flops_bf16, b200.peak_flops_fp8) == (2.25e15, 4.5e15)
+    assert (gb200.peak_flops_bf16, gb200.peak_flops_fp8) == (2.5e15, 5.0e15)
+    for field in ("peak_flops_bf16", "peak_flops_fp16", "peak_flops_fp8"):
+        assert getattr(gb200, field) / getattr(b200, field) == pytest.approx(10 / 9)
+    assert (b200.hbm_bw_bytes_per_s, gb200.hbm_bw_bytes_per_s) == (7.7e12, 8.0e12)
+    assert b200.intra_node_bw_bytes_per_s == gb200.intra_node_bw_bytes_per_s == 900e9
+    assert b200.network_bw_bytes_per_s == gb200.network_bw_bytes_per_s == 50e9
+    assert b200.family == gb200.family == "blackwell"  # one calibration for both
+
 def test_unknown_id_lists_valid_ids() -> None:
     with pytest.raises(UnknownSku) as err:
         get_gpu("h100")

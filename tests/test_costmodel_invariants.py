@@ -248,6 +248,28 @@ def test_flash3_attention_runs_faster_only_where_it_exists(llama8b, gpu_id: str,
                                                     / eff.attention_peak_fraction)
 
 
+
+@pytest.mark.parametrize("preset,ep,mbs,precision", [
+    ("llama3-8b", 1, 2, "fp8"), ("llama3-8b", 1, 1, "bf16"),
+    ("qwen3-30b-a3b", 8, 1, "fp8"), ("qwen3-30b-a3b", 8, 4, "fp8")])
+def test_gb200_gains_on_b200_no_more_than_its_rates(preset: str, ep: int, mbs: int,
+                                                    precision: str) -> None:
+    """The same plan on GB200 and B200 differs only in the GPUs' rates (peaks 10/9, HBM 8/7.7;
+    NVLink, NIC and every host term alike): GB200 is faster, by at most the largest of those
+    ratios. A sparse peak, or a term that charged the two SKUs differently, would break it."""
+    from hardware_catalog import get_gpu
+    from search.presets import PRESETS
+
+    gpus = {i: get_gpu(i) for i in ("b200-180gb", "gb200-nvl72")}
+    tr = Training(seq_len=4096, global_batch=256, precision=precision)  # type: ignore[arg-type]
+    plan = Plan(dp=8, ep=ep, micro_batch=mbs)
+    tok = {i: estimate(PRESETS[preset], ClusterSpec(gpu=g, num_gpus=8), plan,
+                       tr).tokens_per_s_per_gpu for i, g in gpus.items()}
+    b, gb = gpus["b200-180gb"], gpus["gb200-nvl72"]
+    bound = max(gb.peak_flops(precision) / b.peak_flops(precision),
+                gb.hbm_bw_bytes_per_s / b.hbm_bw_bytes_per_s)
+    assert 1.0 < tok["gb200-nvl72"] / tok["b200-180gb"] <= bound * (1 + 1e-9)
+
 def test_an_unknown_attention_kernel_names_the_field() -> None:
     from costmodel import SpecError
 
