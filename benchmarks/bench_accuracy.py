@@ -68,8 +68,11 @@ def main() -> int:
         print(f"{key:<{width}}{bar_s:>10}{h:>12.3f}{a:>12.3f}")
     cov = out["interval_coverage"]
     print(f"80% interval on tokens/s holds {cov['within']:.1%} of {cov['rows']} held-out rows "
-          "(quantiles of the other half of the held-out groups); by regime: "
-          + ", ".join(f"{k} {v['within']:.0%} of {v['rows']}" for k, v in cov["by_regime"].items()))
+          f"and {cov['within_groups']:.1%} of {cov['groups']} groups weighing alike (bounds from "
+          f"the other half of the held-out groups; {cov['borrowed']:.0%} of rows bounded by a "
+          "coarser regime); by regime (rows, groups): "
+          + ", ".join(f"{k} {v['within']:.0%} of {v['rows']}, {v['within_groups']:.0%} of "
+                      f"{v['groups']}" for k, v in cov["by_regime"].items()))
     print(f"model over {len(frame)} rows: {out['eval_s']:.2f} s vectorised; "
           f"tcf-search predict (with knob search): {out['predict_cli_s']:.1f} s")
     return 0

@@ -3,9 +3,10 @@ memory, from the cost model's held-out residuals (``hardware_catalog/uncertainty
 by ``python -m tcf_search.calibration.fit --write``), and what the calibration of a cluster
 rests on (fitted, or borrowed from another SKU family).
 
-A regime is SKU family / precision / dense or MoE / scale (up to 64 GPUs or more). Where a regime
-has fewer than ``MIN_ROWS`` held-out rows, the next coarser one that has them answers, and the
-answer says so ("borrowed from hopper/bf16").
+A regime is SKU family / precision / dense or MoE / scale (up to 64 GPUs or more). Its tokens/s
+quantiles are finite-sample bounds for a row of a new sweep group (``tcf_search.calibration.
+uncertainty``); where a regime has too few groups for a bound at the levels asked (an infinite
+quantile), the next coarser one answers, and the answer says so ("borrowed from hopper/bf16").
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from hardware_catalog.fabrics import load_fabrics
 
 UNCERTAINTY_FILE = CATALOG_DIR / "uncertainty.yaml"
 LEVELS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 5%, 10%, ..., 95%
-MIN_ROWS = 8
 INTERVAL = (0.1, 0.9)  # the 80% interval shown
 SMALL_SCALE_GPUS = 64
 
@@ -40,15 +40,17 @@ def regime_keys(family: str, precision: str, kind: str, scale: str) -> list[str]
 
 @dataclass(frozen=True, slots=True)
 class Uncertainty:
-    throughput: dict[str, dict[str, Any]]  # regime key -> {n, q: quantiles at LEVELS}
-    memory: dict[str, Any]  # {n, q}
+    throughput: dict[str, dict[str, Any]]  # regime key -> {n, groups, q: bounds at LEVELS}
+    memory: dict[str, Any]  # {n, groups, q}
 
-    def quantiles(self, family: str, precision: str, kind: str,
-                  scale: str) -> tuple[list[float], str]:
-        """Quantiles of log(measured / predicted tokens/s) and the regime key they are of."""
+    def quantiles(self, family: str, precision: str, kind: str, scale: str, *,
+                  at: tuple[float, ...] = INTERVAL) -> tuple[list[float], str]:
+        """Quantiles of log(measured / predicted tokens/s) of the finest regime whose groups bound
+        the levels ``at`` (finite there), and the regime key they are of."""
         for key in regime_keys(family, precision, kind, scale):
-            if key in self.throughput:
-                return list(self.throughput[key]["q"]), key
+            entry = self.throughput.get(key)
+            if entry and np.all(np.isfinite(np.interp(at, LEVELS, entry["q"]))):
+                return list(entry["q"]), key
         return [0.0] * len(LEVELS), ""
 
 
@@ -67,7 +69,7 @@ def plan_regime(model: ModelSpec, cluster: ClusterSpec, tr: Training) -> tuple[s
 def p_oom(peak_bytes: np.ndarray | float, usable_bytes: np.ndarray | float,
           unc: Uncertainty | None = None) -> np.ndarray:
     """Probability that the true peak exceeds usable memory: the share of the memory residuals
-    log(measured / predicted) above log(usable / predicted)."""
+    log(measured / predicted) above log(usable / predicted), each sweep group weighing alike."""
     unc = unc or load_uncertainty()
     peak = np.asarray(peak_bytes, dtype=float)
     margin = np.log(np.asarray(usable_bytes, dtype=float) / np.maximum(peak, 1.0))
@@ -86,7 +88,7 @@ def interval(tokens: float, regime: tuple[str, ...], lo: float = INTERVAL[0],
     """The [lo, hi] quantile interval of tokens/s around a prediction, and the regime it is
     taken from."""
     unc = unc or load_uncertainty()
-    q, key = unc.quantiles(*regime)
+    q, key = unc.quantiles(*regime, at=(lo, hi))
     a, b = np.exp(np.interp([lo, hi], LEVELS, q))
     return float(tokens * a), float(tokens * b), key
 

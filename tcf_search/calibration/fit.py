@@ -12,8 +12,9 @@ Run ``python -m tcf_search.calibration.fit [--csv PATH] [--write]``. It fits
 
 on the rows whose sweep group (model, GPU count) is *not* held out, and prints the accuracy on
 the held-out groups and on every row. ``--write`` writes ``hardware_catalog/calibration.yaml``
-(and fabrics.yaml, the fitted lines of frameworks.yaml, and uncertainty.yaml: the held-out
-residuals' quantiles per regime).
+(and fabrics.yaml, the fitted lines of frameworks.yaml, and uncertainty.yaml: bounds from the
+held-out residuals per regime, of the calibration as written, by ``tcf_search.calibration.
+uncertainty`` in a fresh interpreter, so that they are the shipped model's to the last digit).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import argparse
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,7 +46,7 @@ from tcf_search.calibration.dataset import (
     with_training,
 )
 from tcf_search.calibration.moe_fit import MOE_BOUNDS, fit_moe, report_moe
-from tcf_search.calibration.uncertainty import coverage, write_uncertainty
+from tcf_search.calibration.uncertainty import coverage
 
 GIB = 2**30
 EFF_PARAMS = ("attention_peak_fraction", "memory_bw_fraction", "collective_overhead_s",
@@ -417,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         write_calibration(effs, mm, nanotron)
         write_fabrics(fabrics, rows_on)
-        write_uncertainty(CATALOG_DIR / "uncertainty.yaml", frame, pred, held)
+        # the catalogs just written are cached here: the bounds are made where they are read
+        subprocess.run([sys.executable, "-m", "tcf_search.calibration.uncertainty"], check=True)
     return 0
 
 

@@ -1,13 +1,27 @@
 """The cost model's error, as data: quantiles of its held-out residuals per regime.
 
-``python -m tcf_search.calibration.fit --write`` writes ``hardware_catalog/uncertainty.yaml``:
-for tokens/s, the quantiles of log(measured / predicted) on the rows of held-out sweep groups,
-per regime (SKU family / precision / dense or MoE / scale) and for each coarser regime a
-sparse one falls back to; for memory, the quantiles of log(measured / predicted) peak memory
-(Playbook ``max_memory_reserved``, the only measured peaks). ``search.uncertainty`` reads it.
+``python -m tcf_search.calibration.fit --write`` (or ``python -m tcf_search.calibration.
+uncertainty``, on the calibration as written, without fitting) writes
+``hardware_catalog/uncertainty.yaml``: for tokens/s, bounds on log(measured / predicted) from the
+rows of held-out sweep groups, per regime (SKU family / precision / dense or MoE / scale) and for
+each coarser regime a sparse one falls back to; for memory, the quantiles of log(measured /
+predicted) peak memory (Playbook ``max_memory_reserved``, the only measured peaks).
+``search.uncertainty`` reads it.
+
+The unit of the data is the sweep group, (model, GPU count): its rows share a model, a cluster and
+the model's error on them, and a plan asked about later belongs to a group the fit has not seen.
+So the tokens/s bounds are hierarchical split-conformal ones (Lee, Barber & Willett,
+"Distribution-free inference with hierarchical data", arXiv:2306.06342): each of a regime's K
+groups weighs 1 (a row 1/N of its group's N rows), one more group's weight sits at the far end,
+and the bound at level p is where the weight below reaches p(K + 1). With one row a group this is
+the ceil((n + 1) p)-th smallest of n residuals, the split-conformal level; it holds a row of a new
+group exchangeable with the K at p or beyond, whatever the residuals' distribution. Levels past
+p >= K / (K + 1) (or p <= 1 / (K + 1)) have no bound (infinite): those are answered by a coarser
+regime (family, then all), not by a few rows.
 
 The coverage written next to them is honest: the held-out groups are split in two by a stable
-hash, the quantiles of one half bound the other half's rows, and the other way round.
+hash, the bounds of one half are judged on the other half's rows, and the other way round; it is
+given per row and per group (each group weighing alike, what the bounds are built to hold).
 """
 
 from __future__ import annotations
@@ -20,10 +34,11 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from search.uncertainty import LEVELS, MIN_ROWS, regime_keys, scale_of
+from search.uncertainty import INTERVAL, LEVELS, regime_keys, scale_of
 from tcf_search.calibration.accuracy import regime, throughput_rows
 
 GIB = 2**30
+TOL = 1e-9  # weights are sums of 1/N: compare them with room for rounding
 
 
 def tput_rows(frame: pd.DataFrame, pred: dict[str, np.ndarray]) -> pd.Series:
@@ -39,23 +54,64 @@ def _keys(frame: pd.DataFrame) -> pd.Series:
     return regime(frame) + "/" + scale
 
 
-def _quantiles(values: np.ndarray) -> list[float]:
-    return [round(float(q), 5) for q in np.quantile(values, LEVELS)]
+def group_of(frame: pd.DataFrame) -> pd.Series:
+    """Each row's sweep group, (model, GPU count): the unit the hold-out split draws."""
+    return frame["model_name"].astype(str) + "|" + frame["num_gpus"].astype(str)
+
+
+def _weights(groups: np.ndarray) -> np.ndarray:
+    """1/N for each of a group's N rows, so that every group weighs 1."""
+    _, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    return 1.0 / counts[inverse]
+
+
+def _upper(values: np.ndarray, weights: np.ndarray, p: float) -> float:
+    """The smallest value whose weight at or below it reaches p (K + 1), K the total weight;
+    +inf where even all K fall short."""
+    order = np.argsort(values, kind="stable")
+    cum = np.cumsum(weights[order])
+    i = int(np.searchsorted(cum, p * (cum[-1] + 1.0) - TOL, side="left"))
+    return float(values[order][i]) if i < values.size else float("inf")
+
+
+def conformal_bounds(values: np.ndarray, groups: np.ndarray,
+                     levels: tuple[float, ...] = LEVELS) -> list[float]:
+    """Finite-sample bounds at ``levels`` on a row of a new group, from residuals ``values`` of
+    the groups ``groups`` (module docstring): an upper bound where p > 0.5, and where p <= 0.5 the
+    mirror lower one, under which at most a share p of new rows fall."""
+    w = _weights(groups)
+    return [round(_upper(values, w, p), 5) if p > 0.5 else round(-_upper(-values, w, 1.0 - p), 5)
+            for p in levels]
+
+
+def pooled_quantiles(values: np.ndarray, groups: np.ndarray) -> list[float]:
+    """Quantiles at LEVELS of the rows with every group weighing alike (each row at the middle of
+    its weight): an estimate of a new group's distribution, for P(OOM), not a bound."""
+    order = np.argsort(values, kind="stable")
+    w = _weights(groups)[order]
+    at = (np.cumsum(w) - w / 2) / w.sum()
+    return [round(float(q), 5) for q in np.interp(LEVELS, at, values[order])]
 
 
 def throughput_table(frame: pd.DataFrame, pred: dict[str, np.ndarray],
                      rows: pd.Series) -> dict[str, dict[str, Any]]:
-    """Quantiles of log(measured / predicted tokens/s) per regime key and every coarser key."""
+    """Bounds on log(measured / predicted tokens/s) per regime key and every coarser key, for
+    the keys whose groups bound the shown interval."""
     sel = rows & tput_rows(frame, pred)
     r = np.log(frame.loc[sel, "tokens_per_sec_per_gpu"].to_numpy()
                / pred["tokens_per_s_per_gpu"][sel.to_numpy()])
     keys = _keys(frame[sel]).to_numpy()
-    buckets: dict[str, list[float]] = {}
-    for key, value in zip(keys, r, strict=True):
+    groups = group_of(frame[sel]).to_numpy()
+    buckets: dict[str, list[int]] = {}
+    for i, key in enumerate(keys):
         for k in regime_keys(*str(key).split("/")):
-            buckets.setdefault(k, []).append(float(value))
-    return {k: {"n": len(v), "q": _quantiles(np.asarray(v))}
-            for k, v in sorted(buckets.items()) if len(v) >= MIN_ROWS}
+            buckets.setdefault(k, []).append(i)
+    table = {}
+    for k, idx in sorted(buckets.items()):
+        q = conformal_bounds(r[idx], groups[idx])
+        if np.all(np.isfinite(np.interp(INTERVAL, LEVELS, q))):
+            table[k] = {"n": len(idx), "groups": int(np.unique(groups[idx]).size), "q": q}
+    return table
 
 
 def memory_table(frame: pd.DataFrame, pred: dict[str, np.ndarray],
@@ -65,24 +121,35 @@ def memory_table(frame: pd.DataFrame, pred: dict[str, np.ndarray],
            & pd.Series(np.isfinite(pred["first_stage_mem_bytes"]), index=frame.index))
     r = np.log(frame.loc[sel, "peak_mem_gib"].to_numpy() * GIB
                / pred["first_stage_mem_bytes"][sel.to_numpy()])
-    return {"n": int(r.size), "q": _quantiles(r),
+    groups = group_of(frame[sel]).to_numpy()
+    return {"n": int(r.size), "groups": int(np.unique(groups).size),
+            "q": pooled_quantiles(r, groups),
             "rows": "Playbook ok runs (nanotron, H100) of held-out groups: max_memory_reserved "
                     "on rank 0; every other regime borrows them, unvalidated"}
 
 
 def _half(frame: pd.DataFrame) -> pd.Series:
-    keys = frame["model_name"].astype(str) + "|" + frame["num_gpus"].astype(str)
-    return keys.map(lambda k: zlib.crc32(("half|" + k).encode()) % 2 == 0).astype(bool)
+    return group_of(frame).map(lambda k: zlib.crc32(("half|" + k).encode()) % 2 == 0).astype(bool)
+
+
+def _shares(inside: pd.Series, groups: pd.Series) -> dict[str, Any]:
+    by_group = inside.groupby(groups).mean()
+    return {"rows": int(inside.size), "groups": int(by_group.size),
+            "within": round(float(inside.mean()), 4),
+            "within_groups": round(float(by_group.mean()), 4)}
 
 
 def coverage(frame: pd.DataFrame, pred: dict[str, np.ndarray], held: pd.Series,
-             lo: float = 0.1, hi: float = 0.9) -> dict[str, Any]:
+             lo: float = INTERVAL[0], hi: float = INTERVAL[1]) -> dict[str, Any]:
     """Share of held-out rows inside the [lo, hi] interval built from the *other* half of the
-    held-out groups (two-fold by sweep group), in all and per family/precision/MoE."""
+    held-out groups (two-fold by sweep group), in all and per family/precision/MoE: per row
+    (``within``) and per group, each weighing alike (``within_groups``, what the bounds hold at
+    ``hi - lo`` or beyond); ``borrowed`` is the share of rows a coarser regime bounded."""
     from search.uncertainty import Uncertainty
 
     half = _half(frame)
     inside = pd.Series(np.nan, index=frame.index)
+    borrowed = pd.Series(np.nan, index=frame.index)
     for a in (True, False):
         table = throughput_table(frame, pred, held & (half == a))
         unc = Uncertainty(throughput=table, memory={})
@@ -90,15 +157,17 @@ def coverage(frame: pd.DataFrame, pred: dict[str, np.ndarray], held: pd.Series,
         for i in np.flatnonzero(test.to_numpy()):
             row = frame.iloc[i]
             key = str(_keys(frame.iloc[[i]]).iloc[0])
-            q, _ = unc.quantiles(*key.split("/"))
+            q, used = unc.quantiles(*key.split("/"), at=(lo, hi))
             ratio = row["tokens_per_sec_per_gpu"] / pred["tokens_per_s_per_gpu"][i]
             lo_r, hi_r = np.exp(np.interp([lo, hi], LEVELS, q))
             inside.iloc[i] = float(lo_r <= ratio <= hi_r)
+            borrowed.iloc[i] = float(used != key)
     got = inside.dropna()
+    groups = group_of(frame.loc[got.index])
     by = got.groupby(regime(frame.loc[got.index]))
-    return {"interval": [lo, hi], "rows": int(got.size), "within": round(float(got.mean()), 4),
-            "by_regime": {k: {"rows": int(v.size), "within": round(float(v.mean()), 4)}
-                          for k, v in by}}
+    return {"interval": [lo, hi], **_shares(got, groups),
+            "borrowed": round(float(borrowed.dropna().mean()), 4),
+            "by_regime": {k: _shares(v, groups[v.index]) for k, v in by}}
 
 
 def write_uncertainty(path: Path, frame: pd.DataFrame, pred: dict[str, np.ndarray],
@@ -107,9 +176,32 @@ def write_uncertainty(path: Path, frame: pd.DataFrame, pred: dict[str, np.ndarra
            "throughput": throughput_table(frame, pred, held),
            "memory": memory_table(frame, pred, held),
            "coverage": coverage(frame, pred, held)}
-    path.write_text("# Written by `python -m tcf_search.calibration.fit --write`; do not edit "
-                    "by hand.\n# Quantiles of log(measured / predicted) on held-out rows; read "
-                    "by search/uncertainty.py.\n" + yaml.safe_dump(doc, sort_keys=False, width=100,
-                                                                   default_flow_style=None))
+    path.write_text("# Written by `python -m tcf_search.calibration.fit --write` or\n# `python -m "
+                    "tcf_search.calibration.uncertainty`; do not edit by hand.\n# Bounds on "
+                    "log(measured / predicted) from held-out groups (the method:\n# "
+                    "tcf_search/calibration/uncertainty.py); read by search/uncertainty.py.\n"
+                    + yaml.safe_dump(doc, sort_keys=False, width=100, default_flow_style=None))
     print("wrote", path)
     return doc
+
+
+def main() -> int:
+    """Write uncertainty.yaml from the calibration as written (no fit: the residuals are the
+    shipped model's on the held-out groups, as the fit's are once it has written)."""
+    from hardware_catalog import CATALOG_DIR
+    from tcf_search.calibration.dataset import find_measured_csv, load_groups, predict_groups
+    from tcf_search.calibration.fit import split_mask
+
+    csv = find_measured_csv()
+    if csv is None:
+        print("measured_runs.csv not found at ../shared/data/")
+        return 1
+    frame = pd.read_csv(csv)
+    groups, _ = load_groups(frame)
+    write_uncertainty(CATALOG_DIR / "uncertainty.yaml", frame,
+                      predict_groups(groups, len(frame)), split_mask(frame))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
