@@ -25,6 +25,7 @@ from pydantic import (
 from hardware_catalog import load_fabrics
 from hardware_catalog.frameworks import EXPORT_FORMATS, frameworks
 from search.presets import preset_names
+from search.uncertainty import LEVELS
 
 
 class _Section(BaseModel):
@@ -299,8 +300,9 @@ class ObjectiveSection(_Section):
     memory_headroom_gib: Float | None = Field(default=None, ge=0)
     memory_headroom_fraction: Float = Field(default=0.1, ge=0, lt=1)
     # rank tokens/s plans by this quantile of the held-out error (0.2: the tokens/s a plan
-    # reaches with 80% probability) times the probability that it fits (search/uncertainty.py)
-    risk: Float | None = Field(default=None, gt=0, lt=1)
+    # reaches with 80% probability) times the probability that it fits (search/uncertainty.py);
+    # within the levels the held-out residuals are tabled at (a rarer one would be clamped)
+    risk: Float | None = Field(default=None, ge=LEVELS[0], le=LEVELS[-1])
 
 
 class SearchSection(_Section):

@@ -94,6 +94,17 @@ def test_bad_fields_are_named(edit: tuple[str, str], expected: str) -> None:
     assert "\n" not in str(err.value)
 
 
+def test_a_risk_level_outside_the_tabled_quantiles_is_refused() -> None:
+    """The held-out residuals are tabled at 5%...95%: a rarer level would be clamped, so the
+    ranking would claim a confidence it does not have."""
+    assert parse_study(GOOD + "objective: {risk: 0.05}\n").objective.risk == 0.05
+    for level, rule in (("0.01", "greater than or equal to 0.05"),
+                        ("0.99", "less than or equal to 0.95")):
+        with pytest.raises(StudyError) as err:
+            parse_study(GOOD + f"objective: {{risk: {level}}}\n")
+        assert str(err.value).startswith(f"objective.risk: Input should be {rule}"), str(err.value)
+
+
 @pytest.mark.parametrize("axis, value, expected", [
     ("tp", "[1, a]", "search_space.tp: values must be a positive integer, or auto (got 'a')"),
     ("tp", "0", "search_space.tp: values must be a positive integer"),
