@@ -209,7 +209,8 @@ def compare_cmd(
     with user_errors():
         study = load_study(study_file)
         specs = build_specs(study)
-        plan = parse_plan(base, specs) if base is not None else _best(study_file, specs, result)
+        plan, note = ((parse_plan(base, specs), None) if base is not None
+                      else _best(study_file, specs, result))
         found = baseline_of(study, specs, baseline)
         if not techniques and found is None:
             raise PlanSpecError("--with: give a technique (knob=value), or a baseline "
@@ -217,6 +218,8 @@ def compare_cmd(
         doc = compare(specs, plan, list(techniques or []), found and baseline_doc(
             specs, *found, space=build_space(study, specs), best=plan,
             label="the base" if base is not None else "the best"))
+    if note:
+        typer.echo(f"note: {note}", err=True)
     if json_out:
         typer.echo(json.dumps(doc, indent=2, default=_json_default))
     elif quiet:
@@ -229,16 +232,18 @@ def compare_cmd(
         render(doc, con if con.is_terminal else Console(width=140, highlight=False))
 
 
-def _best(study_file: Path, specs: Specs, result: Path | None) -> Plan:
-    """The best plan of the study's result folder, checked against the study."""
-    from tcf_search.explain.source import DEFAULT_RUNS_DIR, SourceError, ranked_plan
+def _best(study_file: Path, specs: Specs, result: Path | None) -> tuple[Plan, str | None]:
+    """The best plan of the study's result folder, checked against the study, and a note when
+    another cost model than the installed one ranked it (the comparison is judged now)."""
+    from tcf_search.explain.source import DEFAULT_RUNS_DIR, SourceError, ranked_plan, ranking_note
 
     folder = result or DEFAULT_RUNS_DIR / study_file.stem
     if not folder.is_dir():
         raise SourceError(f"--base: not given, and {folder} is not a result folder to take the "
                           f"best plan from (give --base PLAN, or --result DIR)")
-    return ranked_plan(folder, None, specs,
+    plan = ranked_plan(folder, None, specs,
                        f"--result: the best plan of {folder} does not match {study_file}")
+    return plan, ranking_note(folder, "compared")
 
 
 def _json_default(x: Any) -> Any:

@@ -4,7 +4,10 @@ Runs every study on every SKU (the study's ``cluster.gpu`` overridden), appends 
 run to ``history/results.csv``, writes ``history/<date>/summary.md`` and a report per run, and
 diffs each run against its previous night: the best plan changed, predicted throughput moved by
 more than ``--threshold``, the previous best plan no longer fits (re-judged with tonight's model
-and catalog), or the run no longer finds a plan. All runs share one Optuna storage
+and catalog), or the run no longer finds a plan. Each row records the cost-model version that
+scored it (``search.rescore.cost_model_version``, short form; ``result.json`` holds the full one),
+and the summary says where it changed since the previous night: a move in prediction is then
+partly the model's, not the study's or the cluster's. All runs share one Optuna storage
 (``history/optuna.journal``), one Optuna study per run, browsable in optuna-dashboard.
 
 Exit codes: 0 no regression, 1 a regression or a failed run, 2 bad input.
@@ -29,7 +32,9 @@ from tcf_search.errors import user_errors
 
 COLUMNS = ("date", "study", "sku", "num_gpus", "status", "best_plan", "tokens_per_s_per_gpu",
            "mfu", "step_time_s", "peak_mem_gib", "usable_mem_gib", "dominant_challenge",
-           "feasible_count", "trials", "elapsed_s", "error")
+           "feasible_count", "trials", "elapsed_s", "error", "cost_model")
+# last, so that a table written before it existed keeps its columns' order; its rows read "" here
+SHORT_VERSION = 12  # hex digits of the cost-model version a row records, as the CLI notes print
 RESULTS_FILE = "results.csv"
 
 
@@ -59,12 +64,27 @@ class Night:
     def regressions(self) -> list[Finding]:
         return [f for f in self.findings if f.regression]
 
+    def model_changes(self) -> list[dict[str, Any]]:
+        """Per (previous date, previous model, tonight's model), the runs whose cost model
+        differs from their previous night's; a previous row that recorded none (written before
+        the column existed) says nothing either way."""
+        changes: dict[tuple[str, str, str], list[str]] = {}
+        for r in self.rows:
+            prev = self.previous.get((r["study"], r["sku"]))
+            was, now = (prev or {}).get("cost_model") or "", r.get("cost_model") or ""
+            if prev is not None and was and now and was != now:
+                changes.setdefault((prev["date"], was, now), []).append(
+                    f"{r['study']}@{r['sku']}")
+        return [{"since": d, "from": was, "to": now, "runs": runs}
+                for (d, was, now), runs in sorted(changes.items())]
+
     def to_dict(self) -> dict[str, Any]:
         return {"date": self.date, "runs": self.rows,
                 "findings": [{"study": f.study, "sku": f.sku, "kind": f.kind,
                               "regression": f.regression, "message": f.message}
                              for f in self.findings],
                 "regressions": len(self.regressions),
+                "cost_model_changes": self.model_changes(),
                 "previous_dates": sorted({r["date"] for r in self.previous.values()})}
 
 
@@ -140,13 +160,15 @@ def run_folder(name: str, sku: str) -> str:
 
 def run_one(study: Any, sku: str, date: str, out: Path, trials: int | None,
             storage: str) -> dict[str, Any]:
+    from search import rescore
     from search.pipeline import RunOptions, run_study
 
     name = study.study_name
     run_dir = out / date / run_folder(name, sku)
     search = study.search.model_copy(update={"study_name": f"{name}@{sku}@{date}"})
     row: dict[str, Any] = {"date": date, "study": name, "sku": sku,
-                           "num_gpus": study.cluster.num_gpus, "error": ""}
+                           "num_gpus": study.cluster.num_gpus, "error": "",
+                           "cost_model": rescore.cost_model_version()[:SHORT_VERSION]}
     started = time.perf_counter()
     try:
         result = run_study(study.model_copy(update={"search": search}),
@@ -233,8 +255,15 @@ def refit(study: Any, plan_text: str) -> str | None:
 def summary_markdown(night: Night, threshold: float) -> str:
     lines = [f"# tcf-search nightly {night.date}", ""]
     regress = night.regressions
+    models = ", ".join(sorted({r["cost_model"] for r in night.rows if r.get("cost_model")}))
     lines.append(f"**{len(regress)} regression(s)**, {len(night.findings) - len(regress)} other "
-                 f"change(s) against the previous night (throughput threshold ±{threshold:.0%}).")
+                 f"change(s) against the previous night (throughput threshold ±{threshold:.0%}"
+                 + (f"; cost model {models}" if models else "") + ").")
+    for c in night.model_changes():
+        lines += ["", f"Cost model changed since {c['since']} ({c['from']} → {c['to']}) for "
+                      f"{len(c['runs'])} of {len(night.rows)} run(s): a move in prediction since "
+                      f"then is partly the model's; predictions are not comparable to earlier "
+                      f"nights without a re-run."]
     lines += ["", "| study | sku | status | best plan | tokens/s/GPU | MFU | peak GiB | "
               "bound by | report |", "|---|---|---|---|---:|---:|---:|---|---|"]
     for r in night.rows:

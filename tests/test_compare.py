@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -75,3 +76,22 @@ def test_bad_with_names_itself_and_exits_2() -> None:
     assert code == 2 and out == "" and err.startswith("error: --with tp=3:")
     code, _, err = run("--base", BASE, "--with", "warp=9")
     assert code == 2 and "unknown key 'warp'" in err
+
+
+def test_best_of_a_folder_ranked_by_another_cost_model_is_noted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import search.rescore
+    from search.pipeline import RunOptions, run_study
+    from search.study import load_study
+
+    study = STUDY.with_name("llama3-8b-h100x8.yaml")
+    run_study(load_study(study), RunOptions(out_dir=tmp_path, trials=4))
+    args = ["compare", str(study), "--result", str(tmp_path), "--with", "recompute=full", "-q"]
+    got = CliRunner().invoke(_app(), args)
+    assert got.exit_code == 0 and got.stderr == ""  # ranked and compared by this model
+    ranked = json.loads((tmp_path / "result.json").read_text())["search"]["cost_model"]
+    monkeypatch.setattr(search.rescore, "cost_model_version", lambda: "e" * 64)
+    got = CliRunner().invoke(_app(), args)
+    assert got.exit_code == 0 and got.stdout.startswith("recompute=full:")
+    assert got.stderr == (f"note: {tmp_path} was ranked by cost model {ranked[:12]}; compared "
+                          f"under eeeeeeeeeeee (rerun the study to re-score its trials)\n")

@@ -100,3 +100,71 @@ def test_previous_night_is_the_latest_earlier_date() -> None:
 def test_bad_input_exits_2(tmp_path: Path, args: list[str], words: str) -> None:
     code, out, err = run(str(studies_dir(tmp_path)), "-o", str(tmp_path / "h"), *args)
     assert code == 2 and out == "" and words in err and err.count("\n") == 1
+
+
+OLD_COLUMNS = ("date", "study", "sku", "num_gpus", "status", "best_plan",
+               "tokens_per_s_per_gpu", "mfu", "step_time_s", "peak_mem_gib", "usable_mem_gib",
+               "dominant_challenge", "feasible_count", "trials", "elapsed_s", "error")
+
+
+@pytest.fixture(scope="module")
+def model_upgrade(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, list, list]:
+    """Night 1 in a table written before the cost_model column existed; nights 2 and 3 run
+    under two cost models (the version patched where every caller reads it)."""
+    tmp = tmp_path_factory.mktemp("nightly-model")
+    hist = tmp / "history"
+    hist.mkdir()
+    old = dict(zip(OLD_COLUMNS, ("2025-01-01", "llama3-8b-h100x8", "h100-sxm-80gb", "8", "ok",
+                                 "tp=1,pp=1,dp=8", "9999.5", "0.5", "1.25", "70.0", "75.0",
+                                 "compute", "3", "4", "0.5", ""), strict=True))
+    with (hist / "results.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=OLD_COLUMNS, lineterminator="\n")
+        writer.writeheader()
+        writer.writerow(old)
+    common = ["--sku", "h100-sxm-80gb", "-o", str(hist), "--trials", "4", "--no-report", "--json"]
+    nights = []
+    with pytest.MonkeyPatch.context() as mp:
+        for date, version in (("2025-01-02", "a" * 64), ("2025-01-03", "b" * 64)):
+            mp.setattr("search.rescore.cost_model_version", lambda v=version: v)
+            code, out, err = run(str(studies_dir(tmp)), "--date", date, *common)
+            assert code in (0, 1), err
+            nights.append(json.loads(out))
+    return hist, old, nights[0], nights[1]
+
+
+def test_old_results_table_gains_the_cost_model_column(
+        model_upgrade: tuple[Path, dict, dict, dict]) -> None:
+    hist, old, _, _ = model_upgrade
+    with (hist / "results.csv").open() as f:
+        reader = csv.DictReader(f)
+        rows = list(reader)
+    assert reader.fieldnames is not None and reader.fieldnames[-1] == "cost_model"
+    assert [r["date"] for r in rows] == ["2025-01-01", "2025-01-02", "2025-01-03"]
+    assert rows[0] == {**old, "cost_model": ""}  # the old row: every cell kept, the new one empty
+    assert [r["cost_model"] for r in rows[1:]] == ["a" * 12, "b" * 12]
+
+
+def test_summary_says_the_cost_model_changed(model_upgrade: tuple[Path, dict, dict, dict]) -> None:
+    hist, _, night2, night3 = model_upgrade
+    # night 2's previous row recorded no model: nothing is said either way
+    assert night2["cost_model_changes"] == []
+    assert "Cost model changed" not in (hist / "2025-01-02" / "summary.md").read_text()
+    assert night3["cost_model_changes"] == [{"since": "2025-01-02", "from": "a" * 12,
+                                             "to": "b" * 12,
+                                             "runs": ["llama3-8b-h100x8@h100-sxm-80gb"]}]
+    summary = (hist / "2025-01-03" / "summary.md").read_text()
+    line = [x for x in summary.splitlines() if x.startswith("Cost model changed")]
+    assert line == [f"Cost model changed since 2025-01-02 ({'a' * 12} → {'b' * 12}) for 1 of 1 "
+                    f"run(s): a move in prediction since then is partly the model's; predictions "
+                    f"are not comparable to earlier nights without a re-run."]
+    assert f"; cost model {'b' * 12})." in summary
+    # the run's own result keeps the full version
+    result = json.loads((hist / "2025-01-03" / "llama3-8b-h100x8@h100-sxm-80gb" /
+                         "result.json").read_text())
+    assert result["search"]["cost_model"] == "b" * 64
+
+
+def test_same_cost_model_says_nothing(two_nights: tuple[Path, list, list]) -> None:
+    hist, _, (_, night2) = two_nights
+    assert night2["cost_model_changes"] == [] and night2["runs"][0]["cost_model"]
+    assert "Cost model changed" not in (hist / "2025-01-02" / "summary.md").read_text()

@@ -99,3 +99,36 @@ def test_renders_in_headless_chromium(report: tuple[Path, dict], tmp_path: Path)
     # the activations bars (#dd8452) are drawn only if the inline PNGs decoded and displayed
     orange = np.all(np.abs(pixels - np.array([221, 132, 82])) <= 6, axis=-1).sum()
     assert orange > 2000, orange
+
+
+def test_page_names_the_cost_model_that_ranked_it(report: tuple[Path, dict]) -> None:
+    from search.rescore import cost_model_version
+
+    folder, doc = report
+    assert doc["cost_model"] == cost_model_version()
+    text = (folder / "report.html").read_text()
+    assert f"ranked by cost model {cost_model_version()[:12]}" in text
+
+
+def test_result_ranked_by_another_cost_model_is_noted(report: tuple[Path, dict],
+                                                      tmp_path: Path) -> None:
+    from search.rescore import cost_model_version
+
+    folder = tmp_path / "older"
+    shutil.copytree(report[0], folder, ignore=shutil.ignore_patterns("report*"))
+    result = json.loads((folder / "result.json").read_text())
+    result["search"]["cost_model"] = "f" * 64
+    (folder / "result.json").write_text(json.dumps(result))
+    code, out, err = run(str(folder), "--no-png")
+    assert code == 0, err
+    note = (f"{folder} was ranked by cost model {'f' * 12}; explained under "
+            f"{cost_model_version()[:12]} (rerun the study to re-score its trials)")
+    assert err.splitlines() == [f"note: {note}"]
+    text = (folder / "report.html").read_text()
+    assert f"ranked by cost model {'f' * 12}" in text and f"<p class=note>{note}</p>" in text
+    del result["search"]["cost_model"]  # a result written before the version was recorded
+    (folder / "result.json").write_text(json.dumps(result))
+    code, _, err = run(str(folder), "--no-png")
+    assert code == 0 and err == ""
+    assert "ranked by a cost model the result does not record" in (
+        folder / "report.html").read_text()

@@ -104,9 +104,10 @@ def resolve(target: Path, plan_text: str | None, rank: int | None,
                    origin=f"rank {rank} of {folder}", study=study, folder=folder)
 
 
-def ranking_note(folder: Path | None) -> str | None:
-    """Why the numbers explained may differ from the folder's ranking: another cost model
-    ranked it (``result.json``'s ``search.cost_model``) than the one explaining it now."""
+def ranking_note(folder: Path | None, doing: str = "explained") -> str | None:
+    """Why the numbers ``doing`` (explained, compared) may differ from the folder's ranking:
+    another cost model ranked it (``result.json``'s ``search.cost_model``) than the one judging
+    it now."""
     from search.rescore import cost_model_version
 
     if folder is None:
@@ -118,5 +119,5 @@ def ranking_note(folder: Path | None) -> str | None:
         return None  # no readable result.json: nothing says which model ranked the plans
     if not isinstance(ranked, str) or ranked == cost_model_version():
         return None
-    return (f"{folder} was ranked by cost model {ranked[:12]}; explained under "
+    return (f"{folder} was ranked by cost model {ranked[:12]}; {doing} under "
             f"{cost_model_version()[:12]} (rerun the study to re-score its trials)")

@@ -17,10 +17,12 @@ class ReportFiles:
     pngs: list[Path] = field(default_factory=list)
     figures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    cost_model: str | None = None  # the version that ranked the result, as result.json has it
 
     def to_dict(self) -> dict[str, object]:
         return {"html": str(self.html), "pngs": [str(p) for p in self.pngs],
-                "figures": list(self.figures), "notes": list(self.notes)}
+                "figures": list(self.figures), "notes": list(self.notes),
+                "cost_model": self.cost_model}
 
 
 def _explain_best(folder: Path, study: Path | None) -> tuple[str | None, str | None]:
@@ -94,8 +96,12 @@ def build_report(folder: Path, out_html: Path, png_dir: Path | None = None,
         png = plots.png_bytes(fig)
         figures[name] = plots.img_tag(png, name.replace("_", " "))
         pngs[f"{name}.png"] = png
+    from tcf_search.explain.source import ranking_note
+
     explain_html, note = _explain_best(folder, study)
-    notes = [note] if note else []
+    # the explain section and a --baseline are judged now; the ranking was by the run's model
+    notes = [n for n in (ranking_note(folder), note) if n]
     written = png_out.write_many(pngs) if png_out is not None else []
     html_out.write(out_html.name, page(data, figures, explain_html, notes))
-    return ReportFiles(html=out_html, pngs=written, figures=list(figures), notes=notes)
+    return ReportFiles(html=out_html, pngs=written, figures=list(figures), notes=notes,
+                       cost_model=data.cost_model)

@@ -48,6 +48,13 @@ class ResultData:
         return doc if isinstance(doc, dict) and "figures" in doc and "plan" in doc else None
 
     @property
+    def cost_model(self) -> str | None:
+        """The version of the cost model that scored the trials (``search.rescore``), when the
+        result records it."""
+        version = (self.result.get("search") or {}).get("cost_model")
+        return version if isinstance(version, str) else None
+
+    @property
     def usable_gib(self) -> float | None:
         for row in self.top:
             return float(row["predicted"]["usable_mem_gib"])

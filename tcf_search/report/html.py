@@ -83,6 +83,14 @@ def _baseline_table(data: ResultData) -> str:
     return f"<table id=baseline>{head}{''.join(rows)}</table>"
 
 
+def _ranked_by(data: ResultData) -> str:
+    version = data.cost_model
+    if version is None:
+        return ("ranked by a cost model the result does not record (written before tcf-search "
+                "recorded it)")
+    return f"ranked by cost model {version[:12]}"
+
+
 def page(data: ResultData, figures: dict[str, str], explain_html: str | None,
          notes: list[str]) -> str:
     r = data.result
@@ -100,6 +108,7 @@ def page(data: ResultData, figures: dict[str, str], explain_html: str | None,
     ]
     if r.get("calibration"):
         parts.append(f"<div class=sub>{_esc(r['calibration']['line'])}</div>")
+    parts.append(f"<div class=sub id=cost-model>{_esc(_ranked_by(data))}</div>")
     parts += [f"<p class=note>{_esc(n)}</p>" for n in [*r.get("notes", []), *notes]]
     if data.top:
         parts += ["<h2>Top plans</h2>", _top_table(data)]
