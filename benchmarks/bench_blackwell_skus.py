@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_external import (  # noqa: E402
+from bridge_recipes import (  # noqa: E402
     MEGATRON_FP8_RECIPE,
     graph_switches,
     moe_switches,

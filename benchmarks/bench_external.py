@@ -70,7 +70,6 @@ sys.path.insert(0, str(ROOT))
 import pandas as pd  # noqa: E402
 
 from costmodel import ClusterSpec, Plan, SpecError, estimate  # noqa: E402
-from costmodel.specs import Recompute, Training  # noqa: E402
 from hardware_catalog import get_gpu  # noqa: E402
 from hardware_catalog.fabrics import fabric_fraction  # noqa: E402
 from search.presets import PRESETS  # noqa: E402
@@ -78,6 +77,16 @@ from search.specs import training_spec  # noqa: E402
 from tcf_search.calibration.predict import CHOICE_COLUMNS, predict_frame  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bridge_recipes import (  # noqa: E402
+    DAGGER,
+    MEGATRON_FP8_RECIPE,
+    graph_switches,
+    moe_label,
+    moe_switches,
+    recipe_recompute,
+    recipe_switches,
+    recompute_modes,
+)
 from published_runs import (  # noqa: E402
     AUTOMODEL,
     BRIDGE,
@@ -91,159 +100,9 @@ from published_runs import (  # noqa: E402
 )
 
 CHUNKS = (1, 2, 4, 8)  # virtual stages tried where Llama 3's paper does not give them
-# Megatron-LM's FP8 recipe switches (examples/llama/train_llama3_8b_h100_fp8.sh:
-# --grad-reduce-in-bf16, --fp8-param-gather), taken for every Megatron fp8 run below
-MEGATRON_FP8_RECIPE = {"grad_dtype_bytes": 2, "fp8_param_gather": True}
-# Megatron-Bridge's Llama 3 70B and 405B recipes overlap TP communication with the GEMMs
-# (Transformer Engine userbuffers: CommOverlapConfig(tp_comm_overlap=True, tp_comm_overlap_cfg=
-# userbuffers_*) in src/megatron/bridge/recipes/llama/h100/llama3.py and the perf_recipes on
-# B200/GB200); Megatron-LM's FP8 table says it follows NeMo's performance scripts, whose recipes
-# these are. The 8B recipes run TP 1; the MoE recipes are left at the profile's default.
-TP_OVERLAP_PRESETS = frozenset({"llama3-70b", "llama3.1-405b"})
-# The MoE rows at TP > 1 whose recipe overlaps TP communication: 25.09's run_script.py (v0.1.0rc4
-# and 8d5764fd3, whose TP 2 layout the table's Qwen3-235B GB200 row ran) builds every Qwen3
-# recipe with CommOverlapConfig(tp_comm_overlap=True), which src/megatron/bridge/training/
-# comm_overlap.py keeps at TP >= 2 with sequence parallel (the default userbuffers config). The
-# others keep it off: 25.11's Qwen3-235B H100 recipe (qwen3_llm_pretrain.py
-# qwen3_235b_a22b_h100_config: tp_comm_overlap=False) and DeepSeek-V3's (recipes/deepseek/
-# deepseek_v3.py: CommOverlapConfig(tp_comm_overlap=False)).
-TP_OVERLAP_MOE_ROWS = frozenset({("25.09", "DGX-GB200", "qwen3-235b-a22b")})
-# The fp8 recipe each MoE row ran (the tables' Precision column; in 25.09 the number outside the
-# parentheses): per-tensor current scaling ("cs") but for 25.11's Qwen3-30B-A3B on B200 and
-# GB200, MXFP8 ("mx", helpers.py get_precision_config "fp8_mx": bf16_with_mxfp8_mixed). The
-# model has one fp8 (its fitted casts and GEMM fraction): the column says which rows differ.
-FP8_MX_ROWS = frozenset({("25.11", "DGX-B200", "qwen3-30b-a3b"),
-                         ("25.11", "DGX-GB200", "qwen3-30b-a3b")})
-# The flex dispatcher's backend (printed; the model's flex is one fused dispatch whatever it is)
-DAGGER = "\u2020"  # marks a row of an acknowledged regression (BRIDGE_REGRESSIONS)
-FLEX_BACKENDS = {("25.09", "DGX-H100"): "deepep", ("25.11", "DGX-GB200"): "hybridep",
-                 ("26.04.01", "DGX-H100"): "hybridep"}
-
-
 # torchtitan's Tables 5 and 6 ran with AsyncTP (their captions), which overlaps the TP
 # all-gathers and reduce-scatters with the GEMMs
 ASYNC_TP_TABLES = frozenset({"5", "6"})
-
-
-# The MoE recipes' dispatch as each release's Megatron-Bridge performance scripts set it (facts
-# from the code of the release, not fitted; all run --moe-permute-fusion: the Qwen3 providers'
-# and the DeepSeek-V3 recipe's default). 25.09 (v0.1.0rc4 scripts/performance/run_script.py):
-# Qwen3 everywhere and DeepSeek-V3 on B200/GB200 drop tokens at capacity factor 1.0 with padding
-# (apply_moe_token_drop) under the alltoall dispatcher, DeepSeek-V3 there with its shared expert
-# overlapped with the dispatch (moe_shared_expert_overlap; Qwen3 has none); DeepSeek-V3 on H100
-# runs DeepEP (flex) with force-balanced routing and the EP all-to-all overlapped
-# (overlap_moe_expert_parallel_comm, "A2A_1F1B"). 25.11 (v0.2.2 scripts/performance/configs/
-# qwen3/workload_base_configs.py): the H100 Qwen3 recipes keep the alltoall dispatcher with
-# moe_a2a_overlap. 26.04 (configs/qwen/qwen3_workload_base_configs.py
-# QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1): HybridEP (flex), no overlap. Every one is
-# balanced by construction (force-balanced or padded to capacity); the padded ones need no
-# device-to-host sync in the dispatcher (moe_pad_to_capacity), the force-balanced ones do.
-# 25.11 on B200 and GB200 (Qwen3-30B-A3B): dropless with force-balanced routing
-# (set_qwen3_common_configs), the alltoall dispatcher on B200 (no flex backend given) and
-# HybridEP on GB200 (moe_flex_dispatcher_backend="hybridep", which
-# src/megatron/bridge/training/flex_dispatcher_backend.py applies on GB200), no overlap.
-MOE_RECIPES: dict[tuple[str, str], dict[str, object]] = {
-    ("25.09", "DGX-H100"): {"moe_dispatcher": "flex", "moe_a2a_overlap": True},
-    ("25.11", "DGX-H100"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": True},
-    ("25.11", "DGX-B200"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": False},
-    ("25.11", "DGX-GB200"): {"moe_dispatcher": "flex", "moe_a2a_overlap": False},
-    ("26.04.01", "DGX-H100"): {"moe_dispatcher": "flex", "moe_a2a_overlap": False},
-    ("25.09", "DGX-B200"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": False,
-                            "moe_shared_expert_overlap": True, "moe_pad_to_capacity": True},
-    ("25.09", "DGX-GB200"): {"moe_dispatcher": "alltoall", "moe_a2a_overlap": False,
-                             "moe_shared_expert_overlap": True, "moe_pad_to_capacity": True},
-}
-
-# CUDA graphs as each release's performance scripts set them (facts from the release's code; a
-# row not listed runs eagerly). 25.09 (v0.1.0rc4 scripts/performance/configs/*/*.yaml, the
-# perf_matrix's cuda_graphs, which utils/helpers.py set_cuda_graph_overrides sets as
-# model.enable_cuda_graph): on for Llama 3 8B on B200, Qwen3-30B-A3B on B200 and GB200 and
-# Qwen3-235B-A22B on GB200; off for every H100 row, DeepSeek-V3, Llama 3 70B and 405B, and
-# Llama 3 8B on GB200 at per-tensor fp8. The release pins megatron-core 0.14, whose
-# enable_cuda_graph is the local CudaGraphManager over the whole TransformerLayer (scope "full",
-# megatron/core/transformer/transformer_layer.py) and refuses any recompute
-# (transformer_config.py: "CUDA graphs not supported with activation recomputation"), so those
-# rows recompute nothing. 25.11 (v0.2.2 scripts/performance/configs/*/workload_base_configs.py):
-# Qwen3-30B-A3B on B200 (FP8_CS, FP8_MX the same preset) and GB200 (FP8_MX) capture
-# ["moe_router", "moe_preprocess"] with transformer_engine; the H100 FP8_CS presets of Qwen3
-# and Llama set none (Qwen3-30B's BF16 preset does). 26.04 (v0.4.0
-# configs/qwen/qwen3_workload_base_configs.py QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1):
-# none (its BF16 preset: transformer_engine, moe_router and moe_preprocess).
-WHOLE_LAYER: dict[str, object] = {"cuda_graph_impl": "local", "cuda_graph_scope": ()}
-ROUTER_GRAPHS: dict[str, object] = {"cuda_graph_impl": "transformer_engine",
-                                    "cuda_graph_scope": ("moe_router", "moe_preprocess")}
-GRAPH_RECIPES: dict[tuple[str, str, str], dict[str, object]] = {
-    ("25.09", "DGX-B200", "llama3-8b"): WHOLE_LAYER,
-    ("25.09", "DGX-B200", "qwen3-30b-a3b"): WHOLE_LAYER,
-    ("25.09", "DGX-GB200", "qwen3-30b-a3b"): WHOLE_LAYER,
-    ("25.09", "DGX-GB200", "qwen3-235b-a22b"): WHOLE_LAYER,
-    ("25.11", "DGX-B200", "qwen3-30b-a3b"): ROUTER_GRAPHS,
-    ("25.11", "DGX-GB200", "qwen3-30b-a3b"): ROUTER_GRAPHS,
-}
-
-
-def graph_switches(release: str, system: str, preset: str) -> dict[str, object]:
-    return dict(GRAPH_RECIPES.get((release, system, preset), {}))
-
-
-def recompute_modes(release: str, graphs: dict[str, object],
-                    preset: str = "") -> tuple[Recompute, ...]:
-    """The recompute modes a row may run: none under Megatron-Core 0.14's graphs (25.09) and in
-    every Qwen3 recipe (RECIPE_RECOMPUTE); the others' recipes recompute modules the model has
-    no mode for, so any of its modes."""
-    if (graphs and release == "25.09") or preset.startswith("qwen3"):
-        return ("none",)
-    return ("none", "selective", "full")
-
-
-# What the MoE recipes recompute (facts from each release's scripts, printed beside the chosen
-# mode): Qwen3 none in every release (25.09 configs/qwen3/*.yaml recompute_granularity: null;
-# 25.11 and 26.04 configs/qwen*/qwen3_llm_pretrain.py set_qwen3_common_configs), which the
-# Qwen3 rows run (recompute_modes); DeepSeek-V3 in 25.09 (run_script.py) the selective modules
-# mla_up_proj and mlp (the dense layers' MLP) on H100, mla_up_proj on B200 and GB200, which
-# no mode of the model's equals (its "selective" recomputes the activation function only), so
-# those rows run the fastest mode that fits.
-RECIPE_RECOMPUTE: dict[tuple[str, str], str] = {
-    ("deepseek-v3", "DGX-H100"): "mla_up_proj+mlp", ("deepseek-v3", "DGX-B200"): "mla_up_proj",
-    ("deepseek-v3", "DGX-GB200"): "mla_up_proj"}
-
-
-def recipe_recompute(preset: str, system: str) -> str:
-    return RECIPE_RECOMPUTE.get((preset, system), "none" if preset.startswith("qwen3") else "?")
-
-
-def moe_switches(release: str, system: str, is_moe: bool) -> dict[str, object]:
-    if not is_moe:
-        return {}
-    # --moe-router-fusion: every release's MoE recipes (25.09 configs/*/*.yaml
-    # moe_router_fusion: true; 25.11 and 26.04 set_qwen3_common_configs)
-    return {"moe_permute_fusion": True, "moe_router_fusion": True, "moe_load_imbalance": 1.0,
-            **MOE_RECIPES.get((release, system), {})}
-
-
-def recipe_switches(preset: str, tp: int, row: tuple[str, str] = ("", "")) -> dict[str, object]:
-    """TP overlap where the recipe of the preset (or of the MoE row: release, system) runs it."""
-    on = preset in TP_OVERLAP_PRESETS or (*row, preset) in TP_OVERLAP_MOE_ROWS
-    return {"tp_comm_overlap": True} if on and tp > 1 else {}
-
-
-def model_has_shared(preset: str) -> bool:
-    return PRESETS[preset].moe_shared_experts > 0
-
-
-def moe_label(release: str, system: str, preset: str, training: Training) -> str:
-    """The row's MoE recipe in a few words: dispatcher (flex's backend), A2A or shared-expert
-    overlap, padding to capacity or dropless, the fp8 recipe, and the #1998 mark."""
-    tr = training
-    disp = (f"flex:{FLEX_BACKENDS.get((release, system), '?')}" if tr.moe_dispatcher == "flex"
-            else tr.moe_dispatcher)
-    shared = model_has_shared(preset) and tr.moe_shared_expert_overlap
-    parts = [disp + ("+a2a-overlap" if tr.moe_a2a_overlap else "")
-             + ("+shared-overlap" if shared else ""),
-             "pad" if tr.moe_pad_to_capacity else "dropless",
-             "mx" if (release, system, preset) in FP8_MX_ROWS else "cs"]
-    return " ".join(parts) + (f" {DAGGER}" if (release, system, preset) in BRIDGE_REGRESSIONS
-                              else "")
 
 
 def megatron_fp8() -> None:

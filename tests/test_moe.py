@@ -189,7 +189,7 @@ def test_measured_moe_rows_and_bridge_recipes_run_balanced() -> None:
     tr = case_from_row(row).training
     assert tr.moe_load_imbalance == 1.0 and tr.moe_dispatcher == "alltoall"
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from bench_external import MOE_RECIPES, moe_switches
+    from bridge_recipes import MOE_RECIPES, moe_switches
 
     for release, system in MOE_RECIPES:
         assert moe_switches(release, system, True)["moe_load_imbalance"] == 1.0
@@ -203,7 +203,7 @@ def test_bridge_regression_rows_are_bridge_moe_rows_and_marked() -> None:
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from bench_external import DAGGER, moe_label, moe_switches, recipe_switches
+    from bridge_recipes import DAGGER, moe_label, moe_switches, recipe_switches
     from published_runs import BRIDGE, BRIDGE_REGRESSIONS
 
     from search.presets import PRESETS
