@@ -28,6 +28,17 @@ def holdout(key: str, fraction: float = 0.3) -> bool:
     return (zlib.crc32(key.encode()) % 1000) < fraction * 1000
 
 
+
+def group_of(frame: pd.DataFrame) -> pd.Series:
+    """Each row's sweep group, (model, GPU count): the unit the hold-out split draws."""
+    return frame["model_name"].astype(str) + "|" + frame["num_gpus"].astype(str)
+
+
+def weigh_alike(labels: np.ndarray) -> np.ndarray:
+    """1/N for each of a label's N rows, so that every label (group, source) weighs 1."""
+    _, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    return 1.0 / counts[inverse]
+
 @dataclass
 class Group:
     model: ModelSpec

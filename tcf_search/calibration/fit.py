@@ -40,9 +40,11 @@ from tcf_search.calibration.accuracy import regime, report, throughput_rows
 from tcf_search.calibration.dataset import (
     Group,
     find_measured_csv,
+    group_of,
     holdout,
     load_groups,
     predict_groups,
+    weigh_alike,
     with_training,
 )
 from tcf_search.calibration.moe_fit import MOE_BOUNDS, fit_moe, report_moe
@@ -113,8 +115,7 @@ def _covered(groups, rows: pd.Series) -> np.ndarray:
 
 def split_mask(frame: pd.DataFrame) -> pd.Series:
     """True for rows held out of every fit (30% of sweep groups, by a stable hash)."""
-    keys = frame["model_name"].astype(str) + "|" + frame["num_gpus"].astype(str)
-    return keys.map(holdout).astype(bool)
+    return group_of(frame).map(holdout).astype(bool)
 
 
 def _unit(x: np.ndarray, names: tuple[str, ...], bounds: dict[str, tuple[float, float]]) -> dict:
@@ -193,8 +194,7 @@ def source_weights(frame: pd.DataFrame, idx: np.ndarray) -> np.ndarray:
     """Each source's rows weigh as much together as another's: the Playbook's 845 runs of one
     sequence length must not outvote the runs that tell terms apart it cannot."""
     src = frame["source"].to_numpy()[idx]
-    _, inverse, counts = np.unique(src, return_inverse=True, return_counts=True)
-    return np.sqrt(len(idx) / (len(counts) * counts[inverse]))
+    return np.sqrt(weigh_alike(src) * len(idx) / np.unique(src).size)
 
 
 def fit_memory(frame: pd.DataFrame, groups: list[Group], rows: pd.Series) -> dict[str, float]:

@@ -36,6 +36,7 @@ import yaml
 
 from search.uncertainty import INTERVAL, LEVELS, regime_keys, scale_of
 from tcf_search.calibration.accuracy import regime, throughput_rows
+from tcf_search.calibration.dataset import group_of, weigh_alike
 
 GIB = 2**30
 TOL = 1e-9  # weights are sums of 1/N: compare them with room for rounding
@@ -54,17 +55,6 @@ def _keys(frame: pd.DataFrame) -> pd.Series:
     return regime(frame) + "/" + scale
 
 
-def group_of(frame: pd.DataFrame) -> pd.Series:
-    """Each row's sweep group, (model, GPU count): the unit the hold-out split draws."""
-    return frame["model_name"].astype(str) + "|" + frame["num_gpus"].astype(str)
-
-
-def _weights(groups: np.ndarray) -> np.ndarray:
-    """1/N for each of a group's N rows, so that every group weighs 1."""
-    _, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
-    return 1.0 / counts[inverse]
-
-
 def _upper(values: np.ndarray, weights: np.ndarray, p: float) -> float:
     """The smallest value whose weight at or below it reaches p (K + 1), K the total weight;
     +inf where even all K fall short."""
@@ -79,7 +69,7 @@ def conformal_bounds(values: np.ndarray, groups: np.ndarray,
     """Finite-sample bounds at ``levels`` on a row of a new group, from residuals ``values`` of
     the groups ``groups`` (module docstring): an upper bound where p > 0.5, and where p <= 0.5 the
     mirror lower one, under which at most a share p of new rows fall."""
-    w = _weights(groups)
+    w = weigh_alike(groups)
     return [round(_upper(values, w, p), 5) if p > 0.5 else round(-_upper(-values, w, 1.0 - p), 5)
             for p in levels]
 
@@ -88,7 +78,7 @@ def pooled_quantiles(values: np.ndarray, groups: np.ndarray) -> list[float]:
     """Quantiles at LEVELS of the rows with every group weighing alike (each row at the middle of
     its weight): an estimate of a new group's distribution, for P(OOM), not a bound."""
     order = np.argsort(values, kind="stable")
-    w = _weights(groups)[order]
+    w = weigh_alike(groups)[order]
     at = (np.cumsum(w) - w / 2) / w.sum()
     return [round(float(q), 5) for q in np.interp(LEVELS, at, values[order])]
 
