@@ -28,6 +28,9 @@ class Efficiency:
         stream synchronisation, the host waiting on the result in eager frameworks).
     nvlink_bw_fraction / network_bw_fraction: collective bus bandwidth reached, as a fraction
         of the link's unidirectional bandwidth.
+    network_step_latency_s: what one ring step across the network waits, fitted with
+        network_bw_fraction on the family's reference cluster, and like it used where a cluster
+        names no fabric; 0 = not fitted: the GPU's NCCL prior (``GpuSpec.network_latency_s``).
     p2p_network_bw_fraction: one send/receive pair across the network (pipeline activations,
         nanotron's logits hop, context parallelism's ring of K/V blocks), as a fraction of the
         GPU's own NIC line rate: a single transfer over one NIC, no ring of ranks in lockstep, so
@@ -55,6 +58,7 @@ class Efficiency:
     collective_overhead_s: float = 20e-6
     nvlink_bw_fraction: float = 0.8
     network_bw_fraction: float = 0.8
+    network_step_latency_s: float = 0.0
     # NCCL's point-to-point peak per NIC, as NVIDIA's NCCL engineers state it: an all-to-all
     # (one send and receive per peer) "cannot aggregate the bandwidth of multiple NICs", and a
     # 400 Gb/s NDR ConnectX-7 NIC (50 GB/s) "should achieve up to 48-49GB/s"

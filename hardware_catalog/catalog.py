@@ -27,7 +27,7 @@ FAMILIES = ("ampere", "hopper", "blackwell", "ada", "cdna3", "cpu")
 # (used instead of the family's) and the raw measurements behind it (kept, not read)
 _MEASURED_BLOCKS = ("efficiency", "measurements")
 UNCALIBRATED_SOURCE = "prior (uncalibrated)"
-_ZERO_MEANS_UNMEASURED = frozenset({"dtensor_op_overhead_s"})
+_ZERO_MEANS_UNMEASURED = frozenset({"dtensor_op_overhead_s", "network_step_latency_s"})
 GIB = 2**30
 
 _TEXT_FIELDS = ("id", "name", "family", "notes")

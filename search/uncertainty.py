@@ -124,7 +124,7 @@ def calibration_status(cluster: ClusterSpec) -> dict[str, Any]:
     fabric = cluster.fabric
     fabrics = load_fabrics() if fabric else {}
     fab_src = (str(fabrics[fabric].source) if fabric in fabrics
-               else f"none given: the {family} family's network fraction")
+               else f"none given: the {family} family's network fraction and ring step")
     if borrowed:
         line = f"{family} efficiency borrowed from {borrowed}, unvalidated"
     elif partly:

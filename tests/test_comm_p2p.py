@@ -30,7 +30,8 @@ def test_a_network_send_runs_at_the_p2p_fraction_of_line_rate(h100) -> None:
     x = np.array([1.0 * GB])
     t = float(comm.p2p_time(x, np.array([True]), link)[0])
     nic = h100.network_bw_bytes_per_s
-    overhead = h100.network_latency_s + cluster.gpu.efficiency.collective_overhead_s
+    # one network step (the family's fitted one: the cluster names no fabric) and the call
+    overhead = link.network_latency_s + cluster.gpu.efficiency.collective_overhead_s
     assert t == pytest.approx(1.0 * GB / (0.9 * nic) + overhead, rel=1e-12)
     # not at the collectives' fraction: that would take 3.6x as long
     assert t < 0.5 * (1.0 * GB / (0.25 * nic))
@@ -56,8 +57,8 @@ def test_pipeline_activations_across_nodes_pay_the_p2p_price(h100, llama8b: Mode
     est = estimate(llama8b, _cluster(h100, 16), plan, tr)
     hop = next(c for c in est.collectives if c.name == "pp_activation_send_recv")
     x = 4096 * 4096 * 2.0
-    one = x / (0.9 * h100.network_bw_bytes_per_s) + h100.network_latency_s \
-        + h100.efficiency.collective_overhead_s
+    one = x / (0.9 * h100.network_bw_bytes_per_s) \
+        + comm.link_of(_cluster(h100, 16)).network_latency_s + h100.efficiency.collective_overhead_s
     assert hop.tier == "network"
     assert hop.time_s == pytest.approx(2 * 4 * one, rel=1e-9)
     # half the p2p fraction doubles exactly the bandwidth term of this collective

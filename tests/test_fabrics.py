@@ -204,3 +204,41 @@ def test_deepspeed_overlaps_only_at_stage_3() -> None:
     t = Training(seq_len=1024, global_batch=8, **s)  # type: ignore[arg-type]
     assert not (t.overlap_grad_reduce or t.overlap_grad_reduce_sharded
                 or t.overlap_param_gather)
+
+
+def _with_step(gpu: GpuSpec, step_s: float) -> GpuSpec:
+    return dataclasses.replace(gpu, efficiency=dataclasses.replace(
+        gpu.efficiency, network_step_latency_s=step_s))
+
+
+def test_network_step_latency_is_the_familys_where_no_fabric_is_named(h100: GpuSpec) -> None:
+    """The fitted ring step goes with the fitted network fraction: both are the reference
+    cluster's, used where a cluster names no fabric; a named fabric keeps NCCL's prior step, and
+    0 (not fitted) means that prior everywhere."""
+    gpu = _with_step(h100, 50e-6)
+    assert comm.link_of(ClusterSpec(gpu=gpu, num_gpus=16)).network_latency_s == 50e-6
+    named = ClusterSpec(gpu=gpu, num_gpus=16, fabric="infiniband",
+                        network_bw_fraction=get_fabric("infiniband").network_bw_fraction)
+    assert comm.link_of(named).network_latency_s == h100.network_latency_s
+    unfitted = ClusterSpec(gpu=_with_step(h100, 0.0), num_gpus=16)
+    assert comm.link_of(unfitted).network_latency_s == h100.network_latency_s
+
+
+def test_a_ring_across_nodes_waits_the_step_once_per_rank(h100: GpuSpec,
+                                                           llama8b: ModelSpec) -> None:
+    """TP spanning nodes runs rings of tp - 1 steps in lockstep, each waiting on the network:
+    a longer step costs (tp - 1) x its difference per TP collective, so TP 32 pays about twice
+    what TP 16 pays (31 vs 15 steps), while a DP all-reduce's tree pays log2(dp) per bucket."""
+    tr = Training(seq_len=4096, global_batch=64)
+
+    def tp_time(tp: int, step_s: float) -> float:
+        cluster = ClusterSpec(gpu=_with_step(h100, step_s), num_gpus=tp)
+        est = estimate(llama8b, cluster, Plan(tp=tp, dp=1, sequence_parallel=True), tr)
+        tp_colls = [c for c in est.collectives if c.group == "tp"]
+        assert tp_colls and all(c.tier == "network" for c in tp_colls)
+        return sum(c.time_s for c in tp_colls)
+
+    extra = {tp: tp_time(tp, 60e-6) - tp_time(tp, 20e-6) for tp in (16, 32)}
+    assert extra[16] > 0
+    # same collectives a layer, twice the ring steps less one: (31 / 15) times the extra wait
+    assert extra[32] / extra[16] == pytest.approx(31 / 15, rel=1e-6)

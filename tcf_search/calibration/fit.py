@@ -52,7 +52,7 @@ from tcf_search.calibration.uncertainty import coverage
 
 GIB = 2**30
 EFF_PARAMS = ("attention_peak_fraction", "memory_bw_fraction", "collective_overhead_s",
-              "nvlink_bw_fraction", "network_bw_fraction")
+              "nvlink_bw_fraction", "network_bw_fraction", "network_step_latency_s")
 # fitted as part of the nanotron profile (hardware_catalog/frameworks.yaml), not of the GPU
 TRAINING_PARAMS = ("host_overhead_s", "pp_tp_step_overhead_s")
 # fitted on throughput but belonging to the memory model (the PyTorch allocator near capacity)
@@ -69,9 +69,9 @@ DGXC_PARAMS = ("gemm_peak_fraction", "flash3_attention_peak_fraction", "fp8_gemm
 # tables (Llama 3.1 405B, bf16 and fp8, 128-512 GPUs: two configurations at three scales, so two
 # parameters); its attention, memory-bound, cast and link terms are hopper's (the rows cannot
 # tell them apart). The GB200 Grok-1 rows of the same release (MoE) disagree: with these
-# fractions they come out 16-32% slow, with hopper's (0.74) they fitted within 6% while the
-# dense rows came out 31-40% fast. One side misses a term (the MoE rows' exposed data-parallel
-# traffic grows with DP in the model, not in the rows); the dense rows identify the GEMMs.
+# fractions they come out 14-27% slow, while the dense rows fit within 1%. One side misses a
+# term (the MoE rows' exposed data-parallel traffic grows with DP in the model, not in the
+# rows); the dense rows identify the GEMMs.
 BLACKWELL_PARAMS = ("gemm_peak_fraction", "fp8_gemm_peak_fraction")
 EFF_BOUNDS = {"gemm_peak_fraction": (0.3, 0.95), "gemm_half_size": (1.0, 4096.0),
               "attention_peak_fraction": (0.05, 0.9), "memory_bw_fraction": (0.2, 1.0),
@@ -79,6 +79,8 @@ EFF_BOUNDS = {"gemm_peak_fraction": (0.3, 0.95), "gemm_half_size": (1.0, 4096.0)
               "pp_tp_step_overhead_s": (1e-6, 2e-3), "pressure_start": (0.6, 0.99),
               "pressure_slowdown": (1e-3, 20.0), "nvlink_bw_fraction": (0.1, 1.0),
               "network_bw_fraction": (0.05, 1.0), "fp8_gemm_peak_fraction": (0.2, 0.95),
+              # one ring step across the network: an RDMA write and its flag, 1 us to 1 ms
+              "network_step_latency_s": (1e-6, 1e-3),
               "flash3_attention_peak_fraction": (0.05, 0.9),
               # read bf16 and write fp8 (3) up to several passes of cast, transpose and amax
               "fp8_cast_bytes_per_element": (3.0, 24.0), **MOE_BOUNDS}
@@ -88,6 +90,9 @@ EFF_BOUNDS = {"gemm_peak_fraction": (0.3, 0.95), "gemm_half_size": (1.0, 4096.0)
 # whitepaper: 132)
 NCCL_CHANNELS = 16.0
 SM_COUNT = {"ampere": 108.0, "hopper": 132.0}
+# the fit's start for the network ring step: NCCL's tuning table (src/graph/tuning.cc hwLat, NET
+# Ring/Simple), the GPUs' catalog prior
+NCCL_NET_STEP_S = 14e-6
 FABRIC_PREFIX = "fabric:"  # a fitted parameter that is a fabric's network fraction
 # Fabrics whose network fraction is a cited prior in fabrics.yaml, not fitted: the only rows on
 # InfiniBand are Megatron SC21's (Selene): halving the fraction lengthens their steps by only
@@ -300,7 +305,8 @@ def fit_playbook(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, star
         frame, groups, rows, "hopper", start, EFF_PARAMS + TRAINING_PARAMS + PRESSURE_PARAMS,
         framework="nanotron",
         start_values=fitted or {"host_overhead_s": 5e-5, "pp_tp_step_overhead_s": 2e-4,
-                                "pressure_start": 0.85, "pressure_slowdown": 1.0})
+                                "pressure_start": 0.85, "pressure_slowdown": 1.0,
+                                "network_step_latency_s": NCCL_NET_STEP_S})
 
 
 def foundry_node_rows(frame: pd.DataFrame, family: str) -> pd.Series:
