@@ -86,6 +86,7 @@ from bridge_recipes import (  # noqa: E402
     recipe_recompute,
     recipe_switches,
     recompute_modes,
+    recompute_switches,
 )
 from published_runs import (  # noqa: E402
     AUTOMODEL,
@@ -189,6 +190,7 @@ def megatron_bridge_table() -> None:
                                  switches={**MEGATRON_FP8_RECIPE,
                                            **recipe_switches(preset, tp, (release, system)),
                                            **moe_switches(release, system, model.is_moe),
+                                           **recompute_switches(preset, system),
                                            **graphs})
         head = f"{release:<10}{system:<11}{preset:<17}{gpus:>5}{published:>11,.0f}"
         try:
@@ -197,7 +199,7 @@ def megatron_bridge_table() -> None:
                                   network_bw_fraction=fabric_fraction("infiniband"))
             first, last = BRIDGE_EDGES.get((preset, pp), (0, 0))
             modes, refused = {}, SpecError("no recompute mode")
-            for rec in recompute_modes(release, graphs, preset):
+            for rec in recompute_modes(release, graphs, preset, system):
                 plan = Plan(tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp), ep=ep, vpp=vp,
                             micro_batch=mb, zero_stage=3 if fsdp else 1, recompute=rec,
                             sequence_parallel=tp > 1, first_stage_layers=first,

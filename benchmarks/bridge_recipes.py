@@ -110,13 +110,21 @@ def graph_switches(release: str, system: str, preset: str) -> dict[str, object]:
 
 
 def recompute_modes(release: str, graphs: dict[str, object],
-                    preset: str = "") -> tuple[Recompute, ...]:
+                    preset: str = "", system: str = "") -> tuple[Recompute, ...]:
     """The recompute modes a row may run: none under Megatron-Core 0.14's graphs (25.09) and in
-    every Qwen3 recipe (RECIPE_RECOMPUTE); the others' recipes recompute modules the model has
-    no mode for, so any of its modes."""
+    every Qwen3 recipe; selective where the recipe names its modules (RECIPE_RECOMPUTE, run as
+    recompute_modules: recompute_switches); else any of the model's modes."""
     if (graphs and release == "25.09") or preset.startswith("qwen3"):
         return ("none",)
+    if (preset, system) in RECIPE_RECOMPUTE:
+        return ("selective",)
     return ("none", "selective", "full")
+
+
+def recompute_switches(preset: str, system: str) -> dict[str, object]:
+    """The recipe's --recompute-modules where it names them (RECIPE_RECOMPUTE)."""
+    modules = RECIPE_RECOMPUTE.get((preset, system))
+    return {"recompute_modules": tuple(modules.split("+"))} if modules else {}
 
 
 # What the MoE recipes recompute (facts from each release's scripts, printed beside the chosen
@@ -124,8 +132,7 @@ def recompute_modes(release: str, graphs: dict[str, object],
 # 25.11 and 26.04 configs/qwen*/qwen3_llm_pretrain.py set_qwen3_common_configs), which the
 # Qwen3 rows run (recompute_modes); DeepSeek-V3 in 25.09 (run_script.py) the selective modules
 # mla_up_proj and mlp (the dense layers' MLP) on H100, mla_up_proj on B200 and GB200, which
-# no mode of the model's equals (its "selective" recomputes the activation function only), so
-# those rows run the fastest mode that fits.
+# those rows run (recompute_switches: Megatron-Core's recompute_modules).
 RECIPE_RECOMPUTE: dict[tuple[str, str], str] = {
     ("deepseek-v3", "DGX-H100"): "mla_up_proj+mlp", ("deepseek-v3", "DGX-B200"): "mla_up_proj",
     ("deepseek-v3", "DGX-GB200"): "mla_up_proj"}

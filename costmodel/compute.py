@@ -32,8 +32,10 @@ from costmodel.plans import PlanArrays
 from costmodel.recompute import (
     every_other_gemm,
     every_other_gemm_flops_per_token,
+    module_flops_per_token,
     recomputed_layers,
 )
+from costmodel.recompute_modules import CORE_ATTN, LAYERNORM, MLA_UP_PROJ, MLP, MOE_ACT
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 
 # FlashAttention-2's generation runs at ``attention_peak_fraction``; the Hopper-and-later one
@@ -252,6 +254,8 @@ def _selective_extra(model: ModelSpec, tr: Training, kn: Kernels, dense: _DenseL
                                                                   split=False)
         return extra, (moe.elem_s + attn_second + shared_second + moe.routed_s + moe.permute_s
                        + elem.overhead_fwd_s * moe.kernels)
+    if tr.selective_recompute == "modules":
+        return _modules_extra(model, tr, kn, dense, moe)
     # the activation function alone (and attention's scores without flash attention)
     extra = kn.tokens * (elem.act_elems / kn.tp) * kn.act / kn.hbm + eff.kernel_overhead_s
     if moe is None:
@@ -259,6 +263,42 @@ def _selective_extra(model: ModelSpec, tr: Training, kn: Kernels, dense: _DenseL
     # the experts' activation: top-k copies of each token, expert width
     return extra, (kn.tokens * model.moe_topk * (elem.act_elems / model.ffn_hidden)
                    * model.expert_ffn_hidden / kn.tp * kn.act / kn.hbm + eff.kernel_overhead_s)
+
+
+def _modules_extra(model: ModelSpec, tr: Training, kn: Kernels, dense: _DenseLayer,
+                   moe: MoeLayer | None) -> tuple[np.ndarray, np.ndarray]:
+    """What Megatron-Core's selective ``recompute_modules`` run again in a dense and in a MoE
+    layer's backward (the memory they free: ``costmodel.memory.freed_by_modules``): core_attn
+    the attention kernel's forward, mla_up_proj the two up projections and RoPE, layernorm the
+    norms built apart from their GEMM (MLA's input norm; a MoE layer's pre-MLP norm), mlp a
+    dense model's MLP forward, moe_act the routed experts' activation function."""
+    mods, eff = tr.recompute_modules, kn.cluster.gpu.efficiency
+    per_elem_s = kn.tokens * kn.act / kn.hbm
+    shard = np.where(kn.sp, kn.tp, 1.0)
+    norm_s = per_elem_s * 2.0 * model.hidden / shard + eff.kernel_overhead_s  # read, write
+    both = np.zeros_like(kn.tokens)
+    if CORE_ATTN in mods:
+        both = both + dense.attention_s + eff.kernel_overhead_s
+    if MLA_UP_PROJ in mods and model.mla:
+        x, a = model.mla, model.heads
+        both = both + per_elem_s * dense.elem.rope_elems * rope_width(model) / kn.tp
+        both = both + kn.gemm(a * (x.qk_nope_head_dim + x.v_head_dim) / kn.tp,
+                              float(x.kv_lora_rank))
+        if x.q_lora_rank:
+            both = both + kn.gemm(a * qk_dim(model) / kn.tp, float(x.q_lora_rank))
+    norms = int(model.mla is not None) if LAYERNORM in mods else 0
+    dense_extra = both + norms * norm_s
+    if MLP in mods and not model.is_moe:
+        mlp_gemms = dense.gemm_s - dense.qkv_s - dense.out_s
+        dense_extra = dense_extra + mlp_gemms + per_elem_s * dense.elem.act_elems / kn.tp
+    if moe is None:
+        return dense_extra, dense_extra
+    moe_extra = both + (norms + int(LAYERNORM in mods)) * norm_s
+    if MOE_ACT in mods:  # top-k copies of each token, expert width
+        moe_extra = moe_extra + (per_elem_s * model.moe_topk * tr.moe_load_imbalance
+                                 * (dense.elem.act_elems / model.ffn_hidden)
+                                 * model.expert_ffn_hidden / kn.tp + eff.kernel_overhead_s)
+    return dense_extra, moe_extra
 
 
 def _loss_s(model: ModelSpec, tr: Training, kn: Kernels
@@ -309,8 +349,10 @@ def hardware_flops(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: Plan
                             recomputed_layers(p, layers.largest) / layers.largest, 0.0)
     # the recomputed forward adds a third of a layer's training FLOPs (forward = 1/3 of 6N)
     flops = model_flops * (1.0 + rec_fraction / 3.0)
-    if tr.selective_recompute == "every_other_mm":
-        second = every_other_gemm_flops_per_token(model)
+    if tr.selective_recompute in ("every_other_mm", "modules"):
+        second = (every_other_gemm_flops_per_token(model) if tr.selective_recompute ==
+                  "every_other_mm" else module_flops_per_token(model, tr.recompute_modules,
+                                                               tr.seq_len))
         per_gpu = second * model.layers * tr.tokens_per_step / cluster.num_gpus
         flops = flops + np.where(p.recompute == 1, per_gpu, 0.0)
     return flops

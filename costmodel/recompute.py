@@ -7,6 +7,8 @@ that many layers per stage. The every-other-GEMM policy is torchtitan's op-level
 checkpointing ("op" policy): every elementwise op and every second GEMM of a layer run again, and
 the other GEMMs' and attention's outputs are saved. It is defined here once: its time
 (``costmodel.compute``) and its FLOPs (:func:`every_other_gemm_flops_per_token`) both read it.
+Megatron-Core's selective recompute by module (``costmodel.recompute_modules``) runs again the
+FLOPs :func:`module_flops_per_token` counts.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.params import mlp_matrices
+from costmodel.attention import qk_dim, v_dim
+from costmodel.params import dense_mlp_params, mlp_matrices
 from costmodel.plans import PlanArrays
+from costmodel.recompute_modules import CORE_ATTN, MLA_UP_PROJ, MLP
 from costmodel.specs import ModelSpec
 
 
@@ -86,4 +90,22 @@ def every_other_gemm_flops_per_token(model: ModelSpec) -> float:
     if model.is_moe:
         moe_frac = model.moe_layers / model.layers
         flops = (1 - moe_frac) * flops + moe_frac * policy.moe_flops_per_token(model)
+    return flops
+
+
+def module_flops_per_token(model: ModelSpec, modules: tuple[str, ...], seq_len: int
+                           ) -> float:
+    """The forward FLOPs Megatron-Core's selective modules run again, per token and layer, in
+    the MFU's convention (attention over all s keys, as 12 L h s counts it): core_attn the
+    attention's two batched GEMMs, mla_up_proj the two up projections, mlp a dense model's MLP;
+    the elementwise modules (moe_act, layernorm) none."""
+    a, flops = model.heads, 0.0
+    if CORE_ATTN in modules:
+        flops += 2.0 * a * (qk_dim(model) + v_dim(model)) * seq_len
+    if MLA_UP_PROJ in modules and model.mla:
+        x = model.mla
+        flops += 2.0 * a * (qk_dim(model) * x.q_lora_rank
+                            + (x.qk_nope_head_dim + x.v_head_dim) * x.kv_lora_rank)
+    if MLP in modules and not model.is_moe:
+        flops += 2.0 * float(dense_mlp_params(model))
     return flops

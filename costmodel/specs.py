@@ -24,6 +24,7 @@ from costmodel.layer_style import (
     style_errors,
 )
 from costmodel.memory_model import MemoryModel
+from costmodel.recompute_modules import MEGATRON_DEFAULT, module_set
 
 FfnType = Literal["swiglu", "gelu"]
 Recompute = Literal["none", "selective", "full"]
@@ -221,10 +222,8 @@ class Training:
     overlap_param_gather: bool = True
     tp_comm_overlap: bool = False
     flash_attention: bool = True
-    # The fused-attention kernel generation: "flash2" is FlashAttention-2 and its peers (the
-    # stacks the calibration measured: nanotron, llm-foundry, PyTorch SDPA); "flash3" is the
-    # Hopper-specific generation (FlashAttention-3, cuDNN fused attention under Transformer
-    # Engine), which Shah et al. (2024) measure 1.5-2.0x faster than FlashAttention-2 on H100.
+    # The fused-attention kernel: "flash2", FlashAttention-2 and its peers (nanotron, llm-foundry,
+    # PyTorch SDPA); "flash3", FlashAttention-3 or cuDNN's under Transformer Engine (Hopper on)
     attention_kernel: Literal["flash2", "flash3"] = "flash2"
     # the loss over the logits: "fused", or nanotron's "eager_fp32" ops (compute.LOSS_FP32_BYTES)
     loss_kernel: Literal["fused", "eager_fp32"] = "fused"
@@ -245,8 +244,8 @@ class Training:
     # gradients and reduce-scatters once (FSDP2 with set_requires_gradient_sync(False) until the
     # last micro-batch, as torch.distributed.pipelining's schedules do). ``_pp``: under PP.
     zero2_grad_sync: Literal["micro_batch", "step"] = "micro_batch"
-    # How context parallelism moves the key/value blocks (costmodel/parallel/context.py): cp - 1
-    # ring steps (Megatron-Core's --cp-comm-type p2p) or one all-gather (torchtitan's default)
+    # CP's K/V exchange (parallel/context.py): cp - 1 ring steps (Megatron-Core's p2p), or one
+    # all-gather (torchtitan's default)
     cp_comm: Literal["ring", "all_gather"] = "ring"
     zero2_grad_sync_pp: Literal["micro_batch", "step"] = "micro_batch"
     # ZeRO-3 alike: "micro_batch" as torchtitan's train_step, "step" as NeMo AutoModel's
@@ -289,12 +288,10 @@ class Training:
     # streamed by elementwise kernels: 2 under bf16/fp16 autocast (fp8 GEMMs still hand bf16
     # activations around); 4 for a run without autocast (the CPU validation runs, in fp32).
     activation_dtype_bytes: float = 2.0
-    # fp8 training keeps the fp8 casts of the GEMM inputs for backward (Transformer Engine's
-    # Linear/LayerNormLinear); torchao's float8 keeps the bf16 inputs and casts them again
+    # fp8 keeps the GEMM inputs' casts for backward (TE's Linear); torchao's keeps bf16 ones
     fp8_saves_cast_inputs: bool = True
-    # fp8 training holds the weights in fp8 only (Megatron-LM --fp8-param-gather, Transformer
-    # Engine's fp8 primary weights): 1 byte per weight instead of bf16 plus an fp8 cast, and the
-    # distributed optimizer all-gathers fp8 parameters; fp32 master weights stay in the optimizer
+    # fp8 weights only (Megatron-LM --fp8-param-gather): 1 byte a weight, not bf16 plus a cast,
+    # all-gathered in fp8 by the distributed optimizer; fp32 masters stay in the optimizer
     fp8_param_gather: bool = False
     # fp8 weight casts cached after a step's first micro-batch (Megatron-Core's TE layers pass
     # is_first_microbatch, megatron/core/extensions/transformer_engine.py); not in torchao's
@@ -307,9 +304,11 @@ class Training:
     # no split; costmodel.mapping.cost_balanced_split); False: an even split
     pp_cost_balance: bool = False
     # What recompute="selective" recomputes: "activation" (the MLP's activation, attention's
-    # scores without flash attention: Korthikanti et al.), or "every_other_mm" (torchtitan's
+    # scores without flash attention: Korthikanti et al.), "every_other_mm" (torchtitan's
     # per-op policy: every elementwise op and every second GEMM; the rest and attention saved)
-    selective_recompute: Literal["activation", "every_other_mm"] = "activation"
+    # or "modules": Megatron-Core's recompute_modules (costmodel/recompute_modules.py)
+    selective_recompute: Literal["activation", "every_other_mm", "modules"] = "activation"
+    recompute_modules: tuple[str, ...] = MEGATRON_DEFAULT
     # CPU time to issue one kernel or collective (eager PyTorch; ~10-20 us for lean stacks)
     host_overhead_s: float = 15e-6
     # CUDA graphs (costmodel/graphs.py; Megatron-Core --cuda-graph-impl/--cuda-graph-scope):
@@ -368,7 +367,8 @@ class Training:
         if self.activation_dtype_bytes not in (2.0, 4.0):
             raise SpecError("training.activation_dtype_bytes must be 2 (bf16/fp16) or 4 (fp32), "
                             f"but got {self.activation_dtype_bytes!r}")
-        for name, choices in (("selective_recompute", ("activation", "every_other_mm")),
+        object.__setattr__(self, "recompute_modules", module_set(self.recompute_modules))
+        for name, choices in (("selective_recompute", ("activation", "every_other_mm", "modules")),
                               ("optimizer_state_bytes", (2, 4)), ("grad_reduce_bytes", (0, 2, 4)),
                               ("zero3_grad_sync", ("micro_batch", "step")),
                               ("loss_kernel", ("fused", "eager_fp32")),

@@ -198,6 +198,9 @@ class TrainingSection(_Section):
     grad_reduce_in_bf16: Bool | None = None
     # torch.compile: fuses the norms, RoPE and activation functions a framework runs eagerly
     compile: Bool | None = None
+    # what recompute=selective recomputes under a Megatron-Core profile (--recompute-modules;
+    # costmodel/recompute_modules.py): the profile's ["core_attn"] unless given
+    recompute_modules: list[str] | None = None
 
     @field_validator("framework")
     @classmethod

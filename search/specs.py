@@ -146,6 +146,8 @@ def build_specs(study: Study) -> Specs:
         "fp8_param_gather") if getattr(t, k) is not None}
     if t.grad_reduce_in_bf16 is not None:
         switches["grad_dtype_bytes"] = 2 if t.grad_reduce_in_bf16 else 4
+    if t.recompute_modules is not None:
+        switches["recompute_modules"] = tuple(t.recompute_modules)
     try:
         training = training_spec(framework=t.framework, precision=t.precision, seq_len=t.seq_len,
                                  global_batch=t.sequences, optimizer=t.optimizer,

@@ -6,6 +6,7 @@ overrides. Key names follow Megatron-Bridge's ConfigContainer (``model.*`` is th
 from __future__ import annotations
 
 from costmodel.layer_style import MoeRouter
+from costmodel.recompute_modules import MEGATRON_DEFAULT
 from search.planfile import PlanFile
 
 from . import rules
@@ -81,6 +82,8 @@ def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, 
         o[f"model.{key}"] = group[1] if len(group) > 1 else True
     if f.recompute == "selective":
         o["model.recompute_granularity"] = "selective"
+        if f.recompute_modules not in ((), MEGATRON_DEFAULT):  # TransformerConfig's default
+            o["model.recompute_modules"] = list(f.recompute_modules)
     elif f.recompute == "full":
         o["model.recompute_granularity"] = "full"
         o["model.recompute_method"] = "uniform" if f.recompute_all else "block"
@@ -103,8 +106,10 @@ def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, 
     # the DeepSeek recipes' own layout and MTP depth are cleared unless the plan sets them
     o |= {k: v for k, v in latent_overrides(pf).items() if k not in o}
     if m.is_moe:
+        # the experts as the cost model prices them, TEGroupedMLP (megatron.sh's
+        # --moe-grouped-gemm), whatever the recipe's provider has
         o |= {"model.num_moe_experts": m.moe_experts, "model.moe_router_topk": m.moe_topk,
-              "model.moe_ffn_hidden_size": m.expert_ffn_hidden}
+              "model.moe_ffn_hidden_size": m.expert_ffn_hidden, "model.moe_grouped_gemm": True}
         if m.moe_shared_experts:
             o["model.moe_shared_expert_intermediate_size"] = (
                 m.moe_shared_experts * m.expert_ffn_hidden)

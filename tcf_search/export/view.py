@@ -45,6 +45,8 @@ class LaunchView:
     recompute: str
     recompute_layers: int  # with full: per stage, 0 = all
     recompute_all: bool  # full recompute of every layer on every stage
+    # what selective recomputes where the training names Megatron-Core modules; () otherwise
+    recompute_modules: tuple[str, ...]
     sp: bool
     schedule: str  # 1f1b | interleaved | gpipe
     precision: str
@@ -127,6 +129,7 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
         recompute=p.recompute, recompute_layers=p.recompute_layers,
         recompute_all=p.recompute == "full" and (p.recompute_layers == 0
                                                  or p.recompute_layers >= most),
+        recompute_modules=(t.recompute_modules if t.selective_recompute == "modules" else ()),
         sp=p.sequence_parallel, schedule=p.schedule, precision=t.precision,
         optimizer=t.optimizer, tied=m.tied_embeddings, tp_comm_overlap=t.tp_comm_overlap,
         world=p.world_size, num_gpus=pf.num_gpus, gpus_per_node=pf.gpus_per_node,
