@@ -6,11 +6,15 @@ log-sum-exp), a study's switch, and the exports that carry it."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import shlex
+from pathlib import Path
 
 import numpy as np
 import pytest
+import typer
 from export_helpers import nemo_model_config
+from typer.testing import CliRunner
 
 from costmodel import ClusterSpec, Plan, SpecError, Training, estimate
 from costmodel.attention import kv_dims, qk_dim
@@ -22,6 +26,7 @@ from search.planfile import PlanFile
 from search.presets import get_preset
 from search.specs import build_specs, training_spec
 from search.study import StudyError, parse_study
+from tcf_search.explain import explain_cmd
 from tcf_search.export import render
 
 SEQ, MB = 4096, 1
@@ -187,3 +192,20 @@ def test_nemo_export_builds_the_modules_into_a_transformer_config() -> None:
     assert cfg.recompute_granularity == "selective"
     assert list(cfg.recompute_modules) == ["moe_act", "layernorm"]
     assert np.isfinite(cfg.num_layers)
+
+
+def test_explain_says_what_selective_recomputes(tmp_path: Path) -> None:
+    study = tmp_path / "ds.yaml"
+    study.write_text(STUDY % ", recompute_modules: [moe_act, layernorm]")
+    app = typer.Typer()
+    app.command("explain")(explain_cmd)
+    app.command("noop")(lambda: None)
+    got = CliRunner().invoke(app, ["explain", str(study), "--plan",
+                                   "tp=1,dp=8,ep=8,mbs=1,recompute=selective,zero=1", "--json"])
+    assert got.exit_code == 0, got.stderr
+    doc = json.loads(got.stdout)
+    assert doc["training"]["selective_recomputes"] == "Megatron-Core modules moe_act, layernorm"
+    text = CliRunner().invoke(app, ["explain", str(study), "--plan",
+                                    "tp=1,dp=8,ep=8,mbs=1,recompute=selective,zero=1"]).stdout
+    assert "selective recomputes Megatron-Core modules moe_act, layernorm" in " ".join(
+        text.split())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from costmodel import StepEstimate, estimate
+from costmodel import StepEstimate, Training, estimate
 from search.baseline import baseline_doc, baseline_of, step_breakdown
 from search.space import build_space
 from search.uncertainty import calibration_status, plan_regime, uncertainty_metrics
@@ -39,6 +39,15 @@ def _memory(e: StepEstimate) -> dict[str, Any]:
     return {"usable_gib": usable / GIB, "peak_gib": e.memory.peak_bytes / GIB,
             "peak_stage": e.memory.peak.stage, "fits": e.memory.fits,
             "headroom_gib": -e.memory.slack_bytes / GIB, "stages": stages}
+
+
+def selective_label(tr: Training) -> str:
+    """What recompute=selective runs again under the plan's framework, in words."""
+    if tr.selective_recompute == "modules":
+        return "Megatron-Core modules " + ", ".join(tr.recompute_modules)
+    if tr.selective_recompute == "every_other_mm":
+        return "every elementwise op and every second GEMM (torchtitan's op policy)"
+    return "the MLP's activation function"
 
 
 def _compute(e: StepEstimate) -> dict[str, Any]:
@@ -103,7 +112,8 @@ def explain(subject: Subject) -> dict[str, Any]:
         "cluster": {"gpu": s.cluster.gpu.id, "num_gpus": s.cluster.num_gpus,
                     "gpus_per_node": s.cluster.gpus_per_node},
         "training": {"seq_len": s.training.seq_len, "global_batch": s.training.global_batch,
-                     "precision": s.training.precision},
+                     "precision": s.training.precision,
+                     "selective_recomputes": selective_label(s.training)},
         "plan": dataclasses.asdict(plan), "plan_text": format_plan(plan),
         "memory": _memory(e), "compute": _compute(e), "communication": _communication(e),
         "step": {"step_time_s": e.step_time_s, "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,

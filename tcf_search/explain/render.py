@@ -49,8 +49,10 @@ def _compute(doc: dict[str, Any], con: Console) -> None:
     con.print(f"\n[bold]2. Compute[/bold]: {c['model_flops_per_gpu'] / 1e15:.2f} PFLOP model / "
               f"{c['hardware_flops_per_gpu'] / 1e15:.2f} PFLOP hardware per GPU per step; "
               f"GEMMs at {c['gemm_efficiency']:.0%} of {c['peak_tflops_per_gpu']:.0f} TFLOP/s")
+    what = (f": selective recomputes {doc['training']['selective_recomputes']}"
+            if doc["plan"]["recompute"] == "selective" else "")
     con.print(f"   kernels {c['time_s']:.2f} s (recompute {c['recompute_time_s']:.2f} s, "
-              f"{c['recompute_share']:.0%}; slowed {c['contention_time_s']:.2f} s by the "
+              f"{c['recompute_share']:.0%}{what}; slowed {c['contention_time_s']:.2f} s by the "
               f"communication it hides), bubble {c['bubble_time_s']:.2f} s "
               f"({c['bubble_share']:.1%} of the step), optimizer {c['optimizer_time_s']:.3f} s")
     own = ("" if c["peak_tflops_per_gpu"] == c["bf16_peak_tflops_per_gpu"]
