@@ -145,7 +145,8 @@ def freed_by_modules(model: ModelSpec, tr: Training, M: np.ndarray, tp: np.ndarr
     """What Megatron-Core's selective ``recompute_modules`` free of a layer's saved activations
     (bf16 bytes; costmodel/recompute_modules.py). core_attn keeps q, k, v and the output (the
     out-projection saves it as its input), so it frees the kernel's log-sum-exp, or without
-    flash attention its scores; mla_up_proj discards the up-projected q, k, v attention reads
+    flash attention its scores, and under fp8 the kernel's own bf16 copy of the output (the
+    projection keeps its fp8 cast); mla_up_proj discards the up-projected q, k, v attention reads
     (the latents stay); layernorm and moe_act discard outputs the next GEMM saves, which under
     fp8 keeps its own fp8 cast instead, so they free something in bf16 only; layernorm covers
     the norms Megatron-Core's Transformer Engine specs build apart from their GEMM (MLA's input
@@ -156,6 +157,8 @@ def freed_by_modules(model: ModelSpec, tr: Training, M: np.ndarray, tp: np.ndarr
     freed = np.zeros_like(M)
     if CORE_ATTN in mods:
         freed = freed + 4.0 * M * a / tp
+        if not bf16_outputs:  # the kernel's bf16 copy of its output, beside the fp8 cast
+            freed = freed + 2.0 * M * a * v_dim(model) / tp
         if not tr.flash_attention:
             freed = freed + 5.0 * M * score_keys(model, tr.seq_len) * a / tp
     if MLA_UP_PROJ in mods and model.mla:
@@ -201,12 +204,15 @@ def activation_bytes_per_layer(model: ModelSpec, tr: Training,
         routing = routing - _routed_copies(model, tr, p, M) * model.hidden
     if fp8_inputs:
         # Transformer Engine keeps the fp8 cast of each GEMM's input for the weight gradient,
-        # 1 byte instead of 2: both norm outputs (QKV and MLP-in inputs), the attention output
-        # (out-projection input) and the MLP's inner activation (down-projection input)
+        # 1 byte instead of 2: both norm outputs (QKV and MLP-in inputs) and the MLP's inner
+        # activation (down-projection input). The attention output keeps both: the attention
+        # kernel (bf16) saves it for its own backward (FusedAttnFunc's q, k, v, out; transformer_
+        # engine/pytorch/attention/dot_product_attention/backends.py) and the out projection its
+        # fp8 cast, 3 bytes where bf16 shares one tensor of 2
         outside = outside - 2.0 * M * h / sp_div
         if tr.sp_saves_gathered_input:
             outside = outside - 2.0 * M * h * (1.0 - 1.0 / sp_div)
-        attention = attention - M * a * v_dim(model) / tp
+        attention = attention + M * a * v_dim(model) / tp
         mlp_all = mlp_all - M * width / tp
         mlp_selective = mlp_selective - M * width / tp
     full_layer = outside + attention + mlp_all

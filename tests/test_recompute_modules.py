@@ -64,6 +64,11 @@ def test_core_attn_frees_only_the_log_sum_exp_under_fused_attention(llama8b: Mod
     eager = dataclasses.replace(tr, flash_attention=False)
     stored_e, full_e = _stored(llama8b, eager, plan)
     assert full_e - stored_e > 100 * (full - stored)
+    # under fp8 the kernel's own bf16 copy of its output goes too (the projection keeps its
+    # fp8 cast)
+    stored_8, full_8 = _stored(llama8b, _megatron(precision="fp8"), plan)
+    assert full_8 - stored_8 == pytest.approx(
+        (4.0 + 2.0 * llama8b.d_head) * SEQ * llama8b.heads / 4)
 
 
 def test_core_attn_runs_the_attention_forward_again(llama8b: ModelSpec,
