@@ -23,11 +23,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from costmodel import Plan, StepEstimate, estimate, rules
+import numpy as np
+
+from costmodel import Plan, StepEstimate, estimate, estimate_batch, rules
 from costmodel.rules import Switches
 from costmodel.specs import SCHEDULE_CODES, SCHEDULE_NAMES
+from search.evaluate import placements
 from search.planspec import SHORT, PlanSpecError, format_plan, parse_plan
-from search.space import SearchSpace, exclusions
+from search.prune import memory_stage
+from search.space import AXES, SearchSpace, exclusions, plan_columns, plan_from_row
 from search.specs import Specs
 from search.study import Study
 
@@ -124,6 +128,23 @@ def versus(specs: Specs, base: Plan, plan: Plan, label: str = "the best") -> dic
             "memory": memory, "summary": summary}
 
 
+def searched_layout(specs: Specs, space: SearchSpace, plan: Plan) -> dict[str, Any] | None:
+    """What the search makes of ``plan``'s layout (its knobs, the search's placement): of the
+    placements it judges (``search.evaluate.placements``) the one with the most tokens/s, its
+    plan and figure; None when the memory screen (with the study's headroom) rules it out."""
+    cols = {k: np.asarray([v]) for k, v in plan_columns(plan).items()}
+    stage = memory_stage(specs, space, cols)
+    if not stage.feasible[0]:
+        return None
+    placed, _ = placements(stage, np.asarray([0]))
+    tps = estimate_batch(specs.model, specs.cluster, specs.training, placed)[
+        "tokens_per_s_per_gpu"]
+    k = int(np.argmax(tps))
+    keys = (*AXES, "first_stage_layers", "last_stage_layers", "recompute_layers")
+    return {"plan_text": format_plan(plan_from_row({a: int(placed[a][k]) for a in keys})),
+            "tokens_per_s_per_gpu": float(tps[k])}
+
+
 def baseline_doc(specs: Specs, plan: Plan, origin: str, *, space: SearchSpace | None = None,
                  best: Plan | None = None, label: str = "the best") -> dict[str, Any]:
     """The baseline's document: its plan, where it came from, whether the space holds it (and
@@ -136,6 +157,8 @@ def baseline_doc(specs: Specs, plan: Plan, origin: str, *, space: SearchSpace | 
         doc["in_space"] = not doc["excluded_by"]
     if best is not None:
         doc["versus"] = versus(specs, plan, best, label)
+        if space is not None and doc["in_space"] and doc["versus"]["gain"]["total"] < -5e-4:
+            doc["searched"] = searched_layout(specs, space, plan)
     doc["lines"] = baseline_lines(doc, specs.headroom_gib)
     return doc
 
@@ -160,7 +183,20 @@ def baseline_lines(doc: dict[str, Any], headroom_gib: float = 0.0) -> list[str]:
     if v is not None:
         lines.append(f"  {v['summary']}")
         if v["gain"]["total"] < -5e-4 and doc.get("in_space") and f["within_headroom"]:
-            lines.append("  the baseline beats the search's best, though the space holds it: "
-                         "the search has not converged (more trials, or --exhaustive)")
+            lines.append(f"  the baseline beats the search's best, though the space holds it: "
+                         f"{_why_beaten(doc.get('searched', {}), f['tokens_per_s_per_gpu'])}")
     return lines
+
+
+def _why_beaten(searched: dict[str, Any] | None, tps: float) -> str:
+    """Why an in-space baseline beats the best: a layout the search has not judged yet, or one
+    it judges at another placement (``searched``: :func:`searched_layout`) or screens out."""
+    if searched is None:
+        return ("the search's memory screen rules its layout out (the placement's memory model "
+                "with the study's headroom)")
+    if searched and searched["tokens_per_s_per_gpu"] < tps * (1 - 5e-4):
+        return (f"the search judges its layout placed as {searched['plan_text']} "
+                f"({searched['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU; the placement "
+                f"model's split and the even split), not as the baseline places it")
+    return "the search has not converged (more trials, or --exhaustive)"
 

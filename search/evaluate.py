@@ -8,6 +8,10 @@ The Optuna stage searches **units**: groups of feasible layouts that share the s
   placement model and judged in one ``estimate_batch`` call; the winner is then placed by CP-SAT.
 * Two objectives (a Pareto front needs every knob): a unit is one layout, placed by CP-SAT.
 
+Either way a layout whose even split fits is judged at that split too, and the placement the
+(primary) objective ranks higher is kept: the placement model's proxy of a stage's work can
+disagree with the step time the trial reports (:func:`placements`).
+
 A sample that is no unit, or one already evaluated by an earlier trial, is repaired to the
 nearest unit not yet evaluated (weighted distance over the axes' ordinal positions), so every
 trial judges a new, valid plan that fits.
@@ -35,6 +39,25 @@ OUTER_AXES = ("tp", "pp", "cp", "ep")
 # How much one ordinal step along an axis costs when repairing a sample: parallel degrees first.
 REPAIR_WEIGHTS = {"tp": 8, "pp": 8, "cp": 8, "ep": 8, "micro_batch": 4, "recompute": 4,
                   "vpp": 2, "zero_stage": 2, "sequence_parallel": 1, "pp_schedule": 1}
+
+
+def placements(stage: MemoryStage, idx: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The placed plans the search judges for layouts ``idx`` (cost-model columns), and the
+    position in ``idx`` of the layout each is of. Every layout is placed as CP-SAT places it
+    (by the vectorised twin). That model weighs stages by a proxy of their work
+    (``search.placement``), which the cost model can price below the even split (the LM head,
+    the embedding, the chunks of interleaving), so where uneven stages are searched a layout
+    whose even split fits is judged at that split too."""
+    rows, ok = stage.place_many(idx)
+    assert ok.all(), "the screen and the placement disagree"
+    at = np.arange(len(idx))
+    if stage.space.switches.uneven_pipeline:
+        even, fits = stage.place_many(idx, even=True)
+        rows, at = np.concatenate([rows, even[fits]]), np.concatenate([at, at[fits]])
+    cols = plan_arrays({a: stage.cols[a][idx[at]] for a in AXES})
+    cols.update(plan_fields(stage.space.facts.layers, cols["pp"], cols["recompute"] == 2, rows,
+                            cols["vpp"]))
+    return cols, at
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,41 +137,46 @@ class Evaluator:
         return unit, not (unit == exact and dist[exact] == 0)
 
     def evaluate(self, unit: int) -> Evaluation:
-        """The best plan of a unit; its placement decided by CP-SAT (cached)."""
+        """The best plan of a unit; its placement decided by CP-SAT, or the even split where
+        the objective ranks that higher (cached)."""
         if unit not in self._cache:
             idx = self.members[unit]
-            best = int(idx[0]) if len(idx) == 1 else int(idx[self._best_member(idx)])
+            cols, out = self._judge_many(idx)
+            k = int(self._rank(out)[0])
+            best = int(idx[k])
+            row = {a: int(self.stage.cols[a][best]) for a in AXES}
             placement = self.stage.place(best)
             if placement is None:  # the screen and CP-SAT disagree (a model past its range)
-                cols = {a: decode(a, int(self.stage.cols[a][best])) for a in OUTER_AXES}
+                shown = {a: decode(a, int(self.stage.cols[a][best])) for a in OUTER_AXES}
                 raise SearchError(
                     f"search: the layer placement (CP-SAT) found no split of "
                     f"{self.specs.model.layers} layers for the layout "
-                    f"{', '.join(f'{k}={v}' for k, v in cols.items())} that the memory screen "
+                    f"{', '.join(f'{a}={v}' for a, v in shown.items())} that the memory screen "
                     f"passed; try search_space.uneven_pipeline: false and "
                     f"partial_recompute: false, or fewer layers or pp values")
-            row = {a: int(self.stage.cols[a][best]) for a in AXES}
-            row.update(placement.plan_fields(self.specs.model.layers, row["pp"],
-                                             row["recompute"] == 2, row["vpp"]))
+            placed = placement.plan_fields(self.specs.model.layers, row["pp"],
+                                           row["recompute"] == 2, row["vpp"])
+            # the twin judged CP-SAT's placement, and the even split where that ranked higher
+            row.update({f: int(cols[f][k]) for f in placed})
             plan = plan_from_row(row)
             out = estimate_batch(self.specs.model, self.specs.cluster, self.specs.training,
                                  plans_to_arrays([plan]))
             self._cache[unit] = self._evaluation(unit, plan, out, 0, candidates=len(idx))
         return self._cache[unit]
 
-    def _best_member(self, idx: np.ndarray) -> int:
-        _, out = self._judge_many(idx)
-        return int(self._rank(out)[0])
-
     def _judge_many(self, idx: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Place many layouts with the vectorised twin and estimate them in one call."""
-        rows, ok = self.stage.place_many(idx)
-        assert ok.all(), "the screen and the placement disagree"
-        cols = plan_arrays({a: self.stage.cols[a][idx] for a in AXES})
-        cols.update(plan_fields(self.specs.model.layers, cols["pp"], cols["recompute"] == 2,
-                                rows, cols["vpp"]))
+        """Place many layouts (:func:`placements`) and estimate them in one call, keeping per
+        layout the placement the objective ranks higher."""
+        cols, at = placements(self.stage, idx)
         out = estimate_batch(self.specs.model, self.specs.cluster, self.specs.training, cols)
-        return cols, out
+        if len(at) == len(idx):
+            return cols, out
+        # per layout, its best placement (stable: a tie keeps the placement model's)
+        order = self._rank(out)
+        order = order[np.argsort(at[order], kind="stable")]
+        keep = order[np.searchsorted(at[order], np.arange(len(idx)))]
+        return ({k: v[keep] for k, v in cols.items()},
+                {k: v[keep] if np.ndim(v) and len(v) == len(at) else v for k, v in out.items()})
 
     @property
     def regime(self) -> tuple[str, ...]:

@@ -215,9 +215,10 @@ class MemoryStage:
             self._cache[sp] = solve_placement(sp)
         return self._cache[sp]
 
-    def place_many(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def place_many(self, index: np.ndarray, even: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Placements of many layouts by the vectorised twin of the CP-SAT model (bulk use:
-        ``--exhaustive``). Rows ``(n_first, n_middle, n_last, r)`` and a fits flag."""
+        ``--exhaustive``). Rows ``(n_first, n_middle, n_last, r)`` and a fits flag. ``even``:
+        the even split instead of the chosen one (with the fewest recomputed layers it needs)."""
         rows = np.zeros((len(index), 4), dtype=np.int64)
         ok = np.zeros(len(index), dtype=bool)
         pp, vpp = self.cols["pp"][index], self.cols["vpp"][index]
@@ -226,7 +227,7 @@ class MemoryStage:
             idx = index[sel]
             got, fits = solve_many(
                 {s: self.need[s][idx] for s in stages_of(int(p))}, int(p),
-                self.cols["recompute"][idx] == 2, self.space.switches.uneven_pipeline,
+                self.cols["recompute"][idx] == 2, self.space.switches.uneven_pipeline and not even,
                 self.space.partial_recompute, self.space.facts.layers, self.head_units, int(v),
                 step=recompute_step(int(v), self.space.switches.recompute_per_chunk),
                 any_chunks=self.space.switches.uneven_chunks)
