@@ -46,6 +46,10 @@ class Efficiency:
     all_to_all_bw_ratio: the EP all-to-all's bandwidth over the ring collectives' on the same
         links (``nvlink_bw_fraction``, the network's or its fabric's fraction), never above the
         link itself: NCCL's all-to-all is one send and one receive per peer, no ring.
+    flex_nvlink_bw_fraction / flex_network_bw_fraction: what DeepEP-style fused dispatch and
+        combine (Megatron-Core's flex dispatcher: DeepEP, HybridEP) reach of the NVLink and of
+        the NIC's line rate. Their own kernels (NVSHMEM, RDMA writes with NVLink forwarding), not
+        NCCL's all-to-all, so not ``all_to_all_bw_ratio``: cited priors (see their defaults).
     source: where the numbers come from (a fit and its rows, or a prior).
     """
 
@@ -72,6 +76,12 @@ class Efficiency:
     fp8_gemm_peak_fraction: float = 0.6
     fp8_cast_bytes_per_element: float = 4.0
     all_to_all_bw_ratio: float = 1.0
+    # DeepEP's README (github.com/deepseek-ai/DeepEP, "Normal kernels with NVLink and RDMA
+    # forwarding"; H800, NVLink ~160 GB/s, CX7 400 Gb/s ~50 GB/s): 153 GB/s within a node, and
+    # over RDMA 43 GB/s at EP 16 (58 and 51 at EP 32 and 64): 0.96 of NVLink, 0.86 of the NIC,
+    # the smallest internode figure
+    flex_nvlink_bw_fraction: float = 153.0 / 160.0
+    flex_network_bw_fraction: float = 43.0 / 50.0
     # NCCL runs one CTA per channel (NCCL_MIN_CTAS / NCCL_MAX_CTAS bound them; docs/env.html)
     # and opens 16 channels on an 8-GPU NVSwitch node (NCCL_NVLS_NCHANNELS' default, the ring's
     # count there too): 16 of H100's 132 SMs

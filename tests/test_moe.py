@@ -112,6 +112,23 @@ def test_flex_dispatcher_sends_each_token_once_per_remote_node(h100: GpuSpec) ->
         Training(seq_len=4096, global_batch=64, moe_dispatcher="ring")  # type: ignore[arg-type]
 
 
+def test_flex_runs_at_its_own_kernels_bandwidth_not_nccls(h100: GpuSpec) -> None:
+    """DeepEP / HybridEP run their own kernels: the flex exchange follows
+    ``flex_network_bw_fraction`` of the NIC, not NCCL's fitted all-to-all ratio, which the
+    alltoall dispatcher follows."""
+    plan = Plan(dp=32, ep=32)
+
+    def a2a(dispatcher: str, **eff: float) -> float:
+        gpu = replace(h100, efficiency=replace(h100.efficiency, **eff))
+        tr = Training(seq_len=4096, global_batch=64, moe_dispatcher=dispatcher)  # type: ignore[arg-type]
+        return float(_a2a(estimate(FINE, ClusterSpec(gpu=gpu, num_gpus=32), plan, tr)).time_s)  # type: ignore[attr-defined]
+
+    assert a2a("flex", all_to_all_bw_ratio=0.5) == a2a("flex", all_to_all_bw_ratio=1.0)
+    assert a2a("flex", flex_network_bw_fraction=0.4) > 1.5 * a2a("flex")
+    assert a2a("alltoall", all_to_all_bw_ratio=0.5) > 1.5 * a2a("alltoall")
+    assert a2a("alltoall", flex_network_bw_fraction=0.4) == a2a("alltoall")
+
+
 def test_groups_hit_is_bounded_by_groups_and_top_k() -> None:
     g = np.array([1.0, 2.0, 4.0, 8.0, 16.0, 128.0])
     hit = groups_hit(g, 128, 8)

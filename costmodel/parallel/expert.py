@@ -9,7 +9,7 @@ dispatcher Megatron-Core runs (megatron/core/transformer/moe/token_dispatcher.py
   the experts' outputs reduce-scattered back (NCCL rings);
 * ``flex`` (MoEFlexTokenDispatcher, DeepEP / HybridEP's fused dispatch and combine): a token
   travels once to each destination rank, and over the network once to each remote node, whose
-  NVLink forwards it to its ranks.
+  NVLink forwards it to its ranks, at the fused kernels' own bandwidth (``Efficiency.flex_*``).
 
 The all-to-all runs at ``all_to_all_bw_ratio`` times the ring collectives' bandwidth of each link
 (the cluster's fitted NVLink and network fractions, so a fabric's fraction applies), at most the
@@ -78,13 +78,17 @@ def groups_hit(groups: np.ndarray, experts: int, k: int) -> np.ndarray:
 
 
 def _all_to_all(nv_bytes: np.ndarray, net_bytes: np.ndarray, g: Mesh, cluster: ClusterSpec,
-                ) -> np.ndarray:
+                flex: bool = False) -> np.ndarray:
     """NVLink and NIC transfers of one exchange run concurrently, each at the all-to-all's
-    bandwidth on that link."""
-    gpu, link = cluster.gpu, g.link
-    ratio = gpu.efficiency.all_to_all_bw_ratio
+    bandwidth on that link: NCCL's (``all_to_all_bw_ratio`` of the ring collectives'), or under
+    ``flex`` the fused dispatch's own kernels' (``flex_*_bw_fraction`` of the links)."""
+    gpu, link, eff = cluster.gpu, g.link, cluster.gpu.efficiency
+    ratio = eff.all_to_all_bw_ratio
     nv_bw = min(link.nvlink_bw * ratio, gpu.intra_node_bw_bytes_per_s)
     net_bw = min(link.network_bw * ratio, gpu.network_bw_bytes_per_s)
+    if flex:
+        nv_bw = gpu.intra_node_bw_bytes_per_s * eff.flex_nvlink_bw_fraction
+        net_bw = gpu.network_bw_bytes_per_s * eff.flex_network_bw_fraction
     n, k = g.ep, g.k_ep
     lat = np.where(n > k, link.network_latency_s, link.nvlink_latency_s) + link.call_overhead_s
     t = np.maximum(nv_bytes / nv_bw, net_bytes / net_bw) + lat
@@ -106,7 +110,8 @@ def _dispatch_s(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
         nodes = np.maximum(n / k, 1.0)
         ranks = groups_hit(n, model.moe_experts, model.moe_topk) * etp
         remote = groups_hit(nodes, model.moe_experts, model.moe_topk) * (nodes - 1) / nodes
-        t = _all_to_all(per_copy * ranks * (n - 1) / n, per_copy * remote, g, cluster)
+        t = _all_to_all(per_copy * ranks * (n - 1) / n, per_copy * remote, g, cluster,
+                        flex=True)
     else:
         t = _all_to_all(x_tok * (k - 1) / n, x_tok * (n - k) / n, g, cluster)
         # expert TP: the expert-TP ranks all-gather what they received and reduce-scatter the
