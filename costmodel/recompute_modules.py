@@ -47,3 +47,13 @@ def module_set(modules: Iterable[str]) -> tuple[str, ...]:
         raise SpecError("training.recompute_modules must name at least one module "
                         f"of {list(MODELLED)}")
     return tuple(out)
+
+
+def module_conflict(modules: tuple[str, ...], *, mla: bool, moe: bool) -> str:
+    """Why Megatron-Core's TransformerConfig refuses these modules on a model ('' where it does
+    not): mla_up_proj needs multi-latent attention, moe_act MoE layers (their grouped GEMM)."""
+    if MLA_UP_PROJ in modules and not mla:
+        return f"{MLA_UP_PROJ!r} needs multi-latent attention, which the model has not"
+    if MOE_ACT in modules and not moe:
+        return f"{MOE_ACT!r} needs MoE layers (their grouped GEMM), which the model has not"
+    return ""

@@ -11,6 +11,7 @@ from typing import Any
 
 from costmodel.attention import MlaSpec
 from costmodel.layer_style import MoeRouter, RopeScaling
+from costmodel.recompute_modules import module_conflict
 from costmodel.rules import Switches
 from costmodel.specs import ClusterSpec, GpuSpec, ModelSpec, SpecError, Training
 from hardware_catalog import CatalogError, fabric_fraction, get_gpu, with_overrides
@@ -156,11 +157,14 @@ def build_specs(study: Study) -> Specs:
                                study.cluster.gpus_per_node, study.cluster.fabric or "")
     except SpecError as exc:
         raise StudyError(f"study: {exc}") from None
+    model = build_model(study)
+    if t.recompute_modules is not None:
+        _check_modules(model, training, t.framework)
     o = study.objective
     headroom = (o.memory_headroom_gib if o.memory_headroom_gib is not None
                 else o.memory_headroom_fraction * cluster.gpu.usable_bytes / 2**30)
     section = study.search_space
-    return Specs(model=build_model(study), cluster=cluster, training=training,
+    return Specs(model=model, cluster=cluster, training=training,
                  headroom_gib=headroom,
                  switches=search_switches(uneven_pipeline=section.uneven_pipeline,
                                           tp_in_node=section.tp_in_node,
@@ -169,6 +173,19 @@ def build_specs(study: Study) -> Specs:
                                           moe_tp_sequence_parallel=(
                                               training.moe_tp_sequence_parallel),
                                           uneven_chunks=training.uneven_chunks))
+
+
+def _check_modules(model: ModelSpec, training: Training, framework: str) -> None:
+    """A study's recompute_modules: Megatron-Core's, so a profile whose selective recompute is
+    by module, and modules Megatron-Core's TransformerConfig accepts on the model."""
+    if training.selective_recompute != "modules":
+        raise StudyError(f"training.recompute_modules: the {framework!r} profile's selective "
+                         f"recompute is not by module ({training.selective_recompute}); "
+                         "recompute_modules is Megatron-Core's (generic, megatron, nemo)")
+    why = module_conflict(training.recompute_modules, mla=model.mla is not None,
+                          moe=model.is_moe)
+    if why:
+        raise StudyError(f"training.recompute_modules: {why}")
 
 
 def plan_file_specs(pf: PlanFile, gpu: GpuSpec | None = None) -> Specs:

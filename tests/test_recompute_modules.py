@@ -164,6 +164,21 @@ def test_a_study_names_its_modules() -> None:
         build_specs(parse_study(STUDY % ", recompute_modules: [router]"))
 
 
+@pytest.mark.parametrize(("text", "match"), [
+    # Megatron-Core's TransformerConfig refuses both (transformer_config.py __post_init__)
+    (", recompute_modules: [mla_up_proj]", "'mla_up_proj' needs multi-latent attention"),
+    (", recompute_modules: [moe_act]", "'moe_act' needs MoE layers"),
+    # torchtitan's selective is its per-op policy: the switch would change nothing
+    (", recompute_modules: [core_attn]", "the 'torchtitan' profile's selective recompute is not"),
+])
+def test_modules_a_study_cannot_run_are_refused(text: str, match: str) -> None:
+    dense = STUDY.replace("qwen3-30b-a3b", "llama3-8b")
+    if "core_attn" in text:
+        dense = dense.replace("framework: megatron", "framework: torchtitan")
+    with pytest.raises(StudyError, match=match):
+        build_specs(parse_study(dense % text))
+
+
 def _plan_file(modules: tuple[str, ...]) -> PlanFile:
     plan = Plan(tp=2, pp=1, dp=4, ep=8, zero_stage=1, sequence_parallel=True,
                 recompute="selective")
