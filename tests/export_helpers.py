@@ -48,6 +48,18 @@ def launcher_flags(script: str, entry: str) -> dict[str, str | bool]:
     return flags
 
 
+def flag_values(script: str, entry: str, flag: str) -> list[str]:
+    """Every value of a flag that takes several (``--recompute-modules a b``) in the exported
+    ``torchrun`` line, as argparse's ``nargs="*"`` would read them."""
+    line = script.split("set -euo pipefail", 1)[1]
+    words = shlex.split(line.replace("\\\n", " "), comments=True)
+    words = words[words.index(entry) + 1:]
+    if flag not in words:
+        return []
+    rest = words[words.index(flag) + 1:]
+    return rest[:next((i for i, w in enumerate(rest) if w.startswith("--")), len(rest))]
+
+
 def megatron_core() -> tuple[Any, Any]:
     """torch and Megatron-Core's ``transformer_config`` module; a skip names what is missing."""
     torch = pytest.importorskip("torch", reason="torch not installed (extra: export-check)")

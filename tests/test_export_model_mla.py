@@ -6,18 +6,27 @@ refuses it with a rule.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
-from export_helpers import exported, megatron_kwargs, nemo_model_config, nemo_overrides
+from export_helpers import (
+    exported,
+    flag_values,
+    megatron_kwargs,
+    nemo_model_config,
+    nemo_overrides,
+)
 from export_plans import deepseek
 from megatron_lm import megatron_lm_reads, megatron_lm_reads_many, source
 
 from tcf_search.export import ExportOptions, ExportRefused, render
 
 
-def megatron_mla_config(files: dict[str, str]) -> tuple[Any, dict[str, str | bool]]:
+def megatron_mla_config(files: dict[str, str], **extra: Any
+                        ) -> tuple[Any, dict[str, str | bool]]:
     tc, flags, kw = megatron_kwargs(files)
+    kw |= extra
     kw |= {"q_lora_rank": int(str(flags["--q-lora-rank"])),
            "kv_lora_rank": int(str(flags["--kv-lora-rank"])),
            "qk_head_dim": int(str(flags["--qk-head-dim"])),
@@ -41,6 +50,23 @@ def megatron_mla_config(files: dict[str, str]) -> tuple[Any, dict[str, str | boo
 
 
 # --- latent attention ----------------------------------------------------------------------------
+
+def test_deepseek_v3_recompute_modules_read_back() -> None:
+    """The paper's own selective recompute (RMSNorm and MLA up-projections, as the shipped study
+    names them) exported as --recompute-modules, which MLATransformerConfig accepts only beside
+    latent attention (and moe_act only beside --moe-grouped-gemm)."""
+    pf = deepseek()
+    training = dataclasses.replace(pf.training, recompute_modules=("layernorm", "mla_up_proj"))
+    pf = dataclasses.replace(pf, training=training,
+                             plan=dataclasses.replace(pf.plan, recompute="selective"))
+    files = render("megatron", pf)
+    modules = flag_values(files["megatron.sh"], "pretrain_gpt.py", "--recompute-modules")
+    cfg, flags = megatron_mla_config(files, recompute_modules=modules,
+                                     moe_grouped_gemm=True)
+    assert flags["--recompute-granularity"] == "selective" and "--moe-grouped-gemm" in flags
+    assert cfg.recompute_granularity == "selective"
+    assert list(cfg.recompute_modules) == ["layernorm", "mla_up_proj"]
+
 
 def test_deepseek_v3_megatron_reads_back_mla() -> None:
     pf = deepseek()

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shlex
 from pathlib import Path
 
 import numpy as np
 import pytest
 import typer
-from export_helpers import nemo_model_config
+from export_helpers import flag_values, nemo_model_config
 from typer.testing import CliRunner
 
 from costmodel import ClusterSpec, Plan, SpecError, Training, estimate
@@ -188,20 +187,11 @@ def _plan_file(modules: tuple[str, ...]) -> PlanFile:
                     plan=plan)
 
 
-def _flag_values(script: str, flag: str) -> list[str]:
-    words = shlex.split(script.split("set -euo pipefail", 1)[1].replace("\\\n", " "),
-                        comments=True)
-    if flag not in words:
-        return []
-    rest = words[words.index(flag) + 1:]
-    return [w for w in rest[:next((i for i, w in enumerate(rest) if w.startswith("--")),
-                                  len(rest))]]
-
-
 def test_megatron_export_names_the_modules_it_was_searched_with() -> None:
     script = render("megatron", _plan_file(("moe_act", "layernorm")))["megatron.sh"]
-    assert _flag_values(script, "--recompute-granularity") == ["selective"]
-    assert _flag_values(script, "--recompute-modules") == ["moe_act", "layernorm"]
+    assert flag_values(script, "pretrain_gpt.py", "--recompute-granularity") == ["selective"]
+    assert flag_values(script, "pretrain_gpt.py", "--recompute-modules") == ["moe_act",
+                                                                            "layernorm"]
     default = render("megatron", _plan_file(("core_attn",)))["megatron.sh"]
     assert "--recompute-modules" not in default  # Megatron-Core's own default
 
