@@ -83,12 +83,13 @@ def _all_to_all(nv_bytes: np.ndarray, net_bytes: np.ndarray, g: Mesh, cluster: C
     bandwidth on that link: NCCL's (``all_to_all_bw_ratio`` of the ring collectives'), or under
     ``flex`` the fused dispatch's own kernels' (``flex_*_bw_fraction`` of the links)."""
     gpu, link, eff = cluster.gpu, g.link, cluster.gpu.efficiency
-    ratio = eff.all_to_all_bw_ratio
-    nv_bw = min(link.nvlink_bw * ratio, gpu.intra_node_bw_bytes_per_s)
-    net_bw = min(link.network_bw * ratio, gpu.network_bw_bytes_per_s)
     if flex:
         nv_bw = gpu.intra_node_bw_bytes_per_s * eff.flex_nvlink_bw_fraction
         net_bw = gpu.network_bw_bytes_per_s * eff.flex_network_bw_fraction
+    else:
+        ratio = eff.all_to_all_bw_ratio
+        nv_bw = min(link.nvlink_bw * ratio, gpu.intra_node_bw_bytes_per_s)
+        net_bw = min(link.network_bw * ratio, gpu.network_bw_bytes_per_s)
     n, k = g.ep, g.k_ep
     lat = np.where(n > k, link.network_latency_s, link.nvlink_latency_s) + link.call_overhead_s
     t = np.maximum(nv_bytes / nv_bw, net_bytes / net_bw) + lat

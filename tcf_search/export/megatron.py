@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from costmodel.recompute_modules import MEGATRON_DEFAULT
 from costmodel.specs import ModelSpec
 from search.planfile import PlanFile
 
@@ -24,9 +23,7 @@ FILENAME = "megatron.sh"
 
 def recompute_args(f: LaunchView) -> list[Group]:
     if f.recompute == "selective":
-        # Megatron-Core recomputes ["core_attn"] unless --recompute-modules says otherwise
-        modules = f.recompute_modules
-        named = [("--recompute-modules", *modules)] if modules not in ((), MEGATRON_DEFAULT) else []
+        named = [("--recompute-modules", *f.recompute_modules)] if f.recompute_modules else []
         return [("--recompute-granularity", "selective"), *named]
     if f.recompute == "full" and f.recompute_all:
         # uniform with 1 layer per unit checkpoints the input of every layer: full recompute.

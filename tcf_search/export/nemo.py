@@ -6,7 +6,6 @@ overrides. Key names follow Megatron-Bridge's ConfigContainer (``model.*`` is th
 from __future__ import annotations
 
 from costmodel.layer_style import MoeRouter
-from costmodel.recompute_modules import MEGATRON_DEFAULT
 from search.planfile import PlanFile
 
 from . import rules
@@ -82,7 +81,7 @@ def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, 
         o[f"model.{key}"] = group[1] if len(group) > 1 else True
     if f.recompute == "selective":
         o["model.recompute_granularity"] = "selective"
-        if f.recompute_modules not in ((), MEGATRON_DEFAULT):  # TransformerConfig's default
+        if f.recompute_modules:
             o["model.recompute_modules"] = list(f.recompute_modules)
     elif f.recompute == "full":
         o["model.recompute_granularity"] = "full"

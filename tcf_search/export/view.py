@@ -14,6 +14,7 @@ from costmodel import rules
 from costmodel.graphs import graph_facts
 from costmodel.mapping import chunk_counts, expert_tp, stage_counts
 from costmodel.plans import as_plan_arrays, plans_to_arrays
+from costmodel.recompute_modules import MEGATRON_DEFAULT
 from costmodel.rule_facts import framework_facts
 from costmodel.specs import ModelSpec, Training
 from hardware_catalog.frameworks import framework_settings
@@ -45,7 +46,8 @@ class LaunchView:
     recompute: str
     recompute_layers: int  # with full: per stage, 0 = all
     recompute_all: bool  # full recompute of every layer on every stage
-    # what selective recomputes where the training names Megatron-Core modules; () otherwise
+    # the Megatron-Core modules selective recomputes where they are not its default
+    # (["core_attn"], which a launcher needs not be told); () otherwise
     recompute_modules: tuple[str, ...]
     sp: bool
     schedule: str  # 1f1b | interleaved | gpipe
@@ -129,7 +131,8 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
         recompute=p.recompute, recompute_layers=p.recompute_layers,
         recompute_all=p.recompute == "full" and (p.recompute_layers == 0
                                                  or p.recompute_layers >= most),
-        recompute_modules=(t.recompute_modules if t.selective_recompute == "modules" else ()),
+        recompute_modules=(t.recompute_modules if t.selective_recompute == "modules"
+                           and t.recompute_modules != MEGATRON_DEFAULT else ()),
         sp=p.sequence_parallel, schedule=p.schedule, precision=t.precision,
         optimizer=t.optimizer, tied=m.tied_embeddings, tp_comm_overlap=t.tp_comm_overlap,
         world=p.world_size, num_gpus=pf.num_gpus, gpus_per_node=pf.gpus_per_node,
