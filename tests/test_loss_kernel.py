@@ -46,3 +46,27 @@ def test_the_loss_is_part_of_the_head_time(h100, llama8b) -> None:
 def test_unknown_loss_kernel_is_refused() -> None:
     with pytest.raises(SpecError, match="loss_kernel"):
         Training(seq_len=4096, global_batch=64, loss_kernel="triton")  # type: ignore[arg-type]
+
+
+def test_the_loss_holds_what_its_kernel_keeps(h100, llama8b) -> None:
+    """Memory: Megatron's fused vocab-parallel loss keeps an fp32 softmax beside the bf16 logits
+    (the generic 6 bytes a logit); llm-foundry's MPT runs flash-attn's fused cross-entropy, which
+    keeps the bf16 logits and writes a bf16 gradient beside them (4): the difference is exactly
+    2 bytes a logit of one micro-batch, in the last stage's buffers and nowhere else."""
+    from costmodel.estimate import estimate
+    from search.specs import training_spec
+
+    plan = Plan(dp=8, micro_batch=2)
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+
+    def last_stage(framework: str):  # type: ignore[no-untyped-def]
+        tr = training_spec(framework=framework, precision="bf16", seq_len=4096, global_batch=64)
+        return tr, estimate(llama8b, cluster, plan, tr).memory.stages[-1]
+
+    generic_tr, generic = last_stage("megatron")
+    foundry_tr, foundry = last_stage("llm-foundry")
+    assert generic_tr.memory_model.logits_bytes_per_element == 6.0
+    assert foundry_tr.memory_model.logits_bytes_per_element == 4.0
+    logits = 2 * 4096 * llama8b.vocab
+    assert generic.buffers_bytes - foundry.buffers_bytes == pytest.approx(2.0 * logits)
+    assert foundry.activations_bytes == pytest.approx(generic.activations_bytes)
