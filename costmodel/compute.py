@@ -322,7 +322,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     elem = dense.elem
     dense_ops = {"attn": elem.attn_kernels_fwd, "mlp": elem.kernels_fwd - elem.attn_kernels_fwd}
     dense_host = host_ops(dense_ops, DENSE_SEGMENTS, tr.cuda_graph_impl, tr.cuda_graph_scope)
-    head = kn.gemm(model.vocab / kn.tp, float(model.hidden))
+    head = kn.unquantized().gemm(model.vocab / kn.tp, float(model.hidden))  # bf16 under fp8
     loss_fwd_s, loss_bwd_s, cast_s = _loss_s(model, tr, kn)
     return LayerTimes(
         moe_fraction=model.moe_layers / model.layers,

@@ -5,7 +5,7 @@ forward and backward from its parts. Shared by the dense layer (``compute``) and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -72,6 +72,17 @@ class Kernels:
             cast = M * k_arr + (0.0 if self.fp8_weight_cache else k_arr * n_arr)
             t = t + eff.fp8_cast_bytes_per_element * cast / self.hbm + 2.0 * eff.kernel_overhead_s
         return t
+
+    def unquantized(self) -> Kernels:
+        """These kernels outside fp8, at the activations' dtype and the dense peak: the LM head
+        under fp8 training. Megatron-Core's output layer is its own ColumnParallelLinear, not a
+        Transformer Engine module, which fp8_autocast leaves in bf16 (megatron/core/models/gpt/
+        gpt_model.py; an fp8 head is opt-in, MXFP8 only: fp8_output_proj); torchtitan's float8
+        converter filters the "output" linear; llm-foundry's MPT ties it to the embedding."""
+        if not self.fp8:
+            return self
+        return replace(self, peak=self.cluster.gpu.peak_flops("bf16"), in_bytes=self.act,
+                       fp8=False)
 
     def layer_gemm(self, g: Gemm, split: bool) -> np.ndarray:
         """One of a layer's weight GEMMs, sharded by TP along the dimension it names."""

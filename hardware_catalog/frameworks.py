@@ -7,6 +7,8 @@ Switches are facts about the frameworks (their defaults); values marked ``# fitt
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -20,6 +22,9 @@ PROFILES_FILE = Path(__file__).with_name("frameworks.yaml")
 
 
 PRECISIONS = ("bf16", "fp16", "fp8")
+# a measured row's release: "<owner>/<repo>@<commit> <workload>/<file>" in its source_detail
+# (the commit's first 8 hex digits and the workload's folder key ``release_switches``)
+RELEASE_KEY = re.compile(r"@([0-9a-f]{8})[0-9a-f]* ([\w.-]+)/")
 
 # The launchers a plan exports to (``tcf_search.export`` renders each; a test holds the two
 # equal), so that a study's ``export.formats`` is checked before the search runs.
@@ -61,19 +66,34 @@ def framework_settings(framework: str, precision: str = "bf16") -> dict[str, obj
     frameworks = load_profiles().get("frameworks", {})
     settings = dict(frameworks.get("generic", {}))
     settings.update(frameworks.get(framework, {}))
-    for key in [k for k in settings if k.rsplit("_", 1)[-1] in PRECISIONS]:
-        value = settings.pop(key)
-        base, _, prec = key.rpartition("_")
-        if prec == precision:
-            settings[base] = value
+    settings = _at_precision(settings, precision)
     settings["memory_model"] = memory_model(framework if framework in frameworks else "generic")
     return settings
 
 
-def row_defaults(framework: str) -> dict[str, object]:
-    """What ``framework``'s published recipes run where a measured row leaves a cell empty
-    (plan knobs and Training switches; ``row_defaults`` in frameworks.yaml)."""
-    return dict((load_profiles().get("row_defaults") or {}).get(resolve_framework(framework), {}))
+def _at_precision(settings: Mapping[str, object], precision: str) -> dict[str, object]:
+    """``settings`` with each ``<switch>_<precision>`` entry applied at that precision only."""
+    out = {k: v for k, v in settings.items() if k.rsplit("_", 1)[-1] not in PRECISIONS}
+    for key, value in settings.items():
+        base, _, prec = key.rpartition("_")
+        if key not in out and prec == precision:
+            out[base] = value
+    return out
+
+
+def row_defaults(framework: str, precision: str = "bf16", source: str = "",
+                 detail: str = "") -> dict[str, object]:
+    """What a measured row ran where its cells are silent (plan knobs and Training switches):
+    ``framework``'s published recipes (``row_defaults`` in frameworks.yaml), then what the
+    release its ``source_detail`` names ran (``release_switches``: the source's
+    ``<commit> <workload>`` key), each at ``precision``."""
+    profiles = load_profiles()
+    settings = dict((profiles.get("row_defaults") or {}).get(resolve_framework(framework), {}))
+    match = RELEASE_KEY.search(detail)
+    releases = (profiles.get("release_switches") or {}).get(source.strip().lower(), {})
+    if match:
+        settings.update(releases.get(f"{match[1]} {match[2]}", {}))
+    return _at_precision(settings, precision)
 
 
 def frameworks() -> list[str]:

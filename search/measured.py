@@ -168,9 +168,12 @@ def case_from_row(row: Mapping[str, object]) -> Case:
     except CatalogError as e:
         raise CaseError(f"fabric: {e}") from None
     framework = resolve_framework(_cell(row, "framework"), _cell(row, "source"))
-    defaults = row_defaults(framework)  # what the framework's recipes run where a cell is empty
+    precision = _cell(row, "precision") or "bf16"
+    # what the framework's recipes, and the release the row names, ran where a cell is empty
+    defaults = row_defaults(framework, precision, _cell(row, "source"),
+                            _cell(row, "source_detail"))
     zero_default = int(defaults.pop("zero_stage", 0))  # type: ignore[call-overload]
-    training = training_spec(framework=framework, precision=_cell(row, "precision") or "bf16",
+    training = training_spec(framework=framework, precision=precision,
                              seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
                              compile=_bool(row, "compile"), switches=defaults)
     given = {k for k in KNOBS if _cell(row, k)}

@@ -1,0 +1,90 @@
+"""What measured rows and plans run where a table is silent, read from the frameworks' code:
+the LM head stays in bf16 under fp8 (a Transformer Engine fp8_autocast leaves Megatron-Core's
+own ColumnParallelLinear output layer alone; torchtitan filters "output"), and each DGX Cloud
+benchmark release's fp8 weights and gradient dtype (frameworks.yaml ``release_switches``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from costmodel import ClusterSpec, Plan, Training
+from costmodel.compute import _loss_s, layer_times
+from costmodel.kernels import gemm_time, kernels_of
+from costmodel.plans import as_plan_arrays, plans_to_arrays
+from hardware_catalog.frameworks import RELEASE_KEY, load_profiles, row_defaults
+from tcf_search.calibration.dataset import find_measured_csv
+
+NEMO1 = "NVIDIA/dgxc-benchmarking@8f5cbb37 {workload}/README.md (v25.02) table 'x' column 'y'"
+NEMO2 = "NVIDIA/dgxc-benchmarking@741c8860 {workload}/README.md (v25.04) table 'x' column 'y'"
+
+
+@pytest.mark.parametrize("plan", [Plan(dp=8, micro_batch=1), Plan(tp=4, dp=2, micro_batch=2)])
+def test_the_lm_head_runs_in_bf16_under_fp8(h100, llama8b, plan: Plan) -> None:
+    """Under fp8 the head's GEMMs (forward, and twice that backward) are bf16 GEMMs at the
+    dense peak, with no fp8 cast, while the decoder layers' GEMMs speed up."""
+    p = as_plan_arrays(plans_to_arrays([plan]))
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    times = {prec: layer_times(llama8b, cluster, Training(seq_len=4096, global_batch=64,
+                                                          precision=prec), p)
+             for prec in ("bf16", "fp8")}
+    tr8 = Training(seq_len=4096, global_batch=64, precision="fp8")
+    kn = kernels_of(cluster, tr8, p)
+    bf16_gemm = gemm_time(kn.tokens, np.broadcast_to(llama8b.vocab / kn.tp, kn.tokens.shape),
+                          np.broadcast_to(float(llama8b.hidden), kn.tokens.shape),
+                          h100.peak_flops("bf16"), cluster, 2.0)
+    loss_fwd, loss_bwd, _ = _loss_s(llama8b, tr8, kn)
+    fp8 = times["fp8"]
+    assert np.allclose(fp8.head_fwd_s - loss_fwd, bf16_gemm)
+    assert np.allclose(fp8.head_bwd_s - loss_bwd, 2.0 * bf16_gemm)
+    assert np.allclose(fp8.head_fwd_s, times["bf16"].head_fwd_s)
+    assert np.all(fp8.fwd_dense_s < times["bf16"].fwd_dense_s)
+
+
+def test_bf16_training_keeps_its_kernels(h100) -> None:
+    tr = Training(seq_len=4096, global_batch=64)
+    kn = kernels_of(ClusterSpec(gpu=h100, num_gpus=8), tr,
+                    as_plan_arrays(plans_to_arrays([Plan(dp=8)])))
+    assert kn.unquantized() is kn
+
+
+@pytest.mark.parametrize(("detail", "precision", "grads", "fp8_params"), [
+    (NEMO1.format(workload="grok1"), "bf16", 2, False),  # grad_sync_dtype: bf16
+    (NEMO1.format(workload="grok1"), "fp8", 2, True),
+    (NEMO1.format(workload="nemotron"), "bf16", 4, False),  # optim silent: NeMo 1's fp32
+    (NEMO1.format(workload="nemotron"), "fp8", 4, True),
+    (NEMO2.format(workload="nemotron"), "bf16", 4, False),  # bf16_mixed
+    (NEMO2.format(workload="nemotron"), "fp8", 2, True),  # grad_reduce_in_fp32 = False
+    ("NVIDIA/dgxc-benchmarking@00000000 nemotron/README.md (v9)", "fp8", 4, False),  # unknown
+])
+def test_dgxc_rows_run_their_release(detail: str, precision: str, grads: int,
+                                     fp8_params: bool) -> None:
+    d = row_defaults("nemo", precision, "dgxc-benchmarking", detail)
+    assert d.get("grad_dtype_bytes", 4) == grads
+    assert d.get("fp8_param_gather", False) is fp8_params
+    assert d["zero_stage"] == 1 and d["tp_comm_overlap"] is True  # NeMo's, every release
+
+
+def test_release_switches_are_training_switches() -> None:
+    """Every switch a release sets is a Training field (at a precision suffix or without)."""
+    fields = set(Training.__dataclass_fields__)
+    for source, releases in load_profiles()["release_switches"].items():
+        for key, switches in releases.items():
+            assert RELEASE_KEY.search(f"x@{key.split()[0]} {key.split()[1]}/f"), (source, key)
+            for name in switches:
+                base = name.rsplit("_", 1)[0] if name.endswith(("_fp8", "_bf16")) else name
+                assert base in fields, (key, name)
+
+
+@pytest.mark.skipif(find_measured_csv() is None,
+                    reason="measured_runs.csv not found at ../shared/data/")
+def test_every_dgxc_row_names_a_known_release() -> None:
+    csv = find_measured_csv()
+    assert csv is not None
+    frame = pd.read_csv(csv)
+    rows = frame[frame["source"].eq("dgxc-benchmarking")]
+    known = set(load_profiles()["release_switches"]["dgxc-benchmarking"])
+    keys = {f"{m[1]} {m[2]}" for m in map(RELEASE_KEY.search, rows["source_detail"]) if m}
+    assert len(rows) > 0 and keys <= known
+    assert all(RELEASE_KEY.search(str(d)) for d in rows["source_detail"])
