@@ -14,6 +14,7 @@ from costmodel.compute import _loss_s, layer_times
 from costmodel.kernels import gemm_time, kernels_of
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 from hardware_catalog.frameworks import RELEASE_KEY, load_profiles, row_defaults
+from search.specs import training_spec
 from tcf_search.calibration.dataset import find_measured_csv
 
 NEMO1 = "NVIDIA/dgxc-benchmarking@8f5cbb37 {workload}/README.md (v25.02) table 'x' column 'y'"
@@ -56,14 +57,17 @@ def test_bf16_training_keeps_its_kernels(h100) -> None:
     (NEMO1.format(workload="nemotron"), "fp8", 4, True),
     (NEMO2.format(workload="nemotron"), "bf16", 4, False),  # bf16_mixed
     (NEMO2.format(workload="nemotron"), "fp8", 2, True),  # grad_reduce_in_fp32 = False
-    ("NVIDIA/dgxc-benchmarking@00000000 nemotron/README.md (v9)", "fp8", 4, False),  # unknown
+    ("NVIDIA/dgxc-benchmarking@00000000 nemotron/README.md (v9)", "fp8", 4, True),  # unknown
 ])
 def test_dgxc_rows_run_their_release(detail: str, precision: str, grads: int,
                                      fp8_params: bool) -> None:
     d = row_defaults("nemo", precision, "dgxc-benchmarking", detail)
-    assert d.get("grad_dtype_bytes", 4) == grads
-    assert d.get("fp8_param_gather", False) is fp8_params
-    assert d["zero_stage"] == 1 and d["tp_comm_overlap"] is True  # NeMo's, every release
+    assert d.pop("zero_stage") == 1  # NeMo's distributed optimizer, every release
+    tr = training_spec(framework="nemo", precision=precision, seq_len=4096, global_batch=64,
+                       switches=d)
+    assert tr.grad_dtype_bytes == grads
+    assert tr.fp8_param_gather is fp8_params  # the nemo profile's at fp8
+    assert tr.tp_comm_overlap is True
 
 
 def test_release_switches_are_training_switches() -> None:
@@ -88,3 +92,36 @@ def test_every_dgxc_row_names_a_known_release() -> None:
     keys = {f"{m[1]} {m[2]}" for m in map(RELEASE_KEY.search, rows["source_detail"]) if m}
     assert len(rows) > 0 and keys <= known
     assert all(RELEASE_KEY.search(str(d)) for d in rows["source_detail"])
+
+
+@pytest.mark.parametrize(("precision", "fp8_weights", "bf16_grads", "refused_for"), [
+    ("bf16", False, False, None),
+    ("bf16", False, True, "grad_reduce_in_bf16"),
+    ("fp8", True, False, None),
+    ("fp8", True, True, "grad_reduce_in_bf16"),
+    ("fp8", False, False, "fp8_param_gather"),
+])
+def test_exports_train_the_searched_dtypes(precision: str, fp8_weights: bool, bf16_grads: bool,
+                                           refused_for: str | None) -> None:
+    """Megatron-LM takes both as flags; Megatron-Bridge's run_recipe names a mixed-precision
+    preset, whose fp32 gradient reduction and fp8 weights no override changes: it writes the
+    plans that preset trains and refuses the others, naming the study's field."""
+    import dataclasses
+    from pathlib import Path
+
+    from search.planfile import load_plan_file
+    from tcf_search.export import ExportOptions, ExportRefused, render
+
+    pf = load_plan_file(Path(__file__).parent / "golden" / "export" / "plans" / "dense70b.yaml")
+    pf = dataclasses.replace(pf, training=dataclasses.replace(
+        pf.training, precision=precision, fp8_param_gather=fp8_weights,
+        grad_dtype_bytes=2 if bf16_grads else 4))
+    script = render("megatron", pf, ExportOptions())["megatron.sh"]
+    assert ("--grad-reduce-in-bf16" in script) is bf16_grads
+    assert ("--fp8-param-gather" in script) is (precision == "fp8" and fp8_weights)
+    if refused_for is None:
+        preset = {"bf16": "bf16_mixed", "fp8": "bf16_with_fp8_delayed_scaling_mixed"}[precision]
+        assert f"mixed_precision={preset}" in render("nemo", pf, ExportOptions())["nemo.sh"]
+    else:
+        with pytest.raises(ExportRefused, match=refused_for):
+            render("nemo", pf, ExportOptions())

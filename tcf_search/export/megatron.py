@@ -265,12 +265,11 @@ def precision_args(precision: str) -> Group:
             "fp8": ("--bf16", "--fp8-format", "hybrid")}[precision]
 
 
-def weight_and_grad_dtype_args(pf: PlanFile) -> list[Group]:
-    t = pf.training
+def weight_and_grad_dtype_args(f: LaunchView) -> list[Group]:
     out: list[Group] = []
-    if t.precision == "fp8" and t.fp8_param_gather:
+    if f.fp8_param_gather:
         out.append(("--fp8-param-gather",))
-    if t.precision in ("bf16", "fp8") and t.grad_dtype_bytes == 2:
+    if f.bf16_grads:
         out.append(("--grad-reduce-in-bf16",))
     return out
 
@@ -285,7 +284,7 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
         *recompute_args(f),
         *data_parallel_args(f, pf),
         precision_args(f.precision),
-        *weight_and_grad_dtype_args(pf),
+        *weight_and_grad_dtype_args(f),
         *model_args(pf),
         *cuda_graph_args(pf, f),
         ("--optimizer", pf.training.optimizer, "--lr", options.lr, "--min-lr", options.lr / 10,

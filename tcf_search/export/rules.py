@@ -146,6 +146,21 @@ NEMO: tuple[AnyRule, ...] = tuple(r for r in MEGATRON if r is not MEGATRON_ROPE[
     Rule(lambda f: _scaling(f.model) != "yarn" or f.model.mla is not None,
          "YaRN is MLA's rope_type (the DeepSeek providers), but the model has no latent "
          "attention", "megatron/core/transformer/transformer_config.py MLATransformerConfig"),
+    # run_recipe names a mixed-precision preset (mixed_precision=bf16_mixed, ...), resolved
+    # after the overrides, whose setup() copies its fields over the ddp and model configs: a
+    # preset's dtypes cannot be overridden from the command line
+    Rule(lambda f: not f.bf16_grads,
+         "Megatron-Bridge's bf16 and fp8 mixed-precision presets reduce gradients in fp32 and "
+         "copy grad_reduce_in_fp32 over ddp's, which run_recipe overrides cannot change, but "
+         "the study reduces them in bf16 (training.grad_reduce_in_bf16): export megatron "
+         "(--grad-reduce-in-bf16)",
+         "src/megatron/bridge/training/mixed_precision.py bf16_mixed, "
+         "MixedPrecisionConfig.setup; config.py runtime_config_update"),
+    Rule(lambda f: f.precision != "fp8" or f.fp8_param_gather,
+         "Megatron-Bridge's fp8 preset (bf16_with_fp8_delayed_scaling_mixed) gathers fp8 weights "
+         "(fp8_param_gather=True), which run_recipe overrides cannot change, but the study "
+         "keeps bf16 weights (training.fp8_param_gather: false): export megatron",
+         "src/megatron/bridge/training/mixed_precision.py"),
 )
 
 # DeepSpeed and Accelerate configure the user's script; the model goes beside them as a Hugging

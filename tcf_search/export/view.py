@@ -52,6 +52,10 @@ class LaunchView:
     sp: bool
     schedule: str  # 1f1b | interleaved | gpipe
     precision: str
+    # bf16 or fp8 training whose gradients are accumulated and reduced in bf16 (Megatron-LM's
+    # --grad-reduce-in-bf16; Megatron-Core's grad_reduce_in_fp32=False), not the fp32 default
+    bf16_grads: bool
+    fp8_param_gather: bool  # fp8 training holding and all-gathering fp8 weights only
     optimizer: str
     tied: bool
     tp_comm_overlap: bool
@@ -134,6 +138,8 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
         recompute_modules=(t.recompute_modules if t.selective_recompute == "modules"
                            and t.recompute_modules != MEGATRON_DEFAULT else ()),
         sp=p.sequence_parallel, schedule=p.schedule, precision=t.precision,
+        bf16_grads=t.precision in ("bf16", "fp8") and t.grad_dtype_bytes == 2,
+        fp8_param_gather=t.precision == "fp8" and t.fp8_param_gather,
         optimizer=t.optimizer, tied=m.tied_embeddings, tp_comm_overlap=t.tp_comm_overlap,
         world=p.world_size, num_gpus=pf.num_gpus, gpus_per_node=pf.gpus_per_node,
         nodes=max(1, pf.num_gpus // pf.gpus_per_node), nproc_per_node=nproc,
