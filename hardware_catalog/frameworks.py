@@ -96,6 +96,16 @@ def row_defaults(framework: str, precision: str = "bf16", source: str = "",
     return _at_precision(settings, precision)
 
 
+def megatron_core_profiles() -> list[str]:
+    """The profiles that are Megatron-Core stacks (``megatron_core`` in frameworks.yaml), under
+    which a study may name Megatron-Core's own switches."""
+    return list(load_profiles().get("megatron_core") or [])
+
+
+def is_megatron_core(framework: str) -> bool:
+    return resolve_framework(framework) in megatron_core_profiles()
+
+
 def frameworks() -> list[str]:
     """Names of the known framework profiles and their aliases."""
     profiles = load_profiles()

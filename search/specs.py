@@ -15,7 +15,11 @@ from costmodel.recompute_modules import module_conflict
 from costmodel.rules import Switches
 from costmodel.specs import ClusterSpec, GpuSpec, ModelSpec, SpecError, Training
 from hardware_catalog import CatalogError, fabric_fraction, get_gpu, with_overrides
-from hardware_catalog.frameworks import framework_settings
+from hardware_catalog.frameworks import (
+    framework_settings,
+    is_megatron_core,
+    megatron_core_profiles,
+)
 from search.hf_config import HfConfigError, load_hf_config
 from search.planfile import PlanFile, PlanFileError
 from search.presets import get_preset
@@ -160,6 +164,10 @@ def build_specs(study: Study) -> Specs:
     model = build_model(study)
     if t.recompute_modules is not None:
         _check_modules(model, training, t.framework)
+    for field in ("grad_reduce_in_bf16", "fp8_param_gather"):
+        if getattr(t, field) is not None and not is_megatron_core(t.framework):
+            raise StudyError(f"training.{field}: " + _not_megatron_core(
+                f"--{field.replace('_', '-')}", t.framework))
     o = study.objective
     headroom = (o.memory_headroom_gib if o.memory_headroom_gib is not None
                 else o.memory_headroom_fraction * cluster.gpu.usable_bytes / 2**30)
@@ -175,13 +183,18 @@ def build_specs(study: Study) -> Specs:
                                           uneven_chunks=training.uneven_chunks))
 
 
+def _not_megatron_core(flag: str, framework: str) -> str:
+    return (f"Megatron-Core's switch (Megatron-LM's {flag}; the "
+            f"{', '.join(megatron_core_profiles())} profiles), which the {framework!r} profile "
+            "does not take")
+
+
 def _check_modules(model: ModelSpec, training: Training, framework: str) -> None:
     """A study's recompute_modules: Megatron-Core's, so a profile whose selective recompute is
     by module, and modules Megatron-Core's TransformerConfig accepts on the model."""
-    if training.selective_recompute != "modules":
-        raise StudyError(f"training.recompute_modules: the {framework!r} profile's selective "
-                         f"recompute is not by module ({training.selective_recompute}); "
-                         "recompute_modules is Megatron-Core's (generic, megatron, nemo)")
+    if not is_megatron_core(framework) or training.selective_recompute != "modules":
+        raise StudyError("training.recompute_modules: "
+                         + _not_megatron_core("--recompute-modules", framework))
     why = module_conflict(training.recompute_modules, mla=model.mla is not None,
                           moe=model.is_moe)
     if why:

@@ -167,13 +167,16 @@ def test_a_study_names_its_modules() -> None:
     # Megatron-Core's TransformerConfig refuses both (transformer_config.py __post_init__)
     (", recompute_modules: [mla_up_proj]", "'mla_up_proj' needs multi-latent attention"),
     (", recompute_modules: [moe_act]", "'moe_act' needs MoE layers"),
-    # torchtitan's selective is its per-op policy: the switch would change nothing
-    (", recompute_modules: [core_attn]", "the 'torchtitan' profile's selective recompute is not"),
+    # torchtitan's selective is its per-op policy, DeepSpeed has no selective: not their switch
+    (", recompute_modules: [core_attn]", "which the 'torchtitan' profile does not take"),
+    (", recompute_modules: [mlp]", "which the 'deepspeed' profile does not take"),
+    (", grad_reduce_in_bf16: true", "grad_reduce_in_bf16: Megatron-Core's switch .*'nanotron'"),
 ])
 def test_modules_a_study_cannot_run_are_refused(text: str, match: str) -> None:
     dense = STUDY.replace("qwen3-30b-a3b", "llama3-8b")
-    if "core_attn" in text:
-        dense = dense.replace("framework: megatron", "framework: torchtitan")
+    for name in ("torchtitan", "deepspeed", "nanotron"):
+        if name in match:
+            dense = dense.replace("framework: megatron", f"framework: {name}")
     with pytest.raises(StudyError, match=match):
         build_specs(parse_study(dense % text))
 
