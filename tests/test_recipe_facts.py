@@ -125,3 +125,43 @@ def test_exports_train_the_searched_dtypes(precision: str, fp8_weights: bool, bf
     else:
         with pytest.raises(ExportRefused, match=refused_for):
             render("nemo", pf, ExportOptions())
+
+
+def test_explain_prices_the_numerics_the_study_leaves_unsaid(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Megatron-Bridge's 405B layout is over under the study's fp32 gradients; explain says what
+    bf16 gradients (its recipe's) would do to this plan, as a number, not a search move; a study
+    that states the switch, or a profile without it, gets no such line."""
+    import json
+    from pathlib import Path
+
+    import typer
+    from typer.testing import CliRunner
+
+    from tcf_search.explain import explain_cmd
+
+    app = typer.Typer()
+    app.command("explain")(explain_cmd)
+    app.command("noop")(lambda: None)
+    study = Path(__file__).resolve().parents[1] / "studies" / "llama3.1-405b-h100x4096.yaml"
+    plan = ("tp=8,pp=8,cp=2,vpp=8,mbs=1,sp=true,zero=1,recompute=selective,"
+            "first_stage_layers=15,last_stage_layers=15")
+
+    def numerics(path: Path) -> list[dict]:  # type: ignore[type-arg]
+        got = CliRunner().invoke(app, ["explain", str(path), "--plan", plan, "--json"])
+        assert got.exit_code == 0, got.stdout
+        return list(json.loads(got.stdout)["verdict"]["numerics"])
+
+    (n,) = numerics(study)
+    assert n["field"] == "training.grad_reduce_in_bf16" and n["fits"]
+    stated = tmp_path / "stated.yaml"
+    stated.write_text(study.read_text().replace(
+        "  precision: bf16\n", "  precision: bf16\n  grad_reduce_in_bf16: false\n", 1))
+    assert numerics(stated) == []
+    small = study.parent / "llama3-8b-h100x8.yaml"
+    plan = "dp=8,mbs=1,zero=3"
+    assert [n["field"] for n in numerics(small)] == ["training.grad_reduce_in_bf16"]
+    titan = tmp_path / "titan.yaml"
+    titan.write_text(small.read_text().replace(
+        "  precision: bf16\n", "  precision: bf16\n  framework: torchtitan\n", 1))
+    assert "framework: torchtitan" in titan.read_text()
+    assert numerics(titan) == []

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from costmodel import StepEstimate, Training, estimate
+from hardware_catalog.frameworks import is_megatron_core
 from search.baseline import baseline_doc, baseline_of, step_breakdown
 from search.space import build_space
 from search.uncertainty import calibration_status, plan_regime, uncertainty_metrics
@@ -84,6 +85,38 @@ REASONS = {
 }
 
 
+# Megatron-Core's numerics switches a study may turn on (search.sections.TrainingSection): not
+# searched, since they change the numbers trained and not only the speed, but priced on the
+# plan so that the choice is made knowingly. NVIDIA's performance recipes take both
+# (Megatron-Bridge scripts/performance configs: grad_reduce_in_fp32 = False; its fp8 presets:
+# fp8_param_gather = True); Llama 3 reduced gradients in fp32 (Dubey et al., sec. 3.3.4).
+NUMERICS = {
+    "grad_reduce_in_bf16": ("gradients accumulated and reduced in bf16",
+                            lambda tr: tr.precision in ("bf16", "fp8") and tr.grad_dtype_bytes > 2,
+                            lambda tr: dataclasses.replace(tr, grad_dtype_bytes=2)),
+    "fp8_param_gather": ("fp8 weights only, gathered in fp8",
+                         lambda tr: tr.precision == "fp8" and not tr.fp8_param_gather,
+                         lambda tr: dataclasses.replace(tr, fp8_param_gather=True)),
+}
+
+
+def numerics(subject: Subject, e: StepEstimate) -> list[dict[str, Any]]:
+    """Each numerics switch the study leaves unsaid under a Megatron-Core profile, priced on
+    the plan: peak memory, whether it fits, and the tokens/s it changes."""
+    study, s = subject.study, subject.specs
+    if study is None or not is_megatron_core(study.training.framework):
+        return []
+    out = []
+    for field, (what, applies, switched) in NUMERICS.items():
+        if getattr(study.training, field) is not None or not applies(s.training):
+            continue
+        alt = estimate(s.model, s.cluster, subject.plan, switched(s.training))
+        out.append({"field": f"training.{field}", "value": True, "what": what,
+                    "peak_mem_gib": alt.memory.peak_bytes / GIB, "fits": alt.memory.fits,
+                    "gain": alt.tokens_per_s_per_gpu / e.tokens_per_s_per_gpu - 1.0})
+    return out
+
+
 def explain(subject: Subject) -> dict[str, Any]:
     """The explanation document of one plan."""
     s, plan = subject.specs, subject.plan
@@ -128,7 +161,8 @@ def explain(subject: Subject) -> dict[str, Any]:
                     "best_change": best.to_dict() if best else None, "improves": better,
                     "advice": advice,
                     "alternatives": [m.to_dict() for m in moves[:5]],
-                    "neighbours_evaluated": len(moves)},
+                    "neighbours_evaluated": len(moves),
+                    "numerics": numerics(subject, e)},
     }
 
 

@@ -84,12 +84,21 @@ def _communication(doc: dict[str, Any], con: Console) -> None:
     con.print(t)
 
 
+def _numerics(v: dict[str, Any], con: Console) -> None:
+    for n in v.get("numerics", []):
+        fit = "fits" if n["fits"] else "still over"
+        con.print(f"   numerics the study leaves unsaid: {n['field']}: true ({n['what']}) — "
+                  f"{n['peak_mem_gib']:.1f} GiB peak, {fit}, tokens/s {n['gain']:+.1%}; a "
+                  "choice of numbers, not searched")
+
+
 def _verdict(doc: dict[str, Any], con: Console) -> None:
     v, step = doc["verdict"], doc["step"]
     parts = ", ".join(f"{k.replace('_', ' ')} {s / step['step_time_s']:.0%}"
                       for k, s in step["breakdown"].items() if s > 0)
     con.print(f"\n[bold]Verdict[/bold]: bound by [bold]{v['binding']}[/bold] — {v['reason']}.")
     con.print(f"   step: {parts}")
+    _numerics(v, con)
     best = v["best_change"]
     if best is None or not v["improves"]:
         con.print(f"   best single change: {v['advice']} "
