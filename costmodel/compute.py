@@ -17,6 +17,7 @@ the weights' fp8 copies between micro-batches).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +36,15 @@ from costmodel.recompute import (
     module_flops_per_token,
     recomputed_layers,
 )
-from costmodel.recompute_modules import CORE_ATTN, LAYERNORM, MLA_UP_PROJ, MLP, MOE_ACT
+from costmodel.recompute_modules import (
+    CORE_ATTN,
+    LAYERNORM,
+    MLA_UP_PROJ,
+    MLP,
+    MODELLED,
+    MOE_ACT,
+    chosen,
+)
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 
 # FlashAttention-2's generation runs at ``attention_peak_fraction``; the Hopper-and-later one
@@ -239,8 +248,8 @@ def _dense_layer(model: ModelSpec, tr: Training, kn: Kernels) -> _DenseLayer:
                        attention_s=attention_s, elem=elem, fwd_s=fwd, bwd_s=bwd)
 
 
-def _selective_extra(model: ModelSpec, tr: Training, kn: Kernels, dense: _DenseLayer,
-                     moe: MoeLayer | None) -> tuple[np.ndarray, np.ndarray]:
+def _selective_extra(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
+                     dense: _DenseLayer, moe: MoeLayer | None) -> tuple[np.ndarray, np.ndarray]:
     """What selective recompute adds to a dense and to a MoE layer's backward."""
     elem, eff = dense.elem, kn.cluster.gpu.efficiency
     if tr.selective_recompute == "every_other_mm":
@@ -255,7 +264,8 @@ def _selective_extra(model: ModelSpec, tr: Training, kn: Kernels, dense: _DenseL
         return extra, (moe.elem_s + attn_second + shared_second + moe.routed_s + moe.permute_s
                        + elem.overhead_fwd_s * moe.kernels)
     if tr.selective_recompute == "modules":
-        return _modules_extra(model, tr, kn, dense, moe)
+        return _modules_extra(model, tr, chosen(p.recompute_modules, tr.recompute_modules), kn,
+                              dense, moe)
     # the activation function alone (and attention's scores without flash attention)
     extra = kn.tokens * (elem.act_elems / kn.tp) * kn.act / kn.hbm + eff.kernel_overhead_s
     if moe is None:
@@ -265,39 +275,46 @@ def _selective_extra(model: ModelSpec, tr: Training, kn: Kernels, dense: _DenseL
                    * model.expert_ffn_hidden / kn.tp * kn.act / kn.hbm + eff.kernel_overhead_s)
 
 
-def _modules_extra(model: ModelSpec, tr: Training, kn: Kernels, dense: _DenseLayer,
-                   moe: MoeLayer | None) -> tuple[np.ndarray, np.ndarray]:
+def _modules_extra(model: ModelSpec, tr: Training, has: Callable[[str], np.ndarray],
+                   kn: Kernels, dense: _DenseLayer, moe: MoeLayer | None
+                   ) -> tuple[np.ndarray, np.ndarray]:
     """What Megatron-Core's selective ``recompute_modules`` run again in a dense and in a MoE
     layer's backward (the memory they free: ``costmodel.memory.freed_by_modules``): core_attn
     the attention kernel's forward, mla_up_proj the two up projections and RoPE, layernorm the
     norms built apart from their GEMM (MLA's input norm; a MoE layer's pre-MLP norm), mlp a
-    dense model's MLP forward, moe_act the routed experts' activation function."""
-    mods, eff = tr.recompute_modules, kn.cluster.gpu.efficiency
+    dense model's MLP forward, moe_act the routed experts' activation function; ``has``: whether
+    each plan recomputes a module (its own set, or the training's)."""
+    eff = kn.cluster.gpu.efficiency
     per_elem_s = kn.tokens * kn.act / kn.hbm
     shard = np.where(kn.sp, kn.tp, 1.0)
     norm_s = per_elem_s * 2.0 * model.hidden / shard + eff.kernel_overhead_s  # read, write
     both = np.zeros_like(kn.tokens)
-    if CORE_ATTN in mods:
-        both = both + dense.attention_s + eff.kernel_overhead_s
-    if MLA_UP_PROJ in mods and model.mla:
-        x, a = model.mla, model.heads
-        both = both + per_elem_s * dense.elem.rope_elems * rope_width(model) / kn.tp
-        both = both + kn.gemm(a * (x.qk_nope_head_dim + x.v_head_dim) / kn.tp,
-                              float(x.kv_lora_rank))
+    both = both + np.where(has(CORE_ATTN), dense.attention_s + eff.kernel_overhead_s, 0.0)
+    if model.mla:
+        x, a, up = model.mla, model.heads, has(MLA_UP_PROJ)
+        both = both + np.where(up, per_elem_s * dense.elem.rope_elems * rope_width(model)
+                               / kn.tp, 0.0)
+        both = both + np.where(up, kn.gemm(a * (x.qk_nope_head_dim + x.v_head_dim) / kn.tp,
+                                           float(x.kv_lora_rank)), 0.0)
         if x.q_lora_rank:
-            both = both + kn.gemm(a * qk_dim(model) / kn.tp, float(x.q_lora_rank))
-    norms = int(model.mla is not None) if LAYERNORM in mods else 0
+            both = both + np.where(up, kn.gemm(a * qk_dim(model) / kn.tp,
+                                               float(x.q_lora_rank)), 0.0)
+    norm = has(LAYERNORM).astype(int)
+    norms = int(model.mla is not None) * norm
     dense_extra = both + norms * norm_s
-    if MLP in mods and not model.is_moe:
+    if not model.is_moe:
         mlp_gemms = dense.gemm_s - dense.qkv_s - dense.out_s
-        dense_extra = dense_extra + mlp_gemms + per_elem_s * dense.elem.act_elems / kn.tp
+        dense_extra = dense_extra + np.where(has(MLP), mlp_gemms, 0.0)
+        dense_extra = dense_extra + np.where(has(MLP), per_elem_s * dense.elem.act_elems / kn.tp,
+                                             0.0)
     if moe is None:
         return dense_extra, dense_extra
-    moe_extra = both + (norms + int(LAYERNORM in mods)) * norm_s
-    if MOE_ACT in mods:  # top-k copies of each token, expert width
-        moe_extra = moe_extra + (per_elem_s * model.moe_topk * tr.moe_load_imbalance
-                                 * (dense.elem.act_elems / model.ffn_hidden)
-                                 * model.expert_ffn_hidden / kn.tp + eff.kernel_overhead_s)
+    moe_extra = both + (norms + norm) * norm_s
+    # top-k copies of each token, expert width
+    moe_extra = moe_extra + np.where(has(MOE_ACT), (
+        per_elem_s * model.moe_topk * tr.moe_load_imbalance
+        * (dense.elem.act_elems / model.ffn_hidden)
+        * model.expert_ffn_hidden / kn.tp + eff.kernel_overhead_s), 0.0)
     return dense_extra, moe_extra
 
 
@@ -318,7 +335,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     kn = kernels_of(cluster, tr, p)
     dense = _dense_layer(model, tr, kn)
     moe = moe_layer(model, tr, p, kn, dense) if model.is_moe else None
-    selective_dense, selective_moe = _selective_extra(model, tr, kn, dense, moe)
+    selective_dense, selective_moe = _selective_extra(model, tr, p, kn, dense, moe)
     elem = dense.elem
     dense_ops = {"attn": elem.attn_kernels_fwd, "mlp": elem.kernels_fwd - elem.attn_kernels_fwd}
     dense_host = host_ops(dense_ops, DENSE_SEGMENTS, tr.cuda_graph_impl, tr.cuda_graph_scope)
@@ -349,10 +366,13 @@ def hardware_flops(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: Plan
                             recomputed_layers(p, layers.largest) / layers.largest, 0.0)
     # the recomputed forward adds a third of a layer's training FLOPs (forward = 1/3 of 6N)
     flops = model_flops * (1.0 + rec_fraction / 3.0)
+    if tr.selective_recompute == "every_other_mm":
+        second: float | np.ndarray = every_other_gemm_flops_per_token(model)
+    elif tr.selective_recompute == "modules":
+        has = chosen(p.recompute_modules, tr.recompute_modules)
+        second = sum((np.where(has(m), module_flops_per_token(model, (m,), tr.seq_len), 0.0)
+                      for m in MODELLED), start=np.zeros(len(p)))
     if tr.selective_recompute in ("every_other_mm", "modules"):
-        second = (every_other_gemm_flops_per_token(model) if tr.selective_recompute ==
-                  "every_other_mm" else module_flops_per_token(model, tr.recompute_modules,
-                                                               tr.seq_len))
         per_gpu = second * model.layers * tr.tokens_per_step / cluster.num_gpus
         flops = flops + np.where(p.recompute == 1, per_gpu, 0.0)
     return flops

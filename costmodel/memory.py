@@ -38,7 +38,7 @@ from costmodel.params import (
 )
 from costmodel.plans import PlanArrays
 from costmodel.recompute import recomputed_layers
-from costmodel.recompute_modules import CORE_ATTN, LAYERNORM, MLA_UP_PROJ, MLP, MOE_ACT
+from costmodel.recompute_modules import CORE_ATTN, LAYERNORM, MLA_UP_PROJ, MLP, MOE_ACT, chosen
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 
 BF16 = 2.0
@@ -140,8 +140,8 @@ def _moe_saved(model: ModelSpec, tr: Training, p: PlanArrays, M: np.ndarray,
     return width, router + BF16 * copies * h
 
 
-def freed_by_modules(model: ModelSpec, tr: Training, M: np.ndarray, tp: np.ndarray,
-                     sp_div: np.ndarray, mlp_all: np.ndarray) -> np.ndarray:
+def freed_by_modules(model: ModelSpec, tr: Training, p: PlanArrays, M: np.ndarray,
+                     tp: np.ndarray, sp_div: np.ndarray, mlp_all: np.ndarray) -> np.ndarray:
     """What Megatron-Core's selective ``recompute_modules`` free of a layer's saved activations
     (bf16 bytes; costmodel/recompute_modules.py). core_attn keeps q, k, v and the output (the
     out-projection saves it as its input), so it frees the kernel's log-sum-exp, or without
@@ -151,26 +151,31 @@ def freed_by_modules(model: ModelSpec, tr: Training, M: np.ndarray, tp: np.ndarr
     fp8 keeps its own fp8 cast instead, so they free something in bf16 only; layernorm covers
     the norms Megatron-Core's Transformer Engine specs build apart from their GEMM (MLA's input
     norm, a MoE layer's pre-MLP norm; the rest are fused into linear_qkv / linear_fc1); mlp
-    checkpoints a dense model's MLP whole, its input (the norm output) kept."""
-    mods, a = tr.recompute_modules, model.heads
+    checkpoints a dense model's MLP whole, its input (the norm output) kept. Each plan's own set
+    (its mask; 0: the training's)."""
+    has, a = chosen(p.recompute_modules, tr.recompute_modules), model.heads
     bf16_outputs = not (tr.precision == "fp8" and tr.fp8_saves_cast_inputs)
     freed = np.zeros_like(M)
-    if CORE_ATTN in mods:
-        freed = freed + 4.0 * M * a / tp
-        if not bf16_outputs:  # the kernel's bf16 copy of its output, beside the fp8 cast
-            freed = freed + 2.0 * M * a * v_dim(model) / tp
-        if not tr.flash_attention:
-            freed = freed + 5.0 * M * score_keys(model, tr.seq_len) * a / tp
-    if MLA_UP_PROJ in mods and model.mla:
-        freed = freed + 2.0 * M * (a * qk_dim(model) + model.kv_heads * kv_dims(model)) / tp
-    if LAYERNORM in mods and bf16_outputs:
+
+    def add(name: str, term: np.ndarray) -> np.ndarray:
+        return freed + np.where(has(name), term, 0.0)
+
+    freed = add(CORE_ATTN, 4.0 * M * a / tp)
+    if not bf16_outputs:  # the kernel's bf16 copy of its output, beside the fp8 cast
+        freed = add(CORE_ATTN, 2.0 * M * a * v_dim(model) / tp)
+    if not tr.flash_attention:
+        freed = add(CORE_ATTN, 5.0 * M * score_keys(model, tr.seq_len) * a / tp)
+    if model.mla:
+        freed = add(MLA_UP_PROJ,
+                    2.0 * M * (a * qk_dim(model) + model.kv_heads * kv_dims(model)) / tp)
+    if bf16_outputs:
         norms = int(model.mla is not None) + int(model.is_moe)
-        freed = freed + norms * 2.0 * M * model.hidden / sp_div
-    if MOE_ACT in mods and model.is_moe and bf16_outputs:
+        freed = add(LAYERNORM, norms * 2.0 * M * model.hidden / sp_div)
+    if model.is_moe and bf16_outputs:
         routed = model.moe_topk * tr.moe_load_imbalance * model.expert_ffn_hidden
-        freed = freed + 2.0 * M * routed / tp
-    if MLP in mods and not model.is_moe:
-        freed = freed + mlp_all
+        freed = add(MOE_ACT, 2.0 * M * routed / tp)
+    if not model.is_moe:
+        freed = add(MLP, mlp_all)
     return freed
 
 
@@ -217,7 +222,7 @@ def activation_bytes_per_layer(model: ModelSpec, tr: Training,
         mlp_selective = mlp_selective - M * width / tp
     full_layer = outside + attention + mlp_all
     if tr.selective_recompute == "modules":
-        selective = full_layer - freed_by_modules(model, tr, M, tp, sp_div, mlp_all)
+        selective = full_layer - freed_by_modules(model, tr, p, M, tp, sp_div, mlp_all)
     elif tr.selective_recompute == "every_other_mm":
         # torchtitan's op-level policy keeps the layer's input, the outputs of the GEMMs it
         # does not recompute (q, v, the MLP's first and, gated, its last), attention's output

@@ -12,16 +12,18 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from costmodel.recompute_modules import module_mask
 from costmodel.specs import RECOMPUTE_CODES, SCHEDULE_CODES, Plan
 
 PLAN_KEYS: tuple[str, ...] = (
     "tp", "pp", "dp", "cp", "ep", "vpp", "zero_stage", "micro_batch", "recompute",
     "recompute_layers", "sequence_parallel", "pp_schedule", "first_stage_layers",
-    "last_stage_layers", "expert_tp",
+    "last_stage_layers", "expert_tp", "recompute_modules",
 )
 _DEFAULTS: dict[str, int] = {"cp": 1, "ep": 1, "vpp": 1, "zero_stage": 0, "recompute": 0,
                              "recompute_layers": 0, "sequence_parallel": 0, "pp_schedule": 0,
-                             "first_stage_layers": 0, "last_stage_layers": 0, "expert_tp": 0}
+                             "first_stage_layers": 0, "last_stage_layers": 0, "expert_tp": 0,
+                             "recompute_modules": 0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +43,8 @@ class PlanArrays:
     first_stage_layers: np.ndarray
     last_stage_layers: np.ndarray
     expert_tp: np.ndarray  # 0: derived (costmodel.mapping.expert_tp)
+    # selective modules, a bitmask over costmodel.recompute_modules.MODELLED; 0: the training's
+    recompute_modules: np.ndarray
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])
@@ -70,5 +74,7 @@ def plans_to_arrays(plans: Sequence[Plan]) -> dict[str, np.ndarray]:
                 v = RECOMPUTE_CODES[v]
             elif k == "pp_schedule":
                 v = SCHEDULE_CODES[p.schedule]  # interleaved iff vpp > 1
+            elif k == "recompute_modules":
+                v = module_mask(v)
             cols[k].append(int(v))
     return {k: np.asarray(v, dtype=np.int64) for k, v in cols.items()}

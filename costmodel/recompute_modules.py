@@ -5,11 +5,17 @@ forward again in backward instead of keeping what it saved. "core_attn" and "mlp
 normally (their inputs kept); "moe_act", "layernorm" and "mla_up_proj" discard their outputs
 and restore them before the backward that needs them. What each frees is priced in
 ``costmodel.memory``, what each runs again in ``costmodel.compute``; both read the names here.
+
+A plan may name its own set (``Plan.recompute_modules``; empty: the training's). The vectorised
+model carries it as a bitmask over :data:`MODELLED` (:func:`module_mask`, 0: the training's), and
+each formula asks :func:`chosen` whether a plan recomputes a module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+
+import numpy as np
 
 from costmodel.errors import SpecError
 
@@ -26,27 +32,50 @@ NOT_MODELLED = ("moe", "shared_experts")
 MEGATRON_DEFAULT: tuple[str, ...] = (CORE_ATTN,)
 
 
-def module_set(modules: Iterable[str]) -> tuple[str, ...]:
+BITS: dict[str, int] = {name: 1 << i for i, name in enumerate(MODELLED)}
+
+
+def module_set(modules: Iterable[str], where: str = "training.recompute_modules"
+               ) -> tuple[str, ...]:
     """The modules as a tuple in the order given, each once; an unknown or unpriced one is an
-    error naming the field and what it may hold."""
+    error naming the field (``where``) and what it may hold."""
     if isinstance(modules, str):
-        raise SpecError(f"training.recompute_modules must be a list of module names, "
-                        f"but got {modules!r}")
+        raise SpecError(f"{where} must be a list of module names, but got {modules!r}")
     out: list[str] = []
     for name in modules:
         if name in NOT_MODELLED:
-            raise SpecError(f"training.recompute_modules: {name!r} is Megatron-Core's but not "
-                            f"priced here (its recompute runs the expert dispatch again); "
-                            f"modelled: {list(MODELLED)}")
+            raise SpecError(f"{where}: {name!r} is Megatron-Core's but not priced here (its "
+                            f"recompute runs the expert dispatch again); modelled: "
+                            f"{list(MODELLED)}")
         if name not in MODELLED:
-            raise SpecError(f"training.recompute_modules must hold names of {list(MODELLED)}, "
-                            f"but got {name!r}")
+            raise SpecError(f"{where} must hold names of {list(MODELLED)}, but got {name!r}")
         if name not in out:
             out.append(name)
     if not out:
-        raise SpecError("training.recompute_modules must name at least one module "
-                        f"of {list(MODELLED)}")
+        raise SpecError(f"{where} must name at least one module of {list(MODELLED)}")
     return tuple(out)
+
+
+def plan_modules(modules: Iterable[str]) -> tuple[str, ...]:
+    """A plan's own set (``Plan.recompute_modules``): () for the training's, else checked."""
+    return module_set(modules, "plan.recompute_modules") if modules else ()
+
+
+def module_mask(modules: Iterable[str]) -> int:
+    """A set as its bitmask over :data:`MODELLED` (0: none given, the training's)."""
+    return sum(BITS[name] for name in set(modules))
+
+
+def mask_modules(mask: int) -> tuple[str, ...]:
+    """A bitmask's modules, in :data:`MODELLED` order."""
+    return tuple(name for name in MODELLED if mask & BITS[name])
+
+
+def chosen(masks: np.ndarray, default: tuple[str, ...]) -> Callable[[str], np.ndarray]:
+    """Per plan, whether it recomputes a module: its own set (a mask), or ``default`` (the
+    training's) where its mask is 0."""
+    masks = np.where(np.asarray(masks) == 0, module_mask(default), masks)
+    return lambda name: (masks & BITS[name]) != 0
 
 
 def module_conflict(modules: tuple[str, ...], *, mla: bool, moe: bool) -> str:

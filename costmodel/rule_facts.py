@@ -87,6 +87,10 @@ class Facts:
     zero_stages_pp: tuple[int, ...] = (0, 1, 2, 3)
     recompute_modes: tuple[str, ...] = ("none", "selective", "full")
     partial_recompute: bool = True
+    # what selective recompute is (``Training.selective_recompute``; "modules": Megatron-Core's
+    # --recompute-modules, which a plan may name), and whether the model's attention is MLA
+    selective_recompute: str = "activation"
+    mla: bool = False
 
     def values(self) -> dict[str, object]:
         """Every fact and switch by name (tuples as lists), as a rule's text quotes them."""
@@ -106,14 +110,16 @@ def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
                  experts=model.moe_experts, seq_len=training.seq_len,
                  global_batch=training.global_batch, num_gpus=cluster.num_gpus,
                  nvlink_domain=cluster.nvlink_domain, switches=switches,
-                 mtp_layers=model.mtp_layers, **framework_facts(training),
+                 mtp_layers=model.mtp_layers, mla=model.mla is not None,
+                 **framework_facts(training),
                  **graph_facts(model, training))
 
 
 # what a framework builds and implements at all, as its Training carries them (rules moe_*,
 # mtp, framework_*)
 FRAMEWORK_FACTS = ("moe_max_zero_stage", "moe_tensor_parallel", "multi_token_prediction",
-                   "zero_stages", "zero_stages_pp", "recompute_modes", "partial_recompute")
+                   "zero_stages", "zero_stages_pp", "recompute_modes", "partial_recompute",
+                   "selective_recompute")
 
 
 def framework_facts(training: Training) -> dict[str, Any]:

@@ -12,6 +12,7 @@ Validity is arithmetic, not feasibility: nothing here asks whether a plan fits i
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from numpy.typing import ArrayLike
 
 from costmodel.graphs import graphs_allowed
 from costmodel.mapping import chunk_split_exists, expert_groups, launchable_chunks, rank_split
+from costmodel.recompute_modules import BITS, MLA_UP_PROJ, MOE_ACT, module_mask
 from costmodel.rule_facts import Facts, Switches, facts_of
 from costmodel.specs import (
     RECOMPUTE_CODES,
@@ -39,9 +41,9 @@ Columns = Mapping[str, Any]
 PLAN_COLUMNS: tuple[str, ...] = (
     "tp", "pp", "cp", "dp", "ep", "vpp", "micro_batch", "zero_stage", "sequence_parallel",
     "recompute", "pp_schedule", "first_stage_layers", "last_stage_layers", "expert_tp",
-    "recompute_layers")
+    "recompute_layers", "recompute_modules")
 INTERLEAVED, GPIPE = SCHEDULE_CODES["interleaved"], SCHEDULE_CODES["gpipe"]
-FULL = RECOMPUTE_CODES["full"]
+FULL, SELECTIVE = RECOMPUTE_CODES["full"], RECOMPUTE_CODES["selective"]
 
 
 def schedule_code(pp_schedule: ArrayLike, vpp: ArrayLike) -> np.ndarray:
@@ -149,6 +151,18 @@ def _framework_recompute(c: Columns, f: Facts) -> np.ndarray:
     return modes & ((c["recompute"] != FULL) | f.partial_recompute | _recomputes_all(c, f))
 
 
+def _recompute_modules(c: Columns, f: Facts) -> np.ndarray:
+    """A plan's own selective modules (``recompute_modules``, a bitmask; 0: the training's) are
+    Megatron-Core's ``--recompute-modules``, read under ``--recompute-granularity selective``
+    only; its TransformerConfig refuses mla_up_proj without multi-latent attention and moe_act
+    without MoE layers (``costmodel.recompute_modules.module_conflict``)."""
+    mask = c["recompute_modules"]
+    fits = (((mask & BITS[MLA_UP_PROJ]) == 0) | f.mla) & (((mask & BITS[MOE_ACT]) == 0)
+                                                          | (f.experts > 0))
+    own = (c["recompute"] == SELECTIVE) & (f.selective_recompute == "modules") & fits
+    return (mask == 0) | own
+
+
 RULES: tuple[Rule, ...] = (
     Rule("world_size", ("tp", "pp", "cp", "dp"), ("num_gpus",),
          "tp * pp * cp * dp == num_gpus",
@@ -215,6 +229,13 @@ RULES: tuple[Rule, ...] = (
          "(recompute_layers 0 or at least the stage's) unless partial_recompute (the "
          "recompute modes the framework implements)",
          _framework_recompute),
+    Rule("recompute_modules", ("recompute_modules", "recompute"),
+         ("selective_recompute", "mla", "experts"),
+         "recompute_modules == 0 (the training's set), or recompute == 1 (selective) under "
+         "selective_recompute == modules (Megatron-Core's), with mla_up_proj only where mla and "
+         "moe_act only where experts > 0 (recompute_modules is a bitmask: "
+         + ", ".join(f"{name} {bit}" for name, bit in BITS.items()) + ")",
+         _recompute_modules),
     # a framework that builds no multi-token prediction module cannot run a model with one
     Rule("mtp", ("pp",), ("mtp_layers", "multi_token_prediction"),
          "mtp_layers == 0 or multi_token_prediction (the framework builds MTP modules)",
@@ -274,10 +295,13 @@ def plan_columns(plan: Plan | Mapping[str, object]) -> dict[str, int]:
     """One plan (or its fields, before a ``Plan`` is built) as plain ints, encoded like the
     search's layout columns (numpy broadcasts them as 1-element columns)."""
     raw = {k: getattr(plan, k) for k in PLAN_COLUMNS} if isinstance(plan, Plan) else {
-        k: plan.get(k, 0) if k == "expert_tp" else plan[k] for k in PLAN_COLUMNS}
+        k: plan.get(k, 0) if k in ("expert_tp", "recompute_modules") else plan[k]
+        for k in PLAN_COLUMNS}
     raw["recompute"] = RECOMPUTE_CODES.get(str(raw["recompute"]), 0)
     raw["pp_schedule"] = SCHEDULE_CODES.get(str(raw["pp_schedule"]), 0)
     raw["sequence_parallel"] = int(bool(raw["sequence_parallel"]))
+    if not isinstance(modules := raw["recompute_modules"], numbers.Integral):
+        raw["recompute_modules"] = module_mask(modules)  # type: ignore[arg-type]
     return {k: int(v) for k, v in raw.items()}  # type: ignore[call-overload,arg-type]
 
 

@@ -24,7 +24,7 @@ from costmodel.layer_style import (
     style_errors,
 )
 from costmodel.memory_model import MemoryModel
-from costmodel.recompute_modules import MEGATRON_DEFAULT, module_set
+from costmodel.recompute_modules import MEGATRON_DEFAULT, module_set, plan_modules
 
 FfnType = Literal["swiglu", "gelu"]
 Recompute = Literal["none", "selective", "full"]
@@ -102,9 +102,8 @@ class ModelSpec:
                             f"groups divide, but got moe_experts={self.moe_experts}")
         if self.rope_scaling is not None and self.position_embedding != "rope":
             raise SpecError("model.rope_scaling needs position_embedding rope")
-        if not 0 <= self.moe_dense_layers <= self.layers:
-            raise SpecError(f"model.moe_dense_layers must be in 0..layers, "
-                            f"but got {self.moe_dense_layers}")
+        if not 0 <= (n := self.moe_dense_layers) <= self.layers:
+            raise SpecError(f"model.moe_dense_layers must be in 0..layers, but got {n}")
 
     @property
     def is_moe(self) -> bool:
@@ -139,7 +138,8 @@ class Plan:
     ``expert_tp``: the routed experts' tensor parallelism (Megatron-Core's
     ``--expert-tensor-parallel-size``; its MoE parallel folding carves EP x expert TP out of a
     stage's tp x cp x dp ranks). 0 = derived: tp, or 1 where EP does not divide dp x cp
-    (:func:`costmodel.mapping.expert_tp`).
+    (:func:`costmodel.mapping.expert_tp`). ``recompute_modules``: Megatron-Core's selective
+    modules for this plan (``()``: the training's; rule ``recompute_modules``).
     """
 
     tp: int = 1
@@ -157,8 +157,10 @@ class Plan:
     first_stage_layers: int = 0
     last_stage_layers: int = 0
     expert_tp: int = 0
+    recompute_modules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "recompute_modules", plan_modules(self.recompute_modules))
         require_positive("plan", tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep,
                          vpp=self.vpp, micro_batch=self.micro_batch)
         if self.zero_stage not in (0, 1, 2, 3):
@@ -169,15 +171,13 @@ class Plan:
         if self.pp_schedule not in SCHEDULE_CODES:
             raise SpecError(f"plan.pp_schedule must be one of {sorted(SCHEDULE_CODES)}, "
                             f"but got {self.pp_schedule!r}")
-        for name in ("recompute_layers", "first_stage_layers", "last_stage_layers",
-                     "expert_tp"):
+        for name in ("recompute_layers", "first_stage_layers", "last_stage_layers", "expert_tp"):
             value = getattr(self, name)
             if (not isinstance(value, numbers.Integral) or isinstance(value, bool)
                     or not 0 <= int(value) < 2**53):
-                raise SpecError(f"plan.{name} must be an integer in [0, 2**53), "
-                                f"got {value!r}")
-        # cross-field rules that read nothing but the plan, from the one table (the others
-        # read the model and cluster too: check_plan)
+                raise SpecError(f"plan.{name} must be an integer in [0, 2**53), got {value!r}")
+        # cross-field rules that read nothing but the plan, from the one table (the rest:
+        # check_plan)
         from costmodel.rules import check_own
 
         check_own(self)

@@ -20,7 +20,6 @@ line names the peak, the headroom and the knobs the difference paid for.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -29,6 +28,7 @@ from costmodel import Plan, StepEstimate, estimate, estimate_batch, rules
 from costmodel.rules import Switches
 from costmodel.specs import SCHEDULE_CODES, SCHEDULE_NAMES
 from search.evaluate import placements
+from search.planfile import plan_dict
 from search.planspec import SHORT, PlanSpecError, format_plan, parse_plan
 from search.prune import memory_stage
 from search.space import AXES, SearchSpace, exclusions, plan_columns, plan_from_row
@@ -123,7 +123,7 @@ def versus(specs: Specs, base: Plan, plan: Plan, label: str = "the best") -> dic
                f" recomputation {b['recompute_s']:.1f} s → {p['recompute_s']:.1f} s, MFU "
                f"{b['mfu']:.1%} → {p['mfu']:.1%}), communication {gain['communication']:+.1%} "
                f"(exposed {b['exposed_comm_s']:.2f} s → {p['exposed_comm_s']:.2f} s), {memory}")
-    return {"plan": dataclasses.asdict(plan), "plan_text": format_plan(plan), "label": label,
+    return {"plan": plan_dict(plan), "plan_text": format_plan(plan), "label": label,
             "baseline_figures": b, "figures": p, "gain": gain, "changes": changes,
             "memory": memory, "summary": summary}
 
@@ -150,7 +150,7 @@ def baseline_doc(specs: Specs, plan: Plan, origin: str, *, space: SearchSpace | 
     """The baseline's document: its plan, where it came from, whether the space holds it (and
     what excludes it), its figures, and ``best`` against it; ``lines`` says it in words."""
     e = estimate(specs.model, specs.cluster, plan, specs.training)
-    doc: dict[str, Any] = {"plan": dataclasses.asdict(plan), "plan_text": format_plan(plan),
+    doc: dict[str, Any] = {"plan": plan_dict(plan), "plan_text": format_plan(plan),
                            "origin": origin, "figures": figures(e, specs.headroom_gib)}
     if space is not None:
         doc["excluded_by"] = exclusions(space, plan)

@@ -10,7 +10,6 @@ after a kill samples exactly what an uninterrupted one would have.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import multiprocessing as mp
 import os
 import signal
@@ -25,6 +24,7 @@ from optuna.trial import TrialState
 
 from costmodel import PLAN_KEYS
 from search.evaluate import Evaluator
+from search.planfile import plan_dict
 from search.storage import SearchError, StorageSpec, quiet, signals_deferred
 
 MAX_FAILURES = 20  # trials failing in a row (a bug, not bad luck) before a worker gives up
@@ -83,7 +83,7 @@ def objective(ev: Evaluator, trial: optuna.trial.BaseTrial,
         unit, repaired = ev.nearest(params, seen)
         trial.set_user_attr("unit", unit)
     result = ev.evaluate(unit)
-    trial.set_user_attr("plan", dataclasses.asdict(result.plan))
+    trial.set_user_attr("plan", plan_dict(result.plan))
     trial.set_user_attr("metrics", result.metrics)
     trial.set_user_attr("search", {"repaired": repaired, "candidates": result.candidates})
     # <= 0 means the plan fits with the study's headroom (Optuna's constraint convention).
@@ -258,6 +258,8 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"number": t.number, "state": t.state.name.lower()}
         row.update({f"value_{k}": v for k, v in enumerate(t.values or [])})
         row.update({k: plan.get(k, "") for k in PLAN_KEYS})
+        # a plan's own selective modules joined by '+' ('': the training's; search.planspec)
+        row["recompute_modules"] = "+".join(plan.get("recompute_modules", ()))
         row.update(t.user_attrs.get("metrics", {}))
         row.update({f"constraint_{k}": v for k, v in t.constraints.items()})
         row.update(t.user_attrs.get("search", {}))

@@ -72,6 +72,8 @@ def _recompute_label(plan: dict[str, Any]) -> str:
     kind = plan["recompute"]
     if kind == "full" and plan["recompute_layers"]:
         return f"full×{plan['recompute_layers']}"
+    if kind == "selective" and plan.get("recompute_modules"):  # its own Megatron-Core modules
+        return f"sel({'+'.join(plan['recompute_modules'])})"
     return {"none": "-", "selective": "sel", "full": "full"}[kind]
 
 

@@ -21,6 +21,7 @@ from search.evaluate import Evaluation, Evaluator, Exhaustive
 from search.files import output_folder
 from search.misses import nearest_misses
 from search.output import write_outputs
+from search.planfile import plan_dict
 from search.presets import APPROXIMATIONS
 from search.prune import memory_stage
 from search.rescore import current_study, scoring
@@ -236,7 +237,7 @@ def optimum(ev: Evaluator, ex: Exhaustive, ostudy: optuna.Study | None) -> dict[
     found = running if running is not None else float("nan")
     regret = (1 - found / value) if maximize else (found / value - 1)
     return {"metric": ev.metric_names[0], "value": value, "evaluated": ex.count,
-            "plan": dataclasses.asdict(best.plan), "predicted": best.metrics,
+            "plan": plan_dict(best.plan), "predicted": best.metrics,
             "optuna_best": found, "regret": regret, "trials_to_99pct": reach}
 
 

@@ -51,9 +51,20 @@ class PlanFile:
                         **({"fabric": self.fabric} if self.fabric else {})},
             "model": dataclasses.asdict(self.model),
             "training": dataclasses.asdict(self.training),
-            "plan": dataclasses.asdict(self.plan),
+            "plan": plan_dict(self.plan),
             "predicted": dict(self.predicted),
         }
+
+
+def plan_dict(plan: Plan) -> dict[str, Any]:
+    """A plan's fields; its own selective modules only where it names some (else the
+    training's), so a file without them reads as before."""
+    out = dataclasses.asdict(plan)
+    if not plan.recompute_modules:
+        del out["recompute_modules"]
+    else:
+        out["recompute_modules"] = list(plan.recompute_modules)
+    return out
 
 
 def dump_plan_file(pf: PlanFile) -> str:

@@ -1,7 +1,8 @@
 """Plans written as text: ``"tp=8,pp=4,vpp=2,dp=32,mbs=1,recompute=selective,zero=1"``.
 
 Keys are the fields of :class:`costmodel.Plan`, with the short names people type (``mbs``,
-``zero``, ``sp``, ``schedule``). The one parser of this syntax: ``explain --plan``,
+``zero``, ``sp``, ``schedule``, ``modules``: Megatron-Core's selective modules joined by '+',
+``modules=core_attn+mlp``). The one parser of this syntax: ``explain --plan``,
 ``compare --base``, a study's ``baseline:`` and ``--baseline`` all read plans through it.
 """
 
@@ -17,7 +18,7 @@ from search.specs import Specs
 
 ALIASES: dict[str, str] = {"mbs": "micro_batch", "zero": "zero_stage", "sp": "sequence_parallel",
                            "schedule": "pp_schedule", "recompute_n": "recompute_layers",
-                           "etp": "expert_tp"}
+                           "etp": "expert_tp", "modules": "recompute_modules"}
 PLAN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Plan))
 CHOICES: dict[str, tuple[str, ...]] = {"recompute": ("none", "selective", "full"),
                                        "pp_schedule": ("1f1b", "interleaved", "gpipe")}
@@ -25,7 +26,8 @@ TRUE, FALSE = ("true", "yes", "on", "1", "y"), ("false", "no", "off", "0", "n")
 # The short form of a plan, in the order people read them.
 SHORT = (("tp", "tp"), ("pp", "pp"), ("vpp", "vpp"), ("dp", "dp"), ("cp", "cp"), ("ep", "ep"),
          ("expert_tp", "etp"),
-         ("micro_batch", "mbs"), ("recompute", "recompute"), ("recompute_layers", "recompute_n"),
+         ("micro_batch", "mbs"), ("recompute", "recompute"), ("recompute_modules", "modules"),
+         ("recompute_layers", "recompute_n"),
          ("zero_stage", "zero"), ("sequence_parallel", "sp"), ("pp_schedule", "schedule"),
          ("first_stage_layers", "first_stage_layers"), ("last_stage_layers", "last_stage_layers"))
 
@@ -45,6 +47,8 @@ def _value(key: str, raw: str) -> Any:
         if text not in TRUE + FALSE:
             raise PlanSpecError(f"plan: sequence_parallel must be true or false, but got {raw!r}")
         return text in TRUE
+    if key == "recompute_modules":  # checked by Plan (costmodel.recompute_modules.module_set)
+        return tuple(name.strip() for name in text.split("+"))
     try:
         return int(text)
     except ValueError:
@@ -114,5 +118,6 @@ def format_plan(plan: Plan) -> str:
     for name, short in SHORT:
         v = getattr(plan, name)
         if name in always or v != getattr(default, name):
-            parts.append(f"{short}={str(v).lower() if isinstance(v, bool) else v}")
+            shown = "+".join(v) if isinstance(v, tuple) else v
+            parts.append(f"{short}={str(v).lower() if isinstance(v, bool) else shown}")
     return ",".join(parts)

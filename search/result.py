@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from costmodel import Plan
+from search.planfile import plan_dict
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -18,7 +18,7 @@ class RankedPlan:
     source: str  # "trial 17" or "exhaustive"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"rank": self.rank, "plan": dataclasses.asdict(self.plan),
+        return {"rank": self.rank, "plan": plan_dict(self.plan),
                 "predicted": dict(self.predicted), "objective_values": list(self.values),
                 "source": self.source}
 

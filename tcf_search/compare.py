@@ -11,7 +11,6 @@ Exit codes: 0 compared, 2 bad input (one line on stderr).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,6 +22,7 @@ from rich.table import Table
 from costmodel import Plan, StepEstimate, estimate
 from costmodel.specs import SpecError
 from search.baseline import baseline_doc, baseline_of
+from search.planfile import plan_dict
 from search.space import build_space
 from search.specs import Specs, build_specs
 from search.study import load_study
@@ -98,7 +98,7 @@ def _row(label: str, plan: Plan, notes: list[str], specs: Specs, m0: dict[str, f
     m = measures(e)
     deltas = {k: {"value": m[k], "absolute": m[k] - m0[k], "relative": _relative(m[k], m0[k])}
               for k in m}
-    return {"technique": label, "plan": dataclasses.asdict(plan),
+    return {"technique": label, "plan": plan_dict(plan),
             "plan_text": format_plan(plan), "adjusted": notes,
             "fits": e.memory.fits, "binding": e.dominant_challenge,
             "deltas": deltas, "summary": _sentence(label, deltas)}
@@ -121,7 +121,7 @@ def compare(specs: Specs, base: Plan, techniques: list[str],
         rows.append(_row(text, plan, notes, specs, m0))
     doc = {"model": specs.model.name, "gpu": specs.cluster.gpu.id,
            "num_gpus": specs.cluster.num_gpus, "usable_gib": e0.memory.usable_bytes / GIB,
-           "base": {"plan": dataclasses.asdict(base), "plan_text": format_plan(base),
+           "base": {"plan": plan_dict(base), "plan_text": format_plan(base),
                     "fits": e0.memory.fits, "binding": e0.dominant_challenge, "values": m0},
            "techniques": rows}
     if baseline is not None:

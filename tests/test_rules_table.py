@@ -69,8 +69,11 @@ def grid() -> list[Plan]:
                           zero_stage=zero, sequence_parallel=sp, pp_schedule=sched,
                           first_stage_layers=first, last_stage_layers=last,
                           **full))  # type: ignore[arg-type]
-    # the experts' own TP (Megatron-Core's folding) on a share of them
-    return plans + [replace(p, expert_tp=e) for p in plans[::11] for e in (1, 2, 8)]
+    # the experts' own TP (Megatron-Core's folding) on a share of them, and a plan's own
+    # selective modules (moe_act runs on this MoE model; mla_up_proj needs MLA, which it has not)
+    return (plans + [replace(p, expert_tp=e) for p in plans[::11] for e in (1, 2, 8)]
+            + [replace(p, recompute="selective", recompute_modules=m) for p in plans[::13]
+               if p.recompute == "none" for m in (("moe_act",), ("mla_up_proj", "core_attn"))])
 
 
 def first_rule(message: str) -> str:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from costmodel import StepEstimate, Training, estimate
+from costmodel import Plan, StepEstimate, Training, estimate
 from hardware_catalog.frameworks import is_megatron_core
 from search.baseline import baseline_doc, baseline_of, step_breakdown
+from search.planfile import plan_dict
 from search.space import build_space
 from search.uncertainty import calibration_status, plan_regime, uncertainty_metrics
 from tcf_search.explain.neighbours import best_move, improves, neighbours
@@ -42,10 +43,13 @@ def _memory(e: StepEstimate) -> dict[str, Any]:
             "headroom_gib": -e.memory.slack_bytes / GIB, "stages": stages}
 
 
-def selective_label(tr: Training) -> str:
-    """What recompute=selective runs again under the plan's framework, in words."""
+def selective_label(tr: Training, plan: Plan | None = None) -> str:
+    """What recompute=selective runs again under the plan's framework, in words: under
+    Megatron-Core the plan's own modules where it names some, else the training's."""
     if tr.selective_recompute == "modules":
-        return "Megatron-Core modules " + ", ".join(tr.recompute_modules)
+        own = plan is not None and plan.recompute_modules
+        return (f"Megatron-Core modules {', '.join(own or tr.recompute_modules)}"
+                + (" (the plan's own)" if own else ""))
     if tr.selective_recompute == "every_other_mm":
         return "every elementwise op and every second GEMM (torchtitan's op policy)"
     return "the MLP's activation function"
@@ -146,8 +150,8 @@ def explain(subject: Subject) -> dict[str, Any]:
                     "gpus_per_node": s.cluster.gpus_per_node},
         "training": {"seq_len": s.training.seq_len, "global_batch": s.training.global_batch,
                      "precision": s.training.precision,
-                     "selective_recomputes": selective_label(s.training)},
-        "plan": dataclasses.asdict(plan), "plan_text": format_plan(plan),
+                     "selective_recomputes": selective_label(s.training, plan)},
+        "plan": plan_dict(plan), "plan_text": format_plan(plan),
         "memory": _memory(e), "compute": _compute(e), "communication": _communication(e),
         "step": {"step_time_s": e.step_time_s, "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
                  "tokens_per_step": e.tokens_per_step, "breakdown": breakdown},

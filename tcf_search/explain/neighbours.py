@@ -10,10 +10,11 @@ cluster alike), or, when nothing fits, least peak memory.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from costmodel import Plan, estimate_batch, plans_to_arrays
+from search.planfile import plan_dict
 from search.specs import Specs
 from tcf_search.explain.planspec import SHORT, PlanSpecError, apply_change
 
@@ -31,7 +32,7 @@ class Move:
     gain: float  # relative tokens/s change against the plan explained
 
     def to_dict(self) -> dict[str, Any]:
-        return {"change": self.change, "adjusted": list(self.notes), "plan": asdict(self.plan),
+        return {"change": self.change, "adjusted": list(self.notes), "plan": plan_dict(self.plan),
                 "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
                 "peak_mem_gib": self.peak_mem_gib, "fits": self.fits, "gain": self.gain}
 

@@ -83,6 +83,8 @@ REPAIRS: dict[str, tuple[Repair, ...]] = {
                           ("vpp", lambda v, s: 1, "no micro-batch count in groups of pp")),
     "recompute_chunks": (("recompute_layers", _recompute_per_chunk,
                           "--recompute-num-layers counts per model chunk"),),
+    "recompute_modules": (("recompute_modules", lambda v, s: (),
+                           "a plan's own modules need selective recompute under Megatron-Core"),),
     "cuda_graphs": (("recompute", lambda v, s: "selective",
                      "full recompute runs only under a full-iteration CUDA graph"),),
 }

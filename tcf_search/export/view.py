@@ -135,7 +135,9 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
         recompute=p.recompute, recompute_layers=p.recompute_layers,
         recompute_all=p.recompute == "full" and (p.recompute_layers == 0
                                                  or p.recompute_layers >= most),
-        recompute_modules=(t.recompute_modules if t.selective_recompute == "modules"
+        # the plan's own selective modules, else the training's (Megatron-Core's default unsaid)
+        recompute_modules=(p.recompute_modules if p.recompute_modules else
+                           t.recompute_modules if t.selective_recompute == "modules"
                            and t.recompute_modules != MEGATRON_DEFAULT else ()),
         sp=p.sequence_parallel, schedule=p.schedule, precision=t.precision,
         bf16_grads=t.precision in ("bf16", "fp8") and t.grad_dtype_bytes == 2,
@@ -150,7 +152,8 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
                                experts=m.moe_experts, seq_len=t.seq_len,
                                global_batch=t.global_batch, num_gpus=pf.num_gpus,
                                nvlink_domain=pf.gpus_per_node, switches=format_switches(fmt),
-                               mtp_layers=m.mtp_layers, **_moe_switches(fmt),
+                               mtp_layers=m.mtp_layers, mla=m.mla is not None,
+                               **_moe_switches(fmt),
                                **graph_facts(m, t)),
     )
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from costmodel import estimate
 from costmodel.errors import TcfError
-from search.planfile import PlanFile, load_plan_file
+from search.planfile import PlanFile, load_plan_file, plan_dict
 from search.specs import plan_file_specs
 from tcf_search.validate.agreement import Row, make_row, rank_agreement
 from tcf_search.validate.config import (
@@ -121,7 +121,7 @@ def run_memory_only(cfg: RunConfig, *, timeout_s: float, work_dir: Path) -> RunR
     request, out = work_dir / "memory_request.json", work_dir / "memory_result.json"
     out.unlink(missing_ok=True)
     request.write_text(json.dumps({"model": dataclasses.asdict(cfg.model),
-                                   "plan": dataclasses.asdict(cfg.plan),
+                                   "plan": plan_dict(cfg.plan),
                                    "training": dataclasses.asdict(cfg.training)}))
     start = time.monotonic()
     log_path = work_dir / "log-memory.txt"
