@@ -68,12 +68,17 @@ def write_outputs(result: StudyResult, specs: Specs, trial_rows: list[dict[str, 
 
 # ---- terminal ------------------------------------------------------------------------------
 
+# a plan's own selective modules, short enough for the table's column
+_MODULE_LABELS = {"core_attn": "attn", "moe_act": "moe_act", "layernorm": "norm",
+                  "mla_up_proj": "mla_up", "mlp": "mlp"}
+
+
 def _recompute_label(plan: dict[str, Any]) -> str:
     kind = plan["recompute"]
     if kind == "full" and plan["recompute_layers"]:
         return f"full×{plan['recompute_layers']}"
     if kind == "selective" and plan.get("recompute_modules"):  # its own Megatron-Core modules
-        return f"sel({'+'.join(plan['recompute_modules'])})"
+        return f"sel({'+'.join(_MODULE_LABELS[m] for m in plan['recompute_modules'])})"
     return {"none": "-", "selective": "sel", "full": "full"}[kind]
 
 

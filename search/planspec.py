@@ -47,8 +47,8 @@ def _value(key: str, raw: str) -> Any:
         if text not in TRUE + FALSE:
             raise PlanSpecError(f"plan: sequence_parallel must be true or false, but got {raw!r}")
         return text in TRUE
-    if key == "recompute_modules":  # checked by Plan (costmodel.recompute_modules.module_set)
-        return tuple(name.strip() for name in text.split("+"))
+    if key == "recompute_modules":  # checked by Plan; "training": none of its own
+        return () if text == "training" else tuple(name.strip() for name in text.split("+"))
     try:
         return int(text)
     except ValueError:

@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from costmodel.recompute_modules import MODELLED, module_set
 from hardware_catalog import load_fabrics
 from hardware_catalog.frameworks import EXPORT_FORMATS, frameworks
 from search.presets import preset_names
@@ -86,6 +87,22 @@ RecomputeAxis = Annotated[Auto | tuple[str, ...],
                           BeforeValidator(_domain(("none", "selective", "full"), str))]
 BoolAxis = Annotated[Auto | tuple[bool, ...], BeforeValidator(_domain((False, True), bool))]
 ScheduleAxis = Annotated[Auto | tuple[str, ...], BeforeValidator(_domain(("1f1b", "gpipe"), str))]
+
+
+def _module_sets(raw: Any) -> Any:
+    """Megatron-Core's selective module sets to search: null (the training's set, no axis),
+    ``auto`` or a non-empty list of sets, each a list of module names (normalised to
+    ``costmodel.recompute_modules.MODELLED`` order, each set once)."""
+    if raw is None or raw == "auto":
+        return raw
+    if not isinstance(raw, list) or not raw or not all(isinstance(m, list) for m in raw):
+        raise ValueError(f"must be auto or a non-empty list of lists of module names such as "
+                         f"[[core_attn], [core_attn, mlp]] (got {str(raw)[:60]!r})")
+    sets = [tuple(m for m in MODELLED if m in module_set(names, "a set")) for names in raw]
+    return tuple(dict.fromkeys(sets))
+
+
+ModulesAxis = Annotated[Auto | tuple[tuple[str, ...], ...] | None, BeforeValidator(_module_sets)]
 
 
 class MoeRouterSection(_Section):
@@ -289,6 +306,9 @@ class SearchSpaceSection(_Section):
     recompute: RecomputeAxis = "auto"
     sequence_parallel: BoolAxis = "auto"
     pp_schedule: ScheduleAxis = "auto"
+    # Megatron-Core's selective modules per plan (--recompute-modules): null, the training's set
+    # for every plan; auto, every set of the modules that free memory on the model
+    recompute_modules: ModulesAxis = None
     uneven_pipeline: Bool = True  # CP-SAT may give the first/last stage other layer counts
     partial_recompute: Bool = True  # CP-SAT picks how many layers per stage are recomputed
     tp_in_node: Bool = True  # keep TP inside one NVLink domain

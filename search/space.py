@@ -8,12 +8,15 @@ with the number of raw combinations it stood for. The same rules, evaluated on s
 :func:`violations`, which the tests use to check that no plan the search emits is invalid.
 
 Placement (first/last stage layers) and the number of fully recomputed layers are not axes: the
-CP-SAT stage (``search.prune``) decides them per layout.
+CP-SAT stage (``search.prune``) decides them per layout. ``recompute_modules`` (Megatron-Core's
+selective modules, a bitmask; 0: the training's set) is an axis only where the study searches it:
+otherwise its domain is (0,) and its rule, which 0 always keeps, is left out.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from math import prod
@@ -22,8 +25,10 @@ from typing import Any
 import numpy as np
 
 from costmodel import rules
+from costmodel.recompute_modules import mask_modules, module_mask
 from costmodel.rules import Facts, Switches
 from costmodel.specs import RECOMPUTE_CODES, SCHEDULE_NAMES, Plan
+from costmodel.terms import freeing_modules
 from search.specs import Specs
 from search.study import Study
 
@@ -31,7 +36,8 @@ Columns = dict[str, np.ndarray]
 
 # Binding order. tp and pp come first so that pruning can be attributed to (tp, pp) cells.
 AXES: tuple[str, ...] = ("tp", "pp", "cp", "dp", "ep", "expert_tp", "vpp", "micro_batch",
-                         "zero_stage", "sequence_parallel", "recompute", "pp_schedule")
+                         "zero_stage", "sequence_parallel", "recompute", "pp_schedule",
+                         "recompute_modules")
 DERIVED = "dp"  # dp = num_gpus / (tp * pp * cp), restricted by its domain
 RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
 # The axis holds 1f1b and gpipe (the cost model's codes); vpp > 1 makes a plan interleaved.
@@ -88,14 +94,27 @@ def _auto_domains(specs: Specs) -> dict[str, tuple[int, ...]]:
         "sequence_parallel": (0, 1),
         "recompute": (0, 1, 2),
         "pp_schedule": (0,),  # GPipe holds every micro-batch: never better than 1F1B here
+        # the training's set (0), and every other set of the modules that free memory here
+        "recompute_modules": (0, *sorted(module_mask(s) for s in _subsets(
+            freeing_modules(m, t)) if set(s) != set(t.recompute_modules))),
     }
 
 
-def _encode(axis: str, values: tuple[object, ...]) -> tuple[int, ...]:
+def _subsets(names: tuple[str, ...]) -> list[tuple[str, ...]]:
+    return [s for k in range(1, len(names) + 1) for s in itertools.combinations(names, k)]
+
+
+def _encode(axis: str, values: tuple[object, ...], training_modules: tuple[str, ...] = ()
+            ) -> tuple[int, ...]:
     if axis == "recompute":
         return tuple(RECOMPUTE_CODES[str(v)] for v in values)
     if axis == "pp_schedule":
         return tuple(SCHEDULE_CODES[str(v)] for v in values)
+    if axis == "recompute_modules":
+        # sets of names; the training's own, which plans without selective recompute carry and
+        # is always searched, is written 0
+        return (0, *(0 if set(m) == set(training_modules) else module_mask(m)  # type: ignore
+                     for m in values))
     return tuple(int(v) for v in values)  # type: ignore[call-overload]
 
 
@@ -105,7 +124,10 @@ def build_space(study: Study, specs: Specs) -> SearchSpace:
     domains: dict[str, tuple[int, ...]] = {}
     for axis in AXES:
         given = getattr(section, axis)
-        domains[axis] = auto[axis] if given == "auto" else tuple(sorted(_encode(axis, given)))
+        if given is None:  # recompute_modules unsearched: every plan the training's set
+            given = ((),)
+        domains[axis] = auto[axis] if given == "auto" else tuple(sorted(set(_encode(
+            axis, given, specs.training.recompute_modules))))
     sw = specs.switches
     facts = rules.facts_of(specs.model, specs.cluster, specs.training,
                            dataclasses.replace(sw, split_later=sw.uneven_pipeline))
@@ -142,7 +164,8 @@ def make_rules(s: SearchSpace) -> tuple[Rule, ...]:
     binds the axes they read (table order among rules bound together)."""
     f = space_facts(s)
     dp_ok = np.asarray(s.domains[DERIVED])
-    view = [_on_axes(r, f) for r in rules.RULES]
+    view = [_on_axes(r, f) for r in rules.RULES
+            if r.name != "recompute_modules" or s.domains["recompute_modules"] != (0,)]
     at = view.index(next(r for r in view if r.name == "world_size")) + 1
     view.insert(at, Rule("dp_domain", ("dp",), f"dp in {list(s.domains[DERIVED])}",
                          lambda c: np.isin(c["dp"], dp_ok)))
@@ -221,6 +244,8 @@ def decode(axis: str, code: int) -> Any:
         return SCHEDULE_NAMES[code]
     if axis == "sequence_parallel":
         return bool(code)
+    if axis == "recompute_modules":  # one categorical value per set
+        return "+".join(mask_modules(code)) or "training"
     return int(code)
 
 
@@ -234,7 +259,8 @@ def plan_from_row(row: Mapping[str, int]) -> Plan:
         pp_schedule=SCHEDULE_NAMES[int(rules.schedule_code(row["pp_schedule"], row["vpp"]))],
         first_stage_layers=row.get("first_stage_layers", 0),
         last_stage_layers=row.get("last_stage_layers", 0), expert_tp=row.get("expert_tp", 0),
-        recompute_layers=row.get("recompute_layers", 0))
+        recompute_layers=row.get("recompute_layers", 0),
+        recompute_modules=mask_modules(row.get("recompute_modules", 0)))
 
 
 def plan_columns(plan: Plan) -> dict[str, int]:

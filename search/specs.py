@@ -164,6 +164,9 @@ def build_specs(study: Study) -> Specs:
     model = build_model(study)
     if t.recompute_modules is not None:
         _check_modules(model, training, t.framework)
+    if (searched := study.search_space.recompute_modules) is not None:
+        _check_modules(model, training, t.framework, "search_space.recompute_modules",
+                       () if searched == "auto" else searched)
     for field in ("grad_reduce_in_bf16", "fp8_param_gather"):
         if getattr(t, field) is not None and not is_megatron_core(t.framework):
             raise StudyError(f"training.{field}: " + _not_megatron_core(
@@ -189,16 +192,17 @@ def _not_megatron_core(flag: str, framework: str) -> str:
             "does not take")
 
 
-def _check_modules(model: ModelSpec, training: Training, framework: str) -> None:
-    """A study's recompute_modules: Megatron-Core's, so a profile whose selective recompute is
-    by module, and modules Megatron-Core's TransformerConfig accepts on the model."""
+def _check_modules(model: ModelSpec, training: Training, framework: str,
+                   where: str = "training.recompute_modules",
+                   sets: tuple[tuple[str, ...], ...] | None = None) -> None:
+    """A study's recompute_modules (``where``; the searched ``sets``, default the training's):
+    Megatron-Core's, so a profile whose selective recompute is by module, and modules
+    Megatron-Core's TransformerConfig accepts on the model."""
     if not is_megatron_core(framework) or training.selective_recompute != "modules":
-        raise StudyError("training.recompute_modules: "
-                         + _not_megatron_core("--recompute-modules", framework))
-    why = module_conflict(training.recompute_modules, mla=model.mla is not None,
-                          moe=model.is_moe)
-    if why:
-        raise StudyError(f"training.recompute_modules: {why}")
+        raise StudyError(f"{where}: " + _not_megatron_core("--recompute-modules", framework))
+    for modules in (training.recompute_modules,) if sets is None else sets:
+        if why := module_conflict(modules, mla=model.mla is not None, moe=model.is_moe):
+            raise StudyError(f"{where}: {why}")
 
 
 def plan_file_specs(pf: PlanFile, gpu: GpuSpec | None = None) -> Specs:

@@ -68,6 +68,24 @@ def test_deepseek_v3_recompute_modules_read_back() -> None:
     assert list(cfg.recompute_modules) == ["layernorm", "mla_up_proj"]
 
 
+def test_a_plans_own_modules_are_exported_and_read_back() -> None:
+    """A plan naming its own set (the search's recompute_modules axis) under a training that
+    keeps Megatron-Core's default: Megatron-LM's --recompute-modules and NeMo's
+    model.recompute_modules carry the plan's, which MLATransformerConfig accepts."""
+    pf = deepseek()
+    assert pf.training.recompute_modules == ("core_attn",)
+    pf = dataclasses.replace(pf, plan=dataclasses.replace(
+        pf.plan, recompute="selective", recompute_modules=("layernorm", "mla_up_proj")))
+    files = render("megatron", pf)
+    modules = flag_values(files["megatron.sh"], "pretrain_gpt.py", "--recompute-modules")
+    assert modules == ["layernorm", "mla_up_proj"]
+    cfg, _ = megatron_mla_config(files, recompute_modules=modules, moe_grouped_gemm=True)
+    assert (cfg.recompute_granularity, list(cfg.recompute_modules)) == (
+        "selective", ["layernorm", "mla_up_proj"])
+    nemo = nemo_model_config(render("nemo", pf))
+    assert list(nemo.recompute_modules) == ["layernorm", "mla_up_proj"]
+
+
 def test_deepseek_v3_megatron_reads_back_mla() -> None:
     pf = deepseek()
     cfg, flags = megatron_mla_config(render("megatron", pf))

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from costmodel import Plan, StepEstimate, Training, estimate
+from costmodel.recompute_modules import mask_modules
 from hardware_catalog.frameworks import is_megatron_core
 from search.baseline import baseline_doc, baseline_of, step_breakdown
 from search.planfile import plan_dict
@@ -121,11 +122,21 @@ def numerics(subject: Subject, e: StepEstimate) -> list[dict[str, Any]]:
     return out
 
 
+def module_sets(subject: Subject) -> tuple[tuple[str, ...], ...]:
+    """The selective module sets the study's space searches (() the training's); none where it
+    does not search them."""
+    study = subject.study
+    if study is None or study.search_space.recompute_modules is None:
+        return ()
+    domain = build_space(study, subject.specs).domains["recompute_modules"]
+    return tuple(mask_modules(mask) for mask in domain)
+
+
 def explain(subject: Subject) -> dict[str, Any]:
     """The explanation document of one plan."""
     s, plan = subject.specs, subject.plan
     e = estimate(s.model, s.cluster, plan, s.training)
-    moves = neighbours(plan, s, e.tokens_per_s_per_gpu)
+    moves = neighbours(plan, s, e.tokens_per_s_per_gpu, module_sets(subject))
     best = best_move(moves)
     better = improves(best, e.memory.fits, e.tokens_per_s_per_gpu)
     binding = e.dominant_challenge

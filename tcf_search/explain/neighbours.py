@@ -44,8 +44,10 @@ def _scaled(value: int, *, up: int | None = None) -> list[int]:
     return [v for v in out if up is None or v <= up]
 
 
-def candidate_changes(plan: Plan, specs: Specs) -> list[dict[str, Any]]:
-    """One-knob changes worth trying (some turn out invalid; :func:`neighbours` drops those)."""
+def candidate_changes(plan: Plan, specs: Specs,
+                      module_sets: tuple[tuple[str, ...], ...] = ()) -> list[dict[str, Any]]:
+    """One-knob changes worth trying (some turn out invalid; :func:`neighbours` drops those);
+    ``module_sets``: the selective module sets the study searches (() the training's)."""
     n = specs.cluster.num_gpus
     out: list[dict[str, Any]] = []
     for knob in ("tp", "pp", "cp"):
@@ -57,6 +59,8 @@ def candidate_changes(plan: Plan, specs: Specs) -> list[dict[str, Any]]:
     out += [{"recompute": r} for r in ("none", "selective", "full") if r != plan.recompute]
     if plan.recompute == "full" and plan.recompute_layers:
         out.append({"recompute_layers": 0})
+    if plan.recompute == "selective":
+        out += [{"recompute_modules": m} for m in module_sets if m != plan.recompute_modules]
     if plan.pp > 1:
         out += [{"vpp": v} for v in _scaled(plan.vpp)]
         if plan.first_stage_layers or plan.last_stage_layers:
@@ -70,15 +74,22 @@ def describe(change: dict[str, Any]) -> str:
     if set(change) == {"first_stage_layers", "last_stage_layers"}:
         return "even stage split"
     short = dict(SHORT)
-    return ",".join(f"{short.get(k, k)}={str(v).lower() if isinstance(v, bool) else v}"
-                    for k, v in change.items())
+    return ",".join(f"{short.get(k, k)}={_shown(v)}" for k, v in change.items())
 
 
-def neighbours(plan: Plan, specs: Specs, base_tokens_per_s: float) -> list[Move]:
+def _shown(value: Any) -> str:
+    """A value as the plan syntax writes it (a module set joined by '+', () the training's)."""
+    if isinstance(value, tuple):
+        return "+".join(value) or "training"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def neighbours(plan: Plan, specs: Specs, base_tokens_per_s: float,
+               module_sets: tuple[tuple[str, ...], ...] = ()) -> list[Move]:
     """Every valid one-knob neighbour of ``plan``, best first."""
     made: list[tuple[str, Plan, list[str]]] = []
     seen = {plan}
-    for change in candidate_changes(plan, specs):
+    for change in candidate_changes(plan, specs, module_sets):
         try:
             moved, notes = apply_change(plan, change, specs)
         except PlanSpecError:
