@@ -257,7 +257,9 @@ def space(specs: Specs) -> SearchSpace:
 def test_check_plan_space_explain_and_export_agree(plan: Plan, specs: Specs,
                                                    space: SearchSpace) -> None:
     verdict = check_verdict(plan, specs, specs.switches)
-    broken = [v.split(":")[0] for v in violations(space, plan) if not v.startswith("dp")]
+    # the rules broken, not the domains: dp is derived, and this space searches no module sets
+    broken = [v.split(":")[0] for v in violations(space, plan)
+              if not v.startswith(("dp", "recompute_modules="))]
     assert (broken[0] if broken else "ok") == verdict
     try:
         parse_plan(format_plan(plan), specs)
