@@ -22,7 +22,7 @@ from numpy.typing import ArrayLike
 
 from costmodel.graphs import graphs_allowed
 from costmodel.mapping import chunk_split_exists, expert_groups, launchable_chunks, rank_split
-from costmodel.recompute_modules import BITS, MLA_UP_PROJ, MOE_ACT, module_mask
+from costmodel.recompute_modules import BITS, MLA_UP_PROJ, MOE_ACT, mask_modules, module_mask
 from costmodel.rule_facts import Facts, Switches, facts_of
 from costmodel.specs import (
     RECOMPUTE_CODES,
@@ -61,10 +61,18 @@ class Rule:
     holds: Callable[[Columns, Facts], np.ndarray]
 
     def message(self, cols: Columns, f: Facts, row: int = 0) -> str:
-        values = [f"{k}={int(np.asarray(cols[k]).reshape(-1)[row])}" for k in self.reads]
+        values = [f"{k}={_shown(k, int(np.asarray(cols[k]).reshape(-1)[row]))}"
+                  for k in self.reads]
         known = f.values()
         values += [f"{k}={known[k]}" for k in self.facts]
         return f"{self.name}: {self.text} must hold, but got {', '.join(values)}"
+
+
+def _shown(column: str, value: int) -> str:
+    """A plan column as a refusal quotes it: a module set (a bitmask here) by its names."""
+    if column == "recompute_modules":
+        return "+".join(mask_modules(value)) or "the training's"
+    return str(value)
 
 
 def _pipeline_split(c: Columns, f: Facts) -> np.ndarray:
@@ -231,10 +239,9 @@ RULES: tuple[Rule, ...] = (
          _framework_recompute),
     Rule("recompute_modules", ("recompute_modules", "recompute"),
          ("selective_recompute", "mla", "experts"),
-         "recompute_modules == 0 (the training's set), or recompute == 1 (selective) under "
+         "recompute_modules is the training's set, or recompute == 1 (selective) under "
          "selective_recompute == modules (Megatron-Core's), with mla_up_proj only where mla and "
-         "moe_act only where experts > 0 (recompute_modules is a bitmask: "
-         + ", ".join(f"{name} {bit}" for name, bit in BITS.items()) + ")",
+         "moe_act only where experts > 0",
          _recompute_modules),
     # a framework that builds no multi-token prediction module cannot run a model with one
     Rule("mtp", ("pp",), ("mtp_layers", "multi_token_prediction"),

@@ -93,9 +93,10 @@ def _fields(plan: Plan) -> dict[str, object]:
 
 @pytest.mark.parametrize(("model", "plan", "framework", "match"), [
     ("llama3-8b", Plan(dp=8, recompute="full", recompute_modules=("core_attn",)), "megatron",
-     "recompute_modules: recompute_modules == 0"),
+     "recompute_modules: recompute_modules is the training's set, or .* but got "
+     "recompute_modules=core_attn, recompute=2"),
     ("llama3-8b", Plan(dp=8, recompute="selective", recompute_modules=("mla_up_proj",)),
-     "megatron", r"recompute_modules: .* but got recompute_modules=8, recompute=1, "
+     "megatron", r"recompute_modules: .* but got recompute_modules=mla_up_proj, recompute=1, "
                  r"selective_recompute=modules, mla=False"),
     ("llama3-8b", Plan(dp=8, recompute="selective", recompute_modules=("moe_act",)), "nemo",
      "experts=0"),
