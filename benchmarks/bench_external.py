@@ -5,7 +5,8 @@
 Nothing here is fitted: the model's parameters come from
 ``python -m tcf_search.calibration.fit`` on the measured file alone. These rows check how the
 model carries over to scales and schedules the file does not have (16k GPUs, interleaved 1F1B,
-context parallel at 128k tokens).
+context parallel at 128k tokens and, in NeMo's long-sequence table, up to 1M tokens on CP 32:
+``long_sequence.py``).
 
 Llama 3 405B, Dubey et al. (2024), "The Llama 3 Herd of Models", Table 4: BF16 on H100 SXM
 80 GB, 126 layers with one fewer on the first and the last pipeline stage, TP8 x PP16, global
@@ -88,6 +89,7 @@ from bridge_recipes import (  # noqa: E402
     recompute_modes,
     recompute_switches,
 )
+from long_sequence import long_sequence_table  # noqa: E402
 from published_runs import (  # noqa: E402
     AUTOMODEL,
     BRIDGE,
@@ -369,6 +371,7 @@ def main() -> int:
               f"absolute error on {len(moe)}; {sum(kept) / len(kept):.1%} on the {len(kept)} "
               f"that are not an acknowledged regression ({DAGGER})")
     torchtitan_table()
+    long_sequence_table()
     return 0
 
 

@@ -153,3 +153,24 @@ AUTOMODEL = (
     ("deepseek-v3", 256, 512, 1, 4, 8, 64, 16, 15, 1002.0),
     ("deepseek-v3", 1024, 8192, 1, 4, 8, 64, 16, 15, 865.0),
 )
+
+# NeMo's long-sequence table (NVIDIA/NeMo, docs/source/performance/performance_long_sequence.md,
+# added in 5b47a94c, 2024-10-18): Llama 2 7B in FP8 on DGX-H100, container NeMo 24.03.01, one
+# GPU per 1k tokens of sequence, with the context-parallel layout of each length ("With CP":
+# TP, PP, DP, CP) and model TFLOP/s per GPU. The TFLOP/s follow NeMo's Llama 2 formula of the
+# time (nemo/utils/flops_formulas.py llama2, e.g. at f0bf77bc; its attention term counted the
+# whole s x s scores until 6251117f, 2025-08-09, halved them for causal masks), which the bench
+# inverts to tokens/s. The page's B200 table (Llama 3 8B, NeMo 25.04) is left out: its layouts
+# multiply to a quarter of its GPU counts on every row. (seq in k tokens, GPUs, global batch,
+# tp, pp, dp, cp, published model TFLOP/s per GPU)
+NEMO_LONG_SEQUENCE = (
+    (4, 4, 1024, 1, 1, 4, 1, 768.0),
+    (8, 8, 512, 1, 2, 4, 1, 730.0),
+    (16, 16, 256, 2, 1, 8, 1, 660.0),
+    (32, 32, 128, 2, 1, 8, 2, 610.0),
+    (64, 64, 64, 4, 1, 8, 2, 574.0),
+    (128, 128, 32, 4, 1, 8, 4, 555.0),
+    (256, 256, 16, 4, 1, 8, 8, 549.0),
+    (512, 512, 8, 8, 1, 4, 16, 549.0),
+    (1024, 1024, 4, 8, 1, 4, 32, 536.0),
+)
