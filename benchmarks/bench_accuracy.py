@@ -25,7 +25,8 @@ from tcf_search.calibration.accuracy import report  # noqa: E402
 from tcf_search.calibration.dataset import find_measured_csv, load_groups, predict_groups  # noqa: E402
 from tcf_search.calibration.fit import split_mask  # noqa: E402
 from tcf_search.calibration.predict import predict_csv  # noqa: E402
-from tcf_search.calibration.uncertainty import coverage  # noqa: E402
+from tcf_search.calibration.ranking import ranking_table, two_fold_check  # noqa: E402
+from tcf_search.calibration.uncertainty import coverage, half_of, tput_rows  # noqa: E402
 
 BARS = {
     "oom_accuracy": (">=", 0.95), "false_fits": ("<=", 0.03), "mem_mape": ("<=", 0.12),
@@ -51,7 +52,11 @@ def main() -> int:
     eval_s = time.perf_counter() - t0
     held = split_mask(frame)
     out = {"held_out": report(frame, pred, held), "all": report(frame, pred),
-           "eval_s": eval_s, "interval_coverage": coverage(frame, pred, held)}
+           "eval_s": eval_s, "interval_coverage": coverage(frame, pred, held),
+           "ranking": ranking_table(frame, pred["tokens_per_s_per_gpu"],
+                                    held & tput_rows(frame, pred)),
+           "ranking_check": two_fold_check(frame, pred["tokens_per_s_per_gpu"],
+                                           held & tput_rows(frame, pred), half_of(frame))}
     t0 = time.perf_counter()
     predict_csv(csv, Path("/tmp/tcf_bench_predict.csv"))
     out["predict_cli_s"] = time.perf_counter() - t0
@@ -73,6 +78,14 @@ def main() -> int:
           "coarser regime); by regime (rows, groups): "
           + ", ".join(f"{k} {v['within']:.0%} of {v['rows']}, {v['within_groups']:.0%} of "
                       f"{v['groups']}" for k, v in cov["by_regime"].items()))
+    rk = out["ranking"]
+    edges = [f"{e:.0%}" for e in rk["gap_edges"]]
+    print("held-out pairs of one group ordered right, by predicted gap: " + ", ".join(
+        f"{a}-{b} {p:.0%} ({n} pairs)" for a, b, p, n in zip(
+            edges, [*edges[1:], "inf"], rk["p_right"], rk["pairs"], strict=True)))
+    print("two-fold (one half's table on the other half's pairs), P given / share right by bin: "
+          + ", ".join(f"{edges[c['bin']]}+ {c['p']:.0%}/{c['right']:.0%}"
+                      for c in out["ranking_check"]))
     print(f"model over {len(frame)} rows: {out['eval_s']:.2f} s vectorised; "
           f"tcf-search predict (with knob search): {out['predict_cli_s']:.1f} s")
     return 0

@@ -89,6 +89,7 @@ def _stages_label(plan: dict[str, Any]) -> str:
 
 
 # Objectives whose value no other column shows: (column, metrics key, format).
+RANKING_SURE = 0.8  # the confidence at which the run's ranking line names a plan #1 beats
 OBJECTIVE_COLUMNS = {"time_to_train": ("days", "time_to_train_days", "{:,.2f}"),
                      "cost": ("cost $", "cost_usd", "{:,.0f}")}
 
@@ -123,6 +124,24 @@ def interval_text(m: dict[str, Any]) -> str:
         if m.get("interval_note"):
             text += f" ({m['interval_note']})"
     return text
+
+
+def ranking_line(ranking: dict[str, Any], sure: float = RANKING_SURE) -> str:
+    """How surely #1 beats #2, and the first plan it beats with ``sure`` confidence."""
+    vs = ranking.get("vs_best") or []
+    if not vs:
+        return ""
+    first = vs[0]
+    line = (f"ranking: #1 is predicted {first['tokens_per_s_gap']:+.1%} over #2, and really "
+            f"faster with P {first['p_best_faster']:.0%}")
+    beaten = next((r for r in vs if r["p_best_faster"] >= sure), None)
+    if beaten is None:
+        line += f"; none of the {len(vs) + 1} shown is below #1 with P >= {sure:.0%}"
+    elif beaten is not first:
+        line += (f"; the first it beats with P >= {sure:.0%} is #{beaten['rank']} "
+                 f"({beaten['tokens_per_s_gap']:+.1%})")
+    return line + (" (P: the share of held-out pairs of runs with that predicted gap the model "
+                   "ordered right)")
 
 
 def render(result: StudyResult, console: Console) -> None:
@@ -169,6 +188,8 @@ def render(result: StudyResult, console: Console) -> None:
             f"{m['step_time_s']:.2f}", f"{m['peak_mem_gib']:.1f}/{m['usable_mem_gib']:.1f}",
             m["dominant_challenge"])
     console.print(table)
+    if line := ranking_line(result.ranking):
+        console.print(line, markup=False, soft_wrap=True)
     if result.optimum is not None:
         o = result.optimum
         reach = o.get("trials_to_99pct")

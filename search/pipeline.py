@@ -30,7 +30,7 @@ from search.space import Layouts, SearchSpace, build_space, enumerate_layouts
 from search.specs import Specs, build_specs
 from search.storage import STORAGE_FILE, StorageSpec, open_study, recover, unlock_journal
 from search.study import ExportSection, Study
-from search.uncertainty import calibration_status
+from search.uncertainty import calibration_status, ranking_resolution
 
 ExportHook = Callable[[Path, ExportSection], Any]
 Progress = Callable[[str, int, int], None]  # (task, done, total)
@@ -98,7 +98,8 @@ def summarize(study: Study, ev: Evaluator, layouts: Layouts, top: list[RankedPla
                    "partial_recompute_in_top": sum(bool(p.plan.recompute_layers) for p in top)},
         elapsed_s=elapsed_s, output_dir=str(out_dir),
         optimum=optimum(ev, exhaustive, ostudy) if exhaustive else None,
-        notes=notes(study, ev), calibration=calibration_status(specs.cluster))
+        notes=notes(study, ev), calibration=calibration_status(specs.cluster),
+        ranking=ranking_resolution([r.predicted["tokens_per_s_per_gpu"] for r in top]))
 
 
 def fingerprints(study: Study, specs: Specs, space: SearchSpace) -> tuple[str, str]:

@@ -50,6 +50,8 @@ class StudyResult:
     calibration: dict[str, Any] = field(default_factory=dict)
     # the user's recipe beside the best (search.baseline.baseline_doc), when one is given
     baseline: dict[str, Any] | None = None
+    # how surely #1 beats the others (search.uncertainty.ranking_resolution); {} without data
+    ranking: dict[str, Any] = field(default_factory=dict)
 
     @property
     def best(self) -> RankedPlan | None:
@@ -82,4 +84,6 @@ class StudyResult:
             doc["optimum"] = self.optimum
         if self.baseline is not None:
             doc["baseline"] = self.baseline
+        if self.ranking:
+            doc["ranking"] = self.ranking
         return doc

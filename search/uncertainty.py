@@ -11,7 +11,7 @@ quantile), the next coarser one answers, and the answer says so ("borrowed from 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -42,6 +42,7 @@ def regime_keys(family: str, precision: str, kind: str, scale: str) -> list[str]
 class Uncertainty:
     throughput: dict[str, dict[str, Any]]  # regime key -> {n, groups, q: bounds at LEVELS}
     memory: dict[str, Any]  # {n, groups, q}
+    ranking: dict[str, Any] = field(default_factory=dict)  # {gap_edges, p_right, pairs, groups}
 
     def quantiles(self, family: str, precision: str, kind: str, scale: str, *,
                   at: tuple[float, ...] = INTERVAL) -> tuple[list[float], str]:
@@ -58,7 +59,8 @@ class Uncertainty:
 def load_uncertainty() -> Uncertainty:
     doc = yaml.safe_load(UNCERTAINTY_FILE.read_text()) if UNCERTAINTY_FILE.exists() else {}
     doc = doc or {}
-    return Uncertainty(throughput=doc.get("throughput") or {}, memory=doc.get("memory") or {})
+    return Uncertainty(throughput=doc.get("throughput") or {}, memory=doc.get("memory") or {},
+                       ranking=doc.get("ranking") or {})
 
 
 def plan_regime(model: ModelSpec, cluster: ClusterSpec, tr: Training) -> tuple[str, ...]:
@@ -109,6 +111,40 @@ def uncertainty_metrics(m: dict[str, Any], regime: tuple[str, ...],
     if risk is not None:
         out["tokens_per_s_at_risk"] = interval(m["tokens_per_s_per_gpu"], regime, risk, risk)[0]
     return out
+
+
+def p_best_faster(best_tokens: float, other_tokens: float,
+                  unc: Uncertainty | None = None) -> float | None:
+    """Probability that the plan predicted at ``best_tokens`` tokens/s really runs faster than
+    one of the same study predicted at ``other_tokens``: the share of held-out pairs of runs
+    with this predicted gap that the model ordered right (``tcf_search.calibration.ranking``);
+    None without that data."""
+    r = (unc or load_uncertainty()).ranking
+    if not r.get("p_right") or best_tokens <= 0 or other_tokens <= 0:
+        return None
+    gap = float(np.log(best_tokens / other_tokens))
+    i = int(np.searchsorted(np.asarray(r["gap_edges"]), abs(gap), side="right")) - 1
+    p = float(r["p_right"][max(i, 0)])
+    return p if gap >= 0 else 1.0 - p
+
+
+def ranking_resolution(tokens: list[float], unc: Uncertainty | None = None) -> dict[str, Any]:
+    """For a ranked list's predicted tokens/s: each later plan's predicted gap to the first and
+    the probability that the first really runs faster (``p_best_faster``)."""
+    unc = unc or load_uncertainty()
+    r = unc.ranking
+    rows = []
+    for rank, tok in enumerate(tokens[1:], start=2):
+        p = p_best_faster(tokens[0], tok, unc)
+        if p is not None:
+            rows.append({"rank": rank, "tokens_per_s_gap": tokens[0] / tok - 1.0,
+                         "p_best_faster": p})
+    if not rows:
+        return {}
+    return {"vs_best": rows, "pairs": int(sum(r.get("pairs", []))),
+            "groups_per_bin": list(r.get("groups", [])),
+            "basis": "held-out pairs of measured runs of one model on one cluster, binned by "
+                     "their predicted gap: the share the model ordered right"}
 
 
 def calibration_status(cluster: ClusterSpec) -> dict[str, Any]:

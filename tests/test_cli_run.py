@@ -37,6 +37,12 @@ def test_json_document_and_result_folder(tmp_path: Path, capsys: pytest.CaptureF
     assert doc["best"] == doc["top"][0] and doc["best"]["rank"] == 1
     assert doc["optimum"]["regret"] == pytest.approx(0.0, abs=1e-12)  # every unit was judged
     assert json.loads((tmp_path / "result.json").read_text()) == doc
+    # how surely #1 beats each later plan, from the shipped held-out pairs
+    vs = doc["ranking"]["vs_best"]
+    assert [r["rank"] for r in vs] == [t["rank"] for t in doc["top"][1:]]
+    tops = [t["predicted"]["tokens_per_s_per_gpu"] for t in doc["top"]]
+    assert vs[0]["tokens_per_s_gap"] == pytest.approx(tops[0] / tops[1] - 1.0)
+    assert all(0.0 <= r["p_best_faster"] <= 1.0 for r in vs)
 
     best = load_plan_file(tmp_path / "best_plan.yaml")
     assert best.rank == 1 and best.gpu == "cpu-local" and best.num_gpus == 2

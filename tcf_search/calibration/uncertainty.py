@@ -6,7 +6,8 @@ uncertainty``, on the calibration as written, without fitting) writes
 rows of held-out sweep groups, per regime (SKU family / precision / dense or MoE / scale) and for
 each coarser regime a sparse one falls back to; for memory, the quantiles of log(measured /
 predicted) peak memory (Playbook ``max_memory_reserved``, the only measured peaks).
-``search.uncertainty`` reads it.
+Beside them, ``ranking``: how often the model orders two runs of one group right, by their
+predicted gap (``tcf_search.calibration.ranking``). ``search.uncertainty`` reads it all.
 
 The unit of the data is the sweep group, (model, GPU count): its rows share a model, a cluster and
 the model's error on them, and a plan asked about later belongs to a group the fit has not seen.
@@ -37,6 +38,7 @@ import yaml
 from search.uncertainty import INTERVAL, LEVELS, regime_keys, scale_of
 from tcf_search.calibration.accuracy import regime, throughput_rows
 from tcf_search.calibration.dataset import group_of, weigh_alike
+from tcf_search.calibration.ranking import ranking_table
 
 GIB = 2**30
 TOL = 1e-9  # weights are sums of 1/N: compare them with room for rounding
@@ -118,7 +120,8 @@ def memory_table(frame: pd.DataFrame, pred: dict[str, np.ndarray],
                     "on rank 0; every other regime borrows them, unvalidated"}
 
 
-def _half(frame: pd.DataFrame) -> pd.Series:
+def half_of(frame: pd.DataFrame) -> pd.Series:
+    """The two halves of the held-out groups the checks judge each other by (stable hash)."""
     return group_of(frame).map(lambda k: zlib.crc32(("half|" + k).encode()) % 2 == 0).astype(bool)
 
 
@@ -137,7 +140,7 @@ def coverage(frame: pd.DataFrame, pred: dict[str, np.ndarray], held: pd.Series,
     ``hi - lo`` or beyond); ``borrowed`` is the share of rows a coarser regime bounded."""
     from search.uncertainty import Uncertainty
 
-    half = _half(frame)
+    half = half_of(frame)
     inside = pd.Series(np.nan, index=frame.index)
     borrowed = pd.Series(np.nan, index=frame.index)
     for a in (True, False):
@@ -165,6 +168,8 @@ def write_uncertainty(path: Path, frame: pd.DataFrame, pred: dict[str, np.ndarra
     doc = {"levels": [round(x, 2) for x in LEVELS],
            "throughput": throughput_table(frame, pred, held),
            "memory": memory_table(frame, pred, held),
+           "ranking": ranking_table(frame, pred["tokens_per_s_per_gpu"],
+                                    held & tput_rows(frame, pred)),
            "coverage": coverage(frame, pred, held)}
     path.write_text("# Written by `python -m tcf_search.calibration.fit --write` or\n# `python -m "
                     "tcf_search.calibration.uncertainty`; do not edit by hand.\n# Bounds on "

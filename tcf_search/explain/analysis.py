@@ -16,7 +16,12 @@ from hardware_catalog.frameworks import is_megatron_core
 from search.baseline import baseline_doc, baseline_of, step_breakdown
 from search.planfile import plan_dict
 from search.space import build_space
-from search.uncertainty import calibration_status, plan_regime, uncertainty_metrics
+from search.uncertainty import (
+    calibration_status,
+    p_best_faster,
+    plan_regime,
+    uncertainty_metrics,
+)
 from tcf_search.explain.neighbours import best_move, improves, neighbours
 from tcf_search.explain.planspec import format_plan
 from tcf_search.explain.source import Subject
@@ -150,6 +155,8 @@ def explain(subject: Subject) -> dict[str, Any]:
                   f"does not fit")
     elif better:
         advice = f"{best.change}: tokens/s {best.gain:+.1%}"
+        if (p := p_best_faster(best.tokens_per_s_per_gpu, e.tokens_per_s_per_gpu)) is not None:
+            advice += f", really faster with P {p:.0%} (held-out pairs this close)"
     else:
         cost = "ties it" if abs(best.gain) < 5e-4 else f"costs {best.gain:+.1%} tokens/s"
         advice = (f"none improves it — a local optimum; the closest, {best.change}, {cost}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from search.output import ranking_line
 from tcf_search.report.data import ResultData
 
 CSS = """
@@ -112,6 +113,8 @@ def page(data: ResultData, figures: dict[str, str], explain_html: str | None,
     parts += [f"<p class=note>{_esc(n)}</p>" for n in [*r.get("notes", []), *notes]]
     if data.top:
         parts += ["<h2>Top plans</h2>", _top_table(data)]
+        if line := ranking_line(r.get("ranking") or {}):
+            parts.append(f"<p class=sub id=ranking>{_esc(line)}</p>")
     else:
         misses = "".join(f"<li>{_esc(m.get('reason', m))}</li>" for m in r.get("near_misses", []))
         parts += ["<h2>No layout fits</h2>", f"<ul>{misses}</ul>"]
