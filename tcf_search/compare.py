@@ -26,6 +26,7 @@ from search.planfile import plan_dict
 from search.space import build_space
 from search.specs import Specs, build_specs
 from search.study import load_study
+from search.uncertainty import p_best_faster
 from tcf_search.errors import user_errors
 from tcf_search.explain.planspec import (
     PlanSpecError,
@@ -98,10 +99,15 @@ def _row(label: str, plan: Plan, notes: list[str], specs: Specs, m0: dict[str, f
     m = measures(e)
     deltas = {k: {"value": m[k], "absolute": m[k] - m0[k], "relative": _relative(m[k], m0[k])}
               for k in m}
+    # how surely the technique is really faster than the base (held-out pairs this close)
+    p = p_best_faster(m["tokens_per_s_per_gpu"], m0["tokens_per_s_per_gpu"])
+    summary = _sentence(label, deltas)
+    if p is not None and m["tokens_per_s_per_gpu"] != m0["tokens_per_s_per_gpu"]:
+        summary += f" (really faster with P {p:.0%})"
     return {"technique": label, "plan": plan_dict(plan),
             "plan_text": format_plan(plan), "adjusted": notes,
             "fits": e.memory.fits, "binding": e.dominant_challenge,
-            "deltas": deltas, "summary": _sentence(label, deltas)}
+            "deltas": deltas, "p_faster": p, "summary": summary}
 
 
 def compare(specs: Specs, base: Plan, techniques: list[str],
