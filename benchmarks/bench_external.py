@@ -81,6 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bridge_recipes import (  # noqa: E402
     DAGGER,
     MEGATRON_FP8_RECIPE,
+    RECIPE_OFFLOAD,
     graph_switches,
     moe_label,
     moe_switches,
@@ -175,7 +176,10 @@ def megatron_bridge_table() -> tuple[list[float], list[float]]:
     of 4 on B200, 13 of 16 on GB200, 6 of 8 on H100). Blackwell's GEMM fractions are fitted on
     the measured GB200 dense rows, its other terms borrowed from hopper. Rows of a release whose
     slowdown the maintainers acknowledge as a regression (BRIDGE_REGRESSIONS) are marked and
-    their MoE mean is also given without them."""
+    their MoE mean is also given without them. The GB200 Llama recipes offload activations to
+    the Grace CPU's memory (RECIPE_OFFLOAD), which the model cannot express: it recomputes
+    instead, and a second line gives what it predicts for the recipe's compute without
+    recompute."""
     print("\nMegatron-Bridge performance summary (docs/performance-summary-archive.md), megatron "
           "profile, fp8, infiniband")
     print(f"{'release':<10}{'system':<11}{'model':<17}{'GPUs':>5}{'published':>11}"
@@ -234,6 +238,12 @@ def megatron_bridge_table() -> tuple[list[float], list[float]]:
         moe = f"  {moe_label(release, system, preset, training)}" if model.is_moe else ""
         print(f"{head}{tok:>11,.0f}{tok / published - 1:>+8.0%}  {chosen}{fits}{recipe}{moe}"
               f"{graph}")
+        if (off := RECIPE_OFFLOAD.get((preset, system))) and "none" in modes:
+            bare = modes["none"]
+            print(f"{'':<10}the recipe offloads {off} layers' activations to CPU memory, not "
+                  f"modelled; without recompute {bare.tokens_per_s_per_gpu:,.0f} tokens/s "
+                  f"({bare.tokens_per_s_per_gpu / published - 1:+.0%}), "
+                  f"{bare.memory.peak_bytes / 2**30:,.0f} GiB on the GPU")
     print("tokens/s per GPU, mean absolute error: " + ", ".join(
         f"{sum(v) / len(v):.1%} on {len(v)} {k} runs" for k, v in errs.items() if v)
           + "; * = predicted not to fit")

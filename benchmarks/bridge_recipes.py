@@ -127,6 +127,16 @@ def recompute_switches(preset: str, system: str) -> dict[str, object]:
     return {"recompute_modules": tuple(modules.split("+"))} if modules else {}
 
 
+# The GB200 dense recipes of 25.09 offload activations to the Grace CPU's memory instead of
+# recomputing them (v0.1.0rc4 scripts/performance/configs/llama3/llama3_70b_llm_pretrain.yaml,
+# gb200 fp8_cs: mbs 2, Megatron-FSDP, cpu_offloading_num_layers 40 of 80;
+# configs/llama31/llama31_405b_llm_pretrain.yaml, gb200 fp8: cpu_offloading_num_layers 95 of 126).
+# Megatron-Core's cpu_offloading needs pp 1 and no recompute (transformer_config.py). The cost
+# model has no CPU offloading: these rows are printed with what it gives without recompute.
+RECIPE_OFFLOAD: dict[tuple[str, str], int] = {
+    ("llama3-70b", "DGX-GB200"): 40, ("llama3.1-405b", "DGX-GB200"): 95}
+
+
 # What the MoE recipes recompute (facts from each release's scripts, printed beside the chosen
 # mode): Qwen3 none in every release (25.09 configs/qwen3/*.yaml recompute_granularity: null;
 # 25.11 and 26.04 configs/qwen*/qwen3_llm_pretrain.py set_qwen3_common_configs), which the
