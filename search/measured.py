@@ -19,6 +19,9 @@ __all__ = ["Case", "CaseError", "case_from_row", "presumed_split"]
 
 KNOBS: tuple[str, ...] = ("micro_batch", "recompute", "zero_stage", "vpp", "sequence_parallel",
                           "first_stage_layers", "last_stage_layers")
+# Plan knobs a framework's recipes or a row's release set where its cells are silent
+# (hardware_catalog/frameworks.yaml row_defaults, release_switches); the rest are Training's.
+PLAN_DEFAULTS: tuple[str, ...] = ("zero_stage", "expert_tp")
 # The pipeline split: given when any of these cells is; the last two are Megatron-LM's
 # account_for_embedding/loss_in_pipeline_split (costmodel.mapping.counted_split).
 SPLIT_COLUMNS: tuple[str, ...] = ("first_stage_layers", "last_stage_layers",
@@ -172,7 +175,7 @@ def case_from_row(row: Mapping[str, object]) -> Case:
     # what the framework's recipes, and the release the row names, ran where a cell is empty
     defaults = row_defaults(framework, precision, _cell(row, "source"),
                             _cell(row, "source_detail"))
-    zero_default = int(defaults.pop("zero_stage", 0))  # type: ignore[call-overload]
+    knobs = {k: int(defaults.pop(k, 0)) for k in PLAN_DEFAULTS}  # type: ignore[call-overload]
     training = training_spec(framework=framework, precision=precision,
                              seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
                              compile=_bool(row, "compile"), switches=defaults)
@@ -186,8 +189,9 @@ def case_from_row(row: Mapping[str, object]) -> Case:
     plan = Plan(
         tp=tp, pp=pp, dp=_int(row, "dp", 1), cp=_int(row, "cp", 1),
         ep=_int(row, "ep", 1), vpp=_int(row, "vpp", 1),
-        expert_tp=_int(row, "expert_tp", 0),  # empty: derived (costmodel.mapping.expert_tp)
-        zero_stage=_int(row, "zero_stage", zero_default),
+        # empty: the release's, else derived (costmodel.mapping.expert_tp)
+        expert_tp=_int(row, "expert_tp", knobs["expert_tp"]),
+        zero_stage=_int(row, "zero_stage", knobs["zero_stage"]),
         micro_batch=_int(row, "micro_batch", 1),
         recompute=recompute,  # type: ignore[arg-type]
         sequence_parallel=_bool(row, "sequence_parallel", sp_default) and tp > 1,

@@ -71,14 +71,45 @@ def test_dgxc_rows_run_their_release(detail: str, precision: str, grads: int,
 
 
 def test_release_switches_are_training_switches() -> None:
-    """Every switch a release sets is a Training field (at a precision suffix or without)."""
-    fields = set(Training.__dataclass_fields__)
+    """Every switch a release sets is a Training field (at a precision suffix or without), or
+    a plan knob a measured row takes where its cell is empty."""
+    from search.measured import PLAN_DEFAULTS
+
+    fields = set(Training.__dataclass_fields__) | set(PLAN_DEFAULTS)
     for source, releases in load_profiles()["release_switches"].items():
         for key, switches in releases.items():
             assert RELEASE_KEY.search(f"x@{key.split()[0]} {key.split()[1]}/f"), (source, key)
             for name in switches:
                 base = name.rsplit("_", 1)[0] if name.endswith(("_fp8", "_bf16")) else name
                 assert base in fields, (key, name)
+
+
+GROK_NEMO2 = "NVIDIA/dgxc-benchmarking@{commit} grok1/README.md (x)"
+
+
+@pytest.mark.parametrize(("commit", "gpu", "expert_tp", "graphs"), [
+    ("68eaf7e1", "gb200-nvl72", 8, "local"),  # launch.sh on GB200: ET 8, CUDA graphs
+    ("dfc80397", "h100-sxm-80gb", 1, "none"),  # on H100: ET 1, no graphs
+])
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_nemo2_grok_rows_run_their_launchers_moe(commit: str, gpu: str, expert_tp: int,
+                                                 graphs: str, precision: str) -> None:
+    """NeMo 2's Grok-1 script: token drop padded to capacity, bf16 gradients at either
+    precision (pretrain_performance_optimizations), the launcher's expert TP and graphs; a
+    row's own expert_tp cell wins."""
+    from search.measured import case_from_row
+
+    row = {"model_name": "grok", "layers": 64, "hidden": 6144, "ffn_hidden": 32768,
+           "heads": 48, "kv_heads": 8, "vocab": 131072, "seq_len": 8192, "moe_experts": 8,
+           "moe_topk": 2, "gpu": gpu, "gpus_per_node": 4 if gpu.startswith("gb") else 8,
+           "num_gpus": 128, "tp": 4, "pp": 1, "cp": 1, "ep": 8, "dp": 32, "micro_batch": 1,
+           "global_batch": 256, "precision": precision, "framework": "nemo",
+           "source": "dgxc-benchmarking", "source_detail": GROK_NEMO2.format(commit=commit)}
+    case = case_from_row(row)
+    assert case.plan.expert_tp == expert_tp
+    assert case.training.moe_pad_to_capacity and case.training.grad_dtype_bytes == 2
+    assert case.training.cuda_graph_impl == graphs
+    assert case_from_row({**row, "expert_tp": 4}).plan.expert_tp == 4
 
 
 @pytest.mark.skipif(find_measured_csv() is None,

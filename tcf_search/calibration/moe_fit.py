@@ -14,8 +14,10 @@ GEMMs, so the rows cannot see a grouped-GEMM penalty; the per-expert roofline
 
 Not fitted: ``moe_load_imbalance``. Every MoE row of the measured file ran balanced by
 construction (Grok-1: capacity factor 1.0 with padding to capacity, so each expert computes
-exactly the mean; the rows' notes say so), so the rows cannot see it: it is 1 there, as it is
-under the force-balanced routing of Megatron-Bridge's benchmarks.
+exactly the mean; the rows' notes say so, and their releases' switches run it:
+``moe_pad_to_capacity`` in frameworks.yaml ``release_switches``, with NeMo 2's expert TP), so
+the rows cannot see it: it is 1 there, as it is under the force-balanced routing of
+Megatron-Bridge's benchmarks.
 
 Idempotent: it starts from fixed priors whatever calibration.yaml holds, and rewrites only its
 own keys and the ``MOE_MARK`` part of each family's source. Run alone on the current calibration
