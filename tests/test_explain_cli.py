@@ -74,6 +74,12 @@ def test_best_change_is_the_best_neighbour() -> None:
     fitting = [a for a in v["alternatives"] if a["fits"]]
     assert best["tokens_per_s_per_gpu"] == max(a["tokens_per_s_per_gpu"] for a in fitting)
     assert best["gain"] > 0
+    # each move says how surely it is really faster: the shipped held-out pairs at its gap
+    from search.uncertainty import p_best_faster
+
+    assert best["p_faster"] == p_best_faster(best["tokens_per_s_per_gpu"], base)
+    assert "really faster with P" in v["advice"]
+    assert all(0.0 <= a["p_faster"] <= 1.0 for a in v["alternatives"])
 
 
 def test_plan_that_does_not_fit_is_bound_by_memory_and_told_how_to_fit() -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from costmodel import Plan, estimate_batch, plans_to_arrays
 from search.planfile import plan_dict
 from search.specs import Specs
+from search.uncertainty import p_best_faster
 from tcf_search.explain.planspec import SHORT, PlanSpecError, apply_change
 
 GIB = 2**30
@@ -32,9 +33,12 @@ class Move:
     gain: float  # relative tokens/s change against the plan explained
 
     def to_dict(self) -> dict[str, Any]:
+        # how surely the move is really faster than the plan explained (held-out pairs)
+        base = self.tokens_per_s_per_gpu / (1.0 + self.gain) if self.gain > -1.0 else 0.0
         return {"change": self.change, "adjusted": list(self.notes), "plan": plan_dict(self.plan),
                 "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
-                "peak_mem_gib": self.peak_mem_gib, "fits": self.fits, "gain": self.gain}
+                "peak_mem_gib": self.peak_mem_gib, "fits": self.fits, "gain": self.gain,
+                "p_faster": p_best_faster(self.tokens_per_s_per_gpu, base)}
 
 
 def _scaled(value: int, *, up: int | None = None) -> list[int]:
