@@ -88,8 +88,8 @@ def _stages_label(plan: dict[str, Any]) -> str:
     return "even"
 
 
-# Objectives whose value no other column shows: (column, metrics key, format).
 RANKING_SURE = 0.8  # the confidence at which the run's ranking line names a plan #1 beats
+# Objectives whose value no other column shows: (column, metrics key, format).
 OBJECTIVE_COLUMNS = {"time_to_train": ("days", "time_to_train_days", "{:,.2f}"),
                      "cost": ("cost $", "cost_usd", "{:,.0f}")}
 
