@@ -97,9 +97,17 @@ def test_the_axis_never_lowers_the_best_and_optuna_sees_one_categorical() -> Non
 
 def test_a_run_writes_each_plans_set(tmp_path: Path) -> None:
     """trials.csv's recompute_modules column ('' for the training's set), the plan files' list,
-    the run table's sel(...), all of the plan the search judged."""
-    study = parse_study(tiny_study(extra="  recompute_modules: auto"), name="modules-run")
-    result = run_study(study, RunOptions(out_dir=tmp_path, trials=30))
+    the run table's sel(...), all of the plan the search judged. Every unit is judged once (a
+    trial count past the units runs them all: no sampler's path decides what the rows hold), on
+    selective recompute only, the training's own set the most that can be recomputed, so a plan
+    that fits with less recomputes less."""
+    text = tiny_study(extra="  recompute: [selective]\n  recompute_modules: auto").replace(
+        "training: {seq_len: 512, global_batch: 32}",
+        "training: {seq_len: 512, global_batch: 32, "
+        "recompute_modules: [core_attn, moe_act, layernorm]}")
+    study = parse_study(text, name="modules-run")
+    result = run_study(study, RunOptions(out_dir=tmp_path, trials=100_000))
+    assert result.search["sampler"] == "brute_force"
     rows = list(csv.DictReader((tmp_path / "trials.csv").open()))
     own = [r for r in rows if r["recompute_modules"]]
     assert own and all(r["recompute"] == "selective" for r in own)
