@@ -55,9 +55,14 @@ def ordered_pairs(frame: pd.DataFrame, predicted: np.ndarray,
             else pd.DataFrame({"gap": [], "right": [], "group": []}))
 
 
+def gap_bins(pairs: pd.DataFrame) -> np.ndarray:
+    """The GAP_EDGES bin of each pair's gap."""
+    return np.searchsorted(np.asarray(GAP_EDGES), pairs["gap"].to_numpy(), side="right") - 1
+
+
 def ranking_table(frame: pd.DataFrame, predicted: np.ndarray, rows: pd.Series) -> dict[str, Any]:
     pairs = ordered_pairs(frame, predicted, rows)
-    bins = np.searchsorted(np.asarray(GAP_EDGES), pairs["gap"].to_numpy(), side="right") - 1
+    bins = gap_bins(pairs)
     shares: list[float] = []
     groups: list[int] = []
     counts: list[int] = []
@@ -83,7 +88,7 @@ def two_fold_check(frame: pd.DataFrame, predicted: np.ndarray, rows: pd.Series,
     for a in (True, False):
         table = ranking_table(frame, predicted, rows & (half == a))
         pairs = ordered_pairs(frame, predicted, rows & (half != a))
-        bins = np.searchsorted(np.asarray(GAP_EDGES), pairs["gap"].to_numpy(), side="right") - 1
+        bins = gap_bins(pairs)
         for b in range(len(GAP_EDGES)):
             inside = pairs[bins == b]
             if len(inside):
