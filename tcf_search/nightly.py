@@ -1,13 +1,14 @@
 """``tcf-search nightly studies/ --sku h100-sxm-80gb --sku b200-180gb -o history/``
 
 Runs every study on every SKU (the study's ``cluster.gpu`` overridden), appends one dated row per
-run to ``history/results.csv``, writes ``history/<date>/summary.md`` and a report per run, and
-diffs each run against its previous night: the best plan changed, predicted throughput moved by
-more than ``--threshold``, the previous best plan no longer fits (re-judged with tonight's model
-and catalog), or the run no longer finds a plan. Each row records the cost-model version that
-scored it (``search.rescore.cost_model_version``, short form; ``result.json`` holds the full one),
-and the summary says where it changed since the previous night: a move in prediction is then
-partly the model's, not the study's or the cluster's. All runs share one Optuna storage
+run to ``history/results.csv``, writes ``history/<date>/summary.md`` and a report per run, and diffs
+each run against its previous night: the best plan changed (and how surely tonight's beats the
+previous one, both judged tonight: ``search.uncertainty.p_best_faster``), predicted throughput moved
+by more than ``--threshold``, the previous best plan no longer fits (re-judged with tonight's model
+and catalog), or the run no longer finds a plan. Each row records the cost-model version that scored
+it (``search.rescore.cost_model_version``, short form; ``result.json`` holds the full one), and the
+summary says where it changed since the previous night: a move in prediction is then partly the
+model's, not the study's or the cluster's. All runs share one Optuna storage
 (``history/optuna.journal``), one Optuna study per run, browsable in optuna-dashboard.
 
 Exit codes: 0 no regression, 1 a regression or a failed run, 2 bad input.
@@ -28,6 +29,7 @@ import typer
 
 from costmodel.errors import TcfError
 from search.files import MIB, Output, path_component, read_input
+from search.uncertainty import p_best_faster
 from tcf_search.errors import user_errors
 
 COLUMNS = ("date", "study", "sku", "num_gpus", "status", "best_plan", "tokens_per_s_per_gpu",
@@ -218,22 +220,34 @@ def diff(study: Any, row: dict[str, Any], prev: dict[str, str] | None,
         add("found_plan", False, f"no plan on {prev['date']} ({prev['status']}), now "
                                  f"{row['best_plan']}")
         return out
-    if prev["best_plan"] != row["best_plan"]:
-        add("best_plan_changed", False, f"best plan {prev['best_plan']} → {row['best_plan']}")
     old, new = float(prev["tokens_per_s_per_gpu"]), float(row["tokens_per_s_per_gpu"])
+    still, old_tonight = rejudge(study, prev["best_plan"])
+    if prev["best_plan"] != row["best_plan"]:
+        add("best_plan_changed", False, f"best plan {prev['best_plan']} → {row['best_plan']}"
+            + (versus(new, old_tonight) if still is None else ""))
     moved = new / old - 1.0 if old else 0.0
     if abs(moved) > threshold:
         add("throughput_down" if moved < 0 else "throughput_up", moved < 0,
             f"predicted tokens/s per GPU {old:,.0f} → {new:,.0f} ({moved:+.1%}, threshold "
             f"±{threshold:.0%})")
-    still = refit(study, prev["best_plan"])
     if still is not None:
         add("no_longer_fits", True, f"{prev['best_plan']} fitted on {prev['date']}; {still}")
     return out
 
 
-def refit(study: Any, plan_text: str) -> str | None:
-    """Why the previous best plan fails tonight, or None when it is still valid and fits."""
+def versus(new_tokens: float, old_tokens: float | None) -> str:
+    """How surely tonight's best beats the previous best, both judged by tonight's model: the
+    share of held-out pairs of runs with that predicted gap the model ordered right."""
+    p = p_best_faster(new_tokens, old_tokens) if old_tokens else None
+    if p is None or old_tokens is None:
+        return ""
+    return (f" (tonight predicted {new_tokens / old_tokens - 1:+.1%} over the previous best, "
+            f"really faster with P {p:.0%})")
+
+
+def rejudge(study: Any, plan_text: str) -> tuple[str | None, float | None]:
+    """The previous best plan under tonight's model: why it fails (None when it is still valid
+    and fits) and its predicted tokens/s per GPU (None when it no longer parses)."""
     from costmodel import estimate
     from search.specs import build_specs
     from tcf_search.explain.planspec import parse_plan
@@ -242,12 +256,11 @@ def refit(study: Any, plan_text: str) -> str | None:
     try:
         plan = parse_plan(plan_text, specs)
     except ValueError as exc:
-        return f"it is no longer valid ({exc})"
+        return f"it is no longer valid ({exc})", None
     e = estimate(specs.model, specs.cluster, plan, specs.training)
-    if e.memory.fits:
-        return None
-    return (f"now it needs {e.memory.peak_bytes / 2**30:.1f} GiB of "
-            f"{e.memory.usable_bytes / 2**30:.1f} GiB usable")
+    why = None if e.memory.fits else (f"now it needs {e.memory.peak_bytes / 2**30:.1f} GiB of "
+                                      f"{e.memory.usable_bytes / 2**30:.1f} GiB usable")
+    return why, e.tokens_per_s_per_gpu
 
 
 # ---- the night ------------------------------------------------------------------------------

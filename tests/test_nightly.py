@@ -80,11 +80,19 @@ def test_throughput_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
             "tokens_per_s_per_gpu": "1000"}
     row = {"study": "s", "sku": "k", "status": "ok", "best_plan": "tp=1",
            "tokens_per_s_per_gpu": 940.0}
-    monkeypatch.setattr("tcf_search.nightly.refit", lambda *_: None)  # the plan still fits
+    monkeypatch.setattr("tcf_search.nightly.rejudge", lambda *_: (None, 1000.0))  # still fits
     down = diff(None, row, prev, threshold=0.05)  # -6%
     same = diff(None, {**row, "tokens_per_s_per_gpu": 960.0}, prev, threshold=0.05)  # -4%
     assert [(f.kind, f.regression) for f in down] == [("throughput_down", True)]
     assert same == []
+    # a new best says how surely it beats the previous one, both judged tonight
+    from search.uncertainty import p_best_faster
+
+    moved = diff(None, {**row, "best_plan": "tp=2", "tokens_per_s_per_gpu": 1010.0}, prev,
+                 threshold=0.05)
+    assert [f.kind for f in moved] == ["best_plan_changed"]
+    p = p_best_faster(1010.0, 1000.0)
+    assert f"+1.0% over the previous best, really faster with P {p:.0%}" in moved[0].message
 
 
 def test_previous_night_is_the_latest_earlier_date() -> None:
