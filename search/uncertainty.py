@@ -113,6 +113,13 @@ def uncertainty_metrics(m: dict[str, Any], regime: tuple[str, ...],
     return out
 
 
+def gap_bin(gaps: np.ndarray | float, edges: list[float] | tuple[float, ...]) -> np.ndarray:
+    """The ranking bin of each |log predicted gap|: from each edge to the next, the last to
+    infinity (``tcf_search.calibration.ranking`` builds the table by it, ``p_best_faster`` reads
+    it)."""
+    return np.searchsorted(np.asarray(edges), np.abs(gaps), side="right") - 1
+
+
 def p_best_faster(best_tokens: float, other_tokens: float,
                   unc: Uncertainty | None = None) -> float | None:
     """Probability that the plan predicted at ``best_tokens`` tokens/s really runs faster than
@@ -123,8 +130,7 @@ def p_best_faster(best_tokens: float, other_tokens: float,
     if not r.get("p_right") or best_tokens <= 0 or other_tokens <= 0:
         return None
     gap = float(np.log(best_tokens / other_tokens))
-    i = int(np.searchsorted(np.asarray(r["gap_edges"]), abs(gap), side="right")) - 1
-    p = float(r["p_right"][max(i, 0)])
+    p = float(r["p_right"][max(int(gap_bin(gap, r["gap_edges"])), 0)])
     return p if gap >= 0 else 1.0 - p
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from search.uncertainty import gap_bin
 from tcf_search.calibration.dataset import group_of
 
 # bin edges on |log(predicted tokens/s of one run / the other's)|
@@ -57,7 +58,7 @@ def ordered_pairs(frame: pd.DataFrame, predicted: np.ndarray,
 
 def gap_bins(pairs: pd.DataFrame) -> np.ndarray:
     """The GAP_EDGES bin of each pair's gap."""
-    return np.searchsorted(np.asarray(GAP_EDGES), pairs["gap"].to_numpy(), side="right") - 1
+    return gap_bin(pairs["gap"].to_numpy(), GAP_EDGES)
 
 
 def ranking_table(frame: pd.DataFrame, predicted: np.ndarray, rows: pd.Series) -> dict[str, Any]:
