@@ -12,9 +12,9 @@ apart: 1343xxxx ... 1428xxxx). This prints, on the rows issue #2 scores throughp
   by campaign: campaigns whose median measured / predicted lies within 15% of 1 against the
   rest. That split is chosen by the outcome, so it is a diagnosis, not a score;
 * runs that differ only in ZeRO stage 0 / 1: measured and predicted ratio, by DP size, with
-  nanotron's profile as calibrated and with ``sharded_grad_all_reduce`` switched on (nanotron's
-  ZeRO-1 of the Playbook's time all-reduces its fp32 gradients after backward), same
-  calibration.
+  nanotron's profile as calibrated (``sharded_grad_all_reduce`` on: its ZeRO-1 of the
+  Playbook's time all-reduces its fp32 gradients after backward) and with that switch off (a
+  reduce-scatter, half the bytes), same calibration.
 
 Nothing here is fitted.
 """
@@ -82,7 +82,7 @@ def zero_pairs(rows: pd.DataFrame, switched: pd.Series) -> None:
         return
     measured = j["tokens_per_sec_per_gpu_z0"] / j["tokens_per_sec_per_gpu_z1"]
     models = {"model": j["pred_z0"] / j["pred_z1"],
-              "switch on": j["pred_switch_z0"] / j["pred_switch_z1"]}
+              "switch off": j["pred_switch_z0"] / j["pred_switch_z1"]}
     j["band"] = pd.cut(j["dp"], [0, 16, 64, 1 << 20], labels=["dp<=16", "dp 32-64", "dp>=128"])
     j["healthy"] = j["campaign"].isin(rows.attrs["healthy"])
     print("\nZeRO-0 / ZeRO-1 tokens/s on runs that differ only in ZeRO stage (median ratio;"
@@ -137,7 +137,7 @@ def main() -> int:
         print(f"  {name} campaigns ({', '.join(sorted(part['campaign'].unique()))}): "
               f"{len(part)} runs, tokens/s median APE {ape:.1%}, pick vs best over (model, GPUs) "
               f"groups {np.mean(p):.3f} over {len(p)} groups (min {np.min(p):.2f})")
-    switched = predict_groups(with_training(groups, "nanotron", sharded_grad_all_reduce=True),
+    switched = predict_groups(with_training(groups, "nanotron", sharded_grad_all_reduce=False),
                               len(frame))["tokens_per_s_per_gpu"]
     zero_pairs(rows, pd.Series(switched, index=frame.index))
     return 0
