@@ -227,14 +227,14 @@ class Training:
     attention_kernel: Literal["flash2", "flash3"] = "flash2"
     # the loss over the logits: "fused", or nanotron's "eager_fp32" ops (compute.LOSS_FP32_BYTES)
     loss_kernel: Literal["fused", "eager_fp32"] = "fused"
-    # whether ZeRO-1/2's gradient reduce-scatter runs during backward (Megatron's distributed
-    # optimizer with --overlap-grad-reduce) or after it (nanotron's ZeRO-1)
+    # whether ZeRO-1/2's gradient reduction runs during backward (Megatron) or after (nanotron)
     overlap_grad_reduce_sharded: bool = True
-    # ZeRO-1/2 reduce gradients with a full all-reduce (each rank then keeps its shard) instead
-    # of a reduce-scatter: twice the bytes. nanotron's ZeRO-1 with fp32 gradient accumulation
-    # does (its trainer calls sync_gradients_across_dp with reduce_scatter=False, "too memory
-    # hungry" otherwise); Megatron's distributed optimizer and FSDP reduce-scatter.
+    # ZeRO-1/2: gradients by a full all-reduce (twice a reduce-scatter's bytes); both DP
+    # collectives as one call on the whole buffer, not dp_bucket_bytes buckets; eager host ops per
+    # DP rank per layer to gather the parameters. nanotron's ZeRO-1: all three (frameworks.yaml)
     sharded_grad_all_reduce: bool = False
+    sharded_dp_one_call: bool = False
+    sharded_gather_host_ops: float = 0.0
     separate_grad_comm_buffer: bool = False  # nanotron copies grads into a reduce buffer
     # ZeRO-2 under gradient accumulation (more than one micro-batch per step) pays one of two
     # costs, never neither: "micro_batch" reduce-scatters the gradients into their owner's shard

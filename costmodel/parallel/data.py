@@ -20,6 +20,10 @@ from costmodel.parallel.mesh import Mesh
 from costmodel.specs import Training
 
 BF16 = 2.0
+# Host time of one eager PyTorch op on a tiny or empty tensor (a slice, torch.empty(0), copy_):
+# PyTorch's operator micro-benchmarks give 2.3-3.5 us for an eager split on 8x8 to 512x512
+# tensors, CPU or CUDA alike (pytorch/pytorch#32194). A prior, not fitted.
+EAGER_OP_HOST_S = 3e-6
 
 
 def _one_pass(tr: Training, g: Mesh, co: MemoryCoefficients, dense: np.ndarray,
@@ -31,10 +35,12 @@ def _one_pass(tr: Training, g: Mesh, co: MemoryCoefficients, dense: np.ndarray,
     that group's own links: EP packed inside a node leaves its replicas across nodes."""
     dpcp, k_dp, edp, k_edp, link = g.dp * g.cp, g.k_dp, g.edp, g.k_edp, g.link
     g_bytes = float(tr.grad_reduce_dtype_bytes)
-    # FSDP / ZeRO-3 gathers and reduces one layer (its unit) per call
+    # FSDP / ZeRO-3 gathers and reduces one layer (its unit) per call; ZeRO-1/2 the whole
+    # buffer in one call where the framework does (Training.sharded_dp_one_call)
+    z = g.plan.zero_stage
     layer_unit = (co.dense_params_per_layer + co.expert_params_per_layer) * BF16
-    bucket = np.where(g.plan.zero_stage >= 3, np.maximum(layer_unit, tr.dp_bucket_bytes),
-                      tr.dp_bucket_bytes)
+    bucket = np.where(z >= 3, np.maximum(layer_unit, tr.dp_bucket_bytes),
+                      np.where((z >= 1) & tr.sharded_dp_one_call, np.inf, tr.dp_bucket_bytes))
     w_bytes = _param_bytes(tr)
     out = {}
     for name, per_param in (("grad", g_bytes), ("param", w_bytes)):
@@ -95,8 +101,12 @@ def data_parallel(tr: Training, g: Mesh, co: MemoryCoefficients, layers: StageLa
                             m * hide(np.where(full_reduce, 2.0, 1.0) * grad_rs, bwd_window,
                                      tr.overlap_grad_reduce_sharded))
     grad_exposed = np.where(per_micro, each_exposed, once_exposed)
-    ag_time = np.where(z3, 2.0 * m * param_ag, np.where(z >= 1, param_ag, 0.0))
-    ag_exposed = np.where(
+    # the host's eager loop around a coalesced ZeRO-1/2 gather, per DP rank and layer, while the
+    # GPU waits (Training.sharded_gather_host_ops)
+    gather_host = np.where((z >= 1) & ~z3, tr.sharded_gather_host_ops * EAGER_OP_HOST_S
+                           * g.dp * g.cp * n_big, 0.0)
+    ag_time = np.where(z3, 2.0 * m * param_ag, np.where(z >= 1, param_ag, 0.0)) + gather_host
+    ag_exposed = gather_host + np.where(
         z3, m * (hide(param_ag, fwd_window, True) + z3_bwd_exposed * z3_ag_share),
         np.where(z >= 1, hide(param_ag, fwd_window * chunk_window, tr.overlap_param_gather),
                  0.0))
