@@ -1,4 +1,6 @@
-"""The optimizer step: Adam (or SGD) over this GPU's shard of the parameters, memory bound."""
+"""The optimizer's memory-bound passes over the parameters: the step's Adam (or SGD) update over
+this GPU's shard, and, where a framework accumulates gradients in a pass of its own, that pass
+after every micro-batch's backward."""
 
 from __future__ import annotations
 
@@ -29,3 +31,14 @@ def optimizer_time(co: MemoryCoefficients, layers: StageLayers, p: PlanArrays,
     bytes_per_param = float(tr.grad_dtype_bytes) + 2 * states + weights
     hbm = cluster.gpu.hbm_bw_bytes_per_s * eff.memory_bw_fraction
     return params_local * bytes_per_param / hbm + 20 * eff.kernel_overhead_s
+
+
+def grad_accumulation_time(co: MemoryCoefficients, layers: StageLayers, micro_batches: np.ndarray,
+                           cluster: ClusterSpec, tr: Training) -> np.ndarray:
+    """Every micro-batch adds its fresh gradients into the accumulation buffer in a pass of its
+    own over all the largest stage's parameters, unsharded (Training.grad_accum_pass_bytes each:
+    nanotron's fp32_grad.add_(bf16 grad), frameworks.yaml); Megatron fuses the add into the
+    weight-gradient GEMM (0)."""
+    dense, experts = largest_stage_params(co, layers)
+    hbm = cluster.gpu.hbm_bw_bytes_per_s * cluster.gpu.efficiency.memory_bw_fraction
+    return micro_batches * (dense + experts) * tr.grad_accum_pass_bytes / hbm

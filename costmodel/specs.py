@@ -209,6 +209,8 @@ class Training:
     precision: Precision = "bf16"
     optimizer: Literal["adam", "sgd"] = "adam"
     grad_dtype_bytes: int = 4  # fp32 gradient accumulation buffer (Megatron main_grad, nanotron)
+    # bytes per parameter of a separate gradient-accumulation pass each micro-batch (optimizer.py)
+    grad_accum_pass_bytes: float = 0.0
     master_weights: bool = True  # fp32 master copy next to the low-precision weights
     # Bytes of each optimizer state element (Adam's m and v, SGD's momentum): fp32 beside fp32
     # master weights; torch.optim keeps them in the parameter's dtype (zeros_like), so a model
@@ -251,9 +253,8 @@ class Training:
     # ZeRO-3 alike: "micro_batch" as torchtitan's train_step, "step" as NeMo AutoModel's
     # get_sync_ctx (set_requires_gradient_sync; whole gradients held in the reduce dtype)
     zero3_grad_sync: Literal["micro_batch", "step"] = "micro_batch"
-    # A partial full-recompute count is per model chunk (Megatron-LM's --recompute-num-layers,
-    # read by every chunk's TransformerBlock): with vpp chunks a stage recomputes a multiple of
-    # vpp layers. A validity switch (costmodel.rules ``recompute_chunks``), not a cost.
+    # A partial full-recompute count is per model chunk (Megatron-LM's --recompute-num-layers):
+    # with vpp chunks a multiple of vpp. Validity (costmodel.rules ``recompute_chunks``)
     recompute_per_chunk: bool = False
     # The interleaved schedule runs micro-batches in groups of pp (Megatron-Core's default
     # microbatch_group_size_per_vp_stage): a multiple of pp. Validity (rules microbatch_groups)
@@ -261,10 +262,9 @@ class Training:
     # MoE layers train with tp > 1 only under sequence parallelism (Megatron-Core's
     # MoELayer.forward). Validity (costmodel.rules ``moe_tp_sp``), not a cost.
     moe_tp_sequence_parallel: bool = False
-    # The launcher takes an explicit per-virtual-stage layout, so any split of a stage's layers
-    # into vpp chunks runs (Megatron-Core's --pipeline-model-parallel-layout, torchtitan's
-    # per-stage module lists); off, only the chunks the first/last-stage flags or the
-    # account_for_* switches build. Validity (costmodel.rules ``vpp_layers``), not a cost.
+    # The launcher takes an explicit per-virtual-stage layout (Megatron-Core's
+    # --pipeline-model-parallel-layout, torchtitan's per-stage lists): any split of a stage into
+    # vpp chunks runs; off, only what the first/last-stage flags build. Validity (vpp_layers)
     uneven_chunks: bool = False
     dp_bucket_bytes: float = 25 * 2**20  # gradient bucket (torch DDP's default 25 MiB)
     # Extra seconds per TP ring step when a pipeline engine interleaves its p2p transfers with TP

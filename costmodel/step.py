@@ -17,7 +17,7 @@ from costmodel.compute import hardware_flops, layer_times
 from costmodel.mapping import STAGES, stage_layers
 from costmodel.memory import StageBytes, allocator_stall, step_memory
 from costmodel.mtp import mtp_stage
-from costmodel.optimizer import optimizer_time
+from costmodel.optimizer import grad_accumulation_time, optimizer_time
 from costmodel.parallel.context import context_parallel
 from costmodel.parallel.data import data_parallel
 from costmodel.parallel.expert import expert_parallel
@@ -82,7 +82,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     bubble = bubble_time(per_mb, g, layers)
     p2p = point_to_point(model, tr, g, layers, lt)
     grads, params = data_parallel(tr, g, co, layers, lt)
-    optimizer_s = optimizer_time(co, layers, p, cluster, tr)
+    optimizer_s = (optimizer_time(co, layers, p, cluster, tr)
+                   + grad_accumulation_time(co, layers, m, cluster, tr))
 
     compute_s = m * per_mb.at_slowest(per_mb.compute_s)
     step = (compute_s + m * per_mb.at_slowest(per_mb.comm_s) + bubble + p2p.exposed_s

@@ -1,6 +1,7 @@
-"""nanotron's ZeRO-1 synchronisation as its trainer runs it (hardware_catalog/frameworks.yaml
-cites the code): one fp32 all-reduce of the whole gradient buffer, one coalesced parameter
-all-gather, and the host's eager loop around that gather, per DP rank and layer."""
+"""nanotron's gradient path as its trainer runs it (hardware_catalog/frameworks.yaml cites the
+code): under ZeRO-1 one fp32 all-reduce of the whole gradient buffer, one coalesced parameter
+all-gather and the host's eager loop around that gather, per DP rank and layer; and every
+micro-batch's fp32 accumulation pass."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def test_the_profile_runs_the_code() -> None:
     assert s["sharded_gather_host_ops"] == 12
     # DDP's 25 MiB buckets count bf16 gradients; the hook reduces their fp32 accumulators
     assert s["dp_bucket_bytes"] == 50 * MIB
+    assert s["grad_accum_pass_bytes"] == 10
+    assert s["pp_cost_balance"] is True and s["loss_kernel"] == "eager_fp32"
 
 
 def test_one_call_pays_one_latency(h100, llama8b: ModelSpec) -> None:
@@ -74,3 +77,20 @@ def test_gather_host_loop_grows_with_ranks_and_layers(h100, llama8b: ModelSpec, 
     z3 = Plan(tp=2, dp=dp, zero_stage=3)
     assert (_dp(llama8b, cluster, z3, tr12)["dp_param_all_gather"].time_s
             == _dp(llama8b, cluster, z3, tr0)["dp_param_all_gather"].time_s)
+
+
+def test_accumulation_pass_per_micro_batch(h100, llama8b: ModelSpec) -> None:
+    """10 bytes a parameter per micro-batch over the parameters whose gradients the DP reduction
+    moves (the stage's, unsharded), at the memory-bound bandwidth: m = 8 here (64 sequences over
+    dp 8, micro-batch 1)."""
+    cluster = ClusterSpec(gpu=h100, num_gpus=16)
+    plan = Plan(tp=2, dp=8, zero_stage=1)
+    off = estimate(llama8b, cluster, plan, Training(seq_len=4096, global_batch=64))
+    on = estimate(llama8b, cluster, plan, Training(seq_len=4096, global_batch=64,
+                                                   grad_accum_pass_bytes=10))
+    hbm = h100.hbm_bw_bytes_per_s * h100.efficiency.memory_bw_fraction
+    grad = next(c for c in off.collectives if c.name == "dp_grad_reduce")
+    params = grad.bytes / 4  # fp32 gradients, reduced once per step under ZeRO-1
+    added = on.compute.optimizer_time_s - off.compute.optimizer_time_s
+    assert added == pytest.approx(8 * params * 10 / hbm, rel=1e-6)
+    assert on.step_time_s - off.step_time_s == pytest.approx(added, rel=1e-6)
