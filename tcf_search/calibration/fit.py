@@ -103,7 +103,7 @@ FABRIC_PREFIX = "fabric:"  # a fitted parameter that is a fabric's network fract
 PRIOR_FABRICS = ("infiniband",)
 # Not fitted either: the network point-to-point fraction (Efficiency.p2p_network_bw_fraction, a
 # cited prior of NCCL's per-NIC peer bandwidth): fitted free on the Playbook with nanotron's
-# placement on (frameworks.yaml pp_cost_balance) it runs to its bound of 1.0 (issue 17).
+# placement on (frameworks.yaml pp_cost_balance) it ran to its bound of 1.0 (issue 17).
 MEM_PARAMS = ("activation_factor", "logits_bytes_per_element", "allocator_fraction",
               "allocator_const_bytes")
 # the framework's own footprint (nanotron profile) vs the PyTorch allocator's (every framework)
