@@ -82,11 +82,12 @@ class Facts:
     mtp_layers: int = 0
     multi_token_prediction: bool = True
     # what the framework runs at all (``Training.zero_stages[_pp]``, ``recompute_modes``,
-    # ``partial_recompute``, from its profile)
+    # ``partial_recompute``, ``pp_schedules``, from its profile)
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     zero_stages_pp: tuple[int, ...] = (0, 1, 2, 3)
     recompute_modes: tuple[str, ...] = ("none", "selective", "full")
     partial_recompute: bool = True
+    pp_schedules: tuple[str, ...] = ("1f1b", "gpipe", "interleaved")
     # what selective recompute is (``Training.selective_recompute``; "modules": Megatron-Core's
     # --recompute-modules, which a plan may name), and whether the model's attention is MLA
     selective_recompute: str = "activation"
@@ -119,7 +120,7 @@ def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
 # mtp, framework_*)
 FRAMEWORK_FACTS = ("moe_max_zero_stage", "moe_tensor_parallel", "multi_token_prediction",
                    "zero_stages", "zero_stages_pp", "recompute_modes", "partial_recompute",
-                   "selective_recompute")
+                   "pp_schedules", "selective_recompute")
 
 
 def framework_facts(training: Training) -> dict[str, Any]:

@@ -237,6 +237,11 @@ RULES: tuple[Rule, ...] = (
          "(recompute_layers 0 or at least the stage's) unless partial_recompute (the "
          "recompute modes the framework implements)",
          _framework_recompute),
+    Rule("framework_schedule", ("pp_schedule", "vpp", "pp"), ("pp_schedules",),
+         "pp == 1, or the schedule the plan runs (interleaved 1F1B iff vpp > 1) in pp_schedules "
+         "(the pipeline schedules the framework implements)",
+         lambda c, f: (c["pp"] == 1) | np.isin(schedule_code(c["pp_schedule"], c["vpp"]),
+                                               [SCHEDULE_CODES[s] for s in f.pp_schedules])),
     Rule("recompute_modules", ("recompute_modules", "recompute"),
          ("selective_recompute", "mla", "experts"),
          "recompute_modules is the training's set, or recompute == 1 (selective) under "

@@ -337,20 +337,19 @@ class Training:
     # input padded to its capacity, so the token counts are known on the host and the alltoall
     # and HybridEP dispatchers skip their device-to-host sync (costmodel/moe.py host_syncs)
     moe_pad_to_capacity: bool = False
-    # ZeRO-3 keeps no low-precision shard of the weights: the fp32 master shard is the
-    # parameter, cast to bf16 only while a unit is gathered (FSDP2's fully_shard with a
-    # MixedPrecisionPolicy, torch/distributed/fsdp/_fully_shard/_fsdp_param.py: the sharded
-    # parameter keeps its dtype, the all-gather input is cast; FSDP1's flat parameter alike).
-    # Off: a bf16 shard beside the fp32 main shard (DeepSpeed stage 3's fp16 and fp32
-    # partitions, Megatron-FSDP's model and main weight buffers).
+    # ZeRO-3 keeps no low-precision shard of the weights: the fp32 master shard is the parameter,
+    # cast to bf16 only while a unit is gathered (FSDP2's fully_shard with a MixedPrecisionPolicy,
+    # torch/distributed/fsdp/_fully_shard/_fsdp_param.py; FSDP1's flat parameter alike). Off: a
+    # bf16 shard beside the fp32 main shard (DeepSpeed stage 3, Megatron-FSDP's two buffers).
     zero3_master_is_param: bool = False
     # What the framework runs at all, cited in its profile (validity: costmodel.rules
-    # ``framework_zero``, ``framework_recompute``): its ZeRO stages (``_pp``: under PP), its
-    # recompute modes, and whether full recompute may cover part of a stage (--recompute-num-layers)
+    # ``framework_*``): its ZeRO stages (``_pp``: under PP), its recompute modes, whether full
+    # recompute may cover part of a stage (--recompute-num-layers), its pipeline schedules
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     zero_stages_pp: tuple[int, ...] = (0, 1, 2, 3)
     recompute_modes: tuple[str, ...] = ("none", "selective", "full")
     partial_recompute: bool = True
+    pp_schedules: tuple[str, ...] = ("1f1b", "gpipe", "interleaved")
     # ... and on a model with MoE layers (DeepSpeed's engine refuses stage 3 there:
     # deepspeed/runtime/engine.py, _configure_zero_optimizer)
     moe_max_zero_stage: int = 3
@@ -384,7 +383,8 @@ class Training:
         object.__setattr__(self, "cuda_graph_scope",
                            graph_scope(self.cuda_graph_impl, self.cuda_graph_scope))
         for name, known in (("zero_stages", (0, 1, 2, 3)), ("zero_stages_pp", (0, 1, 2, 3)),
-                            ("recompute_modes", tuple(RECOMPUTE_CODES))):
+                            ("recompute_modes", tuple(RECOMPUTE_CODES)),
+                            ("pp_schedules", tuple(SCHEDULE_CODES))):
             object.__setattr__(self, name, tuple(getattr(self, name)))
             if not getattr(self, name) or not set(getattr(self, name)) <= set(known):
                 raise SpecError(f"training.{name} must be a non-empty subset of {list(known)}, "

@@ -86,7 +86,7 @@ def test_plan_file_input_refusal_exits_nonzero(tmp_path: Path) -> None:
     plan = tmp_path / "plan.yaml"
     shutil.copy(PLANS / "dense70b.yaml", plan)
     code, out = run(str(plan), "--format", "deepspeed")
-    assert code == 1 and "refused deepspeed" in out and "no interleaved schedule" in out
+    assert code == 1 and "refused deepspeed" in out and "framework_schedule" in out
     code, out = run(str(plan), "--format", "megatron", "--set", "lr=1e-4",
                     "--set", "train_iters=10")
     assert code == 0, out

@@ -117,6 +117,8 @@ def test_the_grid_holds_valid_and_invalid_plans_of_every_rule(specs: Specs) -> N
      "framework_recompute"),
     # NeMo AutoModel's DDP builds no expert parallelism, under PP or not
     ("nemo-automodel", Plan(tp=1, pp=2, dp=24, ep=4, zero_stage=0), "framework_zero"),
+    # the pipeline schedules it implements: nanotron's engines hold one model chunk a rank
+    ("nanotron", Plan(tp=1, pp=2, vpp=2, dp=24, zero_stage=1), "framework_schedule"),
 ])
 def test_framework_rules(framework: str, plan: Plan, rule: str) -> None:
     """A combination a framework refuses is refused by check_plan, the search space and that
@@ -363,3 +365,16 @@ def test_no_zero_stage_is_asked_for_where_there_is_nothing_to_shard() -> None:
     assert check_verdict(Plan(tp=1, pp=12, dp=1, ep=1), lone, lone.switches) == "ok"
     assert check_verdict(Plan(tp=1, pp=1, dp=12, ep=4), lone, lone.switches) == "framework_zero"
 
+
+
+@pytest.mark.parametrize("framework,verdict", [
+    ("generic", "framework_schedule"),  # Megatron-Core: 1F1B or interleaved 1F1B, no GPipe
+    ("deepspeed", "framework_schedule"),  # TrainSchedule only
+    ("nanotron", "ok"),  # AllForwardAllBackwardPipelineEngine
+    ("torchtitan", "ok"),  # torch.distributed.pipelining's ScheduleGPipe
+])
+def test_gpipe_where_the_framework_runs_it(framework: str, verdict: str) -> None:
+    text = STUDY.replace("training: {", f"training: {{framework: {framework}, ")
+    specs = build_specs(parse_study(text, name="rules-table"))
+    plan = Plan(tp=1, pp=2, dp=24, zero_stage=0, pp_schedule="gpipe")
+    assert check_verdict(plan, specs, specs.switches) == verdict

@@ -88,6 +88,9 @@ def valid_by_hand(s: SearchSpace, v: dict[str, int]) -> bool:
             ep * (v["expert_tp"] or (1 if (dp * cp) % ep else tp))) > 1),
         v["sequence_parallel"] == 0 or tp > 1,
         v["pp_schedule"] == 0 or (vpp == 1 and pp > 1),
+        # the framework's schedules (generic profile: Megatron-Core's 1F1B and interleaved 1F1B)
+        pp == 1 or ("interleaved" if vpp > 1 else ("1f1b", "interleaved", "gpipe")[
+            v["pp_schedule"]]) in f.pp_schedules,
     ])
 
 

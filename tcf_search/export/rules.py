@@ -116,9 +116,6 @@ MEGATRON: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
     Rule(lambda f: not f.tp_comm_overlap or f.sp,
          "--tp-comm-overlap requires sequence parallelism, but got sequence_parallel={sp}",
          "megatron/training/arguments.py validate_args"),
-    Rule(lambda f: f.pp == 1 or f.schedule != "gpipe",
-         "Megatron has no GPipe schedule (1F1B or interleaved 1F1B only), but got "
-         "pp_schedule={schedule}", "megatron/core/pipeline_parallel/schedules.py"),
     Rule(lambda f: not (f.zero == 2 and f.fsdp_impl == "torch"),
          "--use-torch-fsdp2 always shards parameters (ZeRO-3); Megatron has no torch-FSDP "
          "ZeRO-2, but got zero_stage=2 with fsdp_impl=torch (use fsdp_impl=megatron)",
@@ -180,16 +177,10 @@ DEEPSPEED: tuple[AnyRule, ...] = COMMON + HF_MODEL + (
     Rule(lambda f: f.cp == 1,
          "DeepSpeed has no ring context parallelism (Ulysses is all-to-all with other costs), "
          "but got cp={cp}", "deepspeed/runtime/config.py"),
-    Rule(lambda f: f.vpp == 1,
-         "the DeepSpeed pipeline engine has no interleaved schedule, but got vpp={vpp}",
-         "deepspeed/runtime/pipe/schedule.py"),
     Rule(lambda f: not f.uneven,
          "PipelineModule partitions by method (uniform/parameters/type), not by pinned "
          "first/last stage sizes, but got first={first}, last={last}",
          "deepspeed/runtime/pipe/module.py"),
-    Rule(lambda f: f.pp == 1 or f.schedule == "1f1b",
-         "the DeepSpeed pipeline engine runs 1F1B only, but got pp_schedule={schedule}",
-         "deepspeed/runtime/pipe/schedule.py"),
     Rule(lambda f: not f.sp,
          "DeepSpeed AutoTP has no Megatron-style sequence parallelism, but got "
          "sequence_parallel={sp}", "deepspeed/runtime/tensor_parallel/config.py"),
@@ -303,9 +294,6 @@ NANOTRON: tuple[AnyRule, ...] = COMMON + (
     Rule(lambda f: f.ep == 1,
          "nanotron asserts tp*cp*dp*pp == world while laying EP as a separate grid axis, so "
          "EP cannot be carved out of DP, but got ep={ep}", "nanotron/parallel/context.py"),
-    Rule(lambda f: f.vpp == 1,
-         "nanotron has no interleaved pipeline engine (1f1b or afab), but got vpp={vpp}",
-         "nanotron/parallel/pipeline_parallel/engine.py"),
     Rule(lambda f: not f.uneven,
          "nanotron places pipeline blocks itself; first/last stage sizes are not a knob, but "
          "got first={first}, last={last}", "nanotron/models"),
