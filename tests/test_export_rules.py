@@ -100,8 +100,10 @@ def test_megatron_torch_fsdp2_needs_pp1_and_ep1() -> None:
 
 
 def test_megatron_has_no_gpipe_and_moe_tp_needs_sequence_parallel() -> None:
-    assert "no GPipe schedule" in refusal("megatron", with_plan(example("pp8b"),
-                                                                  pp_schedule="gpipe"))
+    # the table's rule, read from Megatron's profile (pp_schedules: 1F1B and interleaved)
+    gpipe = with_plan(example("pp8b"), pp_schedule="gpipe")
+    assert "framework_schedule: " in refusal("megatron", gpipe)
+    assert "pp_schedules=['1f1b', 'interleaved']" in refusal("megatron", gpipe)
     no_sp = with_plan(example("moe_ep"), sequence_parallel=False)
     assert no_sp.plan.tp > 1 and no_sp.model.moe_experts > 0
     # the table's rule, read from the launchers' profiles: Megatron-Core's MoELayer refuses it
