@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.special import ndtr
 
 from costmodel.attention import kv_dims, qk_dim, qkv_act_elems, score_keys, v_dim
 from costmodel.mapping import (
@@ -379,9 +380,14 @@ def largest_stage_params(co: MemoryCoefficients,
 
 def allocator_stall(step_s: np.ndarray, stages: dict[str, StageBytes], cluster: ClusterSpec,
                     tr: Training) -> np.ndarray:
-    """Allocator pressure: cudaMalloc retries near capacity stall the stream, a share of the
-    step that grows with the peak's use of the headroom above ``pressure_start``."""
+    """Allocator pressure is a cliff, not a ramp: a step whose reserved peak passes
+    ``pressure_start`` of usable memory pays the allocator's free-and-retry every step
+    (``pressure_slowdown``). The peak is a prediction, so the stall is charged by the chance that
+    the real one passes: a normal in log memory of ``pressure_width``."""
     mm = tr.memory_model
+    if mm.pressure_slowdown == 0.0:
+        return np.zeros_like(step_s)
     peak = np.max(np.stack([stages[st].total for st in STAGES]), axis=0)
-    over = np.maximum(peak / cluster.gpu.usable_bytes - mm.pressure_start, 0.0)
-    return step_s * mm.pressure_slowdown * over / max(1.0 - mm.pressure_start, 1e-6)
+    edge = mm.pressure_start * cluster.gpu.usable_bytes
+    z = np.log(np.maximum(peak, 1.0) / edge) / max(mm.pressure_width, 1e-6)
+    return step_s * mm.pressure_slowdown * ndtr(z)

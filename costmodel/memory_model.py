@@ -17,9 +17,12 @@ class MemoryModel:
     allocator_fraction: caching-allocator fragmentation, as a fraction of the volatile
         (activation and logits) bytes that ``max_memory_reserved`` holds beyond what is allocated.
     allocator_const_bytes: fixed workspace (cuBLAS, NCCL buffers inside the torch allocator).
-    pressure_start / pressure_slowdown: above ``pressure_start`` of usable memory the caching
-        allocator frees cached blocks and retries cudaMalloc, synchronising the device; the
-        step slows by ``pressure_slowdown`` per unit of the remaining headroom consumed.
+    pressure_start: the share of usable memory at which the caching allocator's demand (the
+        reserved peak) stalls: cudaMalloc fails, the allocator frees its cached blocks
+        (synchronising the device) and retries, every step.
+    pressure_slowdown: how much longer a stalled step takes (1.0: twice as long).
+    pressure_width: the predicted peak's log uncertainty (the memory fit's residual spread):
+        a plan predicted near ``pressure_start`` stalls with the probability it implies.
     source: where the numbers come from.
     """
 
@@ -27,6 +30,7 @@ class MemoryModel:
     logits_bytes_per_element: float = 6.0
     allocator_fraction: float = 0.1
     allocator_const_bytes: float = 0.5 * 2**30
-    pressure_start: float = 0.9
+    pressure_start: float = 1.0
     pressure_slowdown: float = 0.0
+    pressure_width: float = 0.1
     source: str = "prior"

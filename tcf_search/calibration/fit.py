@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
-from scipy.optimize import least_squares
+from scipy.optimize import least_squares, minimize_scalar
 
 from costmodel.specs import Efficiency, MemoryModel
 from hardware_catalog import CATALOG_DIR, FAMILIES, get_fabric, load_calibration
@@ -55,8 +55,10 @@ EFF_PARAMS = ("attention_peak_fraction", "memory_bw_fraction", "collective_overh
               "nvlink_bw_fraction", "network_bw_fraction", "network_step_latency_s")
 # fitted as part of the nanotron profile (hardware_catalog/frameworks.yaml), not of the GPU
 TRAINING_PARAMS = ("host_overhead_s", "pp_tp_step_overhead_s")
-# fitted on throughput but belonging to the memory model (the PyTorch allocator near capacity)
-PRESSURE_PARAMS = ("pressure_start", "pressure_slowdown")
+# fitted on throughput but belonging to the memory model (the PyTorch allocator near capacity),
+# in a stage of its own (fit_pressure): where the stall starts is a prior (the reserved peak at
+# usable memory: pressure_start 1.0) and its width the memory fit's residual spread
+PRESSURE_PARAMS = ("pressure_slowdown",)
 # The Playbook runs cannot tell GEMM from attention efficiency apart (one sequence length
 # dominates): their fit starts from this prior (public cuBLAS measurements: large bf16 GEMMs
 # reach about 70% of the dense peak on H100 and A100); the GEMM fraction itself is then fitted
@@ -76,8 +78,8 @@ BLACKWELL_PARAMS = ("gemm_peak_fraction", "fp8_gemm_peak_fraction")
 EFF_BOUNDS = {"gemm_peak_fraction": (0.3, 0.95), "gemm_half_size": (1.0, 4096.0),
               "attention_peak_fraction": (0.05, 0.9), "memory_bw_fraction": (0.2, 1.0),
               "host_overhead_s": (1e-6, 5e-4), "collective_overhead_s": (1e-6, 1e-3),
-              "pp_tp_step_overhead_s": (1e-6, 2e-3), "pressure_start": (0.6, 0.99),
-              "pressure_slowdown": (1e-3, 20.0), "nvlink_bw_fraction": (0.1, 1.0),
+              "pp_tp_step_overhead_s": (1e-6, 2e-3), "pressure_slowdown": (1e-3, 20.0),
+              "nvlink_bw_fraction": (0.1, 1.0),
               "network_bw_fraction": (0.05, 1.0), "fp8_gemm_peak_fraction": (0.2, 0.95),
               # one ring step across the network: an RDMA write and its flag, 1 us to 1 ms
               "network_step_latency_s": (1e-6, 1e-3),
@@ -107,7 +109,7 @@ PRIOR_FABRICS = ("infiniband",)
 MEM_PARAMS = ("activation_factor", "logits_bytes_per_element", "allocator_fraction",
               "allocator_const_bytes")
 # the framework's own footprint (nanotron profile) vs the PyTorch allocator's (every framework)
-FRAMEWORK_MEM_PARAMS = ("activation_factor", "logits_bytes_per_element")
+FRAMEWORK_MEM_PARAMS = ("activation_factor", "logits_bytes_per_element", "pressure_width")
 MEM_BOUNDS = {"activation_factor": (0.5, 4.0), "logits_bytes_per_element": (2.0, 40.0),
               "allocator_fraction": (0.0, 1.5), "allocator_const_bytes": (0.0, 8 * GIB)}
 
@@ -155,8 +157,8 @@ def fit_efficiency(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, fa
                    framework: str = "", start_values: dict[str, float] | None = None,
                    ) -> tuple[Efficiency, dict[str, float]]:
     """Least squares on log throughput (Cauchy loss: a few pathological runs must not steer
-    it). TRAINING_PARAMS belong to ``framework``'s profile, PRESSURE_PARAMS to the allocator,
-    ``fabric:<id>`` to that fabric's network fraction (hardware_catalog/fabrics.yaml)."""
+    it). TRAINING_PARAMS belong to ``framework``'s profile, ``fabric:<id>`` to that fabric's
+    network fraction (hardware_catalog/fabrics.yaml)."""
     measured = frame["tokens_per_sec_per_gpu"].to_numpy()
     idx = _covered(groups, rows)
     weight = source_weights(frame, idx)
@@ -168,7 +170,7 @@ def fit_efficiency(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, fa
             values.setdefault(name, start.network_bw_fraction)
     bounds = {**EFF_BOUNDS, **{n: EFF_BOUNDS["network_bw_fraction"] for n in params
                                if n.startswith(FABRIC_PREFIX)}}
-    own = TRAINING_PARAMS + PRESSURE_PARAMS
+    own = TRAINING_PARAMS
 
     def split(x: np.ndarray) -> tuple[Efficiency, list[Group], dict[str, float]]:
         v = _unit(x, params, bounds)
@@ -181,10 +183,7 @@ def fit_efficiency(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, fa
         return eff, _with_fabrics(g, fabrics), v
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        eff, g, v = split(x)
-        memory = {k: val for k, val in v.items() if k in PRESSURE_PARAMS}
-        if memory:  # the allocator-pressure fit belongs to ``framework``'s profile
-            g = with_training(g, framework, memory_model=memory)
+        eff, g, _ = split(x)
         pred = predict_groups(g, len(frame), {family: eff})
         return weight * np.log(pred["tokens_per_s_per_gpu"][idx] / measured[idx])
 
@@ -215,7 +214,31 @@ def fit_memory(frame: pd.DataFrame, groups: list[Group], rows: pd.Series) -> dic
     x0 = _to_unit(dataclasses.asdict(MemoryModel()), MEM_PARAMS, MEM_BOUNDS)
     sol = least_squares(residuals, x0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=0.05,
                         diff_step=1e-3, max_nfev=300)
-    return _unit(sol.x, MEM_PARAMS, MEM_BOUNDS)
+    # the spread of what is left (robust: 1.4826 median absolute deviations) is the predicted
+    # peak's uncertainty, which the allocator stall is charged by
+    r = sol.fun
+    width = 1.4826 * float(np.median(np.abs(r - np.median(r))))
+    return {**_unit(sol.x, MEM_PARAMS, MEM_BOUNDS), "pressure_width": width}
+
+
+def fit_pressure(frame: pd.DataFrame, groups: list[Group], rows: pd.Series,
+                 effs: dict[str, Efficiency]) -> dict[str, float]:
+    """nanotron's allocator stall (``pressure_slowdown``) on ``rows``, by least absolute
+    deviations on log throughput: the runs past the cliff are the ones that tell it, and
+    fit_efficiency's Cauchy loss treats them as outliers by design."""
+    measured = frame["tokens_per_sec_per_gpu"].to_numpy()
+    idx = _covered(groups, rows)
+    used = [g for g in groups if np.isin(g.index, idx).any()]
+    lo, hi = EFF_BOUNDS["pressure_slowdown"]
+
+    def cost(u: float) -> float:
+        g = with_training(used, "nanotron", memory_model={"pressure_slowdown": float(np.exp(u))})
+        pred = predict_groups(g, len(frame), effs)["tokens_per_s_per_gpu"][idx]
+        return float(np.abs(np.log(pred / measured[idx])).sum())
+
+    sol = minimize_scalar(cost, bounds=(np.log(lo), np.log(hi)), method="bounded",
+                          options={"xatol": 1e-3})
+    return {"pressure_slowdown": float(np.exp(sol.x))}
 
 
 def nanotron_memory(values: dict[str, float]) -> dict[str, float]:
@@ -298,14 +321,13 @@ def write_fabrics(fabrics: dict[str, float], rows_on: dict[str, int]) -> None:
 
 def fit_playbook(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, start: Efficiency,
                  fitted: dict[str, float] | None = None) -> tuple[Efficiency, dict[str, float]]:
-    """Hopper's attention, memory-bound and communication terms with nanotron's host and
-    allocator-pressure terms, on ``rows``: the Playbook's H100 runs and llm-foundry's
-    single-node ones (the GEMM fractions held)."""
+    """Hopper's attention, memory-bound and communication terms with nanotron's host terms, on
+    ``rows``: the Playbook's H100 runs and llm-foundry's single-node ones (the GEMM fractions
+    held)."""
     return fit_efficiency(
-        frame, groups, rows, "hopper", start, EFF_PARAMS + TRAINING_PARAMS + PRESSURE_PARAMS,
+        frame, groups, rows, "hopper", start, EFF_PARAMS + TRAINING_PARAMS,
         framework="nanotron",
         start_values=fitted or {"host_overhead_s": 5e-5, "pp_tp_step_overhead_s": 2e-4,
-                                "pressure_start": 0.85, "pressure_slowdown": 1.0,
                                 "network_step_latency_s": NCCL_NET_STEP_S})
 
 
@@ -359,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
              & frame["peak_mem_gib"].notna())
     memory = fit_memory(frame, groups, pb_ok & train)
     nanotron = {k: memory.pop(k) for k in FRAMEWORK_MEM_PARAMS}
-    groups = with_training(groups, "nanotron", memory_model=nanotron)
+    # the efficiencies are fitted without the allocator stall, which is fitted on them after
+    groups = with_training(groups, "nanotron", memory_model={**nanotron, "pressure_slowdown": 0.0})
     print("allocator:", memory, "nanotron memory:", nanotron)
 
     foundry = foundry_node_rows(frame, "hopper") & train
@@ -382,12 +405,13 @@ def main(argv: list[str] | None = None) -> int:
                  " activation_factor, logits_bytes_per_element and pressure_* are priors here "
                  "(Korthikanti's count; bf16 logits + fp32 softmax; no slowdown) and fitted for "
                  "nanotron in its profile")
-    pressure = {k: fitted.pop(k) for k in PRESSURE_PARAMS}
-    nanotron.update(pressure)
     nanotron.update(fitted)
     groups = [replace(g, training=replace(g.training, memory_model=replace(
         g.training.memory_model, **memory))) for g in groups]  # type: ignore[arg-type]
-    groups = with_training(groups, "nanotron", memory_model=nanotron_memory(nanotron), **fitted)
+    groups = with_training(groups, "nanotron", memory_model={**nanotron_memory(nanotron),
+                                                             "pressure_slowdown": 0.0}, **fitted)
+    nanotron.update(fit_pressure(frame, groups, hop_rows & ~foundry, {"hopper": hopper}))
+    groups = with_training(groups, "nanotron", memory_model=nanotron_memory(nanotron))
     n_dgxc = len(_covered(groups, dgxc & regime(frame).str.startswith("hopper/")))
     hopper = replace(hopper, source="fitted by python -m tcf_search.calibration.fit on "
                      f"{int((hop_rows & ~foundry).sum())} Playbook H100 ok runs (pp=1 or "
