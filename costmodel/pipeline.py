@@ -194,3 +194,22 @@ def point_to_point(model: ModelSpec, tr: Training, g: Mesh, layers: StageLayers,
         "pp_activation_send_recv", "pp", "send_recv", p.pp,
         np.where(pp > 1, 2.0 * m * v * np.where(scatter, x_pp / tp, x_pp), 0.0),
         np.where(pp > 1, np.where(cross, 2, 1), 0), time_s, exposed)
+
+
+def shared_embedding_sync(model: ModelSpec, tr: Training, g: Mesh,
+                          embed_params: np.ndarray) -> CollectiveArrays:
+    """The word embedding's gradient where two stages hold it: the first (the embedding) and the
+    last (the tied LM head, or the MTP depths' embedding), all-reduced between the two after
+    backward, with nothing to hide behind. Megatron-Core: ``finalize_model_grads`` ->
+    ``_allreduce_word_embedding_grads`` on the embedding group (share_embeddings_and_output_weights
+    or MTP; distributed/finalize_model_grads.py); nanotron: ``sync_tied_weights_gradients`` on the
+    fp32 accumulator after the data-parallel sync (trainer.py, parallel/tied_parameters.py);
+    DeepSpeed's pipeline engine its tied modules alike. The pair is as far apart as the job is
+    wide (pp is outermost): one NVLink domain only if the job is."""
+    on = (g.pp > 1) & (model.tied_embeddings or model.mtp_layers > 0)
+    x = np.where(on, embed_params * tr.grad_reduce_dtype_bytes, 0.0)
+    cross = g.tp * g.cp * g.dp * g.pp > g.link.domain
+    n = np.where(on, 2.0, 1.0)
+    time_s = comm.all_reduce_time(x, n, np.where(cross, 1.0, 2.0), g.link)
+    return CollectiveArrays("pp_shared_embedding_grad", "pp", "all_reduce", np.where(on, 2, 1),
+                            x, comm.tier(n, np.where(cross, 1.0, 2.0)), time_s, time_s)

@@ -1,7 +1,7 @@
 """One training step, vectorised over plans, as the sum the three challenges make of it: each
 stage's memory, then compute + exposed communication (TP/SP, CP and EP per layer, the pipeline's
-point-to-point, data parallel by ZeRO stage) + the pipeline bubble + the optimizer step, plus the
-allocator's stalls near capacity (the core of ``estimate``).
+point-to-point and shared embedding, data parallel by ZeRO stage) + the pipeline bubble + the
+optimizer step, plus the allocator's stalls near capacity (the core of ``estimate``).
 
 Each concern is one function in the module that owns it, called once from :func:`evaluate`.
 """
@@ -24,7 +24,13 @@ from costmodel.parallel.expert import expert_parallel
 from costmodel.parallel.mesh import mesh_of
 from costmodel.parallel.tensor import tensor_parallel
 from costmodel.params import model_flops_per_token
-from costmodel.pipeline import bubble_time, logits_hops, point_to_point, stage_times
+from costmodel.pipeline import (
+    bubble_time,
+    logits_hops,
+    point_to_point,
+    shared_embedding_sync,
+    stage_times,
+)
 from costmodel.plans import PlanArrays
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 
@@ -81,17 +87,18 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
                          tensor.vocab_s, g.synchronous, mtp, logits_hops(model, tr, g, layers))
     bubble = bubble_time(per_mb, g, layers)
     p2p = point_to_point(model, tr, g, layers, lt)
+    tied = shared_embedding_sync(model, tr, g, co.embed_params)
     grads, params = data_parallel(tr, g, co, layers, lt)
     optimizer_s = (optimizer_time(co, layers, p, cluster, tr)
                    + grad_accumulation_time(co, layers, m, cluster, tr))
 
     compute_s = m * per_mb.at_slowest(per_mb.compute_s)
     step = (compute_s + m * per_mb.at_slowest(per_mb.comm_s) + bubble + p2p.exposed_s
-            + sum(c.exposed_s for c in (*grads, *params)) + optimizer_s)
+            + sum(c.exposed_s for c in (*grads, *params, tied)) + optimizer_s)
     tp_collectives = tensor.collectives(g, model.layers, per_mb.at_slowest(tensor.vocab_s),
                                         per_mb.at_slowest(tensor.vocab_sides))
     nccl = (context.collective(g, model.layers), expert.collective(g, model.layers),
-            p2p, *grads, *params)
+            p2p, tied, *grads, *params)
     collectives = (*tp_collectives, *nccl)
     # hidden NCCL traffic slows the kernels it runs beside (counted as compute). Not TP's:
     # overlapped, it moves through Transformer Engine's userbuffers or PyTorch's symmetric
