@@ -76,3 +76,14 @@ def test_only_the_fitted_framework_stalls() -> None:
     for fw in ("generic", "megatron", "torchtitan", "deepspeed"):
         mm = framework_settings(fw)["memory_model"]
         assert mm.pressure_slowdown == 0.0 and mm.pressure_start == 1.0
+
+
+def test_the_normal_distribution_function() -> None:
+    """The cost model's own Phi (numpy alone) against scipy's, over the range that matters."""
+    from scipy.special import ndtr
+
+    from costmodel.memory import normal_cdf
+
+    z = np.linspace(-8.0, 8.0, 4001)
+    np.testing.assert_allclose(normal_cdf(z), ndtr(z), atol=2e-7)
+    assert normal_cdf(np.array([-np.inf]))[0] == 0.0 and normal_cdf(np.array([np.inf]))[0] == 1.0
