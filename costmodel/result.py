@@ -86,6 +86,8 @@ class ComputeEstimate:
     gemm_efficiency: float  # achieved fraction of peak over the GEMMs
     # what overlapped communication slows the kernels by (its NCCL kernels hold SMs); in time_s
     contention_time_s: float = 0.0
+    # the caching allocator's expected stall near capacity (frees and retries); in time_s
+    stall_time_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -45,6 +45,7 @@ class StepArrays:
     compute_s: np.ndarray
     recompute_s: np.ndarray
     contention_s: np.ndarray  # what hidden communication slows the compute by
+    stall_s: np.ndarray  # the caching allocator's expected free-and-retry near capacity
     optimizer_s: np.ndarray
     bubble_s: np.ndarray
     gemm_efficiency: np.ndarray
@@ -118,7 +119,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
         usable_bytes=cluster.gpu.usable_bytes, model_flops=np.full_like(step, model_flops),
         hardware_flops=hardware_flops(model, cluster, tr, p, layers, model_flops),
         compute_s=compute_s, recompute_s=m * per_mb.at_slowest(per_mb.recompute_s),
-        contention_s=contention,
+        contention_s=contention, stall_s=stall,
         optimizer_s=optimizer_s, bubble_s=bubble, gemm_efficiency=lt.gemm_efficiency,
         collectives=collectives, step_time_s=step, tokens_per_step=tokens, num_gpus=n_gpus,
     )

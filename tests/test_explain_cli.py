@@ -135,3 +135,20 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], words: str) -> None:
 def test_missing_rank_lists_the_ranks(result8: Path) -> None:
     code, _, err = run(str(result8), "--rank", "99")
     assert code == 2 and "ranks available: 1, 2, 3, 4, 5" in err
+
+
+def test_the_allocator_stall_is_said(tmp_path: Path) -> None:
+    """A nanotron plan whose peak nears usable memory is told its expected allocator stall, in
+    the text and --json (the kernels' time holds it); a roomy one is told nothing."""
+    study = tmp_path / "nt.yaml"
+    study.write_text(S8.read_text().replace("  precision: bf16",
+                                            "  precision: bf16\n  framework: nanotron"))
+    near, roomy = "tp=2,pp=1,mbs=1,recompute=none,zero=1", "tp=2,pp=1,mbs=1,recompute=full,zero=1"
+    code, out, _ = run(str(study), "--plan", near)
+    assert code == 0 and "caching allocator freeing and retrying" in " ".join(out.split())
+    doc = json.loads(run(str(study), "--plan", near, "--json")[1])
+    assert 0.0 < doc["compute"]["stall_time_s"] < doc["compute"]["time_s"]
+    code, out, _ = run(str(study), "--plan", roomy)
+    assert code == 0 and "caching allocator" not in " ".join(out.split())
+    doc = json.loads(run(str(study), "--plan", roomy, "--json")[1])
+    assert doc["compute"]["stall_time_s"] < 0.005 * doc["step"]["step_time_s"]

@@ -69,6 +69,7 @@ def _compute(e: StepEstimate) -> dict[str, Any]:
             "gemm_efficiency": c.gemm_efficiency, "time_s": c.time_s,
             "recompute_time_s": c.recompute_time_s,
             "contention_time_s": c.contention_time_s,
+            "stall_time_s": c.stall_time_s,
             "recompute_share": c.recompute_time_s / c.time_s if c.time_s else 0.0,
             "bubble_time_s": e.bubble_time_s,
             "bubble_share": e.bubble_time_s / e.step_time_s,

@@ -44,6 +44,16 @@ def _memory(doc: dict[str, Any], con: Console) -> None:
     con.print(t)
 
 
+def _stall(c: dict[str, Any], step_s: float) -> str:
+    """The allocator's expected stall, where the plan's peak comes near enough to capacity for
+    it to be half a percent of the step."""
+    s = c.get("stall_time_s", 0.0)
+    if s < 0.005 * step_s:
+        return ""
+    return (f"; [yellow]{s:.2f} s expected of the caching allocator freeing and retrying[/yellow]: "
+            "the peak is that close to usable memory")
+
+
 def _compute(doc: dict[str, Any], con: Console) -> None:
     c, step = doc["compute"], doc["step"]
     con.print(f"\n[bold]2. Compute[/bold]: {c['model_flops_per_gpu'] / 1e15:.2f} PFLOP model / "
@@ -53,7 +63,8 @@ def _compute(doc: dict[str, Any], con: Console) -> None:
             if doc["plan"]["recompute"] == "selective" else "")
     con.print(f"   kernels {c['time_s']:.2f} s (recompute {c['recompute_time_s']:.2f} s, "
               f"{c['recompute_share']:.0%}{what}; slowed {c['contention_time_s']:.2f} s by the "
-              f"communication it hides), bubble {c['bubble_time_s']:.2f} s "
+              f"communication it hides{_stall(c, step['step_time_s'])}), "
+              f"bubble {c['bubble_time_s']:.2f} s "
               f"({c['bubble_share']:.1%} of the step), optimizer {c['optimizer_time_s']:.3f} s")
     own = ("" if c["peak_tflops_per_gpu"] == c["bf16_peak_tflops_per_gpu"]
            else f" ({c['mfu_precision_peak']:.1%} of the {c['peak_tflops_per_gpu']:.0f} TFLOP/s "
