@@ -1,13 +1,18 @@
 """The optimizer's memory-bound passes over the parameters: the step's Adam (or SGD) update over
-this GPU's shard, and, where a framework accumulates gradients in a pass of its own, that pass
-after every micro-batch's backward."""
+this GPU's shard, and the passes that accumulate each micro-batch's gradients where nothing
+fuses them into the weight-gradient GEMM."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from costmodel.mapping import StageLayers, expert_dp
-from costmodel.memory import MemoryCoefficients, largest_stage_params
+from costmodel.memory import (
+    MemoryCoefficients,
+    largest_stage_params,
+    zero2_reduces_each_micro_batch,
+    zero3_accumulates_whole,
+)
 from costmodel.plans import PlanArrays
 from costmodel.specs import ClusterSpec, Training
 
@@ -34,11 +39,21 @@ def optimizer_time(co: MemoryCoefficients, layers: StageLayers, p: PlanArrays,
 
 
 def grad_accumulation_time(co: MemoryCoefficients, layers: StageLayers, micro_batches: np.ndarray,
-                           cluster: ClusterSpec, tr: Training) -> np.ndarray:
-    """Every micro-batch adds its fresh gradients into the accumulation buffer in a pass of its
-    own over all the largest stage's parameters, unsharded (Training.grad_accum_pass_bytes each:
-    nanotron's fp32_grad.add_(bf16 grad), frameworks.yaml); Megatron fuses the add into the
-    weight-gradient GEMM (0)."""
+                           p: PlanArrays, cluster: ClusterSpec, tr: Training) -> np.ndarray:
+    """The passes that add each micro-batch's fresh gradients into what the step accumulates,
+    over all the largest stage's parameters, unsharded. A framework's own pass runs after every
+    micro-batch (``grad_accum_pass_bytes``: nanotron's fp32_grad.add_(bf16 grad); ``_pp`` in a
+    pipeline at ZeRO-0: DeepSpeed's BF16_Optimizer); without one, where whole gradients stay
+    across micro-batches (ZeRO-0/1, ZeRO-2/3 that sync once a step), autograd adds into ``.grad``
+    in place on every micro-batch but the first (``grad_accum_inplace_bytes``). Megatron fuses
+    the add into the weight-gradient GEMM (0 both)."""
     dense, experts = largest_stage_params(co, layers)
     hbm = cluster.gpu.hbm_bw_bytes_per_s * cluster.gpu.efficiency.memory_bw_fraction
-    return micro_batches * (dense + experts) * tr.grad_accum_pass_bytes / hbm
+    z = p.zero_stage
+    own = np.where((p.pp > 1) & (z == 0) & (tr.grad_accum_pass_bytes_pp >= 0),
+                   tr.grad_accum_pass_bytes_pp, tr.grad_accum_pass_bytes)
+    whole = ((z <= 1) | ((z == 2) & ~zero2_reduces_each_micro_batch(tr, p))
+             | zero3_accumulates_whole(tr, p))
+    inplace = np.where((own == 0) & whole,
+                       np.maximum(micro_batches - 1, 0) * tr.grad_accum_inplace_bytes, 0.0)
+    return (micro_batches * own + inplace) * (dense + experts) / hbm

@@ -209,16 +209,19 @@ class Training:
     precision: Precision = "bf16"
     optimizer: Literal["adam", "sgd"] = "adam"
     grad_dtype_bytes: int = 4  # fp32 gradient accumulation buffer (Megatron main_grad, nanotron)
-    # bytes per parameter of a separate gradient-accumulation pass each micro-batch (optimizer.py)
+    # bytes a parameter of gradient accumulation (optimizer.py): a pass of the framework's own
+    # every micro-batch (``_pp``: in a pipeline at ZeRO-0; -1: the same), or autograd's in-place
+    # .grad add on all but the first where whole gradients are kept (``inplace``)
     grad_accum_pass_bytes: float = 0.0
+    grad_accum_pass_bytes_pp: float = -1.0
+    grad_accum_inplace_bytes: float = 0.0
     master_weights: bool = True  # fp32 master copy next to the low-precision weights
-    # Bytes of each optimizer state element (Adam's m and v, SGD's momentum): fp32 beside fp32
-    # master weights; torch.optim keeps them in the parameter's dtype (zeros_like), so a model
-    # whose parameters are bf16 (NeMo AutoModel's MoE models) holds them in bf16
+    # Bytes of an optimizer state element (Adam's m, v; SGD's momentum): fp32 beside fp32 masters;
+    # torch.optim's zeros_like keeps the parameter's dtype (bf16 in NeMo AutoModel's MoE models)
     optimizer_state_bytes: int = 4
     # Bytes of a gradient element as reduced (0: grad_dtype_bytes): FSDP2's reduce_dtype=float32
-    # reduces bf16 gradients in fp32 and, with sync off, accumulates them unsharded in fp32
-    # (torch/distributed/fsdp/_fully_shard/_fsdp_param.py, to_accumulated_grad_if_needed)
+    # reduces bf16 gradients in fp32 and, sync off, accumulates them whole in fp32
+    # (torch/distributed/fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed)
     grad_reduce_bytes: int = 0
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
@@ -238,13 +241,13 @@ class Training:
     sharded_dp_one_call: bool = False
     sharded_gather_host_ops: float = 0.0
     separate_grad_comm_buffer: bool = False  # nanotron copies grads into a reduce buffer
-    # ZeRO-2 under gradient accumulation (more than one micro-batch per step) pays one of two
-    # costs, never neither: "micro_batch" reduce-scatters the gradients into their owner's shard
-    # in every micro-batch's backward and keeps only the shard (DeepSpeed ZeRO-2's backward
-    # hooks in deepspeed/runtime/zero/stage_1_and_2.py; Megatron-FSDP's optim_grads; FSDP2 with
-    # gradient sync on, as torchtitan's train_step runs it); "step" accumulates unsharded
-    # gradients and reduce-scatters once (FSDP2 with set_requires_gradient_sync(False) until the
-    # last micro-batch, as torch.distributed.pipelining's schedules do). ``_pp``: under PP.
+    # ZeRO-2 under gradient accumulation (more than one micro-batch a step) pays one of two costs,
+    # never neither: "micro_batch" reduce-scatters the gradients into their owner's shard in every
+    # micro-batch's backward, keeping the shard (DeepSpeed ZeRO-2's backward hooks, zero/
+    # stage_1_and_2.py; Megatron-FSDP's optim_grads; FSDP2 with sync on, torchtitan's train_step);
+    # "step" accumulates whole gradients and reduce-scatters once (FSDP2 with
+    # set_requires_gradient_sync(False) to the last micro-batch, torch.distributed.pipelining's
+    # schedules). ``_pp``: under PP.
     zero2_grad_sync: Literal["micro_batch", "step"] = "micro_batch"
     # CP's K/V exchange (parallel/context.py): cp - 1 ring steps (Megatron-Core's p2p), or one
     # all-gather (torchtitan's default)
@@ -278,15 +281,13 @@ class Training:
     # Interleaved 1F1B sends a chunk's activation while the next chunk computes (Megatron-LM's
     # overlap_p2p_comm, default with a virtual pipeline). Without interleaving all wait for it.
     overlap_p2p_comm: bool = False
-    # What sequence parallel keeps for the backward of the QKV and MLP-in projections: Megatron
-    # keeps the sequence-sharded norm output and all-gathers it again in backward (Korthikanti
-    # et al., 2022, sec. 4.2.2); PyTorch DTensor's ColwiseParallel keeps the gathered one.
+    # What SP keeps for the QKV and MLP-in projections' backward: Megatron the sharded norm output,
+    # all-gathered again (Korthikanti et al., 2022, 4.2.2); DTensor's ColwiseParallel the gathered
     sp_saves_gathered_input: bool = False
     # TP on PyTorch DTensors (torchtitan, the harness): each TP op pays dtensor_op_overhead_s more
     dtensor_tp: bool = False
-    # Bytes of one activation element, as exchanged between ranks, stored for backward and
-    # streamed by elementwise kernels: 2 under bf16/fp16 autocast (fp8 GEMMs still hand bf16
-    # activations around); 4 for a run without autocast (the CPU validation runs, in fp32).
+    # Bytes of an activation element, exchanged, stored for backward and streamed by elementwise
+    # kernels: 2 under bf16/fp16 autocast (fp8 GEMMs too); 4 without (CPU validation runs, fp32)
     activation_dtype_bytes: float = 2.0
     # fp8 keeps the GEMM inputs' casts for backward (TE's Linear); torchao's keeps bf16 ones
     fp8_saves_cast_inputs: bool = True
@@ -296,9 +297,8 @@ class Training:
     # fp8 weight casts cached after a step's first micro-batch (Megatron-Core's TE layers pass
     # is_first_microbatch, megatron/core/extensions/transformer_engine.py); not in torchao's
     fp8_weight_cache: bool = True
-    # Norms, RoPE and the activation function run as fused kernels (custom kernels, as in
-    # nanotron and Transformer Engine, or torch.compile); False: eager PyTorch composites that
-    # pass over HBM several times each (costmodel.compute.EAGER_*)
+    # Norms, RoPE and the activation function as fused kernels (nanotron's, Transformer Engine's,
+    # torch.compile); False: eager composites, several HBM passes each (costmodel.compute.EAGER_*)
     fused_elementwise: bool = True
     # Pipeline stages placed by compute cost, the LM head counted (nanotron, where a plan gives
     # no split; costmodel.mapping.cost_balanced_split); False: an even split

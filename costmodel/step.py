@@ -91,7 +91,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     tied = shared_embedding_sync(model, tr, g, co.embed_params)
     grads, params = data_parallel(tr, g, co, layers, lt)
     optimizer_s = (optimizer_time(co, layers, p, cluster, tr)
-                   + grad_accumulation_time(co, layers, m, cluster, tr))
+                   + grad_accumulation_time(co, layers, m, p, cluster, tr))
 
     compute_s = m * per_mb.at_slowest(per_mb.compute_s)
     step = (compute_s + m * per_mb.at_slowest(per_mb.comm_s) + bubble + p2p.exposed_s
