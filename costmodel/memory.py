@@ -28,6 +28,7 @@ from costmodel.mapping import (
     inflight_micro_batches,
     micro_batches,
 )
+from costmodel.memory_model import normal_cdf
 from costmodel.mtp import block_saved_bytes, mtp_params
 from costmodel.params import (
     attention_params,
@@ -391,13 +392,3 @@ def allocator_stall(step_s: np.ndarray, stages: dict[str, StageBytes], cluster: 
     z = np.log(np.maximum(peak, 1.0) / edge) / max(mm.pressure_width, 1e-6)
     return step_s * mm.pressure_slowdown * normal_cdf(z)
 
-
-def normal_cdf(z: np.ndarray) -> np.ndarray:
-    """The standard normal's distribution function, by Abramowitz & Stegun 7.1.26 for erf
-    (absolute error below 1.5e-7; no scipy: the cost model imports numpy alone)."""
-    x = np.abs(z) / np.sqrt(2.0)
-    t = 1.0 / (1.0 + 0.3275911 * x)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027
-                                                                          + t * 1.061405429))))
-    erf = 1.0 - poly * np.exp(-x * x)
-    return 0.5 * (1.0 + np.sign(z) * erf)

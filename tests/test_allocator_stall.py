@@ -82,7 +82,7 @@ def test_the_normal_distribution_function() -> None:
     """The cost model's own Phi (numpy alone) against scipy's, over the range that matters."""
     from scipy.special import ndtr
 
-    from costmodel.memory import normal_cdf
+    from costmodel.memory_model import normal_cdf
 
     z = np.linspace(-8.0, 8.0, 4001)
     np.testing.assert_allclose(normal_cdf(z), ndtr(z), atol=2e-7)

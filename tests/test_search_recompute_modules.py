@@ -101,10 +101,15 @@ def test_a_run_writes_each_plans_set(tmp_path: Path) -> None:
     trial count past the units runs them all: no sampler's path decides what the rows hold), on
     selective recompute only, the training's own set the most that can be recomputed, so a plan
     that fits with less recomputes less."""
-    text = tiny_study(extra="  recompute: [selective]\n  recompute_modules: auto").replace(
-        "training: {seq_len: 512, global_batch: 32}",
-        "training: {seq_len: 512, global_batch: 32, "
-        "recompute_modules: [core_attn, moe_act, layernorm]}")
+    text = tiny_study(seq=4096, extra="  recompute: [selective]\n  recompute_modules: auto"
+                      ).replace("training: {seq_len: 4096, global_batch: 32}",
+                                "training: {seq_len: 4096, global_batch: 32, "
+                                "recompute_modules: [core_attn, moe_act, layernorm]}")
+    # wide and long enough that the GPU, not the host's kernel launches, sets the pace, so
+    # recomputing more takes longer (at hidden 256 and 512 tokens every set ties on the host's
+    # time and the order picks the first); the least that fits is then each layout's choice
+    text = text.replace("hidden: 256, ffn_hidden: 512", "hidden: 2048, ffn_hidden: 4096")
+    assert "recompute_modules: [core_attn" in text
     study = parse_study(text, name="modules-run")
     result = run_study(study, RunOptions(out_dir=tmp_path, trials=100_000))
     assert result.search["sampler"] == "brute_force"
