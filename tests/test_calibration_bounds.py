@@ -12,7 +12,8 @@ import yaml
 
 from hardware_catalog import CATALOG_DIR, load_calibration, load_fabrics
 from hardware_catalog.frameworks import PROFILES_FILE
-from tcf_search.calibration.fit import EFF_BOUNDS, MEM_BOUNDS, PRIOR_FABRICS
+from tcf_search.calibration.fit import EFF_BOUNDS, PRIOR_FABRICS
+from tcf_search.calibration.memory_fit import MEM_BOUNDS, PRESSURE_BOUNDS
 
 REL = 1e-3
 # A known entry leaves the list once it is clearly off its bound, 1% away: hopper's memory-bound
@@ -48,7 +49,7 @@ def _shipped() -> list[tuple[str, float, tuple[float, float]]]:
                         EFF_BOUNDS["network_bw_fraction"]))
     profiles = yaml.safe_load(PROFILES_FILE.read_text())
     nanotron = profiles["frameworks"]["nanotron"]
-    bounds = {**EFF_BOUNDS, **MEM_BOUNDS}
+    bounds = {**EFF_BOUNDS, **MEM_BOUNDS, **PRESSURE_BOUNDS}
     # the nanotron profile's fitted lines; of the shared memory model, the allocator terms
     # (its activation_factor, logits and pressure are priors there, fitted for nanotron)
     allocator = {k: v for k, v in profiles["memory_model"].items() if k.startswith("allocator")}

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
-from scipy.optimize import least_squares, minimize_scalar
+from scipy.optimize import least_squares
 
 from costmodel.specs import Efficiency, MemoryModel
 from hardware_catalog import CATALOG_DIR, FAMILIES, get_fabric, load_calibration
@@ -47,18 +47,22 @@ from tcf_search.calibration.dataset import (
     weigh_alike,
     with_training,
 )
+from tcf_search.calibration.memory_fit import (
+    FRAMEWORK_MEM_PARAMS,
+    covered,
+    fit_memory,
+    fit_pressure,
+    nanotron_memory,
+    to_unit,
+    unit,
+)
 from tcf_search.calibration.moe_fit import MOE_BOUNDS, fit_moe, report_moe
 from tcf_search.calibration.uncertainty import coverage
 
-GIB = 2**30
 EFF_PARAMS = ("attention_peak_fraction", "memory_bw_fraction", "collective_overhead_s",
               "nvlink_bw_fraction", "network_bw_fraction", "network_step_latency_s")
 # fitted as part of the nanotron profile (hardware_catalog/frameworks.yaml), not of the GPU
 TRAINING_PARAMS = ("host_overhead_s", "pp_tp_step_overhead_s")
-# fitted on throughput but belonging to the memory model (the PyTorch allocator near capacity),
-# in a stage of its own (fit_pressure): where the stall starts is a prior (the reserved peak at
-# usable memory: pressure_start 1.0) and its width the memory fit's residual spread
-PRESSURE_PARAMS = ("pressure_slowdown",)
 # The Playbook runs cannot tell GEMM from attention efficiency apart (one sequence length
 # dominates): their fit starts from this prior (public cuBLAS measurements: large bf16 GEMMs
 # reach about 70% of the dense peak on H100 and A100); the GEMM fraction itself is then fitted
@@ -78,8 +82,7 @@ BLACKWELL_PARAMS = ("gemm_peak_fraction", "fp8_gemm_peak_fraction")
 EFF_BOUNDS = {"gemm_peak_fraction": (0.3, 0.95), "gemm_half_size": (1.0, 4096.0),
               "attention_peak_fraction": (0.05, 0.9), "memory_bw_fraction": (0.2, 1.0),
               "host_overhead_s": (1e-6, 5e-4), "collective_overhead_s": (1e-6, 1e-3),
-              "pp_tp_step_overhead_s": (1e-6, 2e-3), "pressure_slowdown": (1e-3, 20.0),
-              "nvlink_bw_fraction": (0.1, 1.0),
+              "pp_tp_step_overhead_s": (1e-6, 2e-3), "nvlink_bw_fraction": (0.1, 1.0),
               "network_bw_fraction": (0.05, 1.0), "fp8_gemm_peak_fraction": (0.2, 0.95),
               # one ring step across the network: an RDMA write and its flag, 1 us to 1 ms
               "network_step_latency_s": (1e-6, 1e-3),
@@ -106,44 +109,11 @@ PRIOR_FABRICS = ("infiniband",)
 # Not fitted either: the network point-to-point fraction (Efficiency.p2p_network_bw_fraction, a
 # cited prior of NCCL's per-NIC peer bandwidth): fitted free on the Playbook with nanotron's
 # placement on (frameworks.yaml pp_cost_balance) it ran to its bound of 1.0 (issue 17).
-MEM_PARAMS = ("activation_factor", "logits_bytes_per_element", "allocator_fraction",
-              "allocator_const_bytes")
-# the framework's own footprint (nanotron profile) vs the PyTorch allocator's (every framework)
-FRAMEWORK_MEM_PARAMS = ("activation_factor", "logits_bytes_per_element", "pressure_width")
-MEM_BOUNDS = {"activation_factor": (0.5, 4.0), "logits_bytes_per_element": (2.0, 40.0),
-              "allocator_fraction": (0.0, 1.5), "allocator_const_bytes": (0.0, 8 * GIB)}
-
-
-def _covered(groups, rows: pd.Series) -> np.ndarray:
-    """Positions of the selected rows that the cost model can evaluate."""
-    modelled = np.concatenate([g.index for g in groups]) if groups else np.array([], int)
-    return np.intersect1d(np.flatnonzero(rows.to_numpy()), modelled)
 
 
 def split_mask(frame: pd.DataFrame) -> pd.Series:
     """True for rows held out of every fit (30% of sweep groups, by a stable hash)."""
     return group_of(frame).map(holdout).astype(bool)
-
-
-def _unit(x: np.ndarray, names: tuple[str, ...], bounds: dict[str, tuple[float, float]]) -> dict:
-    """Parameters live in [0, 1] (log scale between bounds) for the optimiser."""
-    out = {}
-    for v, n in zip(x, names, strict=True):
-        lo, hi = bounds[n]
-        lo = max(lo, 1e-9)
-        out[n] = float(np.exp(np.log(lo) + v * (np.log(hi) - np.log(lo))))
-    return out
-
-
-def _to_unit(vals: dict, names: tuple[str, ...],
-             bounds: dict[str, tuple[float, float]]) -> np.ndarray:
-    x = []
-    for n in names:
-        lo, hi = bounds[n]
-        lo = max(lo, 1e-9)
-        v = min(max(vals[n], lo), hi)
-        x.append((np.log(v) - np.log(lo)) / (np.log(hi) - np.log(lo)))
-    return np.asarray(x)
 
 
 def _with_fabrics(groups: list[Group], fractions: dict[str, float]) -> list[Group]:
@@ -160,7 +130,7 @@ def fit_efficiency(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, fa
     it). TRAINING_PARAMS belong to ``framework``'s profile, ``fabric:<id>`` to that fabric's
     network fraction (hardware_catalog/fabrics.yaml)."""
     measured = frame["tokens_per_sec_per_gpu"].to_numpy()
-    idx = _covered(groups, rows)
+    idx = covered(groups, rows)
     weight = source_weights(frame, idx)
     fam_groups = [g for g in groups if g.cluster.gpu.family == family
                   and np.isin(g.index, idx).any()]
@@ -173,7 +143,7 @@ def fit_efficiency(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, fa
     own = TRAINING_PARAMS
 
     def split(x: np.ndarray) -> tuple[Efficiency, list[Group], dict[str, float]]:
-        v = _unit(x, params, bounds)
+        v = unit(x, params, bounds)
         tr = {k: val for k, val in v.items() if k in TRAINING_PARAMS}
         fabrics = {k.removeprefix(FABRIC_PREFIX): val for k, val in v.items()
                    if k.startswith(FABRIC_PREFIX)}
@@ -187,7 +157,7 @@ def fit_efficiency(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, fa
         pred = predict_groups(g, len(frame), {family: eff})
         return weight * np.log(pred["tokens_per_s_per_gpu"][idx] / measured[idx])
 
-    x0 = _to_unit(values, params, bounds)
+    x0 = to_unit(values, params, bounds)
     sol = least_squares(residuals, x0, bounds=(0.0, 1.0), loss="cauchy", f_scale=0.1,
                         diff_step=1e-3, max_nfev=int(os.environ.get("TCF_FIT_NFEV", "300")))
     eff, _, v = split(sol.x)
@@ -199,50 +169,6 @@ def source_weights(frame: pd.DataFrame, idx: np.ndarray) -> np.ndarray:
     sequence length must not outvote the runs that tell terms apart it cannot."""
     src = frame["source"].to_numpy()[idx]
     return np.sqrt(weigh_alike(src) * len(idx) / np.unique(src).size)
-
-
-def fit_memory(frame: pd.DataFrame, groups: list[Group], rows: pd.Series) -> dict[str, float]:
-    measured = frame["peak_mem_gib"].to_numpy() * GIB
-    idx = _covered(groups, rows)
-    used = [g for g in groups if np.isin(g.index, idx).any()]
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        pred = predict_groups(used, len(frame), None, _unit(x, MEM_PARAMS, MEM_BOUNDS))
-        # max_memory_reserved on rank 0: the first pipeline stage
-        return np.log(pred["first_stage_mem_bytes"][idx] / measured[idx])
-
-    x0 = _to_unit(dataclasses.asdict(MemoryModel()), MEM_PARAMS, MEM_BOUNDS)
-    sol = least_squares(residuals, x0, bounds=(0.0, 1.0), loss="soft_l1", f_scale=0.05,
-                        diff_step=1e-3, max_nfev=300)
-    # the spread of what is left (robust: 1.4826 median absolute deviations) is the predicted
-    # peak's uncertainty, which the allocator stall is charged by
-    r = sol.fun
-    width = 1.4826 * float(np.median(np.abs(r - np.median(r))))
-    return {**_unit(sol.x, MEM_PARAMS, MEM_BOUNDS), "pressure_width": width}
-
-
-def fit_pressure(frame: pd.DataFrame, groups: list[Group], rows: pd.Series,
-                 effs: dict[str, Efficiency]) -> dict[str, float]:
-    """nanotron's allocator stall (``pressure_slowdown``) on ``rows``, by least absolute
-    deviations on log throughput: the runs past the cliff are the ones that tell it, and
-    fit_efficiency's Cauchy loss treats them as outliers by design."""
-    measured = frame["tokens_per_sec_per_gpu"].to_numpy()
-    idx = _covered(groups, rows)
-    used = [g for g in groups if np.isin(g.index, idx).any()]
-    lo, hi = EFF_BOUNDS["pressure_slowdown"]
-
-    def cost(u: float) -> float:
-        g = with_training(used, "nanotron", memory_model={"pressure_slowdown": float(np.exp(u))})
-        pred = predict_groups(g, len(frame), effs)["tokens_per_s_per_gpu"][idx]
-        return float(np.abs(np.log(pred / measured[idx])).sum())
-
-    sol = minimize_scalar(cost, bounds=(np.log(lo), np.log(hi)), method="bounded",
-                          options={"xatol": 1e-3})
-    return {"pressure_slowdown": float(np.exp(sol.x))}
-
-
-def nanotron_memory(values: dict[str, float]) -> dict[str, float]:
-    return {k: v for k, v in values.items() if k in FRAMEWORK_MEM_PARAMS + PRESSURE_PARAMS}
 
 
 def _set_fitted(text: str, key: str, value: float) -> str:
@@ -412,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                                                              "pressure_slowdown": 0.0}, **fitted)
     nanotron.update(fit_pressure(frame, groups, hop_rows & ~foundry, {"hopper": hopper}))
     groups = with_training(groups, "nanotron", memory_model=nanotron_memory(nanotron))
-    n_dgxc = len(_covered(groups, dgxc & regime(frame).str.startswith("hopper/")))
+    n_dgxc = len(covered(groups, dgxc & regime(frame).str.startswith("hopper/")))
     hopper = replace(hopper, source="fitted by python -m tcf_search.calibration.fit on "
                      f"{int((hop_rows & ~foundry).sum())} Playbook H100 ok runs (pp=1 or "
                      f"after_pp_fix), {int(foundry.sum())} llm-foundry single-node H100 runs "
@@ -430,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
               f"fitted (its rows cannot identify it; see fit.py PRIOR_FABRICS): {fab.source}")
 
     blackwell = fit_dgxc(frame, groups, dgxc, "blackwell", hopper, BLACKWELL_PARAMS)
-    n_bw = len(_covered(groups, dgxc & regime(frame).str.startswith("blackwell/")))
+    n_bw = len(covered(groups, dgxc & regime(frame).str.startswith("blackwell/")))
     blackwell = replace(blackwell, source="fitted by python -m tcf_search.calibration.fit on "
                         f"{n_bw} dgxc-benchmarking GB200 dense runs of non-held-out groups (bf16 "
                         "and fp8 GEMM fractions); attention, memory-bound, cast, overhead and "
