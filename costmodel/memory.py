@@ -391,4 +391,3 @@ def allocator_stall(step_s: np.ndarray, stages: dict[str, StageBytes], cluster: 
     edge = mm.pressure_start * cluster.gpu.usable_bytes
     z = np.log(np.maximum(peak, 1.0) / edge) / max(mm.pressure_width, 1e-6)
     return step_s * mm.pressure_slowdown * normal_cdf(z)
-

@@ -208,8 +208,8 @@ def shared_embedding_sync(model: ModelSpec, tr: Training, g: Mesh,
     wide (pp is outermost): one NVLink domain only if the job is."""
     on = (g.pp > 1) & (model.tied_embeddings or model.mtp_layers > 0)
     x = np.where(on, embed_params * tr.grad_reduce_dtype_bytes, 0.0)
-    cross = g.tp * g.cp * g.dp * g.pp > g.link.domain
     n = np.where(on, 2.0, 1.0)
-    time_s = comm.all_reduce_time(x, n, np.where(cross, 1.0, 2.0), g.link)
+    k = np.where(g.tp * g.cp * g.dp * g.pp > g.link.domain, 1.0, 2.0)  # the pair's members a domain
+    time_s = comm.all_reduce_time(x, n, k, g.link)
     return CollectiveArrays("pp_shared_embedding_grad", "pp", "all_reduce", np.where(on, 2, 1),
-                            x, comm.tier(n, np.where(cross, 1.0, 2.0)), time_s, time_s)
+                            x, comm.tier(n, k), time_s, time_s)
