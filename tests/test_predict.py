@@ -108,3 +108,15 @@ def test_compile_column_fuses_an_eager_frameworks_elementwise_ops(tmp_path: Path
     nano.write_text(header + "\n" + "\n".join([f"a,{nrow},", f"b,{nrow},true"]) + "\n")
     n = predict_csv(nano, tmp_path / "n_out.csv")["pred_tokens_per_sec_per_gpu"]
     assert n.iloc[0] == n.iloc[1]
+
+
+def test_the_allocator_stall_has_its_column(tmp_path: Path) -> None:
+    """A nanotron row whose peak nears usable memory reports the expected stall (held in the
+    compute time), a Megatron twin none: only nanotron's profile is fitted to stall."""
+    near = f"{LLAMA8B},2,1,1,1,1,32,0,1,256,none,true,bf16"
+    out = predict_csv(_write(tmp_path, [f"n,{near},nanotron,ok,", f"m,{near},megatron,ok,"]),
+                      tmp_path / "out.csv")
+    n, m = out.iloc[0], out.iloc[1]
+    assert n["pred_peak_mem_gib"] > 0.8 * n["pred_usable_mem_gib"]
+    assert 0.0 < n["pred_time_stall_s"] < n["pred_time_compute_s"]
+    assert m["pred_time_stall_s"] == 0.0

@@ -42,6 +42,7 @@ OUTPUT_COLUMNS = (
     "pred_mem_weights_gib", "pred_mem_grads_gib", "pred_mem_optimizer_gib",
     "pred_mem_activations_gib", "pred_mem_buffers_gib", "pred_time_compute_s",
     "pred_time_comm_exposed_s", "pred_time_bubble_s", "pred_time_optimizer_s",
+    "pred_time_stall_s",
 )
 CHOICE_COLUMNS = tuple(f"pred_choice_{k}" for k in KNOBS)
 
@@ -155,6 +156,7 @@ def predict_frame(frame: pd.DataFrame) -> pd.DataFrame:
                 "pred_time_comm_exposed_s": sl["time_comm_exposed_s"][j],
                 "pred_time_bubble_s": sl["time_bubble_s"][j],
                 "pred_time_optimizer_s": sl["time_optimizer_s"][j],
+                "pred_time_stall_s": sl["time_stall_s"][j],  # in pred_time_compute_s
             }
             for k, v in values.items():
                 cols[k][i] = round(float(v), 6) if not isinstance(v, str) else v
