@@ -147,7 +147,13 @@ def test_the_allocator_stall_is_said(tmp_path: Path) -> None:
     code, out, _ = run(str(study), "--plan", near)
     assert code == 0 and "caching allocator freeing and retrying" in " ".join(out.split())
     doc = json.loads(run(str(study), "--plan", near, "--json")[1])
-    assert 0.0 < doc["compute"]["stall_time_s"] < doc["compute"]["time_s"]
+    c = doc["compute"]
+    assert 0.0 < c["stall_time_s"] < c["time_s"] and 0.0 < c["stall_chance"] <= 1.0
+    # the expected stall is the chance times what a stalled step adds to the unstalled one
+    unstalled = doc["step"]["step_time_s"] - c["stall_time_s"]
+    assert c["stall_time_s"] == pytest.approx(c["stall_chance"] * c["stall_slowdown"] * unstalled)
+    assert f"a {c['stall_chance']:.0%} chance the peak passes usable memory" in " ".join(
+        out.split())
     code, out, _ = run(str(study), "--plan", roomy)
     assert code == 0 and "caching allocator" not in " ".join(out.split())
     doc = json.loads(run(str(study), "--plan", roomy, "--json")[1])

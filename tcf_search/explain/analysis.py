@@ -79,6 +79,14 @@ def _compute(e: StepEstimate) -> dict[str, Any]:
             "flop_convention": FLOP_CONVENTION}
 
 
+def _stall(e: StepEstimate, tr: Training) -> dict[str, float]:
+    """The allocator stall's chance (that the real peak passes ``pressure_start`` of usable
+    memory) and what a stalled step takes, read back from its expected time."""
+    slow, stall = tr.memory_model.pressure_slowdown, e.compute.stall_time_s
+    chance = stall / (slow * (e.step_time_s - stall)) if slow > 0 and stall > 0 else 0.0
+    return {"stall_chance": chance, "stall_slowdown": slow}
+
+
 def _communication(e: StepEstimate) -> dict[str, Any]:
     rows = [{**dataclasses.asdict(c), "gib": c.bytes / GIB, "hidden_s": c.hidden_s}
             for c in e.collectives]
@@ -171,7 +179,8 @@ def explain(subject: Subject) -> dict[str, Any]:
                      "precision": s.training.precision,
                      "selective_recomputes": selective_label(s.training, plan)},
         "plan": plan_dict(plan), "plan_text": format_plan(plan),
-        "memory": _memory(e), "compute": _compute(e), "communication": _communication(e),
+        "memory": _memory(e), "compute": {**_compute(e), **_stall(e, s.training)},
+        "communication": _communication(e),
         "step": {"step_time_s": e.step_time_s, "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
                  "tokens_per_step": e.tokens_per_step, "breakdown": breakdown},
         "uncertainty": uncertainty_metrics(

@@ -51,7 +51,8 @@ def _stall(c: dict[str, Any], step_s: float) -> str:
     if s < 0.005 * step_s:
         return ""
     return (f"; [yellow]{s:.2f} s expected of the caching allocator freeing and retrying[/yellow]: "
-            "the peak is that close to usable memory")
+            f"a {c['stall_chance']:.0%} chance the peak passes usable memory, and then the step "
+            f"takes {1 + c['stall_slowdown']:.1f}x")
 
 
 def _compute(doc: dict[str, Any], con: Console) -> None:
