@@ -17,7 +17,6 @@ the weights' fp8 copies between micro-batches).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,24 +26,16 @@ from costmodel.attention import rope_elems as rope_width
 from costmodel.graphs import DENSE_SEGMENTS, host_ops
 from costmodel.kernels import Kernels, fwd_bwd, kernels_of
 from costmodel.mapping import StageLayers
-from costmodel.moe import MoeLayer, moe_layer
+from costmodel.moe import moe_layer
 from costmodel.params import attention_params
 from costmodel.plans import PlanArrays
 from costmodel.recompute import (
-    every_other_gemm,
     every_other_gemm_flops_per_token,
     module_flops_per_token,
     recomputed_layers,
 )
-from costmodel.recompute_modules import (
-    CORE_ATTN,
-    LAYERNORM,
-    MLA_UP_PROJ,
-    MLP,
-    MODELLED,
-    MOE_ACT,
-    chosen,
-)
+from costmodel.recompute_modules import MODELLED, chosen
+from costmodel.selective import selective_extra
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 
 # FlashAttention-2's generation runs at ``attention_peak_fraction``; the Hopper-and-later one
@@ -102,6 +93,8 @@ class LayerTimes:
     gemm_fwd_dense_s: np.ndarray
     selective_extra_s: np.ndarray  # what selective recompute adds per dense layer
     selective_extra_moe_s: np.ndarray  # ... and per MoE layer
+    selective_host_dense_s: np.ndarray  # host time to issue what selective recompute re-runs
+    selective_host_moe_s: np.ndarray
     host_fwd_dense_s: np.ndarray  # CPU time to issue one layer's forward kernels
     host_fwd_moe_s: np.ndarray
     head_fwd_s: np.ndarray  # the LM head's GEMMs and its loss
@@ -131,6 +124,10 @@ class LayerTimes:
     @property
     def selective_extra_avg_s(self) -> np.ndarray:
         return self._average(self.selective_extra_s, self.selective_extra_moe_s)
+
+    @property
+    def selective_host_avg_s(self) -> np.ndarray:
+        return self._average(self.selective_host_dense_s, self.selective_host_moe_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,76 +245,6 @@ def _dense_layer(model: ModelSpec, tr: Training, kn: Kernels) -> _DenseLayer:
                        attention_s=attention_s, elem=elem, fwd_s=fwd, bwd_s=bwd)
 
 
-def _selective_extra(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
-                     dense: _DenseLayer, moe: MoeLayer | None) -> tuple[np.ndarray, np.ndarray]:
-    """What selective recompute adds to a dense and to a MoE layer's backward."""
-    elem, eff = dense.elem, kn.cluster.gpu.efficiency
-    if tr.selective_recompute == "every_other_mm":
-        policy = every_other_gemm(model)
-        attn_second = kn.layer_gemm(policy.k_projection, split=True) + dense.out_s
-        second_mms = attn_second + kn.layer_gemm(policy.mlp, split=True)
-        extra = elem.fwd_s + second_mms + elem.overhead_fwd_s
-        if moe is None:
-            return extra, extra
-        shared_second = model.moe_shared_experts * kn.layer_gemm(policy.shared_expert,
-                                                                  split=False)
-        return extra, (moe.elem_s + attn_second + shared_second + moe.routed_s + moe.permute_s
-                       + elem.overhead_fwd_s * moe.kernels)
-    if tr.selective_recompute == "modules":
-        return _modules_extra(model, tr, chosen(p.recompute_modules, tr.recompute_modules), kn,
-                              dense, moe)
-    # the activation function alone (and attention's scores without flash attention)
-    extra = kn.tokens * (elem.act_elems / kn.tp) * kn.act / kn.hbm + eff.kernel_overhead_s
-    if moe is None:
-        return extra, extra
-    # the experts' activation: top-k copies of each token, expert width
-    return extra, (kn.tokens * model.moe_topk * (elem.act_elems / model.ffn_hidden)
-                   * model.expert_ffn_hidden / kn.tp * kn.act / kn.hbm + eff.kernel_overhead_s)
-
-
-def _modules_extra(model: ModelSpec, tr: Training, has: Callable[[str], np.ndarray],
-                   kn: Kernels, dense: _DenseLayer, moe: MoeLayer | None
-                   ) -> tuple[np.ndarray, np.ndarray]:
-    """What Megatron-Core's selective ``recompute_modules`` run again in a dense and in a MoE
-    layer's backward (the memory they free: ``costmodel.memory.freed_by_modules``): core_attn
-    the attention kernel's forward, mla_up_proj the two up projections and RoPE, layernorm the
-    norms built apart from their GEMM (MLA's input norm; a MoE layer's pre-MLP norm), mlp a
-    dense model's MLP forward, moe_act the routed experts' activation function; ``has``: whether
-    each plan recomputes a module (its own set, or the training's)."""
-    eff = kn.cluster.gpu.efficiency
-    per_elem_s = kn.tokens * kn.act / kn.hbm
-    shard = np.where(kn.sp, kn.tp, 1.0)
-    norm_s = per_elem_s * 2.0 * model.hidden / shard + eff.kernel_overhead_s  # read, write
-    both = np.zeros_like(kn.tokens)
-    both = both + np.where(has(CORE_ATTN), dense.attention_s + eff.kernel_overhead_s, 0.0)
-    if model.mla:
-        x, a, up = model.mla, model.heads, has(MLA_UP_PROJ)
-        both = both + np.where(up, per_elem_s * dense.elem.rope_elems * rope_width(model)
-                               / kn.tp, 0.0)
-        both = both + np.where(up, kn.gemm(a * (x.qk_nope_head_dim + x.v_head_dim) / kn.tp,
-                                           float(x.kv_lora_rank)), 0.0)
-        if x.q_lora_rank:
-            both = both + np.where(up, kn.gemm(a * qk_dim(model) / kn.tp,
-                                               float(x.q_lora_rank)), 0.0)
-    norm = has(LAYERNORM).astype(int)
-    norms = int(model.mla is not None) * norm
-    dense_extra = both + norms * norm_s
-    if not model.is_moe:
-        mlp_gemms = dense.gemm_s - dense.qkv_s - dense.out_s
-        dense_extra = dense_extra + np.where(has(MLP), mlp_gemms, 0.0)
-        dense_extra = dense_extra + np.where(has(MLP), per_elem_s * dense.elem.act_elems / kn.tp,
-                                             0.0)
-    if moe is None:
-        return dense_extra, dense_extra
-    moe_extra = both + (norms + norm) * norm_s
-    # top-k copies of each token, expert width
-    moe_extra = moe_extra + np.where(has(MOE_ACT), (
-        per_elem_s * model.moe_topk * tr.moe_load_imbalance
-        * (dense.elem.act_elems / model.ffn_hidden)
-        * model.expert_ffn_hidden / kn.tp + eff.kernel_overhead_s), 0.0)
-    return dense_extra, moe_extra
-
-
 def _loss_s(model: ModelSpec, tr: Training, kn: Kernels
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The loss's memory-bound passes over this GPU's logits (its vocabulary shard), forward
@@ -335,7 +262,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     kn = kernels_of(cluster, tr, p)
     dense = _dense_layer(model, tr, kn)
     moe = moe_layer(model, tr, p, kn, dense) if model.is_moe else None
-    selective_dense, selective_moe = _selective_extra(model, tr, p, kn, dense, moe)
+    selective = selective_extra(model, tr, p, kn, dense, moe)
     elem = dense.elem
     dense_ops = {"attn": elem.attn_kernels_fwd, "mlp": elem.kernels_fwd - elem.attn_kernels_fwd}
     dense_host = host_ops(dense_ops, DENSE_SEGMENTS, tr.cuda_graph_impl, tr.cuda_graph_scope)
@@ -346,7 +273,8 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         fwd_dense_s=dense.fwd_s, fwd_moe_s=moe.fwd_s if moe else dense.fwd_s,
         bwd_dense_s=dense.bwd_s, bwd_moe_s=moe.bwd_s if moe else dense.bwd_s,
         attention_fwd_s=dense.attention_s, gemm_fwd_dense_s=dense.gemm_s,
-        selective_extra_s=selective_dense, selective_extra_moe_s=selective_moe,
+        selective_extra_s=selective.dense_s, selective_extra_moe_s=selective.moe_s,
+        selective_host_dense_s=selective.host_dense_s, selective_host_moe_s=selective.host_moe_s,
         host_fwd_dense_s=dense_host * tr.host_overhead_s * np.ones_like(kn.tokens),
         host_fwd_moe_s=(moe.host_ops if moe else dense_host) * tr.host_overhead_s
         * np.ones_like(kn.tokens),

@@ -153,6 +153,7 @@ def mtp_stage(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArray
     comm = comm_fwd + comm_bwd + np.where(full, comm_fwd, 0.0) + vocab
     host_layer = (lt.host_fwd_moe_s if moe else lt.host_fwd_dense_s) + tensor.host_fwd_s
     host_fwd = host_layer + BLOCK_KERNELS_FWD * tr.host_overhead_s
-    host = host_fwd * (1.0 + BWD_HOST_FACTOR + full)
+    selective_host = lt.selective_host_moe_s if moe else lt.selective_host_dense_s
+    host = host_fwd * (1.0 + BWD_HOST_FACTOR + full) + np.where(selective, selective_host, 0.0)
     return MtpStage(compute_s=D * compute, comm_s=D * comm, recompute_s=D * recompute,
                     host_s=D * host)

@@ -123,7 +123,8 @@ def stage_times(p: PlanArrays, layers: StageLayers, lt: LayerTimes, comm_fwd_s: 
                    + ends * mtp.comm_s)
         if st == "last":
             comm_mb = comm_mb + end.head_comm_s
-        host = (n * (1.0 + BWD_HOST_FACTOR) + r) * host_fwd_s + ends * mtp.host_s
+        host = ((n * (1.0 + BWD_HOST_FACTOR) + r) * host_fwd_s + ends * mtp.host_s
+                + np.where(p.recompute == 1, n * lt.selective_host_avg_s, 0.0))
         # a host-bound stage waits for its kernels to be issued: count the wait as compute;
         # on a synchronous device issuing is part of every kernel's time
         comp = comp + (host if synchronous else np.maximum(host - comp - comm_mb, 0.0))
