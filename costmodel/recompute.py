@@ -30,6 +30,13 @@ def recomputed_layers(p: PlanArrays, n: np.ndarray) -> np.ndarray:
     return np.where(p.recompute == 2, r, 0.0)
 
 
+def recomputed_share(p: PlanArrays, n: np.ndarray) -> np.ndarray:
+    """The share of a stage's ``n`` layers whose forward full recompute runs twice: what a
+    layer's forward collectives (TP's, the CP ring's, the EP exchange) add per step, as a share
+    of one forward pass over the stage."""
+    return recomputed_layers(p, n) / np.maximum(n, 1.0)
+
+
 @dataclass(frozen=True, slots=True)
 class Gemm:
     """A weight GEMM of one layer for one token: ``n`` outputs from ``k`` inputs, sharded by TP

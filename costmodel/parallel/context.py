@@ -24,6 +24,7 @@ from costmodel.attention import kv_dims
 from costmodel.comm import CollectiveArrays
 from costmodel.compute import LayerTimes
 from costmodel.parallel.mesh import Mesh
+from costmodel.recompute import recomputed_share
 from costmodel.specs import ModelSpec, Training
 
 BWD_OVER_FWD = 2.5  # flash attention's backward FLOPs over its forward's
@@ -39,11 +40,16 @@ class ContextComm:
     exposed_bwd_s: np.ndarray
 
     def collective(self, g: Mesh, layers: int) -> CollectiveArrays:
-        per_step = g.micro_batches * (layers / g.pp)  # layer passes of an average stage
+        per_stage = layers / g.pp
+        per_step = g.micro_batches * per_stage  # layer passes of an average stage
+        # the forward's exchange again for the layers full recompute reruns; the backward
+        # moves twice the forward's (K and V, then dK and dV)
+        again = recomputed_share(g.plan, per_stage)
         return CollectiveArrays(
             "cp_kv_ring", "cp", "send_recv", g.plan.cp,
-            per_step * 3 * (g.cp - 1) * self.kv_bytes, comm.tier(g.cp, g.k_cp),
-            per_step * self.layer_s, per_step * (self.exposed_fwd_s + self.exposed_bwd_s))
+            per_step * (3 + again) * (g.cp - 1) * self.kv_bytes, comm.tier(g.cp, g.k_cp),
+            per_step * self.layer_s * (3 + again) / 3,
+            per_step * ((1 + again) * self.exposed_fwd_s + self.exposed_bwd_s))
 
 
 def context_parallel(model: ModelSpec, tr: Training, g: Mesh, lt: LayerTimes) -> ContextComm:

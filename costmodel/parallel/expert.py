@@ -32,6 +32,7 @@ from costmodel.comm import CollectiveArrays
 from costmodel.compute import LayerTimes
 from costmodel.mapping import expert_tp
 from costmodel.parallel.mesh import Mesh
+from costmodel.recompute import recomputed_share
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 
 
@@ -58,13 +59,17 @@ class ExpertComm:
         return self.moe_fraction * self.exposed_bwd_s
 
     def collective(self, g: Mesh, layers: int) -> CollectiveArrays:
-        per_step = g.micro_batches * (layers / g.pp) * self.moe_fraction
+        per_stage = layers / g.pp
+        per_step = g.micro_batches * per_stage * self.moe_fraction
+        # forward, backward, and the forward's dispatch and combine again for the layers full
+        # recompute reruns
+        passes = 2.0 + recomputed_share(g.plan, per_stage)
         name = "ep_token_all_gather" if self.op == "all_gather" else "ep_token_all_to_all"
         return CollectiveArrays(
             name, "ep", self.op, g.plan.ep,
-            per_step * 4 * self.token_bytes * self.moe_on, comm.tier(g.ep, g.k_ep),
-            per_step * 2 * self.layer_fwd_s,
-            per_step * (self.exposed_fwd_s + self.exposed_bwd_s))
+            per_step * passes * 2 * self.token_bytes * self.moe_on, comm.tier(g.ep, g.k_ep),
+            per_step * passes * self.layer_fwd_s,
+            per_step * ((passes - 1.0) * self.exposed_fwd_s + self.exposed_bwd_s))
 
 
 def groups_hit(groups: np.ndarray, experts: int, k: int) -> np.ndarray:

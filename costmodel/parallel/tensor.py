@@ -12,6 +12,7 @@ from costmodel import comm
 from costmodel.comm import CollectiveArrays
 from costmodel.compute import LayerTimes
 from costmodel.parallel.mesh import Mesh
+from costmodel.recompute import recomputed_share
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 
 # Tensor ops of one Llama layer's forward, views included (norms, 4+3 projections, q/k/v views
@@ -37,8 +38,9 @@ class TensorComm:
                     vocab_sides: np.ndarray) -> tuple[CollectiveArrays, CollectiveArrays]:
         """Per step, with ``vocab_s`` and ``vocab_sides`` those of the slowest stage."""
         p, tp, m, x_act = g.plan, g.tp, g.micro_batches, self.activation_bytes
-        # forward, backward, and the forward again under full recompute
-        calls = m * layers / g.pp * np.where(p.recompute == 2, 3.0, 2.0)
+        # forward, backward, and the forward again of the layers full recompute reruns
+        per_stage = layers / g.pp
+        calls = m * per_stage * (2.0 + recomputed_share(p, per_stage))
         tier = comm.tier(tp, g.k_tp)
         return (
             CollectiveArrays("tp_activation_allreduce", "tp", "all_reduce", p.tp,
