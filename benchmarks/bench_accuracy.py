@@ -26,7 +26,12 @@ from tcf_search.calibration.dataset import find_measured_csv, load_groups, predi
 from tcf_search.calibration.fit import split_mask  # noqa: E402
 from tcf_search.calibration.predict import predict_csv  # noqa: E402
 from tcf_search.calibration.ranking import ranking_table, two_fold_check  # noqa: E402
-from tcf_search.calibration.uncertainty import coverage, half_of, tput_rows  # noqa: E402
+from tcf_search.calibration.uncertainty import (  # noqa: E402
+    coverage,
+    half_of,
+    stack_coverage,
+    tput_rows,
+)
 
 BARS = {
     "oom_accuracy": (">=", 0.95), "false_fits": ("<=", 0.03), "mem_mape": ("<=", 0.12),
@@ -53,6 +58,7 @@ def main() -> int:
     held = split_mask(frame)
     out = {"held_out": report(frame, pred, held), "all": report(frame, pred),
            "eval_s": eval_s, "interval_coverage": coverage(frame, pred, held),
+           "interval_coverage_by_stack": stack_coverage(frame, pred, held),
            "ranking": ranking_table(frame, pred["tokens_per_s_per_gpu"],
                                     held & tput_rows(frame, pred)),
            "ranking_check": two_fold_check(frame, pred["tokens_per_s_per_gpu"],
@@ -78,6 +84,13 @@ def main() -> int:
           "coarser regime); by regime (rows, groups): "
           + ", ".join(f"{k} {v['within']:.0%} of {v['rows']}, {v['within_groups']:.0%} of "
                       f"{v['groups']}" for k, v in cov["by_regime"].items()))
+    loo = out["interval_coverage_by_stack"]
+    print(f"leave one group out, the 80% interval holds {loo['within']:.1%} of {loo['rows']} "
+          f"held-out rows, {loo['within_groups']:.1%} of {loo['groups']} groups; by framework "
+          "stack (rows, groups; share bounded by the stack's own residuals): "
+          + ", ".join(f"{k} {v['within']:.0%} of {v['rows']}, {v['within_groups']:.0%} of "
+                      f"{v['groups']}; {v['own_stack_bounds']:.0%}"
+                      for k, v in loo["by_stack"].items()))
     rk = out["ranking"]
     edges = [f"{e:.0%}" for e in rk["gap_edges"]]
     print("held-out pairs of one group ordered right, by predicted gap: " + ", ".join(

@@ -180,7 +180,8 @@ class Evaluator:
 
     @property
     def regime(self) -> tuple[str, ...]:
-        return plan_regime(self.specs.model, self.specs.cluster, self.specs.training)
+        return plan_regime(self.specs.model, self.specs.cluster, self.specs.training,
+                           self.specs.framework)
 
     def _vector(self, name: str, out: dict[str, np.ndarray]) -> np.ndarray:
         values = objective_vector(

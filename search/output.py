@@ -42,7 +42,8 @@ def plan_file(result: StudyResult, specs: Specs, ranked: RankedPlan) -> str:
         study=result.study, model=specs.model, gpu=result.gpu, num_gpus=result.num_gpus,
         gpus_per_node=result.gpus_per_node, fabric=specs.cluster.fabric,
         training=specs.training, plan=ranked.plan,
-        rank=ranked.rank, predicted={**ranked.predicted, "source": ranked.source}))
+        rank=ranked.rank, predicted={**ranked.predicted, "source": ranked.source},
+        framework=specs.framework))
 
 
 def write_outputs(result: StudyResult, specs: Specs, trial_rows: list[dict[str, Any]],

@@ -40,6 +40,7 @@ class PlanFile:
     plan: Plan
     rank: int = 1
     predicted: dict[str, Any] = field(default_factory=dict)
+    framework: str = ""  # the study's training.framework; "" in files written before it
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -50,6 +51,7 @@ class PlanFile:
                         "gpus_per_node": self.gpus_per_node,
                         **({"fabric": self.fabric} if self.fabric else {})},
             "model": dataclasses.asdict(self.model),
+            **({"framework": self.framework} if self.framework else {}),
             "training": dataclasses.asdict(self.training),
             "plan": plan_dict(self.plan),
             "predicted": dict(self.predicted),
@@ -169,6 +171,7 @@ def parse_plan_file(text: str) -> PlanFile:
         training=_build_training(raw["training"]),
         plan=_build(Plan, "plan", raw["plan"]),
         predicted=dict(raw.get("predicted") or {}),
+        framework=str(raw.get("framework") or ""),
     )
 
 

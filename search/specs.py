@@ -106,6 +106,7 @@ class Specs:
     # what the validity rules allow (costmodel.rules): the study's search switches, or, for a
     # plan file, what the cost model prices
     switches: Switches = dataclasses.field(default_factory=Switches)
+    framework: str = ""  # the profile's name ("" where not recorded): its residuals' stack
 
 
 def search_switches(*, uneven_pipeline: bool, tp_in_node: bool, split_later: bool = False,
@@ -176,7 +177,7 @@ def build_specs(study: Study) -> Specs:
                 else o.memory_headroom_fraction * cluster.gpu.usable_bytes / 2**30)
     section = study.search_space
     return Specs(model=model, cluster=cluster, training=training,
-                 headroom_gib=headroom,
+                 headroom_gib=headroom, framework=t.framework,
                  switches=search_switches(uneven_pipeline=section.uneven_pipeline,
                                           tp_in_node=section.tp_in_node,
                                           recompute_per_chunk=training.recompute_per_chunk,
@@ -218,4 +219,4 @@ def plan_file_specs(pf: PlanFile, gpu: GpuSpec | None = None) -> Specs:
         cluster = cluster_spec(gpu, pf.num_gpus, pf.gpus_per_node, pf.fabric)
     except CatalogError as exc:
         raise PlanFileError(f"cluster.fabric: {exc}") from None
-    return Specs(model=pf.model, cluster=cluster, training=pf.training)
+    return Specs(model=pf.model, cluster=cluster, training=pf.training, framework=pf.framework)

@@ -3,10 +3,15 @@ memory, from the cost model's held-out residuals (``hardware_catalog/uncertainty
 by ``python -m tcf_search.calibration.fit --write``), and what the calibration of a cluster
 rests on (fitted, or borrowed from another SKU family).
 
-A regime is SKU family / precision / dense or MoE / scale (up to 64 GPUs or more). Its tokens/s
-quantiles are finite-sample bounds for a row of a new sweep group (``tcf_search.calibration.
-uncertainty``); where a regime has too few groups for a bound at the levels asked (an infinite
-quantile), the next coarser one answers, and the answer says so ("borrowed from hopper/bf16").
+A regime is SKU family / precision / dense or MoE / scale (up to 64 GPUs or more), and first of
+all the framework stack whose runs the residuals come from (``residual_stack``: Megatron-Core's
+profiles are one stack, ``megatron-core:hopper/bf16/dense``): how far off the model is depends
+on whose code ran, a sweep of a research framework on a busy cluster or a vendor's tuned recipe,
+and a plan is judged by the runs of its own stack where they bound it. Its tokens/s quantiles are
+finite-sample bounds for a row of a new sweep group (``tcf_search.calibration.uncertainty``);
+where a regime has too few groups for a bound at the levels asked (an infinite quantile), the
+next coarser one answers (the stack's coarser regimes, then every stack's), and the answer says
+so ("borrowed from hopper/bf16").
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import yaml
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 from hardware_catalog import CATALOG_DIR
 from hardware_catalog.fabrics import load_fabrics
+from hardware_catalog.frameworks import is_megatron_core, resolve_framework
 
 UNCERTAINTY_FILE = CATALOG_DIR / "uncertainty.yaml"
 LEVELS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 5%, 10%, ..., 95%
@@ -32,10 +38,28 @@ def scale_of(num_gpus: int) -> str:
     return "small" if int(num_gpus) <= SMALL_SCALE_GPUS else "large"
 
 
-def regime_keys(family: str, precision: str, kind: str, scale: str) -> list[str]:
-    """The regime and every coarser one it falls back to, finest first."""
-    return [f"{family}/{precision}/{kind}/{scale}", f"{family}/{precision}/{kind}",
-            f"{family}/{precision}", family, "all"]
+def residual_stack(framework: str) -> str:
+    """The stack a framework's residuals are pooled by: Megatron-Core's profiles (generic is
+    Megatron-LM-like) are one, every other profile its own; "" where none is named."""
+    if not framework:
+        return ""
+    return "megatron-core" if is_megatron_core(framework) else resolve_framework(framework)
+
+
+def regime_keys(family: str, precision: str, kind: str, scale: str,
+                stack: str = "") -> list[str]:
+    """The regime and every coarser one it falls back to, finest first: the stack's own
+    (``stack:family/...``), then every stack's."""
+    pooled = [f"{family}/{precision}/{kind}/{scale}", f"{family}/{precision}/{kind}",
+              f"{family}/{precision}", family]
+    own = [f"{stack}:{key}" for key in pooled] if stack else []
+    return [*own, *pooled, "all"]
+
+
+def key_regime(key: str) -> tuple[str, ...]:
+    """The (family, precision, kind, scale, stack) of a finest regime key."""
+    stack, _, rest = key.rpartition(":")
+    return (*rest.split("/"), stack)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,11 +68,11 @@ class Uncertainty:
     memory: dict[str, Any]  # {n, groups, q}
     ranking: dict[str, Any] = field(default_factory=dict)  # {gap_edges, p_right, pairs, groups}
 
-    def quantiles(self, family: str, precision: str, kind: str, scale: str, *,
-                  at: tuple[float, ...] = INTERVAL) -> tuple[list[float], str]:
+    def quantiles(self, family: str, precision: str, kind: str, scale: str, stack: str = "",
+                  *, at: tuple[float, ...] = INTERVAL) -> tuple[list[float], str]:
         """Quantiles of log(measured / predicted tokens/s) of the finest regime whose groups bound
         the levels ``at`` (finite there), and the regime key they are of."""
-        for key in regime_keys(family, precision, kind, scale):
+        for key in regime_keys(family, precision, kind, scale, stack):
             entry = self.throughput.get(key)
             if entry and np.all(np.isfinite(np.interp(at, LEVELS, entry["q"]))):
                 return list(entry["q"]), key
@@ -63,9 +87,11 @@ def load_uncertainty() -> Uncertainty:
                        ranking=doc.get("ranking") or {})
 
 
-def plan_regime(model: ModelSpec, cluster: ClusterSpec, tr: Training) -> tuple[str, ...]:
+def plan_regime(model: ModelSpec, cluster: ClusterSpec, tr: Training,
+                framework: str = "") -> tuple[str, ...]:
     kind = "moe" if model.moe_experts > 0 else "dense"
-    return cluster.gpu.family, tr.precision, kind, scale_of(cluster.num_gpus)
+    return (cluster.gpu.family, tr.precision, kind, scale_of(cluster.num_gpus),
+            residual_stack(framework))
 
 
 def p_oom(peak_bytes: np.ndarray | float, usable_bytes: np.ndarray | float,
@@ -105,7 +131,7 @@ def uncertainty_metrics(m: dict[str, Any], regime: tuple[str, ...],
         "interval_regime": key,
         "p_oom": float(p_oom(m["peak_mem_gib"], m["usable_mem_gib"])),
     }
-    exact = "/".join(regime)
+    exact = regime_keys(*regime)[0]
     if key != exact:
         out["interval_note"] = f"residuals borrowed from {key or 'nothing (no data)'}"
     if risk is not None:

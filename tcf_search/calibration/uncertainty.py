@@ -3,9 +3,10 @@
 ``python -m tcf_search.calibration.fit --write`` (or ``python -m tcf_search.calibration.
 uncertainty``, on the calibration as written, without fitting) writes
 ``hardware_catalog/uncertainty.yaml``: for tokens/s, bounds on log(measured / predicted) from the
-rows of held-out sweep groups, per regime (SKU family / precision / dense or MoE / scale) and for
-each coarser regime a sparse one falls back to; for memory, the quantiles of log(measured /
-predicted) peak memory (Playbook ``max_memory_reserved``, the only measured peaks).
+rows of held-out sweep groups, per regime (framework stack, SKU family / precision / dense or
+MoE / scale) and for each coarser regime a sparse one falls back to; for memory, the quantiles of
+log(measured / predicted) peak memory (Playbook ``max_memory_reserved``, the only measured
+peaks).
 Beside them, ``ranking``: how often the model orders two runs of one group right, by their
 predicted gap (``tcf_search.calibration.ranking``). ``search.uncertainty`` reads it all.
 
@@ -35,7 +36,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from search.uncertainty import INTERVAL, LEVELS, regime_keys, scale_of
+from search.uncertainty import INTERVAL, LEVELS, key_regime, regime_keys, residual_stack, scale_of
 from tcf_search.calibration.accuracy import regime, throughput_rows
 from tcf_search.calibration.dataset import group_of, weigh_alike
 from tcf_search.calibration.ranking import ranking_table
@@ -52,9 +53,18 @@ def tput_rows(frame: pd.DataFrame, pred: dict[str, np.ndarray]) -> pd.Series:
     return (throughput_rows(frame) | other) & ok & frame["tokens_per_sec_per_gpu"].notna()
 
 
+def _stacks(frame: pd.DataFrame) -> pd.Series:
+    """Each row's framework stack ("" where the frame names no framework)."""
+    if "framework" not in frame:
+        return pd.Series("", index=frame.index, dtype=object)
+    return frame["framework"].fillna("").astype(str).map(residual_stack)
+
+
 def _keys(frame: pd.DataFrame) -> pd.Series:
+    """Each row's finest regime key: its framework's stack, family/precision/kind/scale."""
     scale = frame["num_gpus"].map(scale_of)
-    return regime(frame) + "/" + scale
+    stack = _stacks(frame)
+    return (stack + ":").where(stack.ne(""), "") + regime(frame) + "/" + scale
 
 
 def _upper(values: np.ndarray, weights: np.ndarray, p: float) -> float:
@@ -96,7 +106,7 @@ def throughput_table(frame: pd.DataFrame, pred: dict[str, np.ndarray],
     groups = group_of(frame[sel]).to_numpy()
     buckets: dict[str, list[int]] = {}
     for i, key in enumerate(keys):
-        for k in regime_keys(*str(key).split("/")):
+        for k in regime_keys(*key_regime(str(key))):
             buckets.setdefault(k, []).append(i)
     table = {}
     for k, idx in sorted(buckets.items()):
@@ -149,8 +159,8 @@ def coverage(frame: pd.DataFrame, pred: dict[str, np.ndarray], held: pd.Series,
         test = held & (half != a) & tput_rows(frame, pred)
         for i in np.flatnonzero(test.to_numpy()):
             row = frame.iloc[i]
-            key = str(_keys(frame.iloc[[i]]).iloc[0])
-            q, used = unc.quantiles(*key.split("/"), at=(lo, hi))
+            key = str(_keys(frame.iloc[[i]]).iloc[0])  # the finest: regime_keys(...)[0]
+            q, used = unc.quantiles(*key_regime(key), at=(lo, hi))
             ratio = row["tokens_per_sec_per_gpu"] / pred["tokens_per_s_per_gpu"][i]
             lo_r, hi_r = np.exp(np.interp([lo, hi], LEVELS, q))
             inside.iloc[i] = float(lo_r <= ratio <= hi_r)
@@ -161,6 +171,37 @@ def coverage(frame: pd.DataFrame, pred: dict[str, np.ndarray], held: pd.Series,
     return {"interval": [lo, hi], **_shares(got, groups),
             "borrowed": round(float(borrowed.dropna().mean()), 4),
             "by_regime": {k: _shares(v, groups[v.index]) for k, v in by}}
+
+
+def stack_coverage(frame: pd.DataFrame, pred: dict[str, np.ndarray], held: pd.Series,
+                   lo: float = INTERVAL[0], hi: float = INTERVAL[1]) -> dict[str, Any]:
+    """Leave one group out: each held-out group's rows judged by the [lo, hi] interval built
+    from the other held-out groups, per framework stack (``search.uncertainty.residual_stack``)
+    and in all. The two-fold check above leaves a stack too few groups a half for its own
+    bounds; this one gives each its K - 1, as a new study of that stack would meet them."""
+    from search.uncertainty import Uncertainty
+
+    test = held & tput_rows(frame, pred)
+    groups = group_of(frame)
+    inside = pd.Series(np.nan, index=frame.index)
+    used = pd.Series("", index=frame.index, dtype=object)
+    keys = _keys(frame)
+    for g in groups[test].unique():
+        mine = groups.eq(g)
+        unc = Uncertainty(throughput=throughput_table(frame, pred, held & ~mine), memory={})
+        for i in np.flatnonzero((test & mine).to_numpy()):
+            q, used.iloc[i] = unc.quantiles(*key_regime(str(keys.iloc[i])), at=(lo, hi))
+            ratio = frame["tokens_per_sec_per_gpu"].iloc[i] / pred["tokens_per_s_per_gpu"][i]
+            lo_r, hi_r = np.exp(np.interp([lo, hi], LEVELS, q))
+            inside.iloc[i] = float(lo_r <= ratio <= hi_r)
+    got = inside.dropna()
+    stack = _stacks(frame.loc[got.index])
+    own = pd.Series([u.startswith(f"{st}:") and bool(st)
+                     for u, st in zip(used[got.index], stack, strict=True)], index=got.index)
+    return {"interval": [lo, hi], **_shares(got, groups[got.index]),
+            "by_stack": {k: {**_shares(v, groups[v.index]),
+                             "own_stack_bounds": round(float(own[v.index].mean()), 4)}
+                         for k, v in got.groupby(stack)}}
 
 
 def write_uncertainty(path: Path, frame: pd.DataFrame, pred: dict[str, np.ndarray],

@@ -187,7 +187,7 @@ def explain(subject: Subject) -> dict[str, Any]:
             {"tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
              "peak_mem_gib": e.memory.peak_bytes / GIB,
              "usable_mem_gib": e.memory.usable_bytes / GIB},
-            plan_regime(s.model, s.cluster, s.training)),
+            plan_regime(s.model, s.cluster, s.training, s.framework)),
         "calibration": calibration_status(s.cluster),
         "verdict": {"binding": binding, "reason": REASONS[binding],
                     "best_change": best.to_dict() if best else None, "improves": better,
