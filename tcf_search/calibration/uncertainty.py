@@ -142,6 +142,16 @@ def _shares(inside: pd.Series, groups: pd.Series) -> dict[str, Any]:
             "within_groups": round(float(by_group.mean()), 4)}
 
 
+def _judge(unc: Any, key: str, frame: pd.DataFrame, pred: dict[str, np.ndarray], i: int,
+           lo: float, hi: float) -> tuple[float, str]:
+    """Whether row ``i``'s measured tokens/s lies in the [lo, hi] interval ``unc`` gives its
+    regime ``key`` (1.0 or 0.0), and the regime key that answered."""
+    q, used = unc.quantiles(*key_regime(key), at=(lo, hi))
+    ratio = frame["tokens_per_sec_per_gpu"].iloc[i] / pred["tokens_per_s_per_gpu"][i]
+    lo_r, hi_r = np.exp(np.interp([lo, hi], LEVELS, q))
+    return float(lo_r <= ratio <= hi_r), used
+
+
 def coverage(frame: pd.DataFrame, pred: dict[str, np.ndarray], held: pd.Series,
              lo: float = INTERVAL[0], hi: float = INTERVAL[1]) -> dict[str, Any]:
     """Share of held-out rows inside the [lo, hi] interval built from the *other* half of the
@@ -151,6 +161,7 @@ def coverage(frame: pd.DataFrame, pred: dict[str, np.ndarray], held: pd.Series,
     from search.uncertainty import Uncertainty
 
     half = half_of(frame)
+    keys = _keys(frame)
     inside = pd.Series(np.nan, index=frame.index)
     borrowed = pd.Series(np.nan, index=frame.index)
     for a in (True, False):
@@ -158,13 +169,8 @@ def coverage(frame: pd.DataFrame, pred: dict[str, np.ndarray], held: pd.Series,
         unc = Uncertainty(throughput=table, memory={})
         test = held & (half != a) & tput_rows(frame, pred)
         for i in np.flatnonzero(test.to_numpy()):
-            row = frame.iloc[i]
-            key = str(_keys(frame.iloc[[i]]).iloc[0])  # the finest: regime_keys(...)[0]
-            q, used = unc.quantiles(*key_regime(key), at=(lo, hi))
-            ratio = row["tokens_per_sec_per_gpu"] / pred["tokens_per_s_per_gpu"][i]
-            lo_r, hi_r = np.exp(np.interp([lo, hi], LEVELS, q))
-            inside.iloc[i] = float(lo_r <= ratio <= hi_r)
-            borrowed.iloc[i] = float(used != key)
+            inside.iloc[i], used = _judge(unc, str(keys.iloc[i]), frame, pred, int(i), lo, hi)
+            borrowed.iloc[i] = float(used != keys.iloc[i])
     got = inside.dropna()
     groups = group_of(frame.loc[got.index])
     by = got.groupby(regime(frame.loc[got.index]))
@@ -190,10 +196,8 @@ def stack_coverage(frame: pd.DataFrame, pred: dict[str, np.ndarray], held: pd.Se
         mine = groups.eq(g)
         unc = Uncertainty(throughput=throughput_table(frame, pred, held & ~mine), memory={})
         for i in np.flatnonzero((test & mine).to_numpy()):
-            q, used.iloc[i] = unc.quantiles(*key_regime(str(keys.iloc[i])), at=(lo, hi))
-            ratio = frame["tokens_per_sec_per_gpu"].iloc[i] / pred["tokens_per_s_per_gpu"][i]
-            lo_r, hi_r = np.exp(np.interp([lo, hi], LEVELS, q))
-            inside.iloc[i] = float(lo_r <= ratio <= hi_r)
+            inside.iloc[i], used.iloc[i] = _judge(unc, str(keys.iloc[i]), frame, pred, int(i),
+                                                  lo, hi)
     got = inside.dropna()
     stack = _stacks(frame.loc[got.index])
     own = pd.Series([u.startswith(f"{st}:") and bool(st)
