@@ -177,9 +177,9 @@ def megatron_bridge_table() -> tuple[list[float], list[float]]:
     the measured GB200 dense rows, its other terms borrowed from hopper. Rows of a release whose
     slowdown the maintainers acknowledge as a regression (BRIDGE_REGRESSIONS) are marked and
     their MoE mean is also given without them. The GB200 Llama recipes offload activations to
-    the Grace CPU's memory (RECIPE_OFFLOAD), which the model cannot express: it recomputes
-    instead, and a second line gives what it predicts for the recipe's compute without
-    recompute."""
+    the Grace CPU's memory (RECIPE_OFFLOAD): those rows run the recipe's offload count
+    (costmodel/offload.py, over NVLink-C2C at a prior fraction), a second line saying what it
+    moves and what of it the step waits for."""
     print("\nMegatron-Bridge performance summary (docs/performance-summary-archive.md), megatron "
           "profile, fp8, infiniband")
     print(f"{'release':<10}{'system':<11}{'model':<17}{'GPUs':>5}{'published':>11}"
@@ -205,11 +205,13 @@ def megatron_bridge_table() -> tuple[list[float], list[float]]:
                                   network_bw_fraction=fabric_fraction("infiniband"))
             first, last = BRIDGE_EDGES.get((preset, pp), (0, 0))
             modes, refused = {}, SpecError("no recompute mode")
-            for rec in recompute_modes(release, graphs, preset, system):
+            offloaded = RECIPE_OFFLOAD.get((preset, system), 0)
+            for rec in ("none",) if offloaded else recompute_modes(release, graphs, preset,
+                                                                    system):
                 plan = Plan(tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp), ep=ep, vpp=vp,
                             micro_batch=mb, zero_stage=3 if fsdp else 1, recompute=rec,
                             sequence_parallel=tp > 1, first_stage_layers=first,
-                            last_stage_layers=last)
+                            last_stage_layers=last, cpu_offload_layers=offloaded)
                 try:  # a mode the training's graphs refuse (full recompute) is not a choice
                     modes[rec] = estimate(model, cluster, plan, training)
                 except SpecError as e:
@@ -236,14 +238,15 @@ def megatron_bridge_table() -> tuple[list[float], list[float]]:
         scope = ",".join(training.cuda_graph_scope) or "layer"
         graph = f"  graphs {training.cuda_graph_impl}:{scope}" if graphs else ""
         moe = f"  {moe_label(release, system, preset, training)}" if model.is_moe else ""
-        print(f"{head}{tok:>11,.0f}{tok / published - 1:>+8.0%}  {chosen}{fits}{recipe}{moe}"
-              f"{graph}")
-        if (off := RECIPE_OFFLOAD.get((preset, system))) and "none" in modes:
-            bare = modes["none"]
-            print(f"{'':<10}the recipe offloads {off} layers' activations to CPU memory, not "
-                  f"modelled; without recompute {bare.tokens_per_s_per_gpu:,.0f} tokens/s "
-                  f"({bare.tokens_per_s_per_gpu / published - 1:+.0%}), "
-                  f"{bare.memory.peak_bytes / 2**30:,.0f} GiB on the GPU")
+        offload = f" offload {offloaded}" if offloaded else ""
+        print(f"{head}{tok:>11,.0f}{tok / published - 1:>+8.0%}  {chosen}{offload}{fits}{recipe}"
+              f"{moe}{graph}")
+        if offloaded:
+            copies = next(c for c in est.collectives if c.group == "host")
+            print(f"{'':<10}the recipe's {offloaded} layers' activations in host memory: "
+                  f"{est.memory.host_bytes / 2**30:,.0f} GiB; {est.memory.peak_bytes / 2**30:,.0f}"
+                  f" GiB on the GPU; copies {copies.time_s:.2f} s a step, "
+                  f"{copies.exposed_s:.2f} s exposed")
     print("tokens/s per GPU, mean absolute error: " + ", ".join(
         f"{sum(v) / len(v):.1%} on {len(v)} {k} runs" for k, v in errs.items() if v)
           + "; * = predicted not to fit")

@@ -123,7 +123,7 @@ def tier(n: np.ndarray, k: np.ndarray) -> np.ndarray:
     return np.where(n <= 1, 0, np.where(k >= n, 1, 2))
 
 
-TIER_NAMES = ("none", "nvlink", "network")
+TIER_NAMES = ("none", "nvlink", "network", "host")  # host: costmodel.offload
 
 
 def contention_time(collectives: tuple[CollectiveArrays, ...], compute_s: np.ndarray,

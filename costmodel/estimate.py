@@ -51,7 +51,8 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: Training,
         "first_stage_mem_bytes": r.stages["first"].total,
         "usable_bytes": np.full_like(peak, r.usable_bytes),
         "mem_slack_bytes": peak - r.usable_bytes,
-        "fits": peak <= r.usable_bytes,
+        "fits": (peak <= r.usable_bytes) & (r.host_bytes <= cluster.gpu.host_memory_bytes),
+        "host_offload_bytes": r.host_bytes,
         "mem_weights_bytes": r.peak_part("weights"),
         "mem_grads_bytes": r.peak_part("grads"),
         "mem_optimizer_bytes": r.peak_part("optimizer"),
@@ -87,7 +88,9 @@ def _to_result(r: StepArrays, cluster: ClusterSpec, plan: Plan, tr: Training) ->
                    time_s=_scalar(c.time_s), exposed_s=_scalar(c.exposed_s))
         for c in r.collectives if _scalar(c.group_size) > 1)
     return StepEstimate(
-        memory=MemoryEstimate(stages=stages, usable_bytes=r.usable_bytes),
+        memory=MemoryEstimate(stages=stages, usable_bytes=r.usable_bytes,
+                              host_bytes=_scalar(r.host_bytes),
+                              host_usable_bytes=cluster.gpu.host_memory_bytes),
         compute=ComputeEstimate(model_flops=_scalar(r.model_flops),
                                 hardware_flops=_scalar(r.hardware_flops),
                                 time_s=_scalar(r.compute_s),

@@ -50,6 +50,7 @@ class Efficiency:
         combine (Megatron-Core's flex dispatcher: DeepEP, HybridEP) reach of the NVLink and of
         the NIC's line rate. Their own kernels (NVSHMEM, RDMA writes with NVLink forwarding), not
         NCCL's all-to-all, so not ``all_to_all_bw_ratio``: cited priors (see their defaults).
+    host_link_bw_fraction: what a pinned device-host copy reaches of the host link (a prior).
     source: where the numbers come from (a fit and its rows, or a prior).
     """
 
@@ -86,6 +87,10 @@ class Efficiency:
     # and opens 16 channels on an 8-GPU NVSwitch node (NCCL_NVLS_NCHANNELS' default, the ring's
     # count there too): 16 of H100's 132 SMs
     comm_sm_share: float = 16.0 / 132.0
+    # copy engines, no SMs; a prior, not fitted (no measured run offloads): pinned copies over
+    # PCIe x16 measure about 80% of line rate (CUDA samples' bandwidthTest: ~25 of 32 GB/s on
+    # Gen4, ~50 of 64 on Gen5)
+    host_link_bw_fraction: float = 0.8
     source: str = "prior"
 
 
@@ -107,6 +112,11 @@ class GpuSpec:
     intra_node_latency_s: float = 3e-6
     network_latency_s: float = 10e-6
     memory_reserve_bytes: float = 1.5 * 2**30
+    # the GPU's own link to host memory, one direction (PCIe, or Grace's NVLink-C2C), and the
+    # host memory each GPU may pin: what activation offloading (costmodel/offload.py) moves
+    # over and fills. 0: not catalogued, nothing is offloaded
+    host_link_bw_bytes_per_s: float = 0.0
+    host_memory_bytes: float = 0.0
     efficiency: Efficiency = field(default_factory=Efficiency)
 
     def __post_init__(self) -> None:
@@ -121,11 +131,13 @@ class GpuSpec:
         for key in ("id", "name", "family"):  # a study's gpu_spec may hold anything
             if not isinstance(getattr(self, key), str):
                 raise SpecError(f"gpu.{key} must be text, but got {getattr(self, key)!r}")
-        reserve = self.memory_reserve_bytes  # reserve >= hbm is legal: then nothing fits
-        if (not isinstance(reserve, numbers.Real) or isinstance(reserve, bool)
-                or not 0 <= reserve < 1e30):
-            raise SpecError(f"gpu[{self.id}].memory_reserve_bytes must be a number in [0, 1e30), "
-                            f"but got memory_reserve_bytes={reserve!r}")
+        # reserve >= hbm is legal (then nothing fits); a host link of 0: none catalogued
+        for key in ("memory_reserve_bytes", "host_link_bw_bytes_per_s", "host_memory_bytes"):
+            value = getattr(self, key)
+            if (not isinstance(value, numbers.Real) or isinstance(value, bool)
+                    or not 0 <= value < 1e30):
+                raise SpecError(f"gpu[{self.id}].{key} must be a number in [0, 1e30), "
+                                f"but got {key}={value!r}")
 
     def peak_flops(self, precision: str) -> float:
         return {"bf16": self.peak_flops_bf16, "fp16": self.peak_flops_fp16,

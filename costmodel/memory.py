@@ -309,7 +309,8 @@ def stage_memory(model: ModelSpec, tr: Training, p: PlanArrays, co: MemoryCoeffi
     """Peak bytes of one stage, the larger of the forward/backward and the optimizer peaks.
 
     Activations: ``inflight`` micro-batches of ``n`` layers, of which ``r`` fully recomputed
-    (``recompute_layers``, 0 = all when recompute is full), plus one layer's working set.
+    (``recompute_layers``, 0 = all when recompute is full) or offloaded to host memory
+    (``cpu_offload_layers``), plus one layer's working set.
     """
     mm = tr.memory_model
     n = layers.of(stage)
@@ -334,8 +335,9 @@ def stage_memory(model: ModelSpec, tr: Training, p: PlanArrays, co: MemoryCoeffi
         return dense * bpp[key] + experts * bpp_e[key]
 
     r = recomputed_layers(p, n)
+    kept = n - np.minimum(p.cpu_offload_layers, n)  # the rest in host memory (costmodel.offload)
     per_mb = np.where(p.recompute == 2, (n - r) * co.working + r * co.ckpt_per_layer,
-                      n * co.act_per_layer)
+                      kept * co.act_per_layer)
     inflight = inflight_micro_batches(p, m, stage)
     # the MTP depths sit in the last virtual chunk, which runs each micro-batch's backward right
     # after its forward: one micro-batch in flight (GPipe: all)

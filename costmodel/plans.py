@@ -18,12 +18,12 @@ from costmodel.specs import RECOMPUTE_CODES, SCHEDULE_CODES, Plan
 PLAN_KEYS: tuple[str, ...] = (
     "tp", "pp", "dp", "cp", "ep", "vpp", "zero_stage", "micro_batch", "recompute",
     "recompute_layers", "sequence_parallel", "pp_schedule", "first_stage_layers",
-    "last_stage_layers", "expert_tp", "recompute_modules",
+    "last_stage_layers", "expert_tp", "recompute_modules", "cpu_offload_layers",
 )
 _DEFAULTS: dict[str, int] = {"cp": 1, "ep": 1, "vpp": 1, "zero_stage": 0, "recompute": 0,
                              "recompute_layers": 0, "sequence_parallel": 0, "pp_schedule": 0,
                              "first_stage_layers": 0, "last_stage_layers": 0, "expert_tp": 0,
-                             "recompute_modules": 0}
+                             "recompute_modules": 0, "cpu_offload_layers": 0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +45,7 @@ class PlanArrays:
     expert_tp: np.ndarray  # 0: derived (costmodel.mapping.expert_tp)
     # selective modules, a bitmask over costmodel.recompute_modules.MODELLED; 0: the training's
     recompute_modules: np.ndarray
+    cpu_offload_layers: np.ndarray  # layers whose activations go to host memory (pp 1 only)
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])

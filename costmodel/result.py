@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 GIB = 2**30
-Tier = Literal["nvlink", "network", "none"]
+Tier = Literal["nvlink", "network", "none", "host"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +36,9 @@ class StageMemory:
 class MemoryEstimate:
     stages: tuple[StageMemory, ...]
     usable_bytes: float
+    # activations offloaded to pinned host memory, and the host memory a GPU may pin
+    host_bytes: float = 0.0
+    host_usable_bytes: float = 0.0
 
     @property
     def peak(self) -> StageMemory:
@@ -52,7 +55,7 @@ class MemoryEstimate:
 
     @property
     def fits(self) -> bool:
-        return self.slack_bytes <= 0
+        return self.slack_bytes <= 0 and self.host_bytes <= self.host_usable_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,8 +63,9 @@ class Collective:
     """One named collective, per GPU per optimizer step."""
 
     name: str  # e.g. "dp_grad_reduce_scatter", "tp_all_gather", "pp_send_recv"
-    group: Literal["dp", "edp", "tp", "pp", "cp", "ep"]  # edp: the experts' data-parallel group
-    op: Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+    # edp: the experts' data-parallel group; host: a GPU and its host memory (costmodel.offload)
+    group: Literal["dp", "edp", "tp", "pp", "cp", "ep", "host"]
+    op: Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv", "copy"]
     group_size: int
     bytes: float  # payload per GPU per step
     tier: Tier

@@ -92,6 +92,10 @@ class Facts:
     # --recompute-modules, which a plan may name), and whether the model's attention is MLA
     selective_recompute: str = "activation"
     mla: bool = False
+    # activation offloading: whether the framework offloads (``Training.cpu_offloading``) and
+    # the GPU has a catalogued host link and host memory to offload to
+    cpu_offloading: bool = False
+    host_link: bool = False
 
     def values(self) -> dict[str, object]:
         """Every fact and switch by name (tuples as lists), as a rule's text quotes them."""
@@ -112,6 +116,8 @@ def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
                  global_batch=training.global_batch, num_gpus=cluster.num_gpus,
                  nvlink_domain=cluster.nvlink_domain, switches=switches,
                  mtp_layers=model.mtp_layers, mla=model.mla is not None,
+                 host_link=cluster.gpu.host_link_bw_bytes_per_s > 0
+                 and cluster.gpu.host_memory_bytes > 0,
                  **framework_facts(training),
                  **graph_facts(model, training))
 
@@ -120,7 +126,7 @@ def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
 # mtp, framework_*)
 FRAMEWORK_FACTS = ("moe_max_zero_stage", "moe_tensor_parallel", "multi_token_prediction",
                    "zero_stages", "zero_stages_pp", "recompute_modes", "partial_recompute",
-                   "pp_schedules", "selective_recompute")
+                   "pp_schedules", "selective_recompute", "cpu_offloading")
 
 
 def framework_facts(training: Training) -> dict[str, Any]:

@@ -41,7 +41,7 @@ Columns = Mapping[str, Any]
 PLAN_COLUMNS: tuple[str, ...] = (
     "tp", "pp", "cp", "dp", "ep", "vpp", "micro_batch", "zero_stage", "sequence_parallel",
     "recompute", "pp_schedule", "first_stage_layers", "last_stage_layers", "expert_tp",
-    "recompute_layers", "recompute_modules")
+    "recompute_layers", "recompute_modules", "cpu_offload_layers")
 INTERLEAVED, GPIPE = SCHEDULE_CODES["interleaved"], SCHEDULE_CODES["gpipe"]
 FULL, SELECTIVE = RECOMPUTE_CODES["full"], RECOMPUTE_CODES["selective"]
 
@@ -171,6 +171,16 @@ def _recompute_modules(c: Columns, f: Facts) -> np.ndarray:
     return (mask == 0) | own
 
 
+def _cpu_offload(c: Columns, f: Facts) -> np.ndarray:
+    """Megatron-Core's activation offloading (TransformerConfig.__post_init__, Megatron-LM
+    d98e8a64dd transformer_config.py): 0 <= cpu_offloading_num_layers < num_layers, no pipeline
+    parallelism, no activation recompute, and CUDA graphs only of the full iteration."""
+    n = c["cpu_offload_layers"]
+    graphs_ok = (f.cuda_graph_impl == "none") | ("full_iteration" in f.cuda_graph_scope)
+    allowed = f.cpu_offloading & f.host_link & graphs_ok
+    return (n == 0) | (allowed & (n < f.layers) & (c["pp"] == 1) & (c["recompute"] == 0))
+
+
 RULES: tuple[Rule, ...] = (
     Rule("world_size", ("tp", "pp", "cp", "dp"), ("num_gpus",),
          "tp * pp * cp * dp == num_gpus",
@@ -295,6 +305,13 @@ RULES: tuple[Rule, ...] = (
          lambda c, f: graphs_allowed(c["recompute"] == FULL, f.cuda_graph_impl,
                                      f.cuda_graph_scope, f.moe_layers, f.layers,
                                      f.moe_pad_to_capacity, f.moe_a2a_overlap)),
+    Rule("cpu_offload", ("cpu_offload_layers", "pp", "recompute"),
+         ("cpu_offloading", "host_link", "layers", "cuda_graph_impl", "cuda_graph_scope"),
+         "cpu_offload_layers == 0, or cpu_offloading (the framework offloads activations) and "
+         "host_link (the GPU's host link and memory catalogued), cpu_offload_layers < layers, "
+         "pp == 1, recompute == 0 (none), and cuda_graph_impl none or full_iteration in "
+         "cuda_graph_scope (Megatron-Core's TransformerConfig)",
+         _cpu_offload),
     Rule("schedule", ("pp_schedule", "vpp", "pp"), ("canonical",),
          "pp_schedule interleaved iff vpp > 1, and gpipe only with vpp == 1 (and pp > 1 in a "
          "canonical space)",
@@ -307,7 +324,8 @@ def plan_columns(plan: Plan | Mapping[str, object]) -> dict[str, int]:
     """One plan (or its fields, before a ``Plan`` is built) as plain ints, encoded like the
     search's layout columns (numpy broadcasts them as 1-element columns)."""
     raw = {k: getattr(plan, k) for k in PLAN_COLUMNS} if isinstance(plan, Plan) else {
-        k: plan.get(k, 0) if k in ("expert_tp", "recompute_modules") else plan[k]
+        k: plan.get(k, 0) if k in ("expert_tp", "recompute_modules", "cpu_offload_layers")
+        else plan[k]
         for k in PLAN_COLUMNS}
     raw["recompute"] = RECOMPUTE_CODES.get(str(raw["recompute"]), 0)
     raw["pp_schedule"] = SCHEDULE_CODES.get(str(raw["pp_schedule"]), 0)

@@ -36,8 +36,8 @@ PRECISION_CODES: dict[str, int] = {"bf16": 0, "fp16": 1, "fp8": 2}
 SCHEDULE_CODES: dict[str, int] = {"1f1b": 0, "interleaved": 1, "gpipe": 2}
 SCHEDULE_NAMES: dict[int, PipelineSchedule] = {0: "1f1b", 1: "interleaved", 2: "gpipe"}
 
-__all__ = ["ClusterSpec", "Efficiency", "GpuSpec", "MemoryModel", "ModelSpec", "Plan",
-           "SpecError", "Training"]
+__all__ = ["ClusterSpec", "Efficiency", "GpuSpec", "MemoryModel", "ModelSpec", "Plan", "SpecError",
+           "Training"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,6 +140,7 @@ class Plan:
     stage's tp x cp x dp ranks). 0 = derived: tp, or 1 where EP does not divide dp x cp
     (:func:`costmodel.mapping.expert_tp`). ``recompute_modules``: Megatron-Core's selective
     modules for this plan (``()``: the training's; rule ``recompute_modules``).
+    ``cpu_offload_layers``: layers whose activations go to host memory (costmodel/offload.py).
     """
 
     tp: int = 1
@@ -158,6 +159,7 @@ class Plan:
     last_stage_layers: int = 0
     expert_tp: int = 0
     recompute_modules: tuple[str, ...] = ()
+    cpu_offload_layers: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute_modules", plan_modules(self.recompute_modules))
@@ -171,7 +173,8 @@ class Plan:
         if self.pp_schedule not in SCHEDULE_CODES:
             raise SpecError(f"plan.pp_schedule must be one of {sorted(SCHEDULE_CODES)}, "
                             f"but got {self.pp_schedule!r}")
-        for name in ("recompute_layers", "first_stage_layers", "last_stage_layers", "expert_tp"):
+        for name in ("recompute_layers", "first_stage_layers", "last_stage_layers", "expert_tp",
+                     "cpu_offload_layers"):
             value = getattr(self, name)
             if (not isinstance(value, numbers.Integral) or isinstance(value, bool)
                     or not 0 <= int(value) < 2**53):
@@ -220,8 +223,7 @@ class Training:
     # torch.optim's zeros_like keeps the parameter's dtype (bf16 in NeMo AutoModel's MoE models)
     optimizer_state_bytes: int = 4
     # Bytes of a gradient element as reduced (0: grad_dtype_bytes): FSDP2's reduce_dtype=float32
-    # reduces bf16 gradients in fp32 and, sync off, accumulates them whole in fp32
-    # (torch/distributed/fsdp/_fully_shard/_fsdp_param.py to_accumulated_grad_if_needed)
+    # (sync off, accumulated whole in fp32: _fsdp_param.py to_accumulated_grad_if_needed)
     grad_reduce_bytes: int = 0
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
@@ -241,13 +243,11 @@ class Training:
     sharded_dp_one_call: bool = False
     sharded_gather_host_ops: float = 0.0
     separate_grad_comm_buffer: bool = False  # nanotron copies grads into a reduce buffer
-    # ZeRO-2 under gradient accumulation (more than one micro-batch a step) pays one of two costs,
-    # never neither: "micro_batch" reduce-scatters the gradients into their owner's shard in every
-    # micro-batch's backward, keeping the shard (DeepSpeed ZeRO-2's backward hooks, zero/
-    # stage_1_and_2.py; Megatron-FSDP's optim_grads; FSDP2 with sync on, torchtitan's train_step);
-    # "step" accumulates whole gradients and reduce-scatters once (FSDP2 with
-    # set_requires_gradient_sync(False) to the last micro-batch, torch.distributed.pipelining's
-    # schedules). ``_pp``: under PP.
+    # ZeRO-2 under gradient accumulation pays one of two costs, never neither: "micro_batch"
+    # reduce-scatters into the owner's shard every micro-batch (DeepSpeed ZeRO-2's hooks, zero/
+    # stage_1_and_2.py; Megatron-FSDP's optim_grads; FSDP2 with sync on, torchtitan); "step" keeps
+    # whole gradients, reduce-scatters once (FSDP2 with set_requires_gradient_sync(False) to the
+    # last micro-batch, torch.distributed.pipelining's schedules). ``_pp``: under PP.
     zero2_grad_sync: Literal["micro_batch", "step"] = "micro_batch"
     # CP's K/V exchange (parallel/context.py): cp - 1 ring steps (Megatron-Core's p2p), or one
     # all-gather (torchtitan's default)
@@ -259,32 +259,33 @@ class Training:
     # A partial full-recompute count is per model chunk (Megatron-LM's --recompute-num-layers):
     # with vpp chunks a multiple of vpp. Validity (costmodel.rules ``recompute_chunks``)
     recompute_per_chunk: bool = False
-    # The interleaved schedule runs micro-batches in groups of pp (Megatron-Core's default
-    # microbatch_group_size_per_vp_stage): a multiple of pp. Validity (rules microbatch_groups)
+    # The interleaved schedule's micro-batches in groups of pp (Megatron-Core's default
+    # microbatch_group_size_per_vp_stage). Validity (rules microbatch_groups)
     microbatch_groups: bool = False
-    # MoE layers train with tp > 1 only under sequence parallelism (Megatron-Core's
-    # MoELayer.forward). Validity (costmodel.rules ``moe_tp_sp``), not a cost.
+    # MoE layers train with tp > 1 only under SP (Megatron-Core's MoELayer.forward): rule moe_tp_sp
     moe_tp_sequence_parallel: bool = False
     # The launcher takes an explicit per-virtual-stage layout (Megatron-Core's
     # --pipeline-model-parallel-layout, torchtitan's per-stage lists): any split of a stage into
     # vpp chunks runs; off, only what the first/last-stage flags build. Validity (vpp_layers)
     uneven_chunks: bool = False
     dp_bucket_bytes: float = 25 * 2**20  # gradient bucket (torch DDP's default 25 MiB)
-    # Extra seconds per TP ring step when a pipeline engine interleaves its p2p transfers with TP
-    # collectives on one stream across the network (nanotron's eager PP engine: tp x pp in a node
-    # at the model's speed, across nodes 0.3-0.6 of it; 0 for separate streams, Megatron-LM).
+    # Extra seconds per TP ring step when a pipeline engine interleaves p2p with TP collectives on
+    # one stream across the network (nanotron's eager PP engine; 0 for separate streams).
     pp_tp_step_overhead_s: float = 0.0
     # Megatron-LM's scatter/gather of pipeline activations (Narayanan et al., SC21, sec. 4.1):
     # each TP rank sends 1/tp of a stage boundary's activation over its NIC, the next stage
     # all-gathers it over NVLink. Only without sequence parallel, which shards them anyway.
     pp_scatter_gather: bool = False
-    # Interleaved 1F1B sends a chunk's activation while the next chunk computes (Megatron-LM's
-    # overlap_p2p_comm, default with a virtual pipeline). Without interleaving all wait for it.
+    # Interleaved 1F1B sends a chunk's activation while the next computes (Megatron-LM's
+    # overlap_p2p_comm, default with a virtual pipeline); without interleaving all wait for it
     overlap_p2p_comm: bool = False
     # What SP keeps for the QKV and MLP-in projections' backward: Megatron the sharded norm output,
     # all-gathered again (Korthikanti et al., 2022, 4.2.2); DTensor's ColwiseParallel the gathered
     sp_saves_gathered_input: bool = False
-    # TP on PyTorch DTensors (torchtitan, the harness): each TP op pays dtensor_op_overhead_s more
+    # activations offloaded to host memory per layer (Megatron-Core's --cpu-offloading-num-layers,
+    # Transformer Engine's offload context): rule ``cpu_offload``; costmodel/offload.py
+    cpu_offloading: bool = False
+    # TP on DTensors (torchtitan, the harness): each TP op pays dtensor_op_overhead_s more
     dtensor_tp: bool = False
     # Bytes of an activation element, exchanged, stored for backward and streamed by elementwise
     # kernels: 2 under bf16/fp16 autocast (fp8 GEMMs too); 4 without (CPU validation runs, fp32)
@@ -292,7 +293,7 @@ class Training:
     # fp8 keeps the GEMM inputs' casts for backward (TE's Linear); torchao's keeps bf16 ones
     fp8_saves_cast_inputs: bool = True
     # fp8 weights only (Megatron-LM --fp8-param-gather): 1 byte a weight, not bf16 plus a cast,
-    # all-gathered in fp8 by the distributed optimizer; fp32 masters stay in the optimizer
+    # all-gathered in fp8 by the distributed optimizer (fp32 masters stay)
     fp8_param_gather: bool = False
     # fp8 weight casts cached after a step's first micro-batch (Megatron-Core's TE layers pass
     # is_first_microbatch, megatron/core/extensions/transformer_engine.py); not in torchao's
@@ -350,8 +351,7 @@ class Training:
     recompute_modes: tuple[str, ...] = ("none", "selective", "full")
     partial_recompute: bool = True
     pp_schedules: tuple[str, ...] = ("1f1b", "gpipe", "interleaved")
-    # ... and on a model with MoE layers (DeepSpeed's engine refuses stage 3 there:
-    # deepspeed/runtime/engine.py, _configure_zero_optimizer)
+    # ... with MoE layers (DeepSpeed refuses stage 3: runtime/engine.py _configure_zero_optimizer)
     moe_max_zero_stage: int = 3
     # Tensor parallelism on a model with MoE layers (NeMo AutoModel's MoE parallelizer asserts
     # tp == 1: nemo_automodel/components/moe/parallelizer.py, parallelize_model)

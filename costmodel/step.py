@@ -17,6 +17,7 @@ from costmodel.compute import hardware_flops, layer_times
 from costmodel.mapping import STAGES, stage_layers
 from costmodel.memory import StageBytes, allocator_stall, step_memory
 from costmodel.mtp import mtp_stage
+from costmodel.offload import host_bytes, offload_copies
 from costmodel.optimizer import grad_accumulation_time, optimizer_time
 from costmodel.parallel.context import context_parallel
 from costmodel.parallel.data import data_parallel
@@ -46,6 +47,7 @@ class StepArrays:
     recompute_s: np.ndarray
     contention_s: np.ndarray  # what hidden communication slows the compute by
     stall_s: np.ndarray  # the caching allocator's expected free-and-retry near capacity
+    host_bytes: np.ndarray  # activations offloaded to pinned host memory (costmodel.offload)
     optimizer_s: np.ndarray
     bubble_s: np.ndarray
     gemm_efficiency: np.ndarray
@@ -93,14 +95,16 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     optimizer_s = (optimizer_time(co, layers, p, cluster, tr)
                    + grad_accumulation_time(co, layers, m, p, cluster, tr))
 
+    offload = offload_copies(cluster, co, p, lt, m)
+
     compute_s = m * per_mb.at_slowest(per_mb.compute_s)
     step = (compute_s + m * per_mb.at_slowest(per_mb.comm_s) + bubble + p2p.exposed_s
-            + sum(c.exposed_s for c in (*grads, *params, tied)) + optimizer_s)
+            + sum(c.exposed_s for c in (*grads, *params, tied, offload)) + optimizer_s)
     tp_collectives = tensor.collectives(g, model.layers, per_mb.at_slowest(tensor.vocab_s),
                                         per_mb.at_slowest(tensor.vocab_sides))
     nccl = (context.collective(g, model.layers), expert.collective(g, model.layers),
             p2p, tied, *grads, *params)
-    collectives = (*tp_collectives, *nccl)
+    collectives = (*tp_collectives, *nccl, offload)  # offload's copy engines hold no SMs
     # hidden NCCL traffic slows the kernels it runs beside (counted as compute). Not TP's:
     # overlapped, it moves through Transformer Engine's userbuffers or PyTorch's symmetric
     # memory by copy engine (ring exchange at num_sm=1 in Megatron-Bridge's
@@ -119,7 +123,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
         usable_bytes=cluster.gpu.usable_bytes, model_flops=np.full_like(step, model_flops),
         hardware_flops=hardware_flops(model, cluster, tr, p, layers, model_flops),
         compute_s=compute_s, recompute_s=m * per_mb.at_slowest(per_mb.recompute_s),
-        contention_s=contention, stall_s=stall,
+        contention_s=contention, stall_s=stall, host_bytes=host_bytes(co, p, m),
         optimizer_s=optimizer_s, bubble_s=bubble, gemm_efficiency=lt.gemm_efficiency,
         collectives=collectives, step_time_s=step, tokens_per_step=tokens, num_gpus=n_gpus,
     )

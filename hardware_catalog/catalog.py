@@ -36,6 +36,8 @@ NUMERIC_FIELDS: tuple[str, ...] = tuple(
     if f.name not in (*_TEXT_FIELDS, "efficiency")
 )
 _INT_FIELDS = frozenset({"intra_node_domain_size"})
+# what a SKU may leave out: the host link and host memory (0: nothing offloads to the host)
+OPTIONAL_FIELDS = frozenset({"host_link_bw_bytes_per_s", "host_memory_bytes"})
 _ENTRY_KEYS = frozenset({"value", "value_gib", "source", "note"})
 EFFICIENCY_FIELDS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(Efficiency) if f.name != "source"
@@ -108,7 +110,7 @@ def _parse_sku(path: Path, efficiency: dict[str, Efficiency]) -> GpuSpec:
         raise CatalogError(f"{path.name}: unknown fields {unknown}; "
                            f"allowed: {sorted((*_TEXT_FIELDS, *NUMERIC_FIELDS))}")
     for field in (*_TEXT_FIELDS, *NUMERIC_FIELDS):
-        if field not in doc:
+        if field not in doc and field not in OPTIONAL_FIELDS:
             raise CatalogError(f"{path.name}: required field '{field}' is missing")
     for field in _TEXT_FIELDS:
         if not isinstance(doc[field], str) or not doc[field].strip():
@@ -120,7 +122,8 @@ def _parse_sku(path: Path, efficiency: dict[str, Efficiency]) -> GpuSpec:
     if doc["family"] not in FAMILIES:
         raise CatalogError(f"{path.name}: family must be one of {list(FAMILIES)}, "
                            f"but got {doc['family']!r}")
-    numbers: dict[str, Any] = {f: _numeric_entry(path, f, doc[f]) for f in NUMERIC_FIELDS}
+    numbers: dict[str, Any] = {f: _numeric_entry(path, f, doc[f]) for f in NUMERIC_FIELDS
+                               if f in doc}
     for field in _INT_FIELDS:
         numbers[field] = int(numbers[field])
     eff = efficiency.get(doc["family"], Efficiency(source=UNCALIBRATED_SOURCE))

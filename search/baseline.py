@@ -27,7 +27,7 @@ import numpy as np
 from costmodel import Plan, StepEstimate, estimate, estimate_batch, rules
 from costmodel.rules import Switches
 from costmodel.specs import SCHEDULE_CODES, SCHEDULE_NAMES
-from search.evaluate import placements
+from search.evaluate import PLACED, placements
 from search.planfile import plan_dict
 from search.planspec import SHORT, PlanSpecError, format_plan, parse_plan
 from search.prune import memory_stage
@@ -140,7 +140,7 @@ def searched_layout(specs: Specs, space: SearchSpace, plan: Plan) -> dict[str, A
     tps = estimate_batch(specs.model, specs.cluster, specs.training, placed)[
         "tokens_per_s_per_gpu"]
     k = int(np.argmax(tps))
-    keys = (*AXES, "first_stage_layers", "last_stage_layers", "recompute_layers")
+    keys = (*AXES, *PLACED)
     return {"plan_text": format_plan(plan_from_row({a: int(placed[a][k]) for a in keys})),
             "tokens_per_s_per_gpu": float(tps[k])}
 

@@ -36,6 +36,8 @@ from search.study import Study
 from search.uncertainty import interval, p_oom, plan_regime, uncertainty_metrics
 
 OUTER_AXES = ("tp", "pp", "cp", "ep")
+# what the memory stage decides beyond the axes: the split, the layers recomputed, offloaded
+PLACED = ("first_stage_layers", "last_stage_layers", "recompute_layers", "cpu_offload_layers")
 # How much one ordinal step along an axis costs when repairing a sample: parallel degrees first.
 REPAIR_WEIGHTS = {"tp": 8, "pp": 8, "cp": 8, "ep": 8, "micro_batch": 4, "recompute": 4,
                   "vpp": 2, "zero_stage": 2, "sequence_parallel": 1, "pp_schedule": 1}
@@ -57,6 +59,7 @@ def placements(stage: MemoryStage, idx: np.ndarray) -> tuple[dict[str, np.ndarra
     cols = plan_arrays({a: stage.cols[a][idx[at]] for a in AXES})
     cols.update(plan_fields(stage.space.facts.layers, cols["pp"], cols["recompute"] == 2, rows,
                             cols["vpp"]))
+    cols["cpu_offload_layers"] = stage.offloaded(idx[at])
     return cols, at
 
 
@@ -154,10 +157,8 @@ class Evaluator:
                     f"{', '.join(f'{a}={v}' for a, v in shown.items())} that the memory screen "
                     f"passed; try search_space.uneven_pipeline: false and "
                     f"partial_recompute: false, or fewer layers or pp values")
-            placed = placement.plan_fields(self.specs.model.layers, row["pp"],
-                                           row["recompute"] == 2, row["vpp"])
             # the twin judged CP-SAT's placement, and the even split where that ranked higher
-            row.update({f: int(cols[f][k]) for f in placed})
+            row.update({f: int(cols[f][k]) for f in PLACED})
             plan = plan_from_row(row)
             out = estimate_batch(self.specs.model, self.specs.cluster, self.specs.training,
                                  plans_to_arrays([plan]))
@@ -218,7 +219,7 @@ class Evaluator:
         """Every feasible layout placed (vectorised twin of the CP-SAT model) and judged."""
         cols, out = self._judge_many(self.feasible)
         order = self._rank(out)
-        keys = (*AXES, "first_stage_layers", "last_stage_layers", "recompute_layers")
+        keys = (*AXES, *PLACED)
         best = [self._evaluation(-1, plan_from_row({a: int(cols[a][k]) for a in keys}), out,
                                  int(k)) for k in order[:top_k]]
         return Exhaustive(count=len(order), values=self._vector(self.metric_names[0], out),

@@ -75,12 +75,18 @@ _MODULE_LABELS = {"core_attn": "attn", "moe_act": "moe_act", "layernorm": "norm"
 
 
 def _recompute_label(plan: dict[str, Any]) -> str:
-    kind = plan["recompute"]
+    """What the plan does with its activations: recompute (``full×N``: N layers a stage), and
+    ``offload×N``: N layers' kept in host memory (rule cpu_offload: beside no recompute)."""
+    kind, offload = plan["recompute"], plan.get("cpu_offload_layers", 0)
     if kind == "full" and plan["recompute_layers"]:
-        return f"full×{plan['recompute_layers']}"
-    if kind == "selective" and plan.get("recompute_modules"):  # its own Megatron-Core modules
-        return f"sel({'+'.join(_MODULE_LABELS[m] for m in plan['recompute_modules'])})"
-    return {"none": "-", "selective": "sel", "full": "full"}[kind]
+        label = f"full×{plan['recompute_layers']}"
+    elif kind == "selective" and plan.get("recompute_modules"):  # its own Megatron-Core modules
+        label = f"sel({'+'.join(_MODULE_LABELS[m] for m in plan['recompute_modules'])})"
+    else:
+        label = {"none": "-", "selective": "sel", "full": "full"}[kind]
+    if not offload:
+        return label
+    return f"offload×{offload}" if label == "-" else f"{label}+offload×{offload}"
 
 
 def _stages_label(plan: dict[str, Any]) -> str:

@@ -2,7 +2,8 @@
 
 Keys are the fields of :class:`costmodel.Plan`, with the short names people type (``mbs``,
 ``zero``, ``sp``, ``schedule``, ``modules``: Megatron-Core's selective modules joined by '+',
-``modules=core_attn+mlp``). The one parser of this syntax: ``explain --plan``,
+``modules=core_attn+mlp``; ``offload``: layers whose activations go to host memory, Megatron-Core's
+``--cpu-offloading-num-layers``). The one parser of this syntax: ``explain --plan``,
 ``compare --base``, a study's ``baseline:`` and ``--baseline`` all read plans through it.
 """
 
@@ -18,7 +19,8 @@ from search.specs import Specs
 
 ALIASES: dict[str, str] = {"mbs": "micro_batch", "zero": "zero_stage", "sp": "sequence_parallel",
                            "schedule": "pp_schedule", "recompute_n": "recompute_layers",
-                           "etp": "expert_tp", "modules": "recompute_modules"}
+                           "etp": "expert_tp", "modules": "recompute_modules",
+                           "offload": "cpu_offload_layers"}
 PLAN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Plan))
 CHOICES: dict[str, tuple[str, ...]] = {"recompute": ("none", "selective", "full"),
                                        "pp_schedule": ("1f1b", "interleaved", "gpipe")}
@@ -27,7 +29,7 @@ TRUE, FALSE = ("true", "yes", "on", "1", "y"), ("false", "no", "off", "0", "n")
 SHORT = (("tp", "tp"), ("pp", "pp"), ("vpp", "vpp"), ("dp", "dp"), ("cp", "cp"), ("ep", "ep"),
          ("expert_tp", "etp"),
          ("micro_batch", "mbs"), ("recompute", "recompute"), ("recompute_modules", "modules"),
-         ("recompute_layers", "recompute_n"),
+         ("recompute_layers", "recompute_n"), ("cpu_offload_layers", "offload"),
          ("zero_stage", "zero"), ("sequence_parallel", "sp"), ("pp_schedule", "schedule"),
          ("first_stage_layers", "first_stage_layers"), ("last_stage_layers", "last_stage_layers"))
 

@@ -22,7 +22,7 @@ from ortools.sat.python import cp_model
 
 from costmodel.params import attention_params, dense_mlp_params, expert_params
 from costmodel.result import GIB
-from costmodel.rules import schedule_code
+from costmodel.rules import BY_NAME, schedule_code
 from search.placement import (
     STAGE_NAMES,
     Placement,
@@ -54,13 +54,17 @@ def head_cost_units(specs: Specs) -> int:
     return int(round(head + mtp))
 
 
-def need_tables(t: StageTerms, recompute: np.ndarray, layers: int, headroom_bytes: float
-                ) -> dict[str, np.ndarray]:
-    """``need[stage][i, n]`` for layouts i and n = 0..layers layers on the stage."""
+def need_tables(t: StageTerms, recompute: np.ndarray, layers: int, headroom_bytes: float,
+                offload: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """``need[stage][i, n]`` for layouts i and n = 0..layers layers on the stage: the fewest
+    layers fully recomputed, or, on the layouts ``offload`` marks (rule ``cpu_offload``: one
+    stage, no recompute), whose activations go to host memory (fewer than n, and what host
+    memory holds)."""
     inf = layers + 1
     n = np.arange(layers + 1, dtype=float)[None, :]
     usable = t.usable - headroom_bytes
     full = (recompute == 2)[:, None]
+    off = (np.zeros(len(recompute), dtype=bool) if offload is None else offload)[:, None]
     out = {}
     for s in STAGE_NAMES:
         infl = t.inflight[s][:, None]
@@ -69,7 +73,11 @@ def need_tables(t: StageTerms, recompute: np.ndarray, layers: int, headroom_byte
         saving = infl * (t.act - t.ckpt)[:, None]
         with np.errstate(divide="ignore", invalid="ignore"):
             need = np.ceil(np.where(saving > 0, over / saving, np.inf) - _EPS)
-        need = np.where(over <= 0, 0.0, np.where(full, need, np.inf))
+            moved = np.ceil(np.where(t.act[:, None] > 0, over / (infl * t.act[:, None]),
+                                     np.inf) - _EPS)
+        host_ok = (moved < n) & (infl * moved * t.host_act[:, None] <= t.host_usable)
+        moved = np.where(host_ok, moved, np.inf)
+        need = np.where(over <= 0, 0.0, np.where(full, need, np.where(off, moved, np.inf)))
         opt_ok = t.opt_fixed[s][:, None] + n * t.opt_layer[:, None] <= usable
         out[s] = np.where(opt_ok & (need <= n), need, inf).astype(np.int32)
     return out
@@ -192,6 +200,7 @@ class MemoryStage:
     need: dict[str, np.ndarray]
     feasible: np.ndarray  # bool per valid layout
     head_units: int
+    offload: np.ndarray  # bool per valid layout: may offload activations (offload_layouts)
     _cache: dict[Subproblem, Placement | None] = field(default_factory=dict)
     solves: int = 0
 
@@ -206,6 +215,11 @@ class MemoryStage:
             recompute_step=recompute_step(int(self.cols["vpp"][i]),
                                           self.space.switches.recompute_per_chunk),
             any_chunks=self.space.switches.uneven_chunks)
+
+    def offloaded(self, index: np.ndarray) -> np.ndarray:
+        """Layers each layout offloads: the fewest that fit its single stage, 0 elsewhere."""
+        L = self.space.facts.layers
+        return np.where(self.offload[index], self.need["first"][index, L], 0)
 
     def place(self, i: int) -> Placement | None:
         """The CP-SAT placement of valid layout ``i`` (cached by subproblem)."""
@@ -235,16 +249,26 @@ class MemoryStage:
         return rows, ok
 
 
+def offload_layouts(space: SearchSpace, cols: dict[str, np.ndarray]) -> np.ndarray:
+    """The layouts that may offload activations: the study allows it and rule ``cpu_offload``
+    holds with some layers offloaded (the count itself: ``need_tables``)."""
+    if not space.cpu_offload or not len(cols["pp"]):
+        return np.zeros(len(cols["pp"]), dtype=bool)
+    one = {**cols, "cpu_offload_layers": np.ones_like(cols["pp"])}
+    return np.asarray(BY_NAME["cpu_offload"].holds(one, space.facts), dtype=bool)
+
+
 def memory_stage(specs: Specs, space: SearchSpace, cols: dict[str, np.ndarray],
                  headroom_gib: float | None = None) -> MemoryStage:
     """The memory screen; ``headroom_gib`` defaults to the study's (``specs.headroom_gib``)."""
     if headroom_gib is None:
         headroom_gib = specs.headroom_gib
     terms = stage_terms(specs, plan_arrays(cols))
-    need = need_tables(terms, cols["recompute"], space.facts.layers, headroom_gib * GIB)
+    offload = offload_layouts(space, cols)
+    need = need_tables(terms, cols["recompute"], space.facts.layers, headroom_gib * GIB, offload)
     feasible = screen(cols, capacities(need), space.facts.layers, space.switches.uneven_pipeline)
     stage = MemoryStage(space=space, cols=cols, terms=terms, need=need, feasible=feasible,
-                        head_units=head_cost_units(specs))
+                        head_units=head_cost_units(specs), offload=offload)
     if space.switches.uneven_pipeline:
         # interleaved and uneven: which splits Megatron builds is not a capacity bound, so
         # the screen of those layouts is the vectorised placement itself

@@ -311,6 +311,9 @@ class SearchSpaceSection(_Section):
     recompute_modules: ModulesAxis = None
     uneven_pipeline: Bool = True  # CP-SAT may give the first/last stage other layer counts
     partial_recompute: Bool = True  # CP-SAT picks how many layers per stage are recomputed
+    # a single stage without recompute offloads the fewest layers' activations that fit to host
+    # memory, where the framework can (rule cpu_offload; costmodel/offload.py)
+    cpu_offload: Bool = True
     tp_in_node: Bool = True  # keep TP inside one NVLink domain
 
 

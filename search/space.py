@@ -56,11 +56,12 @@ class Rule:
 class SearchSpace:
     """Domains (encoded as ints: recompute 0/1/2, sequence_parallel 0/1, pp_schedule 0/2), the
     facts and switches the table's rules read (``rules.Facts``, the search's switches with the
-    split placed later), and the study's partial-recompute switch."""
+    split placed later), and the study's partial-recompute and offload switches."""
 
     domains: dict[str, tuple[int, ...]]
     facts: Facts
     partial_recompute: bool
+    cpu_offload: bool = False  # single-stage layouts may offload activations (search.prune)
     rules: tuple[Rule, ...] = field(default=())
 
     @property
@@ -133,7 +134,8 @@ def build_space(study: Study, specs: Specs) -> SearchSpace:
                            dataclasses.replace(sw, split_later=sw.uneven_pipeline))
     # a partial recompute count only where both the study and the framework allow one
     space = SearchSpace(domains=domains, facts=facts,
-                        partial_recompute=section.partial_recompute and facts.partial_recompute)
+                        partial_recompute=section.partial_recompute and facts.partial_recompute,
+                        cpu_offload=section.cpu_offload)
     return dataclasses.replace(space, rules=make_rules(space))
 
 
@@ -260,7 +262,8 @@ def plan_from_row(row: Mapping[str, int]) -> Plan:
         first_stage_layers=row.get("first_stage_layers", 0),
         last_stage_layers=row.get("last_stage_layers", 0), expert_tp=row.get("expert_tp", 0),
         recompute_layers=row.get("recompute_layers", 0),
-        recompute_modules=mask_modules(row.get("recompute_modules", 0)))
+        recompute_modules=mask_modules(row.get("recompute_modules", 0)),
+        cpu_offload_layers=row.get("cpu_offload_layers", 0))
 
 
 def plan_columns(plan: Plan) -> dict[str, int]:
@@ -295,6 +298,10 @@ def exclusions(space: SearchSpace, plan: Plan) -> list[dict[str, Any]]:
         out.append({"kind": "switch", "name": "partial_recompute",
                     "text": f"search_space.partial_recompute is false, so the search recomputes "
                             f"every layer of a stage, not recompute_n={plan.recompute_layers}"})
+    if plan.cpu_offload_layers and not space.cpu_offload:
+        out.append({"kind": "switch", "name": "cpu_offload",
+                    "text": "search_space.cpu_offload is false, so the search offloads no "
+                            f"activations, not offload={plan.cpu_offload_layers}"})
     return out
 
 

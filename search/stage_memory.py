@@ -8,7 +8,9 @@ For stage s (first, middle, last) with n layers, r of them fully recomputed::
     fwd/bwd bytes = fixed[s] + n*state + inflight[s]*((n - r)*act + r*ckpt) + working
     optimizer     = opt_fixed[s] + n*opt_layer
 
-and the stage fits when both are at most the usable bytes (less the study's headroom).
+and the stage fits when both are at most the usable bytes (less the study's headroom). A single
+stage without recompute may instead offload r layers' activations to host memory (ckpt 0 on the
+GPU; ``inflight*r*host_act`` host bytes, at most ``host_usable``: costmodel.offload).
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class StageTerms:
     opt_fixed: dict[str, np.ndarray]
     opt_layer: np.ndarray
     usable: float
+    host_act: np.ndarray  # host bytes one offloaded layer of a micro-batch pins
+    host_usable: float  # host memory a GPU may pin (0: none catalogued)
 
     def take(self, i: int | np.ndarray) -> StageTerms:
         return StageTerms(
@@ -44,7 +48,8 @@ class StageTerms:
             inflight={s: v[i] for s, v in self.inflight.items()},
             state=self.state[i], act=self.act[i], ckpt=self.ckpt[i], working=self.working[i],
             opt_fixed={s: v[i] for s, v in self.opt_fixed.items()},
-            opt_layer=self.opt_layer[i], usable=self.usable)
+            opt_layer=self.opt_layer[i], usable=self.usable, host_act=self.host_act[i],
+            host_usable=self.host_usable)
 
 
 def stage_terms(specs: Specs, plans: Columns) -> StageTerms:
@@ -63,7 +68,8 @@ def stage_terms(specs: Specs, plans: Columns) -> StageTerms:
         opt_layer=col("opt_per_layer"),
         # no valid layout (a study that rules out every one) still gets an answer
         usable=float(np.asarray(t["usable"]).reshape(-1)[0]) if n else
-        float(specs.cluster.gpu.usable_bytes))
+        float(specs.cluster.gpu.usable_bytes),
+        host_act=col("host_per_layer"), host_usable=float(specs.cluster.gpu.host_memory_bytes))
 
 
 def stage_bytes(t: StageTerms, stage: str, n: np.ndarray, r: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ from hardware_catalog import (
     load_catalog,
     with_overrides,
 )
-from hardware_catalog.catalog import NUMERIC_FIELDS, UNCALIBRATED_SOURCE
+from hardware_catalog.catalog import NUMERIC_FIELDS, OPTIONAL_FIELDS, UNCALIBRATED_SOURCE
 
 REQUIRED_IDS = {
     "a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb", "h100-pcie-80gb", "h100-sxm-96gb-500w",
@@ -49,8 +49,21 @@ def test_every_number_is_positive_and_cited(sku_id: str) -> None:
     gpu, raw = get_gpu(sku_id), _raw(sku_id)
     assert gpu.id == sku_id and gpu.name and gpu.family
     for field in NUMERIC_FIELDS:
+        if field in OPTIONAL_FIELDS and field not in raw:  # the host link: 0, none catalogued
+            assert getattr(gpu, field) == 0, field
+            continue
         assert getattr(gpu, field) > 0, field
         assert len(raw[field]["source"]) > 20, f"{sku_id}.{field} source is too thin to check"
+
+
+def test_offload_hosts_are_catalogued_where_frameworks_offload() -> None:
+    """The SKUs Megatron-Core's activation offloading runs on in practice carry a host link
+    below their NVLink and host memory above their HBM; a SKU without them offloads nothing."""
+    for sku_id in ("h100-sxm-80gb", "h200-sxm-141gb", "b200-180gb", "gb200-nvl72"):
+        gpu = get_gpu(sku_id)
+        assert 0 < gpu.host_link_bw_bytes_per_s < gpu.intra_node_bw_bytes_per_s
+        assert gpu.host_memory_bytes > gpu.hbm_bytes
+    assert get_gpu("mi300x").host_link_bw_bytes_per_s == 0
 
 
 @pytest.mark.parametrize("sku_id", IDS)

@@ -73,7 +73,9 @@ def grid() -> list[Plan]:
     # selective modules (moe_act runs on this MoE model; mla_up_proj needs MLA, which it has not)
     return (plans + [replace(p, expert_tp=e) for p in plans[::11] for e in (1, 2, 8)]
             + [replace(p, recompute="selective", recompute_modules=m) for p in plans[::13]
-               if p.recompute == "none" for m in (("moe_act",), ("mla_up_proj", "core_attn"))])
+               if p.recompute == "none" for m in (("moe_act",), ("mla_up_proj", "core_attn"))]
+            # activation offloading: of some layers, or of all 12 (never: rule cpu_offload)
+            + [replace(p, cpu_offload_layers=n) for p in plans[::17] for n in (3, 12)])
 
 
 def first_rule(message: str) -> str:

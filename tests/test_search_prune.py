@@ -94,16 +94,19 @@ def placements(layers: int, pp: int, vpp: int, full: bool,
 def brute_force(specs: Specs, stage: MemoryStage) -> dict[int, list[Plan]]:
     """Layout index -> every plan of it that the cost model says fits."""
     rows, plans = [], []
-    # the framework's own rule on the recomputed count (generic: per model chunk)
-    chunks = [rules.BY_NAME["recompute_chunks"]]
+    # the framework's own rules on the recomputed count (generic: per model chunk) and on
+    # activation offloading (generic: Megatron-Core's, on a GPU with a host link)
+    own = (rules.BY_NAME["recompute_chunks"], rules.BY_NAME["cpu_offload"])
     facts = rules.facts_of(specs.model, specs.cluster, specs.training, specs.switches)
-    assert facts.switches.recompute_per_chunk
+    assert facts.switches.recompute_per_chunk and facts.cpu_offloading and facts.host_link
+    L = specs.model.layers
     for i in range(len(stage.cols["tp"])):
         row = {a: int(stage.cols[a][i]) for a in AXES}
-        for place in placements(specs.model.layers, row["pp"], row["vpp"],
-                                row["recompute"] == 2, specs.training.uneven_chunks):
-            plan = plan_from_row({**row, **place})
-            if not rules.broken(plan, facts, tuple(chunks)):
+        for place, offloaded in itertools.product(
+                placements(L, row["pp"], row["vpp"], row["recompute"] == 2,
+                           specs.training.uneven_chunks), range(L)):
+            plan = plan_from_row({**row, **place, "cpu_offload_layers": offloaded})
+            if not rules.broken(plan, facts, own):
                 rows.append(i)
                 plans.append(plan)
     out = estimate_batch(specs.model, specs.cluster, specs.training, plans_to_arrays(plans))
@@ -147,21 +150,25 @@ def test_screen_and_cpsat_equal_brute_force_filtering() -> None:
 def test_cpsat_placement_fits_and_is_optimal() -> None:
     specs, stage = setup()
     fitting = brute_force(specs, stage)
-    uneven = partial = 0
+    uneven = partial = offloaded = 0
     for i, plans in fitting.items():
         placement = stage.place(i)
         assert placement is not None
         row = {a: int(stage.cols[a][i]) for a in AXES}
         row.update(placement.plan_fields(specs.model.layers, row["pp"], row["recompute"] == 2,
                                          row["vpp"]))
+        row["cpu_offload_layers"] = int(stage.offloaded(np.asarray([i]))[0])
         plan = plan_from_row(row)
         assert estimate(specs.model, specs.cluster, plan, specs.training).memory.fits
         best = min(proxy_key(specs, stage, p) for p in plans)
         assert proxy_key(specs, stage, plan) == best, (plan, best)
+        # the fewest layers offloaded that fit (each costs host-link time, none saves any)
+        assert plan.cpu_offload_layers == min(p.cpu_offload_layers for p in plans)
         uneven += bool(plan.first_stage_layers)
         partial += bool(plan.recompute_layers)
-    # the space exercises what CP-SAT decides
-    assert uneven > 0 and partial > 0
+        offloaded += bool(plan.cpu_offload_layers)
+    # the space exercises what CP-SAT and the offload count decide
+    assert uneven > 0 and partial > 0 and offloaded > 0
 
 
 def test_layouts_that_fit_only_when_cpsat_moves_layers() -> None:

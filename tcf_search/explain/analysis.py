@@ -46,7 +46,10 @@ def _memory(e: StepEstimate) -> dict[str, Any]:
         stages.append(row)
     return {"usable_gib": usable / GIB, "peak_gib": e.memory.peak_bytes / GIB,
             "peak_stage": e.memory.peak.stage, "fits": e.memory.fits,
-            "headroom_gib": -e.memory.slack_bytes / GIB, "stages": stages}
+            "headroom_gib": -e.memory.slack_bytes / GIB, "stages": stages,
+            # activations offloaded to pinned host memory (costmodel/offload.py)
+            "host_gib": e.memory.host_bytes / GIB,
+            "host_usable_gib": e.memory.host_usable_bytes / GIB}
 
 
 def selective_label(tr: Training, plan: Plan | None = None) -> str:

@@ -87,6 +87,9 @@ REPAIRS: dict[str, tuple[Repair, ...]] = {
                            "a plan's own modules need selective recompute under Megatron-Core"),),
     "cuda_graphs": (("recompute", lambda v, s: "selective",
                      "full recompute runs only under a full-iteration CUDA graph"),),
+    "cpu_offload": (("cpu_offload_layers", lambda v, s: 0,
+                     "offloading needs pp 1, no recompute and fewer than {layers} layers"),
+                    ("recompute", lambda v, s: "none", "offloaded activations are not recomputed")),
 }
 
 

@@ -42,6 +42,11 @@ def _memory(doc: dict[str, Any], con: Console) -> None:
                   _gib(st["total_gib"]),
                   f"[green]{room:+.1f}[/green]" if room >= 0 else f"[red]{room:+.1f}[/red]")
     con.print(t)
+    if m.get("host_gib"):
+        con.print(f"   activations offloaded to host memory: {m['host_gib']:.1f} of "
+                  f"{m['host_usable_gib']:.1f} GiB the GPU may pin; the copies over the host "
+                  "link (communication, tier host) at a prior fraction of its line rate, "
+                  "unvalidated: no measured run offloads")
 
 
 def _stall(c: dict[str, Any], step_s: float) -> str:

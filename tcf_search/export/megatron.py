@@ -36,6 +36,14 @@ def recompute_args(f: LaunchView) -> list[Group]:
     return []
 
 
+def offload_args(f: LaunchView) -> list[Group]:
+    """Activation offloading to host memory: the flag generated from ModelParallelConfig's
+    cpu_offloading_num_layers (megatron/core/model_parallel_config.py), which validate_args turns
+    into cpu_offloading=True (megatron/training/arguments.py); activations only, not weights
+    (cpu_offloading_activations and cpu_offloading_weights keep their defaults)."""
+    return [("--cpu-offloading-num-layers", f.cpu_offload_layers)] if f.cpu_offload_layers else []
+
+
 def data_parallel_args(f: LaunchView, pf: PlanFile) -> list[Group]:
     t = pf.training
     out: list[Group] = []
@@ -282,6 +290,7 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
         *parallel_args(f),
         ("--micro-batch-size", f.micro_batch, "--global-batch-size", f.global_batch),
         *recompute_args(f),
+        *offload_args(f),
         *data_parallel_args(f, pf),
         precision_args(f.precision),
         *weight_and_grad_dtype_args(f),

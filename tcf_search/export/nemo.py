@@ -87,6 +87,10 @@ def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, 
         o["model.recompute_granularity"] = "full"
         o["model.recompute_method"] = "uniform" if f.recompute_all else "block"
         o["model.recompute_num_layers"] = 1 if f.recompute_all else f.recompute_layers // f.vpp
+    if f.cpu_offload_layers:  # TransformerConfig's cpu_offloading_* (megatron.offload_args)
+        o |= {"model.cpu_offloading": True,
+              "model.cpu_offloading_num_layers": f.cpu_offload_layers,
+              "model.cpu_offloading_activations": True, "model.cpu_offloading_weights": False}
     o |= {
         "model.num_layers": m.layers, "model.hidden_size": m.hidden,
         "model.ffn_hidden_size": m.ffn_hidden, "model.num_attention_heads": m.heads,

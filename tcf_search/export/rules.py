@@ -134,6 +134,13 @@ MEGATRON: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
     Rule(lambda f: not (f.zero == 3 and f.fsdp_impl == "torch") or not f.tied,
          "--use-torch-fsdp2 requires untied embeddings, but the model ties them",
          "megatron/training/arguments.py validate_args"),
+    # the table's cpu_offload allows a full-iteration graph (Megatron-LM main); the targeted
+    # release refuses every CUDA graph beside offloading
+    Rule(lambda f: f.cpu_offload_layers == 0 or f.rule_facts.cuda_graph_impl == "none",
+         "Megatron-Core 0.16 raises 'CUDA graphs not supported with CPU offloading', but got "
+         "cpu_offload_layers={cpu_offload_layers} with "
+         "cuda_graph_impl={rule_facts.cuda_graph_impl}",
+         "megatron/core/transformer/transformer_config.py __post_init__ (core_v0.16.1)"),
     *MEGATRON_ROPE,
 )
 
@@ -331,6 +338,11 @@ ACCELERATE: tuple[AnyRule, ...] = COMMON + HF_MODEL + (
     Rule(lambda f: not f.sp,
          "Accelerate TP follows the model's tp_plan with no sequence-parallel switch, but got "
          "sequence_parallel={sp}", "accelerate/parallelism_config.py"),
+    # its format has no framework profile, so the table reads the generic (Megatron-like) one
+    Rule(lambda f: f.cpu_offload_layers == 0,
+         "Accelerate has no activation offloading to host memory (its FSDP cpu_offload moves "
+         "parameters), but got cpu_offload_layers={cpu_offload_layers}",
+         "accelerate/utils/dataclasses.py FullyShardedDataParallelPlugin"),
 )
 
 RULES: dict[str, tuple[AnyRule, ...]] = {

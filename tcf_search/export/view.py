@@ -49,6 +49,8 @@ class LaunchView:
     # the Megatron-Core modules selective recomputes where they are not its default
     # (["core_attn"], which a launcher needs not be told); () otherwise
     recompute_modules: tuple[str, ...]
+    # layers whose activations go to host memory (Megatron-Core's cpu_offloading_num_layers)
+    cpu_offload_layers: int
     sp: bool
     schedule: str  # 1f1b | interleaved | gpipe
     precision: str
@@ -139,6 +141,7 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
         recompute_modules=(p.recompute_modules if p.recompute_modules else
                            t.recompute_modules if t.selective_recompute == "modules"
                            and t.recompute_modules != MEGATRON_DEFAULT else ()),
+        cpu_offload_layers=p.cpu_offload_layers,
         sp=p.sequence_parallel, schedule=p.schedule, precision=t.precision,
         bf16_grads=t.precision in ("bf16", "fp8") and t.grad_dtype_bytes == 2,
         fp8_param_gather=t.precision == "fp8" and t.fp8_param_gather,
@@ -148,12 +151,14 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
         stage_layers=stages, middle_layers=middle_layers, middle_stages=middle_stages,
         fsdp_impl=options.fsdp_impl, version=target_for(fmt, options), model=m,
         plan_columns=rules.plan_columns(p),
+        # host_link: a launcher offloads over whatever link its node has; whether the catalogue
+        # has the GPU's is the estimate's concern (rule cpu_offload in the search and predict)
         rule_facts=rules.Facts(layers=m.layers, heads=m.heads, kv_heads=m.kv_heads,
                                experts=m.moe_experts, seq_len=t.seq_len,
                                global_batch=t.global_batch, num_gpus=pf.num_gpus,
                                nvlink_domain=pf.gpus_per_node, switches=format_switches(fmt),
                                mtp_layers=m.mtp_layers, mla=m.mla is not None,
-                               **_moe_switches(fmt),
+                               host_link=True, **_moe_switches(fmt),
                                **graph_facts(m, t)),
     )
 
