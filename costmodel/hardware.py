@@ -117,6 +117,9 @@ class GpuSpec:
     # over and fills. 0: not catalogued, nothing is offloaded
     host_link_bw_bytes_per_s: float = 0.0
     host_memory_bytes: float = 0.0
+    # the share of the GPU's network traffic that crosses that link (1: the NIC hangs off the
+    # GPU's PCIe link; 0: apart, as from Grace's NVLink-C2C)
+    host_link_network_share: float = 0.0
     efficiency: Efficiency = field(default_factory=Efficiency)
 
     def __post_init__(self) -> None:
@@ -132,12 +135,16 @@ class GpuSpec:
             if not isinstance(getattr(self, key), str):
                 raise SpecError(f"gpu.{key} must be text, but got {getattr(self, key)!r}")
         # reserve >= hbm is legal (then nothing fits); a host link of 0: none catalogued
-        for key in ("memory_reserve_bytes", "host_link_bw_bytes_per_s", "host_memory_bytes"):
+        for key in ("memory_reserve_bytes", "host_link_bw_bytes_per_s", "host_memory_bytes",
+                    "host_link_network_share"):
             value = getattr(self, key)
             if (not isinstance(value, numbers.Real) or isinstance(value, bool)
-                    or not 0 <= value < 1e30):
+                    or not 0 <= float(value) < 1e30):
                 raise SpecError(f"gpu[{self.id}].{key} must be a number in [0, 1e30), "
                                 f"but got {key}={value!r}")
+        if self.host_link_network_share > 1:
+            raise SpecError(f"gpu[{self.id}].host_link_network_share must be in [0, 1], but got "
+                            f"host_link_network_share={self.host_link_network_share!r}")
 
     def peak_flops(self, precision: str) -> float:
         return {"bf16": self.peak_flops_bf16, "fp16": self.peak_flops_fp16,

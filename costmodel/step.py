@@ -17,7 +17,7 @@ from costmodel.compute import hardware_flops, layer_times
 from costmodel.mapping import STAGES, stage_layers
 from costmodel.memory import StageBytes, allocator_stall, step_memory
 from costmodel.mtp import mtp_stage
-from costmodel.offload import host_bytes, offload_copies
+from costmodel.offload import host_bytes, network_busy_s, offload_copies
 from costmodel.optimizer import grad_accumulation_time, optimizer_time
 from costmodel.parallel.context import context_parallel
 from costmodel.parallel.data import data_parallel
@@ -95,15 +95,16 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     optimizer_s = (optimizer_time(co, layers, p, cluster, tr)
                    + grad_accumulation_time(co, layers, m, p, cluster, tr))
 
-    offload = offload_copies(cluster, co, p, lt, m)
-
     compute_s = m * per_mb.at_slowest(per_mb.compute_s)
     step = (compute_s + m * per_mb.at_slowest(per_mb.comm_s) + bubble + p2p.exposed_s
-            + sum(c.exposed_s for c in (*grads, *params, tied, offload)) + optimizer_s)
+            + sum(c.exposed_s for c in (*grads, *params, tied)) + optimizer_s)
     tp_collectives = tensor.collectives(g, model.layers, per_mb.at_slowest(tensor.vocab_s),
                                         per_mb.at_slowest(tensor.vocab_sides))
     nccl = (context.collective(g, model.layers), expert.collective(g, model.layers),
             p2p, tied, *grads, *params)
+    # activation offloading's copies, on a host link the NIC's traffic may share for the step
+    offload = offload_copies(cluster, co, p, lt, m, network_busy_s(nccl, tp_collectives), step)
+    step = step + offload.exposed_s
     collectives = (*tp_collectives, *nccl, offload)  # offload's copy engines hold no SMs
     # hidden NCCL traffic slows the kernels it runs beside (counted as compute). Not TP's:
     # overlapped, it moves through Transformer Engine's userbuffers or PyTorch's symmetric

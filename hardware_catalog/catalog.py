@@ -37,7 +37,8 @@ NUMERIC_FIELDS: tuple[str, ...] = tuple(
 )
 _INT_FIELDS = frozenset({"intra_node_domain_size"})
 # what a SKU may leave out: the host link and host memory (0: nothing offloads to the host)
-OPTIONAL_FIELDS = frozenset({"host_link_bw_bytes_per_s", "host_memory_bytes"})
+OPTIONAL_FIELDS = frozenset({"host_link_bw_bytes_per_s", "host_memory_bytes",
+                             "host_link_network_share"})
 _ENTRY_KEYS = frozenset({"value", "value_gib", "source", "note"})
 EFFICIENCY_FIELDS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(Efficiency) if f.name != "source"

@@ -201,6 +201,10 @@ def calibration_status(cluster: ClusterSpec) -> dict[str, Any]:
         line = f"{family} efficiency fitted on measured runs"
     else:
         line = f"{family} efficiency is a prior, unvalidated"
+    # activation offloading's copies: a prior fraction of the catalogued host link, no run
+    host = (f"{eff.host_link_bw_fraction:g} of the host link's line rate, a prior, unvalidated "
+            "(no measured run offloads)" if cluster.gpu.host_link_bw_bytes_per_s else None)
     return {"family": family, "efficiency_source": src, "borrowed_from": borrowed or None,
             "validated": validated, "fabric": fabric or None, "fabric_source": fab_src,
+            "host_link_source": host,
             "line": f"calibration: {line}; fabric: {fabric or 'not given'} ({fab_src})"}

@@ -122,3 +122,22 @@ def test_the_search_offloads_the_fewest_layers_that_fit() -> None:
     none = memory_stage(specs_off, space_off, enumerate_layouts(space_off).columns,
                         headroom_gib=0.0)
     assert not none.feasible.any()
+
+
+def test_a_pcie_host_link_is_shared_with_the_nic() -> None:
+    """On DGX H100 the NIC's RDMA traffic crosses the GPU's own PCIe link, so the copies of a
+    plan whose collectives stream over the network get less of it than on a link of their own
+    (the same GPU with the share 0), and never more than the link."""
+    shared, tr = _setup("h100-sxm-80gb")
+    assert shared.gpu.host_link_network_share == 1
+    apart, _ = _setup("h100-sxm-80gb", host_link_network_share=0.0)
+    plan = _plan(10, micro_batch=1)
+    (s,), (a,) = ([c for c in estimate(MODEL, cl, plan, tr).collectives if c.group == "host"]
+                  for cl in (shared, apart))
+    network = [c for c in estimate(MODEL, shared, plan, tr).collectives if c.tier == "network"]
+    assert network and s.bytes == a.bytes
+    link = shared.gpu.host_link_bw_bytes_per_s * shared.gpu.efficiency.host_link_bw_fraction
+    assert a.time_s == pytest.approx(a.bytes / link)
+    assert s.time_s > a.time_s and s.exposed_s >= a.exposed_s
+    # GB200's NVLink-C2C is apart from the NIC's path
+    assert get_gpu("gb200-nvl72").host_link_network_share == 0
