@@ -116,6 +116,8 @@ def test_run_config_round_trips_through_json() -> None:
     (Plan(tp=4), ValidationError, "kv_heads % plan.tp"),
     (Plan(pp=4, micro_batch=2), Unsupported, "micro-batches >= plan.pp"),
     (Plan(dp=3), ValidationError, "batch: global_batch % (micro_batch * dp) == 0"),
+    # Transformer Engine's asynchronous offload has no counterpart here
+    (Plan(cpu_offload_layers=1), Unsupported, "no asynchronous activation offloading"),
 ])
 def test_unrunnable_plans_say_which_rule(plan: Plan, error: type, words: str) -> None:
     with pytest.raises(error, match=words.replace("(", r"\(").replace(")", r"\)")

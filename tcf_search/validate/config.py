@@ -105,6 +105,10 @@ def check_supported(model: ModelSpec, plan: Plan, training: Training, device: st
     The harness's context parallelism (``validate.model.Attention``) gives each rank one
     contiguous chunk and all-gathers K and V, so by itself it needs only seq_len % cp == 0;
     the shared rule (seq_len % (2 * cp) == 0, load-balanced causal CP) implies it."""
+    if plan.cpu_offload_layers:
+        raise Unsupported(f"plan.cpu_offload_layers={plan.cpu_offload_layers}: the harness has no "
+                          "asynchronous activation offloading like Transformer Engine's (torch's "
+                          "save_on_cpu copies synchronously), so its step would not be the plan's")
     world = plan.world_size
     shared = rules.Facts(layers=model.layers, heads=model.heads, kv_heads=model.kv_heads,
                          experts=model.moe_experts, seq_len=training.seq_len,
