@@ -141,3 +141,15 @@ def test_a_pcie_host_link_is_shared_with_the_nic() -> None:
     assert s.time_s > a.time_s and s.exposed_s >= a.exposed_s
     # GB200's NVLink-C2C is apart from the NIC's path
     assert get_gpu("gb200-nvl72").host_link_network_share == 0
+
+
+def test_explain_offers_more_or_fewer_layers_offloaded() -> None:
+    """explain's one-knob neighbours of an offloading plan move its count (fewer layers may not
+    fit, more cost copies), and a single-stage plan without it is offered it where allowed."""
+    from tcf_search.explain.neighbours import candidate_changes
+
+    specs = build_specs(parse_study(STUDY % "true"))
+    counts = [c["cpu_offload_layers"] for c in candidate_changes(_plan(22), specs)
+              if "cpu_offload_layers" in c]
+    assert counts == [0, 11, 44]
+    assert {"cpu_offload_layers": 40} in candidate_changes(_plan(0), specs)

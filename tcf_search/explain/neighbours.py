@@ -2,10 +2,10 @@
 
 Every one-knob move of the plan (a parallel degree doubled or halved with dp following to keep the
 world size, another micro-batch, ZeRO stage, recompute mode, virtual stages, sequence parallel,
-an even stage split) is made valid by :func:`apply_change`, judged in one
-:func:`costmodel.estimate_batch` call, and ranked: plans that fit first, then tokens/s per GPU
-(every study objective — tokens/s, MFU, time-to-train, cost — orders plans of one model on one
-cluster alike), or, when nothing fits, least peak memory.
+an even stage split, more or fewer layers offloaded) is made valid by :func:`apply_change`,
+judged in one :func:`costmodel.estimate_batch` call, and ranked: plans that fit first, then
+tokens/s per GPU (every study objective — tokens/s, MFU, time-to-train, cost — orders plans of
+one model on one cluster alike), or, when nothing fits, least peak memory.
 """
 
 from __future__ import annotations
@@ -71,6 +71,11 @@ def candidate_changes(plan: Plan, specs: Specs,
             out.append({"first_stage_layers": 0, "last_stage_layers": 0})
     if plan.tp > 1:
         out.append({"sequence_parallel": not plan.sequence_parallel})
+    # activation offloading (rule cpu_offload: one stage, no recompute): half or twice the
+    # layers, none, or half of all where it has none
+    n, layers = plan.cpu_offload_layers, specs.model.layers
+    steps = [0, n // 2, min(2 * n, layers - 1)] if n else [layers // 2]
+    out += [{"cpu_offload_layers": v} for v in dict.fromkeys(steps) if v != n]
     return out
 
 
