@@ -22,7 +22,7 @@ def memory_terms_batch(model: ModelSpec, cluster: ClusterSpec, training: Trainin
                        plans: Mapping[str, object]) -> dict[str, np.ndarray]:
     """Columns of the terms for many plans (keys: ``fixed_<stage>``, ``inflight_<stage>``,
     ``opt_fixed_<stage>``, ``state_per_layer``, ``act_per_layer``, ``ckpt_per_layer``,
-    ``working``, ``opt_per_layer``, ``usable``, ``host_per_layer``, ``host_usable``).
+    ``working``, ``opt_per_layer``, ``usable``, ``host_per_layer``).
     ``recompute_layers``, ``cpu_offload_layers`` and the stage layer counts
     of the plans are ignored: they are what the terms are linear in."""
     p = as_plan_arrays(plans)
@@ -68,7 +68,6 @@ def memory_terms_batch(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         usable=np.full_like(state_layer, cluster.gpu.usable_bytes),
         # what one offloaded layer of a micro-batch pins in host memory (costmodel.offload)
         host_per_layer=co.act_per_layer * np.ones_like(state_layer),
-        host_usable=np.full_like(state_layer, cluster.gpu.host_memory_bytes),
     )
     return out
 
