@@ -125,25 +125,29 @@ FIELDS: dict[str, PlanField] = {f.name: f for f in PLAN_FIELDS}
 PLAN_KEYS: tuple[str, ...] = tuple(FIELDS)
 
 
+# each field's own rule, by kind: a degree (a number >= 1), one of its choices, a count (>= 0)
+_DEGREES = tuple(f.name for f in PLAN_FIELDS if f.minimum == 1)
+_CHOSEN = tuple(f for f in PLAN_FIELDS if f.choices and f.type in (int, str))
+_COUNTS = tuple(f.name for f in PLAN_FIELDS
+                if f.type is int and f.minimum == 0 and not f.choices)
+
+
 def check_fields(plan: Any) -> None:
-    """Each field's own rule, as the table states it: the degrees first (numbers >= 1), then
-    the choices, then the counts (integers >= 0). Raises :class:`SpecError` naming the field."""
-    require_positive("plan", **{f.name: getattr(plan, f.name) for f in PLAN_FIELDS
-                                if f.minimum == 1})
-    for f in PLAN_FIELDS:
-        value = getattr(plan, f.name)
-        if f.type is int and f.choices and value not in f.choices:
+    """Each field's own rule, as the table states it: the degrees first, then the choices,
+    then the counts. Raises :class:`SpecError` naming the field."""
+    require_positive("plan", **{name: getattr(plan, name) for name in _DEGREES})
+    for f in _CHOSEN:
+        if (value := getattr(plan, f.name)) in f.choices:
+            continue
+        if f.type is int:
             allowed = ", ".join(map(str, f.choices[:-1])) + f" or {f.choices[-1]}"
             raise SpecError(f"plan.{f.name} must be {allowed}, but got {value}")
-        if f.type is str and value not in f.choices:
-            raise SpecError(f"plan.{f.name} must be one of {sorted(f.choices)}, "
-                            f"but got {value!r}")
-    for f in PLAN_FIELDS:
-        value = getattr(plan, f.name)
-        if f.type is int and f.minimum == 0 and not f.choices and (
-                not isinstance(value, numbers.Integral) or isinstance(value, bool)
+        raise SpecError(f"plan.{f.name} must be one of {sorted(f.choices)}, but got {value!r}")
+    for name in _COUNTS:
+        value = getattr(plan, name)
+        if (not isinstance(value, numbers.Integral) or isinstance(value, bool)
                 or not 0 <= int(value) < 2**53):
-            raise SpecError(f"plan.{f.name} must be an integer in [0, 2**53), got {value!r}")
+            raise SpecError(f"plan.{name} must be an integer in [0, 2**53), got {value!r}")
 
 
 def fields_doc() -> str:
