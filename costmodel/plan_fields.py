@@ -36,7 +36,7 @@ class PlanField:
     """One field of a plan. ``type`` says how every format spells it: ``int`` a number (a degree
     when ``minimum`` is 1, else a count from 0, or one of ``choices``), ``bool`` a flag, ``str``
     one of ``choices`` (a column holds its index), ``tuple`` a set of ``choices`` (a column holds
-    a bitmask over them; 0, the empty set, is a default the training gives)."""
+    a bitmask over them; 0, the empty set, stands for the training's)."""
 
     name: str
     type: type
