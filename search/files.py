@@ -182,14 +182,20 @@ class Output:
             return True
         if self.adopt:
             return True
+        return self.recorded_owner(path) == self.owner
+
+    def recorded_owner(self, path: Path) -> str | None:
+        """The command the manifest records as the writer of ``path`` while the file still
+        holds what it wrote; None for any other file (or none at all)."""
         entry = self._entries().get(self._rel(path))
-        if not entry or entry.get("owner") != self.owner:
-            return False
-        hashes = entry.get("sha256")
+        if not entry or not path.is_file() or path.is_symlink():
+            return None
+        owner, hashes = entry.get("owner"), entry.get("sha256")
         try:
-            return isinstance(hashes, list) and _digest(path.read_bytes()) in hashes
+            ours = isinstance(hashes, list) and _digest(path.read_bytes()) in hashes
         except OSError:
-            return False
+            return None
+        return owner if ours and isinstance(owner, str) else None
 
     def check(self, paths: list[Path]) -> None:
         """Refuse, before anything is written, targets that are not regular files and files
