@@ -30,7 +30,7 @@ HUGE = ("name: huge\nmodel:\n  architecture: {layers: 4096, hidden: 8192, ffn_hi
 HEADER = ("case_id,model_name,layers,hidden,ffn_hidden,heads,kv_heads,vocab,seq_len,ffn_type,"
           "tied_embeddings,moe_experts,moe_topk,moe_ffn_hidden,moe_shared_experts,gpu,"
           "gpus_per_node,num_gpus,tp,pp,vpp,cp,ep,dp,zero_stage,micro_batch,global_batch,"
-          "recompute,sequence_parallel,precision,framework")
+          "recompute,sequence_parallel,precision,framework,notes")
 # a dense and an MoE row with every knob given, and one that leaves micro_batch, recompute and
 # the split to predict; one whose tp does not divide the GPUs (a pred_error)
 ROWS = [",llama 8B,32,4096,14336,32,8,128256,8192,swiglu,false,,,,,h100-sxm-80gb,8,64,2,2,1,1,1,"
@@ -68,13 +68,13 @@ def _cases(path: Path, n: int) -> Path:
     with path.open("w") as f:
         f.write(HEADER + "\n")
         for i in range(n):
-            f.write(f"case-{i:06d}{ROWS[i % len(ROWS)]}\n")
+            f.write(f"case-{i:06d}{ROWS[i % len(ROWS)]},sweep {i}\n")  # notes: no fabric
     return path
 
 
 def test_predict_reads_a_chunk_at_a_time_and_predicts_each_input_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    src = _cases(tmp_path / "cases.csv", 8_000)  # 0.9 MB
+    src = _cases(tmp_path / "cases.csv", 8_000)  # 1 MB
     size = src.stat().st_size
     whole = tmp_path / "whole.csv"
     predict.predict_file(src, whole, chunk_rows=10**6)
@@ -101,7 +101,8 @@ def test_predict_reads_a_chunk_at_a_time_and_predicts_each_input_once(
     assert (done.rows, done.errors) == (8_000, 2_000)
     assert [rows for rows, _ in seen] == [1_000] * 8
     assert seen[0][1] < size / 2  # the first chunk predicted with most of the file unread
-    assert len(computed) == len(ROWS)  # once per distinct input, not once per row
+    # once per distinct input, not once per row (each row's notes differ, naming no fabric)
+    assert len(computed) == len(ROWS)
     assert (tmp_path / "out.csv").read_bytes() == whole.read_bytes()
 
 

@@ -7,6 +7,9 @@ choice is reported in ``pred_choice_<knob>``. The pipeline split is a knob: with
 ``loss_in_pipeline_split`` given, the even split and the launchable uneven ones near it are
 evaluated, and the first and last ranks' layers of the choice are reported. A row the model
 cannot handle gets a message in ``pred_error`` and no crash.
+
+The CSV is read, predicted and written :data:`CHUNK_ROWS` rows at a time, so memory does not grow
+with its length; rows with the same inputs share one prediction (:class:`RowMemo`).
 """
 
 from __future__ import annotations
@@ -130,40 +133,59 @@ class _Reads(Mapping[str, object]):
 
 
 Key = tuple[tuple[str, ...], tuple[object, ...]]
+Result = dict[str, object]  # a row's output cells
+
+
+class _Recent(OrderedDict[Any, Any]):
+    """A dict of at most ``limit`` entries: the least recently used go first."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def get_recent(self, key: Any) -> Any:
+        value = self.get(key)
+        if value is not None:
+            self.move_to_end(key)
+        return value
+
+    def keep(self, key: Any, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.limit:
+            self.popitem(last=False)
 
 
 class RowMemo:
-    """Predictions by the cells they were made from. A row's prediction is a function of the
-    cells ``case_from_row`` reads (which cells depends on their values, so each set read is
-    kept): a row that agrees with an earlier one on one such set gets its prediction without
-    computing it again. The ``limit`` most recent are kept."""
+    """Predictions already made, found two ways. A row's prediction is a function of the cells
+    ``case_from_row`` reads (which cells depends on their values, so each set read is kept): a
+    row that agrees with an earlier one on such a set is found by its cells alone. Rows whose
+    cells differ but make the same :class:`Case` (free text in ``notes`` that names no fabric)
+    are found by the case. The ``limit`` most recent of each are kept."""
 
     def __init__(self, limit: int = 10_000) -> None:
-        self.limit = limit
         self._shapes: dict[tuple[str, ...], None] = {}
-        self._results: OrderedDict[Key, dict[str, object]] = OrderedDict()
+        self._by_cells = _Recent(limit)  # Key -> Result, or a Case still being predicted
+        self.by_case = _Recent(limit)  # Case -> Result
 
-    def find(self, cells: dict[str, object]) -> tuple[Key | None, dict[str, object] | None]:
+    def find(self, cells: dict[str, object]) -> tuple[Key | None, Result | Case | None]:
         for names in self._shapes:
             key = (names, tuple(map(cells.get, names)))
-            if key in self._results:
-                self._results.move_to_end(key)
-                return key, self._results[key]
+            found = self._by_cells.get_recent(key)
+            if found is not None:
+                return key, found
         return None, None
 
-    def put(self, reads: _Reads, result: dict[str, object]) -> Key:
-        """Keep ``result`` under the cells ``reads`` recorded; their key."""
+    def put(self, reads: _Reads, value: Result | Case) -> Key:
+        """Keep ``value`` under the cells ``reads`` recorded; their key."""
         names = tuple(reads.names)
         self._shapes.setdefault(names, None)
         key = (names, tuple(reads.get(n) for n in names))
-        self.set(key, result)
+        self._by_cells.keep(key, value)
         return key
 
-    def set(self, key: Key, result: dict[str, object]) -> None:
-        self._results[key] = result
-        self._results.move_to_end(key)
-        while len(self._results) > self.limit:
-            self._results.popitem(last=False)
+    def set(self, key: Key, result: Result) -> None:
+        self._by_cells.keep(key, result)
 
 
 def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray]) -> dict[str, object]:
@@ -210,66 +232,81 @@ MAX_PENDING_PLANS = 50_000
 
 
 def predict_frame(frame: pd.DataFrame, memo: RowMemo | None = None) -> pd.DataFrame:
-    """``frame`` with the prediction columns; rows whose cells ``memo`` knows share its."""
+    """``frame`` with the prediction columns; rows that ``memo`` has predicted before (by their
+    cells or by their case) get the prediction made then."""
     import pandas as pd
 
     memo = RowMemo() if memo is None else memo
     out = frame.copy()
     cols: dict[str, list[object]] = {c: [None] * len(frame)
                                      for c in OUTPUT_COLUMNS + CHOICE_COLUMNS + ("pred_error",)}
-    rows_of: dict[Key, list[int]] = {}  # rows waiting for their prediction
-    groups: dict[tuple, list[tuple[Key, Case, list[Plan]]]] = {}
+    rows_of: dict[Case, list[int]] = {}  # cases waiting for their estimate: their rows
+    keys_of: dict[Case, list[Key]] = {}  # ... and the cells that made them
+    groups: dict[tuple, list[tuple[Case, list[Plan]]]] = {}
     pending = 0
 
-    def fill(rows: list[int], result: dict[str, object]) -> None:
+    def fill(rows: list[int], result: Result) -> None:
         for k, v in result.items():
             column = cols[k]
             for i in rows:
                 column[i] = v
 
+    def done(case: Case, result: Result) -> None:
+        memo.by_case.keep(case, result)
+        for key in keys_of.pop(case):
+            memo.set(key, result)
+        fill(rows_of.pop(case), result)
+
     def estimate() -> None:
         for (model, cluster, training), items in groups.items():
-            all_plans = [pl for _, _, plans in items for pl in plans]
+            all_plans = [pl for _, plans in items for pl in plans]
             res = estimate_batch(model, cluster, training, plans_to_arrays(all_plans))
             start = 0
-            for key, case, plans in items:
+            for case, plans in items:
                 sl = {k: v[start:start + len(plans)] for k, v in res.items()}
                 start += len(plans)
-                result = _prediction(case, plans, sl)
-                memo.set(key, result)
-                fill(rows_of.pop(key), result)
+                done(case, _prediction(case, plans, sl))
         groups.clear()
 
     names = [str(c) for c in frame.columns]
     values = [frame.iloc[:, j].tolist() for j in range(len(names))]
     for i, row in enumerate(zip(*values, strict=True)):
         cells = dict(zip(names, row, strict=True))
-        key, known = memo.find(cells)
-        if key is not None and key in rows_of:  # as a row before it, not estimated yet
-            rows_of[key].append(i)
+        key, found = memo.find(cells)
+        if isinstance(found, Case) and found in rows_of:  # as a row before it: to estimate
+            rows_of[found].append(i)
             continue
-        if known is not None:
-            fill([i], known)
+        if isinstance(found, dict):
+            fill([i], found)
             continue
         reads = _Reads(cells)
         try:
             case = case_from_row(reads)
+        except (CaseError, SpecError, ValueError) as e:
+            error: Result = {"pred_error": str(e).splitlines()[0]}
+            memo.put(reads, error)
+            fill([i], error)
+            continue
+        result = memo.by_case.get_recent(case)
+        if result is not None:
+            memo.put(reads, result)
+            fill([i], result)
+            continue
+        key = memo.put(reads, case)  # found by the rows after it; filled in by done()
+        if case in rows_of:
+            rows_of[case].append(i)
+            keys_of[case].append(key)
+            continue
+        rows_of[case], keys_of[case] = [i], [key]
+        try:
             plans = candidates(case)
             if not plans:
                 check_plan(case.model, case.cluster, case.plan, case.training)
                 raise SpecError("no valid value for the empty knobs")
         except (CaseError, SpecError, ValueError) as e:
-            error: dict[str, object] = {"pred_error": str(e).splitlines()[0]}
-            memo.put(reads, error)
-            fill([i], error)
+            done(case, {"pred_error": str(e).splitlines()[0]})
             continue
-        key = memo.put(reads, {})  # found by the rows after it; filled in by estimate()
-        if key in rows_of:  # its twin's entry was dropped from the memo meanwhile
-            rows_of[key].append(i)
-            continue
-        rows_of[key] = [i]
-        groups.setdefault((case.model, case.cluster, case.training), []).append(
-            (key, case, plans))
+        groups.setdefault((case.model, case.cluster, case.training), []).append((case, plans))
         pending += len(plans)
         if pending > MAX_PENDING_PLANS:
             estimate()
