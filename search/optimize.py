@@ -25,7 +25,7 @@ from costmodel import PLAN_KEYS
 from costmodel.errors import TcfError
 from search.evaluate import Evaluator
 from search.planfile import plan_dict
-from search.rdb import StorageFailed, mark_running
+from search.rdb import StorageFailed
 from search.storage import SearchError, StorageSpec, quiet, signals_deferred
 
 SETTLE_S = 10.0  # how long a host waits for the trials other hosts have under way
@@ -138,7 +138,6 @@ def run_trials(ev: Evaluator, study: optuna.Study, quota: int, *, sampler: str, 
         reseed(study.sampler, trial_seed(seed, completed(study), worker))
         with quiet():
             trial = study.ask()
-        mark_running(study, trial)
         try:
             values = objective(ev, trial, study=study)
         except KeyboardInterrupt:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
@@ -31,7 +32,7 @@ from typing import Any
 
 import optuna
 from optuna.storages import RDBStorage
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from costmodel.errors import TcfError
 
@@ -118,7 +119,8 @@ def sqlite_file(url: str) -> Path | None:
     None for another database."""
     if backend(url) != "sqlite":
         return None
-    path = url.partition("://")[2].removeprefix("/").partition("?")[0]
+    # as SQLAlchemy reads it: up to the query, then percent-decoded (%2e%2e is ..)
+    path = urllib.parse.unquote(url.partition("://")[2].removeprefix("/").partition("?")[0])
     return Path(path) if path and path != ":memory:" else None
 
 
@@ -156,8 +158,8 @@ def exclusive(url: str) -> Iterator[None]:
     ``<file>.tcf-lock`` beside a SQLite file. Other databases: no lock."""
     kind = backend(url)
     if kind == "sqlite" and (path := sqlite_file(url)) is not None:
-        with open(path.with_name(path.name + ".tcf-lock"), "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)  # released on close
+        lock = path.with_name(path.name + ".tcf-lock")
+        with _locked(lock):
             yield
     elif kind == "postgresql":
         import sqlalchemy
@@ -190,6 +192,18 @@ def _made(url: str, kwargs: dict[str, Any]) -> bool:
         engine.dispose()
 
 
+@contextlib.contextmanager
+def _locked(lock: Path) -> Iterator[None]:
+    try:
+        f = open(lock, "a")  # noqa: SIM115 - closed below, after the block
+    except OSError as exc:  # a read-only folder
+        why = exc.strerror or str(exc)
+        raise StorageFailed(f"search.storage: cannot lock {lock} ({why})", why) from None
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released on close
+        yield
+
+
 class SharedRDB(RDBStorage):
     """Optuna's RDB storage as several hosts share it (see the module's docstring)."""
 
@@ -211,24 +225,46 @@ class SharedRDB(RDBStorage):
         if state != TrialState.RUNNING or values is not None:
             return super().set_trial_state_values(trial_id, state, values)
         # Taking a queued trial: compare and set, in one statement.
-        from optuna.storages._rdb import models
+        from optuna.storages._rdb import models  # SQLAlchemy: loaded for a database only
 
         trials = models.TrialModel
-        with self.engine.begin() as conn:
-            taken = conn.execute(
-                trials.__table__.update()
-                .where(trials.trial_id == trial_id, trials.state == TrialState.WAITING)
-                .values(state=TrialState.RUNNING)).rowcount == 1
-        if not taken:  # Optuna's answer: False if running, UpdateFinishedTrialError if done
-            return super().set_trial_state_values(trial_id, state, values)
         session = self.scoped_session()
         try:
-            models.TrialModel.find_or_raise_by_id(trial_id, session).datetime_start = (
-                datetime.now())
+            taken = session.execute(
+                trials.__table__.update()
+                .where(trials.trial_id == trial_id, trials.state == TrialState.WAITING)
+                .values(state=TrialState.RUNNING)).rowcount == 1  # type: ignore[attr-defined]
+            if taken:
+                trials.find_or_raise_by_id(trial_id, session).datetime_start = datetime.now()
+                _mark(session, trial_id)
             session.commit()
+        except BaseException:
+            session.rollback()
+            raise
         finally:
             session.close()
-        return True
+        # not taken: Optuna's answer, False if running, UpdateFinishedTrialError if done
+        return taken or super().set_trial_state_values(trial_id, state, values)
+
+    def _get_prepared_new_trial(self, study_id: int, template_trial: FrozenTrial | None,
+                                session: Any) -> Any:
+        trial = super()._get_prepared_new_trial(study_id, template_trial, session)
+        if trial.state == TrialState.RUNNING:  # asked for (not a finished trial added)
+            _mark(session, trial.trial_id)
+        return trial
+
+
+def _mark(session: Any, trial_id: int) -> None:
+    """A trial this process starts, in the transaction that starts it: its first heartbeat (so
+    that other hosts fail it if this process dies: ask/tell runs no heartbeat thread, and trials
+    take milliseconds, far below the grace period) and its :func:`owner` (so that a rerun on this
+    machine fails it at once)."""
+    from optuna.storages._rdb import models
+
+    session.add(models.TrialHeartbeatModel(trial_id=trial_id))
+    if who := owner():
+        session.add(models.TrialSystemAttributeModel(trial_id=trial_id, key=OWNER_ATTR,
+                                                     value_json=json.dumps(who)))
 
 
 # ---- whose trial is it --------------------------------------------------------------------------
@@ -272,17 +308,6 @@ def dead_here(who: str) -> bool:
     if len(parts) != 4 or not parts[2].isdigit() or "/".join(parts[:2]) != _machine():
         return False
     return _started(int(parts[2])) != parts[3]
-
-
-def mark_running(study: optuna.Study, trial: optuna.trial.Trial) -> None:
-    """On a database, say who runs the trial: one heartbeat (ask/tell runs no heartbeat thread;
-    trials take milliseconds, far below the grace period), so that other hosts fail it if this
-    process dies, and this process, so that a rerun on this machine fails it at once."""
-    # Optuna serves an RDB through its caching wrapper (``_backend``).
-    if isinstance(getattr(study._storage, "_backend", study._storage), RDBStorage):
-        study._storage.record_heartbeat(trial._trial_id)  # type: ignore[attr-defined]
-        if who := owner():
-            study._storage.set_trial_system_attr(trial._trial_id, OWNER_ATTR, who)
 
 
 def fail_dead(study: optuna.Study) -> int:

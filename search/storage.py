@@ -1,8 +1,10 @@
 """Where a study's trials live, and how a run takes over a study already there.
 
 The default is an Optuna journal file in the output folder (one command at a time per file);
-an RDB URL (SQLite, PostgreSQL) lets many hosts share one study. A study remembers a fingerprint
-of the study definition it was made from, so that a folder is never resumed with another one.
+an RDB URL (SQLite, PostgreSQL; ``search.rdb``) lets many hosts share one study. ``--storage``
+names it anywhere; a study file's ``search.storage`` stays inside the result folder. A study
+remembers a fingerprint of the study definition it was made from, so that a folder is never
+resumed with another one.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import signal
 import stat
 import sys
 import threading
+import urllib.parse
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,12 +34,12 @@ from search.files import Output, write_atomic
 from search.rdb import (
     SharedRDB,
     StorageFailed,
-    backend,
     exclusive,
     fail_dead,
     in_memory,
     redact,
     scrub,
+    sqlite_file,
 )
 
 STORAGE_FILE = "study.journal"
@@ -246,13 +249,14 @@ class StorageSpec:
             return cls(journal=_inside(STORAGE_FILE, out_dir, f"journal:{STORAGE_FILE}"))
         if url.startswith("journal:"):
             return cls(journal=_inside(url.removeprefix("journal:"), out_dir, url))
-        path = url.partition("://")[2].removeprefix("/")
-        if backend(url) != "sqlite" or "?" in path or in_memory(url):
+        path = sqlite_file(url)
+        if path is None or "?" in url or in_memory(url):
             raise SearchError(
                 f"search.storage: a study file may name journal:FILE or sqlite:///FILE inside "
                 f"the result folder; give a database server or another place on the command "
                 f"line (--storage URL) (got {redact(url)!r})")
-        return cls(url=f"{url.partition('://')[0]}:///{_inside(path, out_dir, url).resolve()}")
+        inside = urllib.parse.quote(str(_inside(str(path), out_dir, url).resolve()))
+        return cls(url=f"{url.partition('://')[0]}:///{inside}")
 
     def open(self) -> BaseStorage:
         if self.journal is not None:

@@ -183,21 +183,37 @@ def restore(url: str) -> None:
     _execute(url, f'ALTER DATABASE "{sqlalchemy.make_url(url).database}" ALLOW_CONNECTIONS true')
 
 
-def at_judged(count: int, fault: Callable[[], None]) -> Callable[[], None]:
-    """A ``setup`` for :func:`together`: ``fault`` runs once the process has judged ``count``
-    trials, inside the last one (its plan recorded, its values not yet told): a fixed point of
-    the study's progress whatever the speed of the machine."""
+def at_judged(count: int, fault: Callable[[], None], *, asked: bool = False
+              ) -> Callable[[], None]:
+    """A ``setup`` for :func:`together`: ``fault`` runs inside the process's ``count``-th trial,
+    once its plan is recorded (its values not yet told), or with ``asked`` as soon as the trial
+    exists: a fixed point of the study's progress whatever the speed of the machine."""
 
     def install() -> None:
-        record, judged = optuna.trial.Trial.set_user_attr, [0]
+        seen = [0]
 
-        def counted(self: optuna.trial.Trial, key: str, value: Any) -> None:
+        def step() -> None:
+            seen[0] += 1
+            if seen[0] == count:
+                fault()
+
+        if asked:
+            ask = optuna.study.Study.ask
+
+            def asking(self: optuna.study.Study, *args: Any, **kwargs: Any) -> Any:
+                trial = ask(self, *args, **kwargs)
+                step()
+                return trial
+
+            optuna.study.Study.ask = asking  # type: ignore[method-assign]
+            return
+        record = optuna.trial.Trial.set_user_attr
+
+        def recorded(self: optuna.trial.Trial, key: str, value: Any) -> None:
             record(self, key, value)
             if key == "plan":
-                judged[0] += 1
-                if judged[0] == count:
-                    fault()
+                step()
 
-        optuna.trial.Trial.set_user_attr = counted  # type: ignore[method-assign]
+        optuna.trial.Trial.set_user_attr = recorded  # type: ignore[method-assign]
 
     return install

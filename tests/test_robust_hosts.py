@@ -28,6 +28,7 @@ from pathlib import Path
 import hosts
 import optuna
 import pytest
+import sqlalchemy
 from clirunner import cli
 from hosts import SMALL, at_judged, fresh_database, postgres_missing, result, together, trials
 from optuna.trial import TrialState
@@ -76,7 +77,9 @@ def test_four_hosts_start_together(tmp_path: Path, database: str, existing: bool
         assert result(tmp_path / f"host{i}")["trials"] >= UNITS
 
 
-def test_a_database_cut_mid_run_is_one_line_and_the_rerun_completes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("asked", [False, True], ids=["inside-a-trial", "as-a-trial-starts"])
+def test_a_database_cut_mid_run_is_one_line_and_the_rerun_completes(tmp_path: Path,
+                                                                     asked: bool) -> None:
     if (why := postgres_missing()) is not None:
         pytest.skip(why)
     study = _study(tmp_path)
@@ -84,7 +87,8 @@ def test_a_database_cut_mid_run_is_one_line_and_the_rerun_completes(tmp_path: Pa
     with fresh_database() as url:
         args = ["run", str(study), "-o", str(out), "-q", "--storage", url, "--trials", "10",
                 "--workers", "2"]
-        [(code, output)] = together([args], setup=at_judged(2, lambda: hosts.cut(url)))
+        [(code, output)] = together([args], setup=at_judged(2, lambda: hosts.cut(url),
+                                                            asked=asked))
         hosts.restore(url)
         assert code == 1, output
         assert output.count("\n") == 1 and output.startswith(
@@ -108,10 +112,15 @@ def test_a_process_killed_mid_trial_is_resumed_at_once(tmp_path: Path) -> None:
                                                                       signal.SIGKILL)))
     assert code == -signal.SIGKILL
     [dead] = [t for t in trials(url, "small") if t.state == TrialState.RUNNING]
+    engine = sqlalchemy.create_engine(url)
+    with engine.connect() as conn:  # so that other hosts fail it once it is 2 minutes old
+        beats = conn.execute(sqlalchemy.text("SELECT count(*) FROM trial_heartbeats WHERE "
+                                             "trial_id = :t"), {"t": dead._trial_id}).scalar()
+    engine.dispose()
     code, _, err = cli(*args)
     assert code == 0 and not err, err
     assert result(out)["trials"] == 8 and result(out)["search"]["recovered_trials"] == 1
-    assert dead.system_attrs[OWNER_ATTR]  # who ran it: how the rerun could tell
+    assert beats == 1 and dead.system_attrs[OWNER_ATTR]  # how other hosts and a rerun tell
 
 
 def test_a_study_that_ends_short_says_so(tmp_path: Path,

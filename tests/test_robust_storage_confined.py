@@ -35,7 +35,8 @@ def _study(tmp_path: Path, storage: str) -> Path:
 
 @pytest.mark.parametrize("storage", [
     "journal:{outside}/x.journal", "journal:../x.journal", "journal:link/x.journal",
-    "sqlite:///{outside}/x.db", "sqlite:///../x.db", "sqlite:///link/x.db"])
+    "sqlite:///{outside}/x.db", "sqlite:///../x.db", "sqlite:///%2e%2e/x.db",
+    "sqlite:///link/x.db"])
 def test_a_study_file_cannot_put_its_storage_outside_the_result_folder(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, storage: str) -> None:
     outside = tmp_path / "outside"
@@ -44,7 +45,8 @@ def test_a_study_file_cannot_put_its_storage_outside_the_result_folder(
     out.mkdir(parents=True)
     (out / "link").symlink_to(outside)
     study = _study(tmp_path, storage.format(outside=outside))
-    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # a path relative to it lands in tmp_path too
     before = _files(tmp_path, out)
     code, _, err = cli("run", str(study), "-o", str(out), "-q")
     one_line_error(code, err, "search.storage", "inside the result folder")
