@@ -186,11 +186,11 @@ def optimize(ev: Evaluator, study: Study, space: SearchSpace, options: RunOption
     unlock_journal(spec)
     info["trials_this_run"] = opt.completed(ostudy) - before
     info["trial_states"] = opt.summary(ostudy)
-    short(ostudy, target)
+    note_short(ostudy, target)
     return ostudy, info
 
 
-def short(ostudy: optuna.Study, target: int) -> None:
+def note_short(ostudy: optuna.Study, target: int) -> None:
     """Say so when the study ends short of its trials: other hosts' trials still running, or
     a dead process's, which a database fails once its heartbeat is old (exit 0: the result is
     the study so far, and hosts that share a study end at different times)."""

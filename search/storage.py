@@ -384,7 +384,8 @@ def recover(study: optuna.Study, spec: StorageSpec) -> int:
     """Fail trials left RUNNING by a run that was killed; return how many.
 
     A journal file has one controller (this command), so every RUNNING trial is stale. An RDB
-    may be shared by live workers on other hosts: only trials whose heartbeat stopped are.
+    may be shared by live workers on other hosts: only trials whose process has ended on this
+    machine, or whose heartbeat stopped, are.
     """
     if spec.journal is None:
         with quiet():

@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from search.files import write_atomic
 from tcf_search.validate.agreement import Row
@@ -65,7 +66,7 @@ def study_storage(folder: Path) -> tuple[str, Any] | None:
         path = sqlite_file(url)
         if path is None or in_memory(url) or "?" in url or not _inside(path, folder):
             return None
-        return name, optuna.storages.RDBStorage(f"sqlite:///{path.resolve()}")
+        return name, optuna.storages.RDBStorage(f"sqlite:///{quote(str(path.resolve()))}")
     path = Path(url) if Path(url).is_absolute() else folder / Path(url).name
     if not _inside(path, folder):
         return None
