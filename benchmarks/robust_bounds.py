@@ -213,29 +213,50 @@ def alias_bombs() -> dict[str, int]:
 
 # ---- processes measured ------------------------------------------------------------------------
 
+# The command under measurement records its own peak resident memory at exit (VmHWM of its own
+# address space, which exec starts afresh): the rusage a parent reads back (ru_maxrss) keeps the
+# high-water mark of the forked parent's pages from before the exec, so a command started by a
+# large process would be charged that process's size.
+_MEASURED = """
+import atexit, os, runpy, sys
+def _hwm():
+    with open("/proc/self/status") as status:
+        kib = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+    with open(os.environ["TCF_BENCH_HWM"], "w") as out:
+        out.write(kib)
+atexit.register(_hwm)
+sys.argv = ["tcf-search", *sys.argv[1:]]
+runpy.run_module("tcf_search", run_name="__main__", alter_sys=True)
+"""
+
+
 def measured(argv: list[str], cwd: Path, timeout_s: float, cap: bool = True
              ) -> tuple[int, str, float, int]:
-    """Exit code, stderr, wall seconds and peak RSS bytes of ``tcf-search ARGV``."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    t0 = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "tcf_search", *argv], cwd=cwd, env=env,
-                                stdout=subprocess.DEVNULL, stderr=err,
-                                preexec_fn=_cap if cap else None)
-        deadline = t0 + timeout_s
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                proc.kill()
-                pid, status, usage = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.05)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        err.seek(0)
-        text = err.read()
-    return proc.returncode, text, time.perf_counter() - t0, usage.ru_maxrss * 1024
+    """Exit code, stderr, wall seconds and peak RSS bytes of ``tcf-search ARGV`` (its own
+    VmHWM; the rusage figure where it died before writing it)."""
+    with tempfile.TemporaryDirectory() as box:
+        hwm = Path(box) / "hwm"
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "TCF_BENCH_HWM": str(hwm)}
+        t0 = time.perf_counter()
+        with tempfile.TemporaryFile("w+") as err:
+            proc = subprocess.Popen([sys.executable, "-c", _MEASURED, *argv], cwd=cwd, env=env,
+                                    stdout=subprocess.DEVNULL, stderr=err,
+                                    preexec_fn=_cap if cap else None)
+            deadline = t0 + timeout_s
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                if time.perf_counter() > deadline:
+                    proc.kill()
+                    pid, status, usage = os.wait4(proc.pid, 0)
+                    break
+                time.sleep(0.05)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            err.seek(0)
+            text = err.read()
+        peak = int(hwm.read_text()) * 1024 if hwm.exists() else usage.ru_maxrss * 1024
+    return proc.returncode, text, time.perf_counter() - t0, peak
 
 
 # ---- 2. the memory screen's budget -------------------------------------------------------------
