@@ -34,8 +34,8 @@ from published_runs import BRIDGE, BRIDGE_SYSTEMS  # noqa: E402
 from costmodel import ClusterSpec, GpuSpec, Plan, estimate  # noqa: E402
 from hardware_catalog import get_gpu  # noqa: E402
 from hardware_catalog.fabrics import fabric_fraction  # noqa: E402
-from search.presets import PRESETS  # noqa: E402
-from search.specs import training_spec  # noqa: E402
+from search.inputs.presets import PRESETS  # noqa: E402
+from search.inputs.specs import training_spec  # noqa: E402
 
 PEAKS = ("peak_flops_bf16", "peak_flops_fp16", "peak_flops_fp8")
 OVERHEADS = {"kernel_overhead_s=0": {"kernel_overhead_s": 0.0},

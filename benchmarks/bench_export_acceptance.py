@@ -9,9 +9,9 @@ import collections
 import tempfile
 from pathlib import Path
 
+from search.inputs.planfile import PlanFile, load_plan_file
+from search.inputs.study import load_study
 from search.pipeline import RunOptions, run_study
-from search.planfile import PlanFile, load_plan_file
-from search.study import load_study
 from tcf_search.export import ExportOptions, ExportRefused, render
 from tcf_search.export.options import TARGETS
 

@@ -73,8 +73,8 @@ import pandas as pd  # noqa: E402
 from costmodel import ClusterSpec, Plan, SpecError, estimate  # noqa: E402
 from hardware_catalog import get_gpu  # noqa: E402
 from hardware_catalog.fabrics import fabric_fraction  # noqa: E402
-from search.presets import PRESETS  # noqa: E402
-from search.specs import training_spec  # noqa: E402
+from search.inputs.presets import PRESETS  # noqa: E402
+from search.inputs.specs import training_spec  # noqa: E402
 from tcf_search.calibration.predict import CHOICE_COLUMNS, predict_frame  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -31,9 +31,9 @@ from rich.markdown import Markdown
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from search.inputs.specs import build_specs  # noqa: E402
+from search.inputs.study import load_study  # noqa: E402
 from search.pipeline import RunOptions, run_study  # noqa: E402
-from search.specs import build_specs  # noqa: E402
-from search.study import load_study  # noqa: E402
 from tcf_search.compare import compare  # noqa: E402
 from tcf_search.compare import render as render_compare  # noqa: E402
 from tcf_search.explain import explain, parse_plan, resolve  # noqa: E402

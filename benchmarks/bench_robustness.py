@@ -44,8 +44,8 @@ SECTIONS = ("robust_exports", "robust_bounds", "robust_storage", "robust_report"
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from search.inputs.study import load_study  # noqa: E402
 from search.pipeline import RunOptions, run_study  # noqa: E402
-from search.study import load_study  # noqa: E402
 
 FUZZ_FILES = ["tests/test_robust_fuzz_study.py", "tests/test_robust_fuzz_csv.py",
               "tests/test_robust_output.py", "tests/test_robust_fuzz_inputs.py"]

@@ -26,11 +26,11 @@ sys.path.insert(0, str(ROOT))
 from costmodel import Plan, estimate, estimate_batch  # noqa: E402
 from search.baseline import parse_baseline  # noqa: E402
 from search.evaluate import Evaluator  # noqa: E402
+from search.inputs.specs import build_specs  # noqa: E402
+from search.inputs.study import Study, load_study, parse_study  # noqa: E402
 from search.pipeline import RunOptions, run_study  # noqa: E402
 from search.prune import memory_stage, plan_arrays  # noqa: E402
 from search.space import build_space, enumerate_layouts  # noqa: E402
-from search.specs import build_specs  # noqa: E402
-from search.study import Study, load_study, parse_study  # noqa: E402
 
 STUDIES = sorted((ROOT / "studies").glob("*.yaml"))
 

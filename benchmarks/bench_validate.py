@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from costmodel import ClusterSpec, ModelSpec, Plan, Training, estimate  # noqa: E402
 from hardware_catalog import get_gpu  # noqa: E402
 from hardware_catalog.frameworks import framework_settings  # noqa: E402
-from search.planfile import PlanFile  # noqa: E402
-from search.presets import get_preset  # noqa: E402
+from search.inputs.planfile import PlanFile  # noqa: E402
+from search.inputs.presets import get_preset  # noqa: E402
 from tcf_search.calibration.device import Entry, load_entry, measure_machine  # noqa: E402
 from tcf_search.calibration.refit import fit_efficiency  # noqa: E402
 from tcf_search.validate.agreement import (  # noqa: E402

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from published_runs import BRIDGE_REGRESSIONS  # noqa: E402
 
 from costmodel.specs import Recompute, Training  # noqa: E402
-from search.presets import PRESETS  # noqa: E402
+from search.inputs.presets import PRESETS  # noqa: E402
 
 # Megatron-LM's FP8 recipe switches (examples/llama/train_llama3_8b_h100_fp8.sh:
 # --grad-reduce-in-bf16, --fp8-param-gather), taken for every Megatron fp8 run below

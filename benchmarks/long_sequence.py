@@ -27,7 +27,7 @@ from published_runs import NEMO_LONG_SEQUENCE
 from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, StepEstimate, Training, estimate
 from hardware_catalog import get_gpu
 from hardware_catalog.fabrics import fabric_fraction
-from search.specs import training_spec
+from search.inputs.specs import training_spec
 
 LLAMA2_7B = ModelSpec(name="llama2-7b", layers=32, hidden=4096, ffn_hidden=11008, heads=32,
                       kv_heads=32, vocab=32000)

@@ -177,8 +177,8 @@ def section(quick: bool) -> dict[str, int]:
     h = helpers()  # puts tests/ on the path, for clirunner
     from clirunner import TINY
 
+    from search.inputs.study import load_study
     from search.pipeline import RunOptions, run_study
-    from search.study import load_study
 
     print("\n## A copied hostile result folder through `report`\n")
     t0 = time.perf_counter()

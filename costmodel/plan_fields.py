@@ -2,8 +2,8 @@
 
 A row gives a field's name (:class:`costmodel.Plan`'s attribute, :class:`costmodel.plans.
 PlanArrays`' column, the plan file's key and the trials.csv column), its type and default, its
-key in a plan string (``"tp=8,mbs=1"``, :mod:`search.planspec`), its column in the measured-runs
-CSV schema (:mod:`search.measured`), its name in the launcher view
+key in a plan string (``"tp=8,mbs=1"``, :mod:`search.inputs.planspec`), its column in the
+measured-runs CSV schema (:mod:`search.inputs.measured`), its name in the launcher view
 (``tcf_search.export.view.LaunchView``) and what it means. From the rows come ``Plan``'s own
 checks (:func:`check_fields`), the plans-as-columns encoding (:meth:`PlanField.code`,
 :meth:`PlanField.value`), the rules' columns, the plan string's keys and parser, the plan file's

@@ -1,8 +1,8 @@
 """Your current recipe beside the recommendation.
 
 A study's ``baseline:`` (or ``--baseline``, which overrides it) is a plan in the syntax of
-``explain --plan`` (:mod:`search.planspec`). It must be a valid plan for the model and cluster
-(the rules table with the switches the cost model prices): else it is bad input. The search
+``explain --plan`` (:mod:`search.inputs.planspec`). It must be a valid plan for the model and
+cluster (the rules table with the switches the cost model prices): else it is bad input. The search
 space may still exclude it — an axis whose searched values do not hold its value, or a rule the
 study's search switches add — and :func:`exclusions` names which; its figures are the tool's own
 either way, and a baseline that does not fit in memory is said to (memory is a hard constraint).
@@ -28,12 +28,12 @@ from costmodel import Plan, StepEstimate, estimate, estimate_batch, rules
 from costmodel.rules import Switches
 from costmodel.specs import SCHEDULE_CODES, SCHEDULE_NAMES
 from search.evaluate import PLACED, placements
-from search.planfile import plan_dict
-from search.planspec import SHORT, PlanSpecError, format_plan, parse_plan
+from search.inputs.planfile import plan_dict
+from search.inputs.planspec import SHORT, PlanSpecError, format_plan, parse_plan
+from search.inputs.specs import Specs
+from search.inputs.study import Study
 from search.prune import memory_stage
 from search.space import AXES, SearchSpace, exclusions, plan_columns, plan_from_row
-from search.specs import Specs
-from search.study import Study
 
 GIB = 2**30
 COMPUTE_PARTS = ("compute", "bubble", "optimizer", "other")  # the compute challenge's time

@@ -26,13 +26,13 @@ from typing import Any
 import numpy as np
 
 from costmodel import Plan, estimate_batch, plans_to_arrays
+from search.inputs.specs import Specs
+from search.inputs.study import Study
 from search.objectives import OBJECTIVES, metrics_from_batch, objective_vector
 from search.placement import plan_fields
 from search.prune import MemoryStage, plan_arrays
 from search.space import AXES, DERIVED, decode, plan_from_row
-from search.specs import Specs
 from search.storage import SearchError
-from search.study import Study
 from search.uncertainty import interval, p_oom, plan_regime, uncertainty_metrics
 
 OUTER_AXES = ("tp", "pp", "cp", "ep")

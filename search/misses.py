@@ -8,10 +8,10 @@ import numpy as np
 
 from costmodel import estimate
 from costmodel.result import GIB
+from search.inputs.specs import Specs
 from search.placement import STAGE_NAMES, stages_of
 from search.prune import MemoryStage
 from search.space import AXES, plan_from_row
-from search.specs import Specs
 from search.stage_memory import stage_bytes
 
 

@@ -24,7 +24,7 @@ from optuna.trial import TrialState
 from costmodel import PLAN_FIELDS
 from costmodel.errors import TcfError
 from search.evaluate import Evaluator
-from search.planfile import plan_dict
+from search.inputs.planfile import plan_dict
 from search.rdb import StorageFailed
 from search.storage import SearchError, StorageSpec, quiet, signals_deferred
 
@@ -279,7 +279,7 @@ def summary(study: optuna.Study) -> dict[str, Any]:
 def plan_cells(plan: Mapping[str, Any]) -> dict[str, Any]:
     """A plan's trials.csv cells (``plan_dict``'s values), one per field of
     ``costmodel.plan_fields`` ('' where the trial holds none); a set of names joined by '+' as a
-    plan string writes it ('': the selective modules are the training's; search.planspec)."""
+    plan string writes it ('': the selective modules are the training's; search.inputs.planspec)."""
     return {f.name: "+".join(plan.get(f.name, ())) if f.type is tuple else plan.get(f.name, "")
             for f in PLAN_FIELDS}
 

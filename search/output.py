@@ -1,7 +1,7 @@
 """A study's output: the ranked table on the terminal and the result folder.
 
 Folder layout (read by export, validate and report): ``trials.csv``, ``best_plan.yaml``,
-``top/rank-<N>.yaml`` (plan files of ``search.planfile``), ``result.json`` (the document
+``top/rank-<N>.yaml`` (plan files of ``search.inputs.planfile``), ``result.json`` (the document
 ``tcf-search run --json`` prints) and the Optuna storage (``study.journal`` by default). Every file
 is written to a temporary name and renamed, so a reader never sees half a file.
 """
@@ -19,10 +19,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from search.files import Output
-from search.planfile import PlanFile, dump_plan_file
+from search.inputs.files import Output
+from search.inputs.planfile import PlanFile, dump_plan_file
+from search.inputs.specs import Specs
 from search.result import RankedPlan, StudyResult
-from search.specs import Specs
 from search.storage import STORAGE_FILE
 
 
@@ -66,7 +66,7 @@ def run_file(path: Path) -> bool:
 
 def write_outputs(result: StudyResult, specs: Specs, trial_rows: list[dict[str, Any]],
                   out_dir: Path, *, adopt: bool = False) -> None:
-    """The result files, by the output policy of :class:`search.files.Output`: a rerun
+    """The result files, by the output policy of :class:`search.inputs.files.Output`: a rerun
     replaces the files a run wrote (``adopt``: the folder's storage holds this very study, so
     its files are the run's), never anything else."""
     out = Output(out_dir, "run", adopt=adopt)

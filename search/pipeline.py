@@ -19,19 +19,19 @@ from costmodel import Plan
 from search import optimize as opt
 from search.baseline import baseline_doc, baseline_of
 from search.evaluate import Evaluation, Evaluator, Exhaustive
-from search.files import output_folder
+from search.inputs.files import output_folder
+from search.inputs.planfile import plan_dict
+from search.inputs.presets import APPROXIMATIONS
+from search.inputs.specs import Specs, build_specs
+from search.inputs.study import ExportSection, Study
 from search.misses import nearest_misses
 from search.output import write_outputs
-from search.planfile import plan_dict
-from search.presets import APPROXIMATIONS
 from search.prune import memory_stage
 from search.rdb import GRACE_S
 from search.rescore import current_study, scoring
 from search.result import RankedPlan, StudyResult
 from search.space import Layouts, SearchSpace, build_space, enumerate_layouts
-from search.specs import Specs, build_specs
 from search.storage import STORAGE_FILE, StorageSpec, open_study, recover, unlock_journal
-from search.study import ExportSection, Study
 from search.uncertainty import calibration_status, ranking_resolution
 
 ExportHook = Callable[[Path, ExportSection], Any]

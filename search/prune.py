@@ -27,6 +27,7 @@ from costmodel.errors import TcfError
 from costmodel.params import attention_params, dense_mlp_params, expert_params
 from costmodel.result import GIB
 from costmodel.rules import BY_NAME, schedule_code
+from search.inputs.specs import Specs
 from search.placement import (
     STAGE_NAMES,
     Placement,
@@ -38,7 +39,6 @@ from search.placement import (
     stages_of,
 )
 from search.space import SearchSpace
-from search.specs import Specs
 from search.stage_memory import StageTerms, stage_terms
 
 _EPS = 1e-9

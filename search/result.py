@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from costmodel import Plan
-from search.planfile import plan_dict
+from search.inputs.planfile import plan_dict
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -30,8 +30,8 @@ from costmodel.recompute_modules import mask_modules, module_mask
 from costmodel.rules import Facts, Switches
 from costmodel.specs import RECOMPUTE_CODES, SCHEDULE_NAMES, Plan
 from costmodel.terms import freeing_modules
-from search.specs import Specs
-from search.study import Study
+from search.inputs.specs import Specs
+from search.inputs.study import Study
 
 Columns = dict[str, np.ndarray]
 
@@ -142,7 +142,7 @@ def build_space(study: Study, specs: Specs) -> SearchSpace:
 
 def space_facts(s: SearchSpace) -> rules.Facts:
     """The facts the table's rules read, with the search's switches
-    (``search.specs.search_switches``)."""
+    (``search.inputs.specs.search_switches``)."""
     return s.facts
 
 

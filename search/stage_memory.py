@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel import memory_terms_batch
+from search.inputs.specs import Specs
 from search.placement import STAGE_NAMES as STAGES
-from search.specs import Specs
 
 Columns = dict[str, np.ndarray]
 

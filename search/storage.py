@@ -30,7 +30,7 @@ from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from costmodel.errors import TcfError
-from search.files import Output, write_atomic
+from search.inputs.files import Output, write_atomic
 from search.rdb import (
     SharedRDB,
     StorageFailed,

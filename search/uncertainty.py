@@ -27,9 +27,9 @@ from costmodel.specs import ClusterSpec, ModelSpec, Training
 from hardware_catalog import CATALOG_DIR
 from hardware_catalog.fabrics import load_fabrics
 from hardware_catalog.frameworks import is_megatron_core, resolve_framework
+from search.inputs.sections import LEVELS
 
 UNCERTAINTY_FILE = CATALOG_DIR / "uncertainty.yaml"
-LEVELS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 5%, 10%, ..., 95%
 INTERVAL = (0.1, 0.9)  # the 80% interval shown
 SMALL_SCALE_GPUS = 64
 

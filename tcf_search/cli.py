@@ -93,8 +93,8 @@ def run_cmd(
                            ", shown beside the best (overrides the study's baseline).")] = None,
 ) -> None:
     """Run a study (resumes when the output folder already holds it)."""
-    from search.pipeline import RunOptions, run_study
-    from search.study import load_study
+    from search import RunOptions, run_study
+    from search.inputs import load_study
 
     study = load_study(study_file)
     options = RunOptions(out_dir=output or DEFAULT_RUNS_DIR / study_file.stem, trials=trials,
@@ -111,7 +111,7 @@ def run_cmd(
     if json_out:
         typer.echo(json.dumps(result.to_dict(), indent=2))
     elif not quiet:
-        from search.output import render
+        from search import render
 
         # A pipe gets the full table rather than one cut to 80 columns.
         render(result, Console() if sys.stdout.isatty() else Console(width=160))

@@ -21,12 +21,8 @@ from rich.table import Table
 
 from costmodel import Plan, StepEstimate, estimate
 from costmodel.specs import SpecError
-from search.baseline import baseline_doc, baseline_of
-from search.planfile import plan_dict
-from search.space import build_space
-from search.specs import Specs, build_specs
-from search.study import load_study
-from search.uncertainty import p_best_faster
+from search import baseline_doc, baseline_of, build_space, p_best_faster
+from search.inputs import Specs, build_specs, load_study, plan_dict
 from tcf_search.errors import user_errors
 from tcf_search.explain.planspec import (
     PlanSpecError,

@@ -24,7 +24,7 @@ from typing import Annotated, Any
 
 import typer
 
-from search.files import Output, path_component
+from search.inputs import Output, path_component
 from tcf_search.errors import user_errors
 from tcf_search.nightly_history import (
     Night,
@@ -80,15 +80,14 @@ def run_folder(name: str, sku: str) -> str:
 
 def run_one(study: Any, sku: str, date: str, out: Path, trials: int | None,
             storage: str) -> dict[str, Any]:
-    from search import rescore
-    from search.pipeline import RunOptions, run_study
+    from search import RunOptions, cost_model_version, run_study
 
     name = study.study_name
     run_dir = out / date / run_folder(name, sku)
     search = study.search.model_copy(update={"study_name": f"{name}@{sku}@{date}"})
     row: dict[str, Any] = {"date": date, "study": name, "sku": sku,
                            "num_gpus": study.cluster.num_gpus, "error": "",
-                           "cost_model": rescore.cost_model_version()[:SHORT_VERSION]}
+                           "cost_model": cost_model_version()[:SHORT_VERSION]}
     started = time.perf_counter()
     try:
         result = run_study(study.model_copy(update={"search": search}),
@@ -120,7 +119,7 @@ def run_one(study: Any, sku: str, date: str, out: Path, trials: int | None,
 def run_night(files: list[Path], skus: list[str], out: Path, date: str, *,
               trials: int | None = None, threshold: float = 0.05, report: bool = True,
               storage: str | None = None, progress: Any = None) -> Night:
-    from search.study import load_study
+    from search.inputs import load_study
 
     studies = [load_study(f) for f in files]  # all bad input is reported before any run
     if skus:

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.errors import TcfError
-from search.files import MIB, read_input
-from search.uncertainty import p_best_faster
+from search import p_best_faster
+from search.inputs import MIB, read_input
 
 COLUMNS = ("date", "study", "sku", "num_gpus", "status", "best_plan", "tokens_per_s_per_gpu",
            "mfu", "step_time_s", "peak_mem_gib", "usable_mem_gib", "dominant_challenge",
@@ -155,7 +155,7 @@ def rejudge(study: Any, plan_text: str) -> tuple[str | None, float | None]:
     """The previous best plan under tonight's model: why it fails (None when it is still valid
     and fits) and its predicted tokens/s per GPU (None when it no longer parses)."""
     from costmodel import estimate
-    from search.specs import build_specs
+    from search.inputs import build_specs
     from tcf_search.explain.planspec import parse_plan
 
     specs = build_specs(study)

@@ -11,7 +11,7 @@ import pytest
 from costmodel import ClusterSpec, GpuSpec, ModelSpec, Training
 
 if TYPE_CHECKING:
-    from search.planfile import PlanFile
+    from search.inputs.planfile import PlanFile
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("costmodel", "search", "hardware_catalog", "tcf_search")  # pyproject's packages

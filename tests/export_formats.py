@@ -26,8 +26,8 @@ from typing import Any
 
 import yaml
 
-from search.planfile import PlanFile, load_plan_file
-from search.presets import get_preset
+from search.inputs.planfile import PlanFile, load_plan_file
+from search.inputs.presets import get_preset
 from tcf_search.export import ExportError, ExportOptions, ExportRefused, render, write_exports
 
 PLANS = Path(__file__).resolve().parent / "golden" / "export" / "plans"

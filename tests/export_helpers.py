@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from search.planfile import PlanFile
+from search.inputs.planfile import PlanFile
 from tcf_search.export import ExportOptions, ExportRefused, render
 
 

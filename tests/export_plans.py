@@ -8,11 +8,11 @@ import dataclasses
 from pathlib import Path
 
 from costmodel import Plan
+from search.inputs.planfile import PlanFile, load_plan_file
+from search.inputs.presets import get_preset
+from search.inputs.specs import training_spec
+from search.inputs.study import load_study
 from search.pipeline import RunOptions, run_study
-from search.planfile import PlanFile, load_plan_file
-from search.presets import get_preset
-from search.specs import training_spec
-from search.study import load_study
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANS = ROOT / "tests" / "golden" / "export" / "plans"

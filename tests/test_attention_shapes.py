@@ -19,8 +19,8 @@ from costmodel.params import (
     total_params,
 )
 from costmodel.specs import ModelSpec
-from search.hf_config import load_hf_config
-from search.presets import PRESETS
+from search.inputs.hf_config import load_hf_config
+from search.inputs.presets import PRESETS
 
 
 def test_deepseek_v3_parameters_match_the_published_counts() -> None:
@@ -100,8 +100,8 @@ def test_hf_fields_are_read_or_named(tmp_path: Path, caplog: pytest.LogCaptureFi
 
 
 def test_mla_from_the_architecture_section() -> None:
-    from search.specs import build_specs
-    from search.study import parse_study
+    from search.inputs.specs import build_specs
+    from search.inputs.study import parse_study
     study = parse_study("""
 model:
   architecture:

@@ -14,10 +14,10 @@ import pytest
 from costmodel import Plan
 from costmodel.estimate import estimate
 from search.baseline import baseline_doc, exclusions, parse_baseline, versus
-from search.planspec import PlanSpecError
+from search.inputs.planspec import PlanSpecError
+from search.inputs.specs import build_specs
+from search.inputs.study import load_study, parse_study
 from search.space import build_space
-from search.specs import build_specs
-from search.study import load_study, parse_study
 from tcf_search.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,8 +9,8 @@ import pytest
 
 from costmodel import ClusterSpec, Plan, SpecError, Training, estimate
 from hardware_catalog import get_gpu
-from search.presets import PRESETS
-from search.specs import training_spec
+from search.inputs.presets import PRESETS
+from search.inputs.specs import training_spec
 
 GIB = 2**30
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import search.rescore
-from search.planfile import load_plan_file
+from search.inputs.planfile import load_plan_file
 from search.rescore import cost_model_version
 from tcf_search.cli import main
 

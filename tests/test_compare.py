@@ -81,8 +81,8 @@ def test_bad_with_names_itself_and_exits_2() -> None:
 def test_best_of_a_folder_ranked_by_another_cost_model_is_noted(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import search.rescore
+    from search.inputs.study import load_study
     from search.pipeline import RunOptions, run_study
-    from search.study import load_study
 
     study = STUDY.with_name("llama3-8b-h100x8.yaml")
     run_study(load_study(study), RunOptions(out_dir=tmp_path, trials=4))

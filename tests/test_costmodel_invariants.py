@@ -258,7 +258,7 @@ def test_gb200_gains_on_b200_no_more_than_its_rates(preset: str, ep: int, mbs: i
     NVLink, NIC and every host term alike): GB200 is faster, by at most the largest of those
     ratios. A sparse peak, or a term that charged the two SKUs differently, would break it."""
     from hardware_catalog import get_gpu
-    from search.presets import PRESETS
+    from search.inputs.presets import PRESETS
 
     gpus = {i: get_gpu(i) for i in ("b200-180gb", "gb200-nvl72")}
     tr = Training(seq_len=4096, global_batch=256, precision=precision)  # type: ignore[arg-type]

@@ -326,7 +326,7 @@ def test_expert_parallel_folds_over_tensor_parallel_ranks(h100) -> None:
     each rank holds 128 / 32 = 4 whole experts, dispatches its own half of the micro-batch's
     tokens, and each expert shard has no data-parallel replica to reduce gradients with."""
     from costmodel.params import expert_params
-    from search.presets import PRESETS
+    from search.inputs.presets import PRESETS
 
     model = PRESETS["qwen3-235b-a22b"]
     cluster = ClusterSpec(gpu=h100, num_gpus=256)

@@ -12,11 +12,11 @@ import pytest
 from costmodel import ClusterSpec, Plan, SpecError, Training, check_plan, estimate
 from hardware_catalog.catalog import get_gpu
 from search.evaluate import placements
-from search.presets import get_preset
+from search.inputs.presets import get_preset
+from search.inputs.specs import build_specs, training_spec
+from search.inputs.study import parse_study
 from search.prune import memory_stage
 from search.space import build_space, enumerate_layouts
-from search.specs import build_specs, training_spec
-from search.study import parse_study
 
 GIB = 2**30
 MODEL = get_preset("llama3-70b")

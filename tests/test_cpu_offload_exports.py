@@ -14,9 +14,9 @@ from export_plans import plan_file
 from megatron_lm import megatron_lm_reads
 
 from costmodel import Plan
+from search.inputs.planfile import PlanFile
+from search.inputs.specs import Specs, plan_file_specs
 from search.output import _recompute_label
-from search.planfile import PlanFile
-from search.specs import Specs, plan_file_specs
 from tcf_search.explain.planspec import (
     PlanSpecError,
     apply_change,

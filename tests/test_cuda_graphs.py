@@ -206,7 +206,7 @@ def test_check_plan_names_the_graph_rule(h100: GpuSpec) -> None:
 def test_the_megatron_and_nemo_exports_write_the_graphs() -> None:
     from pathlib import Path
 
-    from search.planfile import load_plan_file
+    from search.inputs.planfile import load_plan_file
     from tcf_search.export import ExportOptions, render
 
     pf = load_plan_file(Path(__file__).parent / "golden" / "export" / "plans" / "moe_ep.yaml")
@@ -232,7 +232,7 @@ def test_the_megatron_and_nemo_exports_write_the_graphs() -> None:
 def test_every_profile_runs_eagerly_by_default(framework: str) -> None:
     """TransformerConfig.cuda_graph_impl defaults to "none" (core_v0.16.0); the others have no
     such switch."""
-    from search.specs import training_spec
+    from search.inputs.specs import training_spec
 
     tr = training_spec(framework=framework, precision="bf16", seq_len=128, global_batch=8)
     assert (tr.cuda_graph_impl, tr.cuda_graph_scope, tr.moe_router_fusion) == ("none", (), False)
@@ -241,7 +241,7 @@ def test_every_profile_runs_eagerly_by_default(framework: str) -> None:
 def test_a_plan_file_keeps_the_graphs() -> None:
     from pathlib import Path
 
-    from search.planfile import dump_plan_file, load_plan_file, parse_plan_file
+    from search.inputs.planfile import dump_plan_file, load_plan_file, parse_plan_file
 
     pf = load_plan_file(Path(__file__).parent / "golden" / "export" / "plans" / "moe_ep.yaml")
     graphed = replace(pf, training=replace(pf.training, cuda_graph_impl="transformer_engine",

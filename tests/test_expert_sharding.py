@@ -12,9 +12,9 @@ import pytest
 from costmodel import ClusterSpec, ModelSpec, Plan, Training, estimate
 from costmodel.mapping import expert_dp, expert_tp, group_strides
 from costmodel.plans import as_plan_arrays, plans_to_arrays
+from search.inputs.specs import build_specs
+from search.inputs.study import load_study
 from search.space import build_space, violations
-from search.specs import build_specs
-from search.study import load_study
 
 GIB = 2**30
 # a small MoE: 8 layers, 16 experts of width 1024, top-2
@@ -200,7 +200,7 @@ def test_zero_shards_experts_over_folded_replicas(h100) -> None:
 
 def test_a_measured_row_gives_expert_tp() -> None:
     """The CSV's optional expert_tp column (empty: derived)."""
-    from search.measured import case_from_row
+    from search.inputs.measured import case_from_row
 
     row = {"model_name": "m", "layers": 4, "hidden": 1024, "ffn_hidden": 4096, "heads": 8,
            "vocab": 32000, "seq_len": 2048, "gpu": "h100-sxm-80gb", "num_gpus": 16,

@@ -11,9 +11,9 @@ from typer.testing import CliRunner
 
 import search.rescore
 from costmodel import estimate
+from search.inputs.specs import build_specs
+from search.inputs.study import load_study
 from search.pipeline import RunOptions, run_study
-from search.specs import build_specs
-from search.study import load_study
 from tcf_search.explain import explain_cmd, parse_plan
 
 STUDIES = Path(__file__).resolve().parents[1] / "studies"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from costmodel import Plan
-from search.specs import Specs, build_specs
-from search.study import load_study
+from search.inputs.specs import Specs, build_specs
+from search.inputs.study import load_study
 from tcf_search.explain.planspec import (
     PlanSpecError,
     apply_change,

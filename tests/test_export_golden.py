@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from search.planfile import load_plan_file
+from search.inputs.planfile import load_plan_file
 from tcf_search.export import FORMATS, ExportOptions, ExportRefused, render
 
 GOLDEN = Path(__file__).parent / "golden" / "export"

@@ -16,8 +16,8 @@ from export_helpers import exported, launcher_flags, nemo_model_config, titan_co
 from export_plans import deepseek, llama31, plan_file
 
 from costmodel import Plan
-from search.planfile import PlanFile
-from search.presets import PRESETS
+from search.inputs.planfile import PlanFile
+from search.inputs.presets import PRESETS
 from tcf_search.export import ExportRefused, render
 from tcf_search.export.hf_model import family
 from tcf_search.export.options import TARGETS

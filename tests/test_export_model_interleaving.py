@@ -14,10 +14,10 @@ from export_plans import GPU, plan_file
 
 from costmodel import Plan, SpecError, Training, check_plan, rules
 from hardware_catalog.catalog import get_gpu
+from search.inputs.presets import get_preset
+from search.inputs.specs import cluster_spec, training_spec
 from search.placement import Subproblem, solve_many
-from search.presets import get_preset
 from search.prune import solve_placement
-from search.specs import cluster_spec, training_spec
 from tcf_search.export import ExportOptions, ExportRefused, render
 from tcf_search.export.view import facts_of
 

@@ -17,9 +17,9 @@ from export_plans import deepseek, llama31
 from megatron_lm import megatron_lm_reads
 
 from costmodel.layer_style import LLAMA31_ROPE_SCALING
-from search.hf_config import model_from_hf_config
-from search.planfile import dump_plan_file, parse_plan_file
-from search.presets import get_preset
+from search.inputs.hf_config import model_from_hf_config
+from search.inputs.planfile import dump_plan_file, parse_plan_file
+from search.inputs.presets import get_preset
 from tcf_search.export import ExportOptions, ExportRefused, render
 
 

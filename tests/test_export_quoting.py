@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from search.planfile import load_plan_file
+from search.inputs.planfile import load_plan_file
 from tcf_search.export import FORMATS, ExportError, ExportOptions, ExportRefused, render
 
 PLANS = Path(__file__).parent / "golden" / "export" / "plans"

@@ -17,7 +17,7 @@ import yaml
 from export_helpers import exported
 from export_plans import PLANS, seventy_b
 
-from search.planfile import PlanFile, load_plan_file
+from search.inputs.planfile import PlanFile, load_plan_file
 from tcf_search.export import ExportOptions, render
 from tcf_search.export.options import TARGETS
 

@@ -23,7 +23,7 @@ from export_helpers import (
 )
 from export_plans import PLANS, seventy_b
 
-from search.planfile import PlanFile, load_plan_file
+from search.inputs.planfile import PlanFile, load_plan_file
 from tcf_search.export import ExportOptions, ExportRefused, render
 
 # --- Megatron-LM / Megatron-Core ---------------------------------------------------------------

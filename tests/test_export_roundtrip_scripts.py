@@ -13,7 +13,7 @@ import pytest
 from export_helpers import exported
 from export_plans import PLANS
 
-from search.planfile import PlanFile, load_plan_file
+from search.inputs.planfile import PlanFile, load_plan_file
 from tcf_search.export import FORMATS, ExportRefused, render
 from tcf_search.export.options import TARGETS
 

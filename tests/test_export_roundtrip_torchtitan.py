@@ -18,8 +18,8 @@ import pytest
 from export_helpers import exported, titan_config
 from export_plans import PLANS, seventy_b
 
-from search.planfile import PlanFile, load_plan_file
-from search.presets import get_preset
+from search.inputs.planfile import PlanFile, load_plan_file
+from search.inputs.presets import get_preset
 from tcf_search.export import ExportOptions, render
 from tcf_search.export.rules import TITAN_FLAVORS_02
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from costmodel.specs import Plan, Training
-from search.planfile import PlanFile, load_plan_file
+from search.inputs.planfile import PlanFile, load_plan_file
 from tcf_search.export import ExportError, ExportOptions, ExportRefused, render
 from tcf_search.export.rules import RULES
 from tcf_search.export.view import LaunchView, facts_of, virtual_stage_layers

@@ -12,10 +12,10 @@ from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, Training, comm, e
 from costmodel.specs import GpuSpec
 from hardware_catalog import UnknownFabric, get_fabric, load_fabrics
 from hardware_catalog.frameworks import framework_settings
-from search.measured import CaseError, case_from_row, row_fabric
-from search.planfile import PlanFile, dump_plan_file, parse_plan_file
-from search.specs import build_specs
-from search.study import StudyError, parse_study
+from search.inputs.measured import CaseError, case_from_row, row_fabric
+from search.inputs.planfile import PlanFile, dump_plan_file, parse_plan_file
+from search.inputs.specs import build_specs
+from search.inputs.study import StudyError, parse_study
 
 
 def _collective(est, name: str):  # noqa: ANN001, ANN202 - test helper

@@ -16,7 +16,7 @@ from published_runs import NEMO_LONG_SEQUENCE  # noqa: E402
 
 from costmodel import ClusterSpec, Plan, estimate  # noqa: E402
 from hardware_catalog import get_gpu  # noqa: E402
-from search.specs import training_spec  # noqa: E402
+from search.inputs.specs import training_spec  # noqa: E402
 
 
 def test_nemo_formula_by_hand() -> None:

@@ -54,7 +54,7 @@ def test_the_loss_holds_what_its_kernel_keeps(h100, llama8b) -> None:
     keeps the bf16 logits and writes a bf16 gradient beside them (4): the difference is exactly
     2 bytes a logit of one micro-batch, in the last stage's buffers and nowhere else."""
     from costmodel.estimate import estimate
-    from search.specs import training_spec
+    from search.inputs.specs import training_spec
 
     plan = Plan(dp=8, micro_batch=2)
     cluster = ClusterSpec(gpu=h100, num_gpus=8)

@@ -196,7 +196,7 @@ def test_measured_moe_rows_and_bridge_recipes_run_balanced() -> None:
     import sys
     from pathlib import Path
 
-    from search.measured import case_from_row
+    from search.inputs.measured import case_from_row
 
     row = {"model_name": "grok", "layers": "2", "hidden": "6144", "ffn_hidden": "32768",
            "heads": "48", "kv_heads": "8", "vocab": "131072", "seq_len": "4096",
@@ -224,7 +224,7 @@ def test_bridge_regression_rows_are_bridge_moe_rows_and_marked() -> None:
     from bridge_recipes import DAGGER, moe_label, moe_switches, recipe_switches
     from published_runs import BRIDGE, BRIDGE_REGRESSIONS
 
-    from search.presets import PRESETS
+    from search.inputs.presets import PRESETS
 
     moe_rows = {(r[0], r[1], r[2]): r for r in BRIDGE if PRESETS[r[2]].is_moe}
     assert set(BRIDGE_REGRESSIONS) <= set(moe_rows)

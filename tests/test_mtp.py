@@ -16,7 +16,7 @@ from costmodel.params import model_flops_per_token
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 from costmodel.step import evaluate
 from hardware_catalog import get_gpu
-from search.presets import PRESETS
+from search.inputs.presets import PRESETS
 
 # a small DeepSeek-like MoE model: 2 dense layers, then MoE layers with a shared expert
 MOE = ModelSpec(name="moe", layers=12, hidden=1024, ffn_hidden=4096, heads=16, kv_heads=16,

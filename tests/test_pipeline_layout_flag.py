@@ -15,11 +15,11 @@ import pytest
 
 from costmodel import check_plan
 from costmodel.mapping import chunk_counts, chunk_split_exists, launchable_chunks, stage_counts
-from search.planfile import PlanFile, load_plan_file
+from search.inputs.planfile import PlanFile, load_plan_file
+from search.inputs.specs import build_specs
+from search.inputs.study import parse_study
 from search.prune import memory_stage
 from search.space import AXES, build_space, enumerate_layouts, plan_from_row
-from search.specs import build_specs
-from search.study import parse_study
 from tcf_search.export import ExportOptions, ExportRefused, render
 from tcf_search.export.torchtitan import model_parts
 from tcf_search.export.view import facts_of, format_switches, virtual_stage_layers

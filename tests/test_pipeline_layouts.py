@@ -13,9 +13,9 @@ import pytest
 
 from costmodel.estimate import check_plan
 from costmodel.mapping import chunk_split_exists, counted_split, launchable_chunks
-from search.measured import CaseError, case_from_row, presumed_split
+from search.inputs.measured import CaseError, case_from_row, presumed_split
+from search.inputs.planfile import load_plan_file
 from search.placement import candidates
-from search.planfile import load_plan_file
 from tcf_search.calibration.predict import predict_csv
 from tcf_search.export import render
 from tcf_search.export.options import ExportOptions
@@ -170,7 +170,7 @@ def test_interleaving_divides_the_bubble_by_the_chunks_the_layers_make(h100) -> 
     ends) leave the same bubble in 8 virtual stages as in 4 (the other 4 empty); where vpp
     divides a stage's layers (63 on each of 2 stages: 7 chunks of 9) it divides the bubble."""
     from costmodel import ClusterSpec, Plan, Training, estimate
-    from search.presets import PRESETS
+    from search.inputs.presets import PRESETS
 
     model = PRESETS["llama3.1-405b"]
     cluster = ClusterSpec(gpu=h100, num_gpus=32 * 8 * 4)

@@ -21,12 +21,19 @@ from costmodel.plan_fields import FIELDS, PLAN_KEYS, PlanField
 from costmodel.plans import PlanArrays, as_plan_arrays
 from costmodel.recompute_modules import MODELLED, module_mask
 from search.evaluate import PLACED
-from search.measured import KNOBS, row_plan
+from search.inputs.measured import KNOBS, row_plan
+from search.inputs.planfile import dump_plan_file, load_plan_file, parse_plan_file, plan_dict
+from search.inputs.planspec import (
+    ALIASES,
+    CHOICES,
+    SHORT,
+    format_plan,
+    make_plan,
+    parse_assignments,
+)
+from search.inputs.sections import SearchSpaceSection
 from search.optimize import plan_cells, trial_rows
 from search.output import trials_csv
-from search.planfile import dump_plan_file, load_plan_file, parse_plan_file, plan_dict
-from search.planspec import ALIASES, CHOICES, SHORT, format_plan, make_plan, parse_assignments
-from search.sections import SearchSpaceSection
 from search.space import AXES, plan_from_row
 from tcf_search.calibration.predict import CHOICE_COLUMNS
 from tcf_search.export import ExportOptions

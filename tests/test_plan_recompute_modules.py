@@ -14,8 +14,8 @@ from costmodel import ClusterSpec, Plan, SpecError, Training, check_plan, estima
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import GpuSpec, ModelSpec
 from costmodel.terms import freeing_modules
-from search.presets import get_preset
-from search.specs import training_spec
+from search.inputs.presets import get_preset
+from search.inputs.specs import training_spec
 
 SEQ = 4096
 # a dense, a MoE and an MLA model, each with a layout that recomputes selectively

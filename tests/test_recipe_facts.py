@@ -14,7 +14,7 @@ from costmodel.compute import _loss_s, layer_times
 from costmodel.kernels import gemm_time, kernels_of
 from costmodel.plans import PLAN_KEYS, as_plan_arrays, plans_to_arrays
 from hardware_catalog.frameworks import RELEASE_KEY, load_profiles, row_defaults
-from search.specs import training_spec
+from search.inputs.specs import training_spec
 from tcf_search.calibration.dataset import find_measured_csv
 
 NEMO1 = "NVIDIA/dgxc-benchmarking@8f5cbb37 {workload}/README.md (v25.02) table 'x' column 'y'"
@@ -97,7 +97,7 @@ def test_nemo2_grok_rows_run_their_launchers_moe(commit: str, gpu: str, expert_t
     """NeMo 2's Grok-1 script: token drop padded to capacity, bf16 gradients at either
     precision (pretrain_performance_optimizations), the launcher's expert TP and graphs; a
     row's own expert_tp cell wins."""
-    from search.measured import case_from_row
+    from search.inputs.measured import case_from_row
 
     row = {"model_name": "grok", "layers": 64, "hidden": 6144, "ffn_hidden": 32768,
            "heads": 48, "kv_heads": 8, "vocab": 131072, "seq_len": 8192, "moe_experts": 8,
@@ -140,7 +140,7 @@ def test_exports_train_the_searched_dtypes(precision: str, fp8_weights: bool, bf
     import dataclasses
     from pathlib import Path
 
-    from search.planfile import load_plan_file
+    from search.inputs.planfile import load_plan_file
     from tcf_search.export import ExportOptions, ExportRefused, render
 
     pf = load_plan_file(Path(__file__).parent / "golden" / "export" / "plans" / "dense70b.yaml")

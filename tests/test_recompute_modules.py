@@ -21,10 +21,10 @@ from costmodel.compute import layer_times
 from costmodel.memory import activation_bytes_per_layer
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 from costmodel.specs import GpuSpec, ModelSpec
-from search.planfile import PlanFile
-from search.presets import get_preset
-from search.specs import build_specs, training_spec
-from search.study import StudyError, parse_study
+from search.inputs.planfile import PlanFile
+from search.inputs.presets import get_preset
+from search.inputs.specs import build_specs, training_spec
+from search.inputs.study import StudyError, parse_study
 from tcf_search.explain import explain_cmd
 from tcf_search.export import render
 

@@ -13,8 +13,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from search.inputs.study import load_study
 from search.pipeline import RunOptions, run_study
-from search.study import load_study
 from tcf_search.report import report_cmd
 from tcf_search.report.plots import cell_reason, pareto_front
 from tcf_search.report.schema import Cell

@@ -16,9 +16,9 @@ import pytest
 import yaml
 from clirunner import ROOT, cli, one_line_error
 
-from search.planfile import PlanFileError, parse_plan_file
-from search.study import StudyError, parse_study
-from search.yamlinput import MAX_ALIAS_NODES, YamlInputError, load_yaml, shown
+from search.inputs.planfile import PlanFileError, parse_plan_file
+from search.inputs.study import StudyError, parse_study
+from search.inputs.yamlinput import MAX_ALIAS_NODES, YamlInputError, load_yaml, shown
 from tcf_search.calibration.device import EntryError, load_entry
 
 TINY = (ROOT / "studies" / "tiny-cpu.yaml").read_text()

@@ -18,10 +18,10 @@ import pytest
 from clirunner import ROOT, cli, one_line_error
 
 import search.prune
+from search.inputs.specs import build_specs
+from search.inputs.study import load_study
 from search.prune import MAX_TABLE_CELLS
 from search.space import build_space, enumerate_layouts
-from search.specs import build_specs
-from search.study import load_study
 from tcf_search.calibration import predict
 
 HUGE = ("name: huge\nmodel:\n  architecture: {layers: 4096, hidden: 8192, ffn_hidden: 28672, "

@@ -19,10 +19,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from search.inputs.study import Study, parse_study
 from search.pipeline import RunOptions, run_study
 from search.result import StudyResult
 from search.storage import StorageSpec
-from search.study import Study, parse_study
 
 ROOT = Path(__file__).resolve().parents[1]
 TRIALS = 100  # of 377 parallel layouts: TPE samples, the runs share a real search

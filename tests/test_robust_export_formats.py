@@ -40,8 +40,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from costmodel.layer_style import RopeScaling
-from search.hf_config import load_hf_config
-from search.planfile import dump_plan_file
+from search.inputs.hf_config import load_hf_config
+from search.inputs.planfile import dump_plan_file
 from tcf_search.export import ExportError, ExportOptions, ExportRefused, render
 
 EXAMPLES = int(os.environ.get("TCF_FUZZ_EXAMPLES", "60"))

@@ -29,7 +29,7 @@ import pytest
 from clirunner import KILL_AT, self_killing
 from optuna.trial import TrialState
 
-from search.planfile import load_plan_file
+from search.inputs.planfile import load_plan_file
 from search.storage import StorageSpec
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from search import files
-from search.planfile import load_plan_file
+from search.inputs import files
+from search.inputs.planfile import load_plan_file
 from tcf_search.export import FORMATS, ExportError, ExportOptions, ExportRefused, render
 from tcf_search.export.writer import write_exports
 
@@ -123,7 +123,7 @@ def test_fuzzed_text_in_export_options_stays_data(tmp_path_factory: pytest.TempP
 @pytest.mark.parametrize("output_dir", ["../../escaped", "/tmp/tcf-robust-abs", "a/../../x",
                                         "..", "launch/../../../x"])
 def test_study_exports_stay_in_the_result_folder(output_dir: str) -> None:
-    from search.study import StudyError, parse_study
+    from search.inputs.study import StudyError, parse_study
 
     text = (Path(__file__).parents[1] / "studies" / "tiny-cpu.yaml").read_text()
     with pytest.raises(StudyError, match=r"^export\.output: must be a folder inside"):

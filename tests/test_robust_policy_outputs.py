@@ -1,7 +1,7 @@
 """Issue 19, held for what a command writes: nothing it writes damages what is not its own, and a
 rerun is harmless.
 
-* the output policy (``search.files.Output``): devices, FIFOs, folders and symbolic links are
+* the output policy (``search.inputs.files.Output``): devices, FIFOs, folders and symbolic links are
   never replaced; a file a command did not write needs ``--force``; the umask is obeyed; a
   signal mid-write leaves no temporary file;
 * reruns of a finished study with ``export:`` exit 0 and touch nothing they do not own, and an
@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from clirunner import ROOT, TINY, cli, one_line_error
 
-from search import files
-from search.files import Output, OutputError, OutputExists, write_atomic
+from search.inputs import files
+from search.inputs.files import Output, OutputError, OutputExists, write_atomic
 
 
 @pytest.fixture()
@@ -178,7 +178,7 @@ def test_a_signal_mid_write_leaves_no_temporary(tmp_path: Path,
 
 SIGTERM_SUITE = """
 import os, signal
-from search import files
+from search.inputs import files
 from tcf_search.cli import main
 
 

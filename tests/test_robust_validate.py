@@ -24,8 +24,8 @@ import pytest
 pytest.importorskip("torch", reason="validation needs the optional torch extra "
                                     "(pip install -e '.[validate]')")
 
+from search.inputs.study import load_study  # noqa: E402
 from search.pipeline import RunOptions, run_study  # noqa: E402
-from search.study import load_study  # noqa: E402
 from tcf_search.cli import main  # noqa: E402
 from tcf_search.validate import runs  # noqa: E402
 from tcf_search.validate.config import RunConfig, RunResult  # noqa: E402

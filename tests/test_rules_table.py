@@ -14,7 +14,9 @@ import pytest
 from costmodel import Plan, SpecError, check_plan, rules
 from costmodel.mapping import rank_split, stage_counts, stage_layers
 from costmodel.plans import as_plan_arrays
-from search.planfile import PlanFile
+from search.inputs.planfile import PlanFile
+from search.inputs.specs import Specs, build_specs
+from search.inputs.study import load_study, parse_study
 from search.space import (
     SearchSpace,
     build_space,
@@ -23,8 +25,6 @@ from search.space import (
     space_facts,
     violations,
 )
-from search.specs import Specs, build_specs
-from search.study import load_study, parse_study
 from tcf_search.explain.planspec import PlanSpecError, apply_change, format_plan, parse_plan
 from tcf_search.export import ExportOptions
 from tcf_search.export.rules import COMMON, Shared

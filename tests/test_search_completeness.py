@@ -13,10 +13,10 @@ import pytest
 from costmodel import Plan, estimate_batch, plans_to_arrays
 from costmodel.specs import SpecError
 from search.evaluate import Evaluator
+from search.inputs.specs import build_specs
+from search.inputs.study import load_study
 from search.prune import memory_stage
 from search.space import build_space, enumerate_layouts
-from search.specs import build_specs
-from search.study import load_study
 
 # The knobs a publication leaves unsaid, and the values they are given
 UNSAID: dict[str, tuple[object, ...]] = {

@@ -13,10 +13,10 @@ from costmodel import Plan, estimate, estimate_batch, plans_to_arrays
 from costmodel.specs import SpecError
 from search.baseline import baseline_doc, baseline_lines, parse_baseline
 from search.evaluate import Evaluator
+from search.inputs.specs import Specs, build_specs
+from search.inputs.study import load_study
 from search.prune import MemoryStage, memory_stage
 from search.space import AXES, build_space, enumerate_layouts, exclusions, plan_from_row
-from search.specs import Specs, build_specs
-from search.study import load_study
 
 
 def searched(name: str) -> tuple[Specs, MemoryStage, Evaluator]:

@@ -10,11 +10,11 @@ from optuna.trial import FixedTrial
 
 from costmodel import Plan, estimate
 from search.evaluate import Evaluator
+from search.inputs.specs import build_specs
+from search.inputs.study import parse_study
 from search.optimize import objective
 from search.prune import memory_stage
 from search.space import build_space, enumerate_layouts
-from search.specs import build_specs
-from search.study import parse_study
 
 STUDY = """
 model: {preset: llama3-8b}

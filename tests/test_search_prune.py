@@ -17,13 +17,13 @@ import pytest
 import costmodel
 from costmodel import Plan, estimate, estimate_batch, plans_to_arrays, rules
 from search import prune
+from search.inputs.specs import Specs, build_specs
+from search.inputs.study import parse_study
 from search.misses import nearest_misses
 from search.placement import Placement, Subproblem, stages_of
 from search.prune import MemoryStage, memory_stage, plan_arrays, solve_placement
 from search.space import AXES, build_space, enumerate_layouts, plan_from_row
-from search.specs import Specs, build_specs
 from search.stage_memory import stage_bytes, stage_terms
-from search.study import parse_study
 
 GIB = 2**30
 STUDY = """

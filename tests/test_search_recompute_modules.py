@@ -14,14 +14,14 @@ from test_search_space import tiny_study
 
 from costmodel import check_plan
 from search.evaluate import Evaluator
+from search.inputs.planfile import PlanFile, dump_plan_file, parse_plan_file, plan_dict
+from search.inputs.planspec import PlanSpecError, format_plan, parse_plan
+from search.inputs.specs import Specs, build_specs
+from search.inputs.study import Study, StudyError, parse_study
 from search.output import _recompute_label
 from search.pipeline import RunOptions, run_study
-from search.planfile import PlanFile, dump_plan_file, parse_plan_file, plan_dict
-from search.planspec import PlanSpecError, format_plan, parse_plan
 from search.prune import memory_stage
 from search.space import SearchSpace, build_space, decode, enumerate_layouts, plan_from_row
-from search.specs import Specs, build_specs
-from search.study import Study, StudyError, parse_study
 from tcf_search.explain.neighbours import candidate_changes
 from tcf_search.explain.planspec import apply_change
 

@@ -17,11 +17,11 @@ from optuna.trial import TrialState
 import search.evaluate
 import search.pipeline
 import search.rescore as rescore
+from search.inputs.specs import Specs, build_specs
+from search.inputs.study import Study, load_study
 from search.pipeline import RunOptions, run_study
 from search.space import build_space
-from search.specs import Specs, build_specs
 from search.storage import FINGERPRINT_ATTR, StorageSpec
-from search.study import Study, load_study
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "llama3-8b-h100x8"

@@ -14,9 +14,9 @@ import pytest
 from clirunner import KILL_AT, self_killing
 from optuna.trial import TrialState
 
+from search.inputs.study import load_study
 from search.pipeline import RunOptions, run_study
 from search.storage import StorageSpec
-from search.study import load_study
 
 ROOT = Path(__file__).resolve().parents[1]
 # Mixtral on 1,024 GPUs with CP and EP searched: 377 parallel layouts, more than the trials

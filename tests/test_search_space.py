@@ -12,10 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodel import Plan, check_plan
+from search.inputs.specs import build_specs
+from search.inputs.study import parse_study
 from search.pipeline import RunOptions, run_study
 from search.space import AXES, DERIVED, SearchSpace, build_space, enumerate_layouts, violations
-from search.specs import build_specs
-from search.study import parse_study
 
 
 def tiny_study(gpus: int = 16, extra: str = "", layers: int = 6, seq: int = 512,

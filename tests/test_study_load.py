@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from costmodel.params import total_params
-from search.hf_config import HfConfigError, load_hf_config
-from search.presets import PRESETS
-from search.specs import build_specs
-from search.study import StudyError, load_study, parse_study
+from search.inputs.hf_config import HfConfigError, load_hf_config
+from search.inputs.presets import PRESETS
+from search.inputs.specs import build_specs
+from search.inputs.study import StudyError, load_study, parse_study
 
 STUDIES = sorted((Path(__file__).resolve().parents[1] / "studies").glob("*.yaml"))
 

@@ -10,7 +10,7 @@ import pytest
 
 from costmodel import ClusterSpec, Plan, Training, estimate
 from hardware_catalog import get_gpu
-from search.measured import case_from_row
+from search.inputs.measured import case_from_row
 from search.uncertainty import (
     LEVELS,
     Uncertainty,

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from search.planfile import PlanFile, dump_plan_file, parse_plan_file
-from search.specs import plan_file_specs
+from search.inputs.planfile import PlanFile, dump_plan_file, parse_plan_file
+from search.inputs.specs import plan_file_specs
 from search.uncertainty import Uncertainty, interval, regime_keys, residual_stack
 from tcf_search.calibration.uncertainty import stack_coverage, throughput_table
 

@@ -12,7 +12,7 @@ import pytest
 import typer
 
 from costmodel.specs import ModelSpec, Plan, Training
-from search.planfile import PlanFile, dump_plan_file
+from search.inputs.planfile import PlanFile, dump_plan_file
 from tcf_search.validate.agreement import Row, plan_label, rank_agreement, spearman
 from tcf_search.validate.config import (
     RunConfig,
@@ -171,7 +171,7 @@ def test_costmodel_and_search_do_not_import_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, costmodel, search.study, tcf_search.validate.agreement; "
+    code = ("import sys, costmodel, search.inputs.study, tcf_search.validate.agreement; "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[1], check=True)

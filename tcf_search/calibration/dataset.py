@@ -13,7 +13,7 @@ import pandas as pd
 from costmodel.estimate import check_plan, estimate_batch
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import ClusterSpec, Efficiency, ModelSpec, Training
-from search.measured import CaseError, case_from_row, presumed_split
+from search.inputs import CaseError, case_from_row, presumed_split
 
 DEFAULT_CSV = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "measured_runs.csv"
 
@@ -52,7 +52,7 @@ class Group:
 def load_groups(frame: pd.DataFrame) -> tuple[list[Group], pd.Series]:
     """Group rows that share model, cluster and training; rows that cannot be modelled get an
     error message in the returned series (indexed like ``frame``). A split a row leaves unsaid
-    is the one :func:`search.measured.presumed_split` presumes."""
+    is the one :func:`search.inputs.measured.presumed_split` presumes."""
     errors = pd.Series("", index=frame.index, dtype=object)
     buckets: dict[tuple, tuple[ModelSpec, ClusterSpec, Training, list[int], list, str]] = {}
     for pos, row in enumerate(frame.to_dict("records")):

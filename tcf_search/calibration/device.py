@@ -41,8 +41,7 @@ import yaml
 
 from costmodel.errors import TcfError
 from costmodel.specs import Efficiency, GpuSpec
-from search.files import MIB, read_input
-from search.yamlinput import load_yaml, shown
+from search.inputs import MIB, load_yaml, read_input, shown
 
 GIB = 2**30
 GEMM_SIZES = (64, 128, 256, 512, 1024)

@@ -31,9 +31,18 @@ from costmodel.estimate import check_plan, estimate_batch
 from costmodel.mapping import chunk_split_exists, stage_counts
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import Plan, SpecError
-from search.files import MIB, OutputError, check_target, open_atomic, open_input
-from search.measured import KNOBS, Case, CaseError, case_from_row
-from search.placement import candidates as placement_candidates
+from search import candidates as placement_candidates
+from search.inputs import (
+    KNOBS,
+    MIB,
+    Case,
+    CaseError,
+    OutputError,
+    case_from_row,
+    check_target,
+    open_atomic,
+    open_input,
+)
 from tcf_search.errors import user_errors
 
 if TYPE_CHECKING:  # pandas loads when a command reads a CSV, not with the command line

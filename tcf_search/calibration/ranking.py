@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from search.uncertainty import gap_bin
+from search import gap_bin
 from tcf_search.calibration.dataset import group_of
 
 # bin edges on |log(predicted tokens/s of one run / the other's)|

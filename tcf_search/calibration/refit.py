@@ -22,8 +22,7 @@ import numpy as np
 
 from costmodel import estimate
 from costmodel.specs import Efficiency
-from search.planfile import PlanFile
-from search.specs import plan_file_specs
+from search.inputs import PlanFile, plan_file_specs
 from tcf_search.calibration.device import Entry, stamp
 from tcf_search.validate.agreement import plan_label, spearman
 from tcf_search.validate.config import ValidationError, as_run

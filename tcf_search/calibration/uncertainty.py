@@ -36,7 +36,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from search.uncertainty import INTERVAL, LEVELS, key_regime, regime_keys, residual_stack, scale_of
+from search import INTERVAL, key_regime, regime_keys, residual_stack, scale_of
+from search.inputs import LEVELS
 from tcf_search.calibration.accuracy import regime, throughput_rows
 from tcf_search.calibration.dataset import group_of, weigh_alike
 from tcf_search.calibration.ranking import ranking_table
@@ -158,7 +159,7 @@ def coverage(frame: pd.DataFrame, pred: dict[str, np.ndarray], held: pd.Series,
     held-out groups (two-fold by sweep group), in all and per family/precision/MoE: per row
     (``within``) and per group, each weighing alike (``within_groups``, what the bounds hold at
     ``hi - lo`` or beyond); ``borrowed`` is the share of rows a coarser regime bounded."""
-    from search.uncertainty import Uncertainty
+    from search import Uncertainty
 
     half = half_of(frame)
     keys = _keys(frame)
@@ -185,7 +186,7 @@ def stack_coverage(frame: pd.DataFrame, pred: dict[str, np.ndarray], held: pd.Se
     from the other held-out groups, per framework stack (``search.uncertainty.residual_stack``)
     and in all. The two-fold check above leaves a stack too few groups a half for its own
     bounds; this one gives each its K - 1, as a new study of that stack would meet them."""
-    from search.uncertainty import Uncertainty
+    from search import Uncertainty
 
     test = held & tput_rows(frame, pred)
     groups = group_of(frame)

@@ -13,15 +13,17 @@ from typing import Any
 from costmodel import Plan, StepEstimate, Training, estimate
 from costmodel.recompute_modules import mask_modules
 from hardware_catalog.frameworks import is_megatron_core
-from search.baseline import baseline_doc, baseline_of, step_breakdown
-from search.planfile import plan_dict
-from search.space import build_space
-from search.uncertainty import (
+from search import (
+    baseline_doc,
+    baseline_of,
+    build_space,
     calibration_status,
     p_best_faster,
     plan_regime,
+    step_breakdown,
     uncertainty_metrics,
 )
+from search.inputs import plan_dict
 from tcf_search.explain.neighbours import best_move, improves, neighbours
 from tcf_search.explain.planspec import format_plan
 from tcf_search.explain.source import Subject
@@ -107,8 +109,8 @@ REASONS = {
 }
 
 
-# Megatron-Core's numerics switches a study may turn on (search.sections.TrainingSection): not
-# searched, since they change the numbers trained and not only the speed, but priced on the
+# Megatron-Core's numerics switches a study may turn on (search.inputs.sections.TrainingSection):
+# not searched, since they change the numbers trained and not only the speed, but priced on the
 # plan so that the choice is made knowingly. NVIDIA's performance recipes take both
 # (Megatron-Bridge scripts/performance configs: grad_reduce_in_fp32 = False; its fp8 presets:
 # fp8_param_gather = True); Llama 3 reduced gradients in fp32 (Dubey et al., sec. 3.3.4).

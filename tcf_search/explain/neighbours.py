@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from costmodel import Plan, estimate_batch, plans_to_arrays
-from search.planfile import plan_dict
-from search.specs import Specs
-from search.uncertainty import p_best_faster
+from search import p_best_faster
+from search.inputs import Specs, plan_dict
 from tcf_search.explain.planspec import SHORT, PlanSpecError, apply_change
 
 GIB = 2**30

@@ -1,4 +1,4 @@
-"""Plans written on the command line, parsed by :mod:`search.planspec` (re-exported here).
+"""Plans written on the command line, parsed by :mod:`search.inputs.planspec` (re-exported here).
 
 A change to one knob that breaks validity (``tp=8`` with ``dp`` unchanged alters the world
 size) is repaired by :func:`apply_change`, which says what it moved.
@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from costmodel import Plan, rules
-from search.planspec import (
+from search.inputs import (
     ALIASES,
     CHOICES,
     FALSE,
@@ -19,13 +19,13 @@ from search.planspec import (
     SHORT,
     TRUE,
     PlanSpecError,
+    Specs,
     check,
     format_plan,
     make_plan,
     parse_assignments,
     parse_plan,
 )
-from search.specs import Specs
 
 __all__ = ["ALIASES", "CHOICES", "FALSE", "PLAN_FIELDS", "REPAIRS", "SHORT", "TRUE",
            "PlanSpecError", "apply_change", "check", "format_plan", "make_plan",

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from search.output import interval_text
+from search import interval_text
 from tcf_search.explain.analysis import MEMORY_PARTS
 
 

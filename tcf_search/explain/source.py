@@ -10,11 +10,18 @@ from pathlib import Path
 
 from costmodel import Plan
 from costmodel.errors import TcfError
-from search.files import MIB, read_input
-from search.planfile import MAX_PLAN_FILE_BYTES, load_plan_file
-from search.specs import Specs, build_specs, plan_file_specs
-from search.study import Study, load_study
-from search.yamlinput import load_yaml
+from search.inputs import (
+    MAX_PLAN_FILE_BYTES,
+    MIB,
+    Specs,
+    Study,
+    build_specs,
+    load_plan_file,
+    load_study,
+    load_yaml,
+    plan_file_specs,
+    read_input,
+)
 from tcf_search.explain.planspec import PlanSpecError, check, parse_plan
 
 MAX_RESULT_BYTES = 1024 * MIB  # as report reads result.json
@@ -107,7 +114,7 @@ def ranking_note(folder: Path | None, doing: str = "explained") -> str | None:
     """Why the numbers ``doing`` (explained, compared) may differ from the folder's ranking:
     another cost model ranked it (``result.json``'s ``search.cost_model``) than the one judging
     it now."""
-    from search.rescore import cost_model_version
+    from search import cost_model_version
 
     if folder is None:
         return None

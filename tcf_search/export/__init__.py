@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from search.planfile import PlanFile
+from search.inputs import PlanFile
 
 from . import accelerate, deepspeed, megatron, nanotron, nemo, slurm, torchtitan
 from .options import ExportError, ExportOptions, ExportRefused

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from search.planfile import PlanFile
+from search.inputs import PlanFile
 
 from . import hf_model, rules
 from .literals import comment

@@ -13,8 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from search.planfile import PlanFile, PlanFileError, load_plan_file
-from search.yamlinput import YamlInputError, load_yaml, shown
+from search.inputs import PlanFile, PlanFileError, YamlInputError, load_plan_file, load_yaml, shown
 
 from . import FORMATS, render
 from .options import ExportError, ExportOptions, ExportRefused

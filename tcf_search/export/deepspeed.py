@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from search.planfile import PlanFile
+from search.inputs import PlanFile
 
 from . import hf_model, rules
 from .literals import json_text

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from search.planfile import PlanFile
+from search.inputs import PlanFile
 
 from . import rules
 from .literals import comment

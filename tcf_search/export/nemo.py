@@ -6,7 +6,7 @@ overrides. Key names follow Megatron-Bridge's ConfigContainer (``model.*`` is th
 from __future__ import annotations
 
 from costmodel.layer_style import MoeRouter
-from search.planfile import PlanFile
+from search.inputs import PlanFile
 
 from . import rules
 from .megatron import PAD_CAPACITY_FACTOR, split_args

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 
-from search.planfile import PlanFile
+from search.inputs import PlanFile
 
 from .literals import comment
 from .view import LaunchView

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
-from search.planfile import PlanFile
+from search.inputs import PlanFile
 
 from .options import ExportError, ExportOptions
 from .view import facts_of

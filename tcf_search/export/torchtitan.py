@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from costmodel.specs import ModelSpec
-from search.planfile import PlanFile
+from search.inputs import PlanFile
 
 from . import rules
 from .literals import comment, identifier_path, toml

@@ -18,7 +18,7 @@ from costmodel.recompute_modules import MEGATRON_DEFAULT
 from costmodel.rule_facts import framework_facts
 from costmodel.specs import ModelSpec, Training
 from hardware_catalog.frameworks import framework_settings
-from search.planfile import PlanFile
+from search.inputs import PlanFile
 
 from .options import ExportOptions, target_for
 

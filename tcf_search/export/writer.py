@@ -1,6 +1,6 @@
 """The one place exports touch the disk: checked paths, no silent overwrite, atomic writes.
 
-The output policy is :class:`search.files.Output`'s: an export replaces only files an earlier
+The output policy is :class:`search.inputs.files.Output`'s: an export replaces only files an earlier
 export wrote (so a rerun re-exports in place), anything else only with ``force``; devices,
 FIFOs, folders and symbolic links are never replaced.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from search.files import Output, OutputError, OutputExists
+from search.inputs import Output, OutputError, OutputExists
 
 from .options import ExportError
 

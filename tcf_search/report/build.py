@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from search.files import Output, OutputError
-from search.output import run_file
+from search import run_file
+from search.inputs import Output, OutputError
 from tcf_search.report.data import ReportError, load_result, with_baseline
 from tcf_search.report.markup import Html, fragment
 
@@ -45,11 +45,8 @@ def _explain_best(folder: Path, study: Path | None) -> tuple[Html | None, str | 
 def _baseline(folder: Path, study_path: Path | None, flag: str) -> dict[str, Any]:
     """``--baseline`` judged on the study (its space too) or, without one, on the specs the
     best plan's file records; set beside the best plan."""
-    from search.baseline import baseline_doc, baseline_of
-    from search.planfile import load_plan_file
-    from search.space import build_space
-    from search.specs import build_specs, plan_file_specs
-    from search.study import load_study
+    from search import baseline_doc, baseline_of, build_space
+    from search.inputs import build_specs, load_plan_file, load_study, plan_file_specs
 
     best_path = folder / "best_plan.yaml"
     best = load_plan_file(best_path) if best_path.is_file() else None
@@ -81,7 +78,7 @@ def _not_the_runs(path: Path) -> Path:
 def build_report(folder: Path, out_html: Path, png_dir: Path | None = None,
                  study: Path | None = None, *, force: bool = False,
                  baseline: str | None = None) -> ReportFiles:
-    """Write the report by the output policy of :class:`search.files.Output`: the HTML file
+    """Write the report by the output policy of :class:`search.inputs.files.Output`: the HTML file
     and the PNGs replace only files a report wrote (anything else needs ``force``), all
     checked before the first write."""
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from costmodel.errors import TcfError
-from search.files import MIB, InputError, read_input
+from search.inputs import MIB, InputError, read_input
 from tcf_search.report.schema import Baseline, Ranked, Result, TrialRow, one_line
 
 MAX_RESULT_BYTES = 1024 * MIB

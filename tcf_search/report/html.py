@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 
-from search.output import ranking_line
+from search import ranking_line
 from tcf_search.report.data import ResultData
 from tcf_search.report.markup import Html, html, join
 from tcf_search.report.schema import Figures

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, model_validator
 
-from search.sections import MAX_GPUS
+from search.inputs import MAX_GPUS
 
 FIGURE_LIMIT = 1e15  # GiB, seconds, tokens/s: far beyond any run, far below overflow when summed
 MAX_NAME_CHARS = 1000  # a name drawn in a figure (a rule, a sampler, a metric)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from search.files import write_atomic
+from search.inputs import write_atomic
 from tcf_search.validate.agreement import Row
 
 CSV_NAME = "validation.csv"
@@ -60,7 +60,7 @@ def study_storage(folder: Path) -> tuple[str, Any] | None:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    from search.rdb import in_memory, sqlite_file
+    from search import in_memory, sqlite_file
 
     if "://" in url:
         path = sqlite_file(url)

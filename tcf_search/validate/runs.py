@@ -22,8 +22,7 @@ from typing import Any
 
 from costmodel import estimate
 from costmodel.errors import TcfError
-from search.planfile import PlanFile, load_plan_file, plan_dict
-from search.specs import plan_file_specs
+from search.inputs import PlanFile, load_plan_file, plan_dict, plan_file_specs
 from tcf_search.validate.agreement import Row, make_row, rank_agreement
 from tcf_search.validate.config import (
     Device,

@@ -20,8 +20,8 @@ from costmodel.errors import TcfError
 from costmodel.layer_style import MoeRouter, RopeScaling
 from costmodel.plan_fields import PLAN_FIELDS
 from costmodel.specs import MemoryModel, ModelSpec, Plan, Training
-from search.files import MIB, InputError, read_input
-from search.yamlinput import YamlInputError, load_yaml, shown
+from search.inputs.files import MIB, InputError, read_input
+from search.inputs.yamlinput import YamlInputError, load_yaml, shown
 
 FORMAT_VERSION = 1
 

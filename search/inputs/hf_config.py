@@ -19,7 +19,7 @@ from costmodel.attention import MlaSpec
 from costmodel.errors import TcfError
 from costmodel.layer_style import MoeRouter, RopeScaling
 from costmodel.specs import ModelSpec, SpecError
-from search.files import MIB, InputError, read_input
+from search.inputs.files import MIB, InputError, read_input
 
 
 class HfConfigError(TcfError):

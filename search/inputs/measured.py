@@ -14,7 +14,7 @@ from costmodel.plan_fields import PLAN_FIELDS, PLAN_KEYS, PlanField
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
 from hardware_catalog import CatalogError, get_gpu
 from hardware_catalog.frameworks import resolve_framework, row_defaults
-from search.specs import cluster_spec, training_spec
+from search.inputs.specs import cluster_spec, training_spec
 
 __all__ = ["Case", "CaseError", "case_from_row", "presumed_split", "row_plan"]
 

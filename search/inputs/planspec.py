@@ -16,7 +16,7 @@ from costmodel import Plan, SpecError, check_plan
 from costmodel.errors import TcfError
 from costmodel.plan_fields import FIELDS, PLAN_FIELDS
 from costmodel.rules import Switches
-from search.specs import Specs
+from search.inputs.specs import Specs
 
 # The keys and values come from the table of plan fields (costmodel.plan_fields).
 ALIASES: dict[str, str] = {f.key: f.name for f in PLAN_FIELDS if f.key != f.name}

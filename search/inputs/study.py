@@ -1,8 +1,8 @@
 """The study file: what to train, on what, which knobs to search and what to maximise.
 
 A YAML document validated by a pydantic schema (unknown keys rejected). Every error becomes one
-:class:`StudyError` line ``field.path: rule (got value)``. Only ``search.yamlinput.load_yaml`` (safe
-tags, bounded aliases) reads it.
+:class:`StudyError` line ``field.path: rule (got value)``. Only
+``search.inputs.yamlinput.load_yaml`` (safe tags, bounded aliases) reads it.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Annotated, Any
 from pydantic import Field, PrivateAttr, Strict, ValidationError, model_validator
 
 from costmodel.errors import TcfError
-from search.files import MIB, InputError, read_input
-from search.sections import (
+from search.inputs.files import MIB, InputError, read_input
+from search.inputs.sections import (
     MAX_GPUS,
     MAX_LAYERS,
     Architecture,
@@ -29,7 +29,7 @@ from search.sections import (
     ValidationSection,
     _Section,
 )
-from search.yamlinput import YamlInputError, load_yaml, shown
+from search.inputs.yamlinput import YamlInputError, load_yaml, shown
 
 __all__ = ["MAX_GPUS", "MAX_LAYERS", "Architecture", "ClusterSection", "ExportSection",
            "ModelSection", "Moe", "ObjectiveSection", "SearchSection", "SearchSpaceSection",
@@ -51,7 +51,7 @@ class Study(_Section):
     search: SearchSection = Field(default_factory=SearchSection)
     export: ExportSection | None = None
     validation: ValidationSection | None = None
-    # the user's current recipe, in the plan syntax of ``explain --plan`` (search.planspec),
+    # the user's current recipe, in the plan syntax of ``explain --plan`` (search.inputs.planspec),
     # shown beside the recommendation (search.baseline); ``--baseline`` overrides it
     baseline: Annotated[str, Strict()] | None = None
     _base_dir: Path = PrivateAttr(default=Path("."))

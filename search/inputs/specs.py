@@ -1,5 +1,5 @@
 """User text as cost-model inputs, resolved once: a study (``build_specs``), a plan file
-(``plan_file_specs``) or a measured row (``search.measured``, through ``training_spec`` and
+(``plan_file_specs``) or a measured row (``search.inputs.measured``, through ``training_spec`` and
 ``cluster_spec``) becomes the model, the cluster (GPU, fabric) and the training setup with its
 framework profile. Commands receive these specs; they never rebuild them."""
 
@@ -20,10 +20,10 @@ from hardware_catalog.frameworks import (
     is_megatron_core,
     megatron_core_profiles,
 )
-from search.hf_config import HfConfigError, load_hf_config
-from search.planfile import PlanFile, PlanFileError
-from search.presets import get_preset
-from search.study import MAX_LAYERS, ClusterSection, Study, StudyError
+from search.inputs.hf_config import HfConfigError, load_hf_config
+from search.inputs.planfile import PlanFile, PlanFileError
+from search.inputs.presets import get_preset
+from search.inputs.study import MAX_LAYERS, ClusterSection, Study, StudyError
 
 
 def build_model(study: Study) -> ModelSpec:

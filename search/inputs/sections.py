@@ -1,7 +1,7 @@
 """The sections of a study file, as a pydantic schema: each field's type, range and rule.
 
 Unknown keys are rejected, inf and nan are never a count, and ``true`` is never a number; a
-broken rule raises ``ValueError``, which :func:`search.study.parse_study` turns into one
+broken rule raises ``ValueError``, which :func:`search.inputs.study.parse_study` turns into one
 ``field.path: rule (got value)`` line.
 """
 
@@ -25,8 +25,11 @@ from pydantic import (
 from costmodel.recompute_modules import MODELLED, module_set
 from hardware_catalog import load_fabrics
 from hardware_catalog.frameworks import EXPORT_FORMATS, frameworks
-from search.presets import preset_names
-from search.uncertainty import LEVELS
+from search.inputs.presets import preset_names
+
+# the quantile levels of the residual tables (search/uncertainty.py): 5%, 10%, ..., 95%; a
+# study's objective.risk lies within them
+LEVELS = tuple(round(0.05 * i, 2) for i in range(1, 20))
 
 
 class _Section(BaseModel):

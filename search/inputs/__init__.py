@@ -1,0 +1,61 @@
+"""What users hand the tool, read once and bounded: the study file (``study``, its ``sections``),
+model ``presets`` and Hugging Face configs (``hf_config``), plan files and plan strings
+(``planfile``, ``planspec``), measured-run rows (``measured``), all through one YAML loader
+(``yamlinput``) and one reading and writing policy (``files``); ``specs`` resolves them into
+cost-model inputs. Below the search: nothing here imports ``search``'s own modules.
+
+The names the commands use are this package's face (``__all__``); the modules stay importable
+for tests that reach inside one.
+"""
+
+from __future__ import annotations
+
+from search.inputs.files import (
+    MIB,
+    InputError,
+    Output,
+    OutputError,
+    OutputExists,
+    check_target,
+    open_atomic,
+    open_input,
+    path_component,
+    read_input,
+    write_atomic,
+)
+from search.inputs.measured import KNOBS, Case, CaseError, case_from_row, presumed_split
+from search.inputs.planfile import (
+    MAX_PLAN_FILE_BYTES,
+    PlanFile,
+    PlanFileError,
+    load_plan_file,
+    plan_dict,
+)
+from search.inputs.planspec import (
+    ALIASES,
+    CHOICES,
+    FALSE,
+    PLAN_FIELDS,
+    SHORT,
+    TRUE,
+    PlanSpecError,
+    check,
+    format_plan,
+    make_plan,
+    parse_assignments,
+    parse_plan,
+)
+from search.inputs.sections import LEVELS, MAX_GPUS
+from search.inputs.specs import Specs, build_specs, plan_file_specs
+from search.inputs.study import Study, StudyError, load_study
+from search.inputs.yamlinput import YamlInputError, load_yaml, shown
+
+__all__ = [
+    "ALIASES", "CHOICES", "FALSE", "KNOBS", "LEVELS", "MAX_GPUS", "MAX_PLAN_FILE_BYTES", "MIB",
+    "PLAN_FIELDS", "SHORT", "TRUE", "Case", "CaseError", "InputError", "Output", "OutputError",
+    "OutputExists", "PlanFile", "PlanFileError", "PlanSpecError", "Specs", "Study", "StudyError",
+    "YamlInputError", "build_specs", "case_from_row", "check", "check_target", "format_plan",
+    "load_plan_file", "load_study", "load_yaml", "make_plan", "open_atomic", "open_input",
+    "parse_assignments", "parse_plan", "path_component", "plan_dict", "plan_file_specs",
+    "presumed_split", "read_input", "shown", "write_atomic",
+]
