@@ -6,6 +6,7 @@ from ``sys.modules`` in a fresh interpreter)."""
 from __future__ import annotations
 
 import ast
+import importlib
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,104 @@ def test_importing_a_layer_loads_nothing_above_it(layer: str) -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "", f"importing {layer} loaded {out.stdout.strip()}"
+
+
+# ---- within the layers: the search's two rooms, their faces, and no circle -----------------
+
+INPUTS = "search.inputs"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for layer in LAYERS:
+        for path in (ROOT / layer).rglob("*.py"):
+            name = module_name(path)
+            out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _edges(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules a module imports anywhere in its source (inside functions and under
+    TYPE_CHECKING too): ``from P import m`` counts as importing ``P.m`` where that is a module,
+    and a package imported by its own submodule (initialised first anyway) does not count."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, *([node.module] if node.module else [])])
+            subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
+            targets = subs + ([base] if len(subs) < len(node.names) else [])
+        else:
+            continue
+        out |= {t for t in targets
+                if t in modules and t != name and not name.startswith(t + ".")}
+    return out
+
+
+def test_no_import_circle() -> None:
+    """No module reaches itself through the modules it imports (Tarjan's strongly connected
+    components of the import graph, every import in the source counted)."""
+    modules = _modules()
+    graph = {name: _edges(name, path, modules) for name, path in modules.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while (w := stack.pop()) != v:
+                part.append(w)
+            if part:
+                circles.append(sorted([v, *part]))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not circles, "import circles:\n" + "\n".join(", ".join(c) for c in circles)
+
+
+def test_the_inputs_sit_below_the_search() -> None:
+    """search.inputs (the readers of what users hand the tool) imports none of the search's own
+    modules; the search reads user input only through it."""
+    modules = _modules()
+    inward = [f"{name} imports {target}"
+              for name, path in modules.items() if name.startswith(INPUTS)
+              for target in _edges(name, path, modules)
+              if target.startswith("search") and not target.startswith(INPUTS)]
+    assert not inward, "\n".join(inward)
+
+
+def test_the_commands_import_the_search_by_its_faces() -> None:
+    """tcf_search imports ``search`` and ``search.inputs``, never one of their modules."""
+    deep = [f"{path.relative_to(ROOT)}:{line} imports {name}"
+            for path in sorted((ROOT / "tcf_search").rglob("*.py"))
+            for line, name in project_imports(path)
+            if name.split(".")[0] == "search" and name not in ("search", INPUTS)]
+    assert not deep, "deep imports of the search:\n" + "\n".join(deep)
+
+
+def test_the_search_face_lists_what_it_serves() -> None:
+    import search
+
+    homes = search._MODULE_OF  # type: ignore[attr-defined]
+    assert sorted(search.__all__) == sorted(homes)
+    for name, module in homes.items():
+        assert getattr(search, name) is getattr(importlib.import_module(f"search.{module}"), name)
+    import search.inputs as inputs
+
+    assert all(hasattr(inputs, name) for name in inputs.__all__)
