@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from costmodel_helpers import training_for
 
 from costmodel import ClusterSpec, GpuSpec, ModelSpec, Training
 
@@ -63,7 +64,7 @@ def cluster64(h100: GpuSpec) -> ClusterSpec:
 
 @pytest.fixture()
 def train8k() -> Training:
-    return Training(seq_len=8192, global_batch=512)
+    return training_for(seq_len=8192, global_batch=512)
 
 
 # Imported inside the fixtures below: the search and the CLI load only for the tests that ask.
