@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from costmodel_helpers import training_for
 
 from costmodel import ClusterSpec, GpuSpec, ModelSpec, Training
 
@@ -64,6 +63,8 @@ def cluster64(h100: GpuSpec) -> ClusterSpec:
 
 @pytest.fixture()
 def train8k() -> Training:
+    from costmodel_helpers import training_for  # the generic profile, as a study builds it
+
     return training_for(seq_len=8192, global_batch=512)
 
 
