@@ -13,6 +13,14 @@
 4. Faults (issue 19): tests/test_robust_policy_*.py — devices, FIFOs, symlinks and folders as
    outputs, a tmpfs disk-full run (where this machine can mount one), torn journal records,
    FIFOs and devices as inputs, reruns, hostile names, signals mid-write: cases held / skipped.
+5. Hostile shared files (issue 39), one module each (``benchmarks/robust_*.py``): generated
+   launcher files of every format with code in every text field, YAML alias bombs and oversized
+   work, hosts starting together on each storage and a database killed mid-run, copied hostile
+   result folders through ``report``.
+
+Every section returns its counts; the last lines add them up: inputs tried, faults injected,
+tracebacks, damage (code that ran, a file written outside its folder, a payload live in a page),
+trials lost and trials recorded twice.
 """
 
 from __future__ import annotations
@@ -28,6 +36,10 @@ import time
 from collections import Counter
 from pathlib import Path
 from types import ModuleType
+
+Counts = dict[str, int]
+KEYS = ("inputs", "faults", "tracebacks", "damage", "lost", "duplicates")
+SECTIONS = ("robust_exports", "robust_bounds", "robust_storage", "robust_report")
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -56,7 +68,7 @@ def interrupt_helpers() -> ModuleType:
     return module
 
 
-def fuzz(examples: int) -> None:
+def fuzz(examples: int) -> Counts:
     heading(f"Inputs fuzzed ({examples} fresh examples per property)")
     with tempfile.TemporaryDirectory() as tmp:
         counts = Path(tmp) / "counts.txt"
@@ -83,9 +95,12 @@ def fuzz(examples: int) -> None:
     if done.returncode != 0:
         failed = [ln for ln in done.stdout.splitlines() if ln.startswith("FAILED")]
         print("- FAILED properties:\n  " + "\n  ".join(failed or [done.stdout[-2000:]]))
+    failed_count = sum(1 for ln in done.stdout.splitlines() if ln.startswith("FAILED"))
+    return {"inputs": sum(kinds.values()),
+            "tracebacks": failed_count or int(done.returncode != 0)}
 
 
-def kills(count: int) -> None:
+def kills(count: int) -> Counts:
     heading(f"SIGKILL at random points of the study's progress, {count} times, resumed each time")
     h = interrupt_helpers()
     with tempfile.TemporaryDirectory() as tmp:
@@ -113,9 +128,11 @@ def kills(count: int) -> None:
           f"layouts judged twice: {len(units) - len(set(units))}; final complete: {len(final)}")
     print(f"- same trial sequence as an uninterrupted run: {same_sequence}; same best: "
           f"{best == reference.best.values[0]} ({best:,.1f} tok/s/GPU); {wall:.0f} s")
+    return {"faults": count, "lost": lost, "duplicates": len(numbers) - len(set(numbers))
+            + len(units) - len(set(units))}
 
 
-def worker_kills(rounds: int, workers: int = 4, target: int = 200) -> None:
+def worker_kills(rounds: int, workers: int = 4, target: int = 200) -> Counts:
     import psutil
 
     heading(f"The controller of a {workers}-worker run SIGKILLed alone, {rounds} times")
@@ -151,9 +168,11 @@ def worker_kills(rounds: int, workers: int = 4, target: int = 200) -> None:
     print(f"- workers left running after their controller died: {orphans}")
     print(f"- trials lost: {lost}; layouts judged twice: {twice}; complete after resuming: "
           f"{len(final)} of {target}")
+    return {"faults": rounds, "lost": lost + target - len(final), "duplicates": twice,
+            "damage": orphans}
 
 
-def faults() -> None:
+def faults() -> Counts:
     heading("Faults: outputs, full disk, torn journal, hostile inputs and names, signals")
     t0 = time.perf_counter()
     cases = [str(p) for p in sorted((ROOT / "tests").glob("test_robust_policy_*.py"))]
@@ -167,6 +186,16 @@ def faults() -> None:
     for line in tail:
         if line.startswith("SKIPPED"):
             print(f"  - {line}")
+    held = sum(int(n) for n, word in
+               (part.split()[:2] for part in result.split(",") if part.strip()[:1].isdigit())
+               if word.startswith("passed"))
+    return {"faults": held, "tracebacks": int(done.returncode != 0)}
+
+
+def hostile(quick: bool) -> list[Counts]:
+    """The issue-39 sections, each in its own module beside this file."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    return [importlib.import_module(name).section(quick) for name in SECTIONS]
 
 
 def main() -> None:
@@ -174,10 +203,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer examples and kills")
     args = parser.parse_args()
     print("# Robustness figures")
-    fuzz(100 if args.quick else 400)
-    kills(10 if args.quick else 20)
-    worker_kills(2 if args.quick else 5)
-    faults()
+    counts = [fuzz(100 if args.quick else 400), kills(10 if args.quick else 20),
+              worker_kills(2 if args.quick else 5), faults(), *hostile(args.quick)]
+    heading("Totals")
+    total = {k: sum(c.get(k, 0) for c in counts) for k in KEYS}
+    print(f"- inputs {total['inputs']:,}, faults {total['faults']:,}, tracebacks "
+          f"{total['tracebacks']}, damage {total['damage']}, lost {total['lost']}, duplicates "
+          f"{total['duplicates']}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ Nothing here reads files, logs, or imports optuna, ortools, typer, yaml or panda
 
 from costmodel.errors import TcfError
 from costmodel.estimate import check_plan, estimate, estimate_batch
+from costmodel.plan_fields import PLAN_FIELDS, PlanField
 from costmodel.plans import PLAN_KEYS, plans_to_arrays
 from costmodel.result import (
     Collective,
@@ -26,8 +27,8 @@ from costmodel.specs import (
 from costmodel.terms import MemoryTerms, memory_terms, memory_terms_batch
 
 __all__ = [
-    "PLAN_KEYS", "ClusterSpec", "Collective", "ComputeEstimate", "Efficiency", "GpuSpec",
-    "MemoryEstimate", "MemoryModel", "MemoryTerms", "ModelSpec", "Plan", "SpecError",
-    "StageMemory", "StepEstimate", "TcfError", "Training", "check_plan", "estimate",
+    "PLAN_FIELDS", "PLAN_KEYS", "ClusterSpec", "Collective", "ComputeEstimate", "Efficiency",
+    "GpuSpec", "MemoryEstimate", "MemoryModel", "MemoryTerms", "ModelSpec", "Plan", "PlanField",
+    "SpecError", "StageMemory", "StepEstimate", "TcfError", "Training", "check_plan", "estimate",
     "estimate_batch", "memory_terms", "memory_terms_batch", "plans_to_arrays",
 ]

@@ -8,26 +8,24 @@ the same arithmetic.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel.recompute_modules import module_mask
-from costmodel.specs import RECOMPUTE_CODES, SCHEDULE_CODES, Plan
+from costmodel.plan_fields import PLAN_FIELDS, PLAN_KEYS
+from costmodel.specs import Plan
 
-PLAN_KEYS: tuple[str, ...] = (
-    "tp", "pp", "dp", "cp", "ep", "vpp", "zero_stage", "micro_batch", "recompute",
-    "recompute_layers", "sequence_parallel", "pp_schedule", "first_stage_layers",
-    "last_stage_layers", "expert_tp", "recompute_modules", "cpu_offload_layers",
-)
-_DEFAULTS: dict[str, int] = {"cp": 1, "ep": 1, "vpp": 1, "zero_stage": 0, "recompute": 0,
-                             "recompute_layers": 0, "sequence_parallel": 0, "pp_schedule": 0,
-                             "first_stage_layers": 0, "last_stage_layers": 0, "expert_tp": 0,
-                             "recompute_modules": 0, "cpu_offload_layers": 0}
+__all__ = ["PLAN_KEYS", "PlanArrays", "as_plan_arrays", "plans_to_arrays"]
+
+# the columns a caller must give; the rest default to their row's default (costmodel.plan_fields)
+REQUIRED: tuple[str, ...] = ("tp", "pp", "dp", "micro_batch")
 
 
 @dataclass(frozen=True, slots=True)
 class PlanArrays:
+    """One column per row of :data:`costmodel.plan_fields.PLAN_FIELDS`, in its order, each
+    holding the field's code (:meth:`~costmodel.plan_fields.PlanField.code`)."""
+
     tp: np.ndarray
     pp: np.ndarray
     dp: np.ndarray
@@ -53,13 +51,13 @@ class PlanArrays:
 
 def as_plan_arrays(columns: Mapping[str, object]) -> PlanArrays:
     """Columns (any array-likes, missing optional keys default) to :class:`PlanArrays`."""
-    missing = [k for k in ("tp", "pp", "dp", "micro_batch") if k not in columns]
+    missing = [k for k in REQUIRED if k not in columns]
     if missing:
         raise KeyError(f"plan columns missing: {', '.join(missing)}")
     n = int(np.asarray(columns["tp"]).reshape(-1).shape[0])
     out: dict[str, np.ndarray] = {}
-    for f in fields(PlanArrays):
-        raw = columns.get(f.name, _DEFAULTS.get(f.name, 0))
+    for f in PLAN_FIELDS:
+        raw = columns.get(f.name, f.code(f.default))
         arr = np.asarray(raw).astype(np.int64).reshape(-1)
         out[f.name] = np.broadcast_to(arr, (n,)) if arr.shape[0] == 1 else arr
     return PlanArrays(**out)
@@ -67,15 +65,9 @@ def as_plan_arrays(columns: Mapping[str, object]) -> PlanArrays:
 
 def plans_to_arrays(plans: Sequence[Plan]) -> dict[str, np.ndarray]:
     """Plans to the column dict that :func:`costmodel.estimate_batch` takes."""
-    cols: dict[str, list[int]] = {k: [] for k in PLAN_KEYS}
-    for p in plans:
-        for k in PLAN_KEYS:
-            v = getattr(p, k)
-            if k == "recompute":
-                v = RECOMPUTE_CODES[v]
-            elif k == "pp_schedule":
-                v = SCHEDULE_CODES[p.schedule]  # interleaved iff vpp > 1
-            elif k == "recompute_modules":
-                v = module_mask(v)
-            cols[k].append(int(v))
-    return {k: np.asarray(v, dtype=np.int64) for k, v in cols.items()}
+    cols: dict[str, np.ndarray] = {}
+    for f in PLAN_FIELDS:
+        # the schedule as it runs: interleaved iff vpp > 1 (Plan.schedule)
+        attr = "schedule" if f.name == "pp_schedule" else f.name
+        cols[f.name] = np.asarray([f.code(getattr(p, attr)) for p in plans], dtype=np.int64)
+    return cols

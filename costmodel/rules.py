@@ -22,7 +22,8 @@ from numpy.typing import ArrayLike
 
 from costmodel.graphs import graphs_allowed
 from costmodel.mapping import chunk_split_exists, expert_groups, launchable_chunks, rank_split
-from costmodel.recompute_modules import BITS, MLA_UP_PROJ, MOE_ACT, mask_modules, module_mask
+from costmodel.plan_fields import PLAN_FIELDS, PLAN_KEYS
+from costmodel.recompute_modules import BITS, MLA_UP_PROJ, MOE_ACT, mask_modules
 from costmodel.rule_facts import Facts, Switches, facts_of
 from costmodel.specs import (
     RECOMPUTE_CODES,
@@ -36,12 +37,9 @@ __all__ = ["RULES", "BY_NAME", "Facts", "Rule", "Switches", "facts_of", "plan_co
 # numpy columns (the search's layouts), or one plan's plain ints: the predicates read both
 Columns = Mapping[str, Any]
 
-# Plan columns the rules read. The first/last stage layers are 0 (an even split) until the
-# search's CP-SAT stage places them.
-PLAN_COLUMNS: tuple[str, ...] = (
-    "tp", "pp", "cp", "dp", "ep", "vpp", "micro_batch", "zero_stage", "sequence_parallel",
-    "recompute", "pp_schedule", "first_stage_layers", "last_stage_layers", "expert_tp",
-    "recompute_layers", "recompute_modules", "cpu_offload_layers")
+# Plan columns the rules read: every field of costmodel.plan_fields. The first/last stage
+# layers are 0 (an even split) until the search's CP-SAT stage places them.
+PLAN_COLUMNS: tuple[str, ...] = PLAN_KEYS
 INTERLEAVED, GPIPE = SCHEDULE_CODES["interleaved"], SCHEDULE_CODES["gpipe"]
 FULL, SELECTIVE = RECOMPUTE_CODES["full"], RECOMPUTE_CODES["selective"]
 
@@ -323,16 +321,12 @@ BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}
 def plan_columns(plan: Plan | Mapping[str, object]) -> dict[str, int]:
     """One plan (or its fields, before a ``Plan`` is built) as plain ints, encoded like the
     search's layout columns (numpy broadcasts them as 1-element columns)."""
-    raw = {k: getattr(plan, k) for k in PLAN_COLUMNS} if isinstance(plan, Plan) else {
-        k: plan.get(k, 0) if k in ("expert_tp", "recompute_modules", "cpu_offload_layers")
-        else plan[k]
-        for k in PLAN_COLUMNS}
-    raw["recompute"] = RECOMPUTE_CODES.get(str(raw["recompute"]), 0)
-    raw["pp_schedule"] = SCHEDULE_CODES.get(str(raw["pp_schedule"]), 0)
-    raw["sequence_parallel"] = int(bool(raw["sequence_parallel"]))
-    if not isinstance(modules := raw["recompute_modules"], numbers.Integral):
-        raw["recompute_modules"] = module_mask(modules)  # type: ignore[arg-type]
-    return {k: int(v) for k, v in raw.items()}  # type: ignore[call-overload,arg-type]
+    out: dict[str, int] = {}
+    for f in PLAN_FIELDS:  # a mapping: a field absent holds its default
+        v = getattr(plan, f.name) if isinstance(plan, Plan) else plan.get(f.name, f.default)
+        # a mapping's module set may come as its mask already
+        out[f.name] = int(v) if f.type is tuple and isinstance(v, numbers.Integral) else f.code(v)
+    return out
 
 
 def _holds(rule: Rule, cols: Columns, f: Facts) -> bool:

@@ -7,7 +7,6 @@ read like the papers they cite.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
@@ -25,20 +24,26 @@ from costmodel.layer_style import (
     style_errors,
 )
 from costmodel.memory_model import MemoryModel
+from costmodel.plan_fields import (
+    PP_SCHEDULES,
+    RECOMPUTE_MODES,
+    PipelineSchedule,
+    Recompute,
+    check_fields,
+    fields_doc,
+)
 from costmodel.recompute_modules import plan_modules
 
 FfnType = Literal["swiglu", "gelu"]
-Recompute = Literal["none", "selective", "full"]
 Precision = Literal["bf16", "fp16", "fp8"]
-PipelineSchedule = Literal["1f1b", "interleaved", "gpipe"]
 
-RECOMPUTE_CODES: dict[str, int] = {"none": 0, "selective": 1, "full": 2}
+RECOMPUTE_CODES: dict[str, int] = {name: i for i, name in enumerate(RECOMPUTE_MODES)}
 PRECISION_CODES: dict[str, int] = {"bf16": 0, "fp16": 1, "fp8": 2}
-SCHEDULE_CODES: dict[str, int] = {"1f1b": 0, "interleaved": 1, "gpipe": 2}
-SCHEDULE_NAMES: dict[int, PipelineSchedule] = {0: "1f1b", 1: "interleaved", 2: "gpipe"}
+SCHEDULE_CODES: dict[str, int] = {name: i for i, name in enumerate(PP_SCHEDULES)}
+SCHEDULE_NAMES: dict[int, PipelineSchedule] = dict(enumerate(PP_SCHEDULES))
 
 __all__ = ["ClusterSpec", "Efficiency", "FrameworkProfile", "GpuSpec", "MemoryModel", "ModelSpec",
-           "Plan", "SpecError", "Training"]
+           "PipelineSchedule", "Plan", "Recompute", "SpecError", "Training"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,17 +136,9 @@ class ModelSpec:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
     """One distributed-training layout. ``tp*pp*cp*dp`` is the world size; EP is carved out of
-    ``dp*cp`` for the expert layers (Megatron's convention).
-
-    ``first_stage_layers``/``last_stage_layers``: uneven pipeline placement (0 = even split).
-    ``recompute_layers``: with ``recompute='full'``, how many layers of each stage are fully
-    recomputed (0 = all of them); the rest keep all activations.
-    ``expert_tp``: the routed experts' tensor parallelism (Megatron-Core's
-    ``--expert-tensor-parallel-size``; its MoE parallel folding carves EP x expert TP out of a
-    stage's tp x cp x dp ranks). 0 = derived: tp, or 1 where EP does not divide dp x cp
-    (:func:`costmodel.mapping.expert_tp`). ``recompute_modules``: Megatron-Core's selective
-    modules for this plan (``()``: the training's; rule ``recompute_modules``).
-    ``cpu_offload_layers``: layers whose activations go to host memory (costmodel/offload.py).
+    ``dp*cp`` for the expert layers (Megatron's convention). Each field is a row of
+    :data:`costmodel.plan_fields.PLAN_FIELDS` (its meaning, its key in every format, its own
+    check); the fields below are the rows' names, types and defaults, in the rows' order.
     """
 
     tp: int = 1
@@ -164,22 +161,7 @@ class Plan:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute_modules", plan_modules(self.recompute_modules))
-        require_positive("plan", tp=self.tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=self.ep,
-                         vpp=self.vpp, micro_batch=self.micro_batch)
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise SpecError(f"plan.zero_stage must be 0, 1, 2 or 3, but got {self.zero_stage}")
-        if self.recompute not in RECOMPUTE_CODES:
-            raise SpecError(f"plan.recompute must be one of {sorted(RECOMPUTE_CODES)}, "
-                            f"but got {self.recompute!r}")
-        if self.pp_schedule not in SCHEDULE_CODES:
-            raise SpecError(f"plan.pp_schedule must be one of {sorted(SCHEDULE_CODES)}, "
-                            f"but got {self.pp_schedule!r}")
-        for name in ("recompute_layers", "first_stage_layers", "last_stage_layers", "expert_tp",
-                     "cpu_offload_layers"):
-            value = getattr(self, name)
-            if (not isinstance(value, numbers.Integral) or isinstance(value, bool)
-                    or not 0 <= int(value) < 2**53):
-                raise SpecError(f"plan.{name} must be an integer in [0, 2**53), got {value!r}")
+        check_fields(self)  # each field alone, by its row: degrees, choices, counts
         # cross-field rules that read nothing but the plan, from the one table (the rest:
         # check_plan)
         from costmodel.rules import check_own
@@ -197,6 +179,9 @@ class Plan:
 
         code = int(schedule_code(SCHEDULE_CODES[self.pp_schedule], self.vpp))
         return SCHEDULE_NAMES[code]
+
+
+Plan.__doc__ = f"{Plan.__doc__}\n    {fields_doc()}"  # help(Plan) shows each field's meaning
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

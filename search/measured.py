@@ -10,18 +10,16 @@ from dataclasses import dataclass, replace
 from costmodel.attention import MLA_FIELDS, MlaError, MlaSpec
 from costmodel.errors import TcfError
 from costmodel.mapping import counted_split
+from costmodel.plan_fields import PLAN_FIELDS, PLAN_KEYS, PlanField
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
 from hardware_catalog import CatalogError, get_gpu
 from hardware_catalog.frameworks import resolve_framework, row_defaults
 from search.specs import cluster_spec, training_spec
 
-__all__ = ["Case", "CaseError", "case_from_row", "presumed_split"]
+__all__ = ["Case", "CaseError", "case_from_row", "presumed_split", "row_plan"]
 
 KNOBS: tuple[str, ...] = ("micro_batch", "recompute", "zero_stage", "vpp", "sequence_parallel",
                           "first_stage_layers", "last_stage_layers")
-# Plan knobs a framework's recipes or a row's release set where its cells are silent
-# (hardware_catalog/frameworks.yaml row_defaults, release_switches); the rest are Training's.
-PLAN_DEFAULTS: tuple[str, ...] = ("zero_stage", "expert_tp")
 # The pipeline split: given when any of these cells is; the last two are Megatron-LM's
 # account_for_embedding/loss_in_pipeline_split (costmodel.mapping.counted_split).
 SPLIT_COLUMNS: tuple[str, ...] = ("first_stage_layers", "last_stage_layers",
@@ -147,6 +145,34 @@ def row_mla(row: Mapping[str, object]) -> MlaSpec | None:
         raise CaseError(str(e)) from None
 
 
+def _field(row: Mapping[str, object], f: PlanField, default: object) -> object:
+    """A plan field's cell as its type reads (a set of names joined by '+'), or ``default``."""
+    if f.type is int:
+        return _int(row, f.csv, default)  # type: ignore[arg-type]
+    if f.type is bool:
+        return _bool(row, f.csv, default)  # type: ignore[arg-type]
+    cell = _cell(row, f.csv)
+    if f.type is tuple:
+        return tuple(name.strip() for name in cell.split("+")) if cell else default
+    return cell or default
+
+
+def row_plan(row: Mapping[str, object], layers: int,
+             defaults: Mapping[str, object] | None = None) -> Plan:
+    """The plan a row's cells give, a cell per field of ``costmodel.plan_fields``; an empty cell
+    holds ``defaults`` (what the row's framework and release ran), else the field's default.
+    Sequence parallelism is on by default where tp > 1 and never at tp 1; the split is
+    :func:`row_split`'s."""
+    tp, pp = _int(row, "tp", 1), _int(row, "pp", 1)
+    first, last = row_split(row, layers, pp)
+    defaults = {"sequence_parallel": tp > 1, **(defaults or {})}
+    split = {"first_stage_layers": first, "last_stage_layers": last}
+    values = {f.name: split[f.name] if f.name in split else
+              _field(row, f, defaults.get(f.name, f.default)) for f in PLAN_FIELDS}
+    values["sequence_parallel"] = values["sequence_parallel"] and tp > 1
+    return Plan(**values)  # type: ignore[arg-type]
+
+
 def case_from_row(row: Mapping[str, object]) -> Case:
     mla = row_mla(row)
     heads = _int(row, "heads")
@@ -175,28 +201,16 @@ def case_from_row(row: Mapping[str, object]) -> Case:
     # what the framework's recipes, and the release the row names, ran where a cell is empty
     defaults = row_defaults(framework, precision, _cell(row, "source"),
                             _cell(row, "source_detail"))
-    knobs = {k: int(defaults.pop(k, 0)) for k in PLAN_DEFAULTS}  # type: ignore[call-overload]
+    # plan fields a framework's recipes or a row's release set (row_defaults, release_switches
+    # in frameworks.yaml); the rest are Training's
+    knobs = {k: defaults.pop(k) for k in PLAN_KEYS if k in defaults}
     training = training_spec(framework=framework, precision=precision,
                              seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
                              compile=_bool(row, "compile"), switches=defaults)
     given = {k for k in KNOBS if _cell(row, k)}
     if any(_cell(row, k) for k in SPLIT_COLUMNS):
         given |= {"first_stage_layers", "last_stage_layers"}
-    tp, pp = _int(row, "tp", 1), _int(row, "pp", 1)
-    first, last = row_split(row, model.layers, pp)
-    recompute = _cell(row, "recompute") or "none"
-    sp_default = tp > 1
-    plan = Plan(
-        tp=tp, pp=pp, dp=_int(row, "dp", 1), cp=_int(row, "cp", 1),
-        ep=_int(row, "ep", 1), vpp=_int(row, "vpp", 1),
-        # empty: the release's, else derived (costmodel.mapping.expert_tp)
-        expert_tp=_int(row, "expert_tp", knobs["expert_tp"]),
-        zero_stage=_int(row, "zero_stage", knobs["zero_stage"]),
-        micro_batch=_int(row, "micro_batch", 1),
-        recompute=recompute,  # type: ignore[arg-type]
-        sequence_parallel=_bool(row, "sequence_parallel", sp_default) and tp > 1,
-        first_stage_layers=first, last_stage_layers=last,
-    )
+    plan = row_plan(row, model.layers, knobs)
     return Case(model=model, cluster=cluster, plan=plan, training=training,
                 given=frozenset(given),
                 framework=framework)

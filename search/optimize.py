@@ -15,14 +15,14 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import optuna
 from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
-from costmodel import PLAN_KEYS
+from costmodel import PLAN_FIELDS
 from search.evaluate import Evaluator
 from search.planfile import plan_dict
 from search.storage import SearchError, StorageSpec, quiet, signals_deferred
@@ -250,6 +250,14 @@ def summary(study: optuna.Study) -> dict[str, Any]:
     return {s.name.lower(): states.count(s) for s in TrialState if states.count(s)}
 
 
+def plan_cells(plan: Mapping[str, Any]) -> dict[str, Any]:
+    """A plan's trials.csv cells (``plan_dict``'s values), one per field of
+    ``costmodel.plan_fields`` ('' where the trial holds none); a set of names joined by '+' as a
+    plan string writes it ('': the selective modules are the training's; search.planspec)."""
+    return {f.name: "+".join(plan.get(f.name, ())) if f.type is tuple else plan.get(f.name, "")
+            for f in PLAN_FIELDS}
+
+
 def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
     """One CSV row per trial: the plan's knobs, its predicted metrics, the trial state."""
     rows = []
@@ -257,9 +265,7 @@ def trial_rows(study: optuna.Study) -> list[dict[str, Any]]:
         plan = t.user_attrs.get("plan", {})
         row: dict[str, Any] = {"number": t.number, "state": t.state.name.lower()}
         row.update({f"value_{k}": v for k, v in enumerate(t.values or [])})
-        row.update({k: plan.get(k, "") for k in PLAN_KEYS})
-        # a plan's own selective modules joined by '+' ('': the training's; search.planspec)
-        row["recompute_modules"] = "+".join(plan.get("recompute_modules", ()))
+        row.update(plan_cells(plan))
         row.update(t.user_attrs.get("metrics", {}))
         row.update({f"constraint_{k}": v for k, v in t.constraints.items()})
         row.update(t.user_attrs.get("search", {}))

@@ -19,6 +19,7 @@ from costmodel.attention import MlaSpec
 from costmodel.errors import TcfError
 from costmodel.framework import GROUPS, SWITCH_GROUP, FrameworkProfile
 from costmodel.layer_style import MoeRouter, RopeScaling
+from costmodel.plan_fields import PLAN_FIELDS
 from costmodel.specs import WORKLOAD_FIELDS, MemoryModel, ModelSpec, Plan, Training
 from hardware_catalog.frameworks import framework_profile
 from search.files import MIB, InputError, read_input
@@ -61,13 +62,16 @@ class PlanFile:
 
 
 def plan_dict(plan: Plan) -> dict[str, Any]:
-    """A plan's fields; its own selective modules only where it names some (else the
-    training's), so a file without them reads as before."""
-    out = dataclasses.asdict(plan)
-    if not plan.recompute_modules:
-        del out["recompute_modules"]
-    else:
-        out["recompute_modules"] = list(plan.recompute_modules)
+    """A plan's fields (``costmodel.plan_fields``), a set of names as a list and only where the
+    plan names some (the selective modules: else the training's), so a file without them reads
+    as before."""
+    out: dict[str, Any] = {}
+    for f in PLAN_FIELDS:
+        value = getattr(plan, f.name)
+        if f.type is not tuple:
+            out[f.name] = value
+        elif value:
+            out[f.name] = list(value)
     return out
 
 

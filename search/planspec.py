@@ -1,37 +1,34 @@
 """Plans written as text: ``"tp=8,pp=4,vpp=2,dp=32,mbs=1,recompute=selective,zero=1"``.
 
-Keys are the fields of :class:`costmodel.Plan`, with the short names people type (``mbs``,
+Keys are the fields of :class:`costmodel.Plan`, or the short names people type (``mbs``,
 ``zero``, ``sp``, ``schedule``, ``modules``: Megatron-Core's selective modules joined by '+',
 ``modules=core_attn+mlp``; ``offload``: layers whose activations go to host memory, Megatron-Core's
-``--cpu-offloading-num-layers``). The one parser of this syntax: ``explain --plan``,
+``--cpu-offloading-num-layers``): each row's ``key`` in ``costmodel.plan_fields``, whose type
+says how its value is read. The one parser of this syntax: ``explain --plan``,
 ``compare --base``, a study's ``baseline:`` and ``--baseline`` all read plans through it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from costmodel import Plan, SpecError, check_plan
 from costmodel.errors import TcfError
+from costmodel.plan_fields import FIELDS, PLAN_FIELDS
 from costmodel.rules import Switches
 from search.specs import Specs
 
-ALIASES: dict[str, str] = {"mbs": "micro_batch", "zero": "zero_stage", "sp": "sequence_parallel",
-                           "schedule": "pp_schedule", "recompute_n": "recompute_layers",
-                           "etp": "expert_tp", "modules": "recompute_modules",
-                           "offload": "cpu_offload_layers"}
-PLAN_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Plan))
-CHOICES: dict[str, tuple[str, ...]] = {"recompute": ("none", "selective", "full"),
-                                       "pp_schedule": ("1f1b", "interleaved", "gpipe")}
+# The keys and values come from the table of plan fields (costmodel.plan_fields).
+ALIASES: dict[str, str] = {f.key: f.name for f in PLAN_FIELDS if f.key != f.name}
+CHOICES: dict[str, tuple[str, ...]] = {f.name: f.choices for f in PLAN_FIELDS if f.type is str}
 TRUE, FALSE = ("true", "yes", "on", "1", "y"), ("false", "no", "off", "0", "n")
-# The short form of a plan, in the order people read them.
-SHORT = (("tp", "tp"), ("pp", "pp"), ("vpp", "vpp"), ("dp", "dp"), ("cp", "cp"), ("ep", "ep"),
-         ("expert_tp", "etp"),
-         ("micro_batch", "mbs"), ("recompute", "recompute"), ("recompute_modules", "modules"),
-         ("recompute_layers", "recompute_n"), ("cpu_offload_layers", "offload"),
-         ("zero_stage", "zero"), ("sequence_parallel", "sp"), ("pp_schedule", "schedule"),
-         ("first_stage_layers", "first_stage_layers"), ("last_stage_layers", "last_stage_layers"))
+# The short form of a plan, in the order people read them (a field not named here comes last).
+READING_ORDER = ("tp", "pp", "vpp", "dp", "cp", "ep", "expert_tp", "micro_batch", "recompute",
+                 "recompute_modules", "recompute_layers", "cpu_offload_layers", "zero_stage",
+                 "sequence_parallel", "pp_schedule", "first_stage_layers", "last_stage_layers")
+SHORT: tuple[tuple[str, str], ...] = tuple(
+    (name, FIELDS[name].key)
+    for name in (*READING_ORDER, *(n for n in FIELDS if n not in READING_ORDER)))
 
 
 class PlanSpecError(TcfError):
@@ -39,17 +36,17 @@ class PlanSpecError(TcfError):
 
 
 def _value(key: str, raw: str) -> Any:
-    text = raw.strip().lower()
-    if key in CHOICES:
+    text, kind = raw.strip().lower(), FIELDS[key].type
+    if kind is str:
         if text not in CHOICES[key]:
             raise PlanSpecError(f"plan: {key} must be one of {', '.join(CHOICES[key])}, "
                                 f"but got {raw!r}")
         return text
-    if key == "sequence_parallel":
+    if kind is bool:
         if text not in TRUE + FALSE:
-            raise PlanSpecError(f"plan: sequence_parallel must be true or false, but got {raw!r}")
+            raise PlanSpecError(f"plan: {key} must be true or false, but got {raw!r}")
         return text in TRUE
-    if key == "recompute_modules":  # checked by Plan; "training": none of its own
+    if kind is tuple:  # checked by Plan; "training": none of its own
         return () if text == "training" else tuple(name.strip() for name in text.split("+"))
     try:
         return int(text)
@@ -68,8 +65,8 @@ def parse_assignments(text: str) -> dict[str, Any]:
         if not sep or not key or not raw.strip():
             raise PlanSpecError(f"plan: each item must be key=value, but got {item!r}")
         name = ALIASES.get(key, key)
-        if name not in PLAN_FIELDS:
-            valid = sorted({*PLAN_FIELDS, *ALIASES})
+        if name not in FIELDS:
+            valid = sorted({*FIELDS, *ALIASES})
             raise PlanSpecError(f"plan: unknown key {key!r} (valid: {', '.join(valid)})")
         if name in out:
             raise PlanSpecError(f"plan: {key} is given twice in {text!r}")
@@ -114,12 +111,10 @@ def check(plan: Plan, specs: Specs, switches: Switches | None = None) -> None:
 
 def format_plan(plan: Plan) -> str:
     """The short form, defaults left out except the degrees people always state."""
-    default = Plan()
-    always = {"tp", "pp", "dp", "micro_batch", "recompute", "zero_stage"}
     parts = []
     for name, short in SHORT:
-        v = getattr(plan, name)
-        if name in always or v != getattr(default, name):
+        v, f = getattr(plan, name), FIELDS[name]
+        if f.always_shown or v != f.default:
             shown = "+".join(v) if isinstance(v, tuple) else v
             parts.append(f"{short}={str(v).lower() if isinstance(v, bool) else shown}")
     return ",".join(parts)

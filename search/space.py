@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from costmodel import rules
+from costmodel.plan_fields import PLAN_FIELDS
 from costmodel.recompute_modules import mask_modules, module_mask
 from costmodel.rules import Facts, Switches
 from costmodel.specs import RECOMPUTE_CODES, SCHEDULE_NAMES, Plan
@@ -252,18 +253,11 @@ def decode(axis: str, code: int) -> Any:
 
 
 def plan_from_row(row: Mapping[str, int]) -> Plan:
-    """A Plan from encoded axis values plus the placement fields (0 when absent)."""
-    return Plan(
-        tp=row["tp"], pp=row["pp"], dp=row["dp"], cp=row["cp"], ep=row["ep"], vpp=row["vpp"],
-        zero_stage=row["zero_stage"], micro_batch=row["micro_batch"],
-        recompute=decode("recompute", row["recompute"]),
-        sequence_parallel=bool(row["sequence_parallel"]),
-        pp_schedule=SCHEDULE_NAMES[int(rules.schedule_code(row["pp_schedule"], row["vpp"]))],
-        first_stage_layers=row.get("first_stage_layers", 0),
-        last_stage_layers=row.get("last_stage_layers", 0), expert_tp=row.get("expert_tp", 0),
-        recompute_layers=row.get("recompute_layers", 0),
-        recompute_modules=mask_modules(row.get("recompute_modules", 0)),
-        cpu_offload_layers=row.get("cpu_offload_layers", 0))
+    """A Plan from a layout's encoded values (``costmodel.plan_fields`` codes; a placement field
+    absent holds its default), the schedule as it runs (interleaved iff vpp > 1)."""
+    codes = {f.name: row.get(f.name, f.code(f.default)) for f in PLAN_FIELDS}
+    codes["pp_schedule"] = int(rules.schedule_code(codes["pp_schedule"], codes["vpp"]))
+    return Plan(**{f.name: f.value(codes[f.name]) for f in PLAN_FIELDS})
 
 
 def plan_columns(plan: Plan) -> dict[str, int]:

@@ -9,6 +9,7 @@ import dataclasses
 import importlib
 import shlex
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -146,17 +147,25 @@ def nemo_model_config(files: dict[str, str]) -> Any:
 
 
 def titan_config(files: dict[str, str], folder: Path) -> Any:
-    """The exported module loaded by torchtitan's ConfigManager, as ``torchtitan.train`` does."""
+    """The exported module loaded by torchtitan's ConfigManager, as ``torchtitan.train`` does.
+
+    Each read gets a folder of its own under ``folder`` and writes no bytecode: the importer
+    takes a cached ``__pycache__/*.pyc`` as current when the source's size and its mtime in whole
+    seconds match, so two exports of one size written to one path within a second (tp=1 and tp=2
+    differ by one digit) would read back as the first."""
     pytest.importorskip("triton", reason="torchtitan's models import triton (extra: export-check)")
     manager = pytest.importorskip("torchtitan.config.manager",
                                   reason="torchtitan not installed (extra: export-check)")
-    (folder / "tcf_titan_config.py").write_text(files["tcf_titan_config.py"])
+    home = Path(tempfile.mkdtemp(prefix="titan-", dir=folder))
+    (home / "tcf_titan_config.py").write_text(files["tcf_titan_config.py"])
     sys.modules.pop("tcf_titan_config", None)
-    sys.path.insert(0, str(folder))
+    sys.path.insert(0, str(home))
+    no_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
     try:
         importlib.invalidate_caches()
         return manager.ConfigManager().parse_args(
             ["--module", "tcf_titan_config", "--config", "tcf_plan"])
     finally:
-        sys.path.remove(str(folder))
+        sys.dont_write_bytecode = no_bytecode
+        sys.path.remove(str(home))
         sys.modules.pop("tcf_titan_config", None)

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.machinery
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -45,6 +47,30 @@ def test_torchtitan_config_manager_accepts_every_export(plans: dict[str, PlanFil
     for _name, pf, files in exported(plans, "torchtitan"):
         if pf.training.precision != "fp8":  # test_torchtitan_accepts_fp8_exports
             check_titan(titan_config(files, tmp_path), pf)
+
+
+def test_two_exports_of_one_size_written_within_a_second_read_back_apart(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh clone read a tp=1 export back as tp=2 (issue 39): the exports were imported from
+    one path, and Python took the first one's cached bytecode for the second, whose size was the
+    same and whose mtime fell in the same second. Here the importer sees one mtime for both files,
+    as two writes within a second give, and writes bytecode, as it does without
+    PYTHONDONTWRITEBYTECODE."""
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    real = importlib.machinery.SourceFileLoader.path_stats
+
+    def same_second(self: Any, path: str) -> Any:
+        stats = real(self, path)
+        return {**stats, "mtime": 1.7e9} if path.endswith("tcf_titan_config.py") else stats
+
+    monkeypatch.setattr(importlib.machinery.SourceFileLoader, "path_stats", same_second)
+    pf = load_plan_file(PLANS / "pp8b.yaml")
+    other = dataclasses.replace(pf, plan=dataclasses.replace(pf.plan, tp=2, dp=4))
+    first, second = render("torchtitan", pf), render("torchtitan", other)
+    name = "tcf_titan_config.py"
+    assert len(first[name].encode()) == len(second[name].encode()) and first != second
+    for plan, files in ((pf, first), (other, second)):
+        check_titan(titan_config(files, tmp_path), plan)
 
 
 def _fp8_gpu() -> bool:

@@ -13,7 +13,7 @@ from costmodel_helpers import training_for
 from costmodel import ClusterSpec, Plan
 from costmodel.compute import _loss_s, layer_times
 from costmodel.kernels import gemm_time, kernels_of
-from costmodel.plans import as_plan_arrays, plans_to_arrays
+from costmodel.plans import PLAN_KEYS, as_plan_arrays, plans_to_arrays
 from hardware_catalog.frameworks import RELEASE_KEY, load_profiles, row_defaults
 from search.specs import training_spec
 from tcf_search.calibration.dataset import find_measured_csv
@@ -74,11 +74,10 @@ def test_dgxc_rows_run_their_release(detail: str, precision: str, grads: int,
 
 def test_release_switches_are_training_switches() -> None:
     """Every switch a release sets is a framework profile's switch (at a precision suffix or
-    without), or a plan knob a measured row takes where its cell is empty."""
+    without), or a plan field a measured row takes where its cell is empty."""
     from costmodel.framework import switch_names
-    from search.measured import PLAN_DEFAULTS
 
-    fields = set(switch_names()) | set(PLAN_DEFAULTS)
+    fields = set(switch_names()) | set(PLAN_KEYS)
     for source, releases in load_profiles()["release_switches"].items():
         for key, switches in releases.items():
             assert RELEASE_KEY.search(f"x@{key.split()[0]} {key.split()[1]}/f"), (source, key)

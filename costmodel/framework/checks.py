@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from costmodel.errors import SpecError
+from costmodel.plan_fields import PLAN_FIELDS, PP_SCHEDULES, RECOMPUTE_MODES
 
-ZERO_STAGES = (0, 1, 2, 3)
-RECOMPUTE_MODES = ("none", "selective", "full")
-PP_SCHEDULES = ("1f1b", "interleaved", "gpipe")
+# what the framework may run is a subset of what a plan may ask (costmodel/plan_fields.py)
+ZERO_STAGES = next(f.choices for f in PLAN_FIELDS if f.name == "zero_stage")
+
+__all__ = ["PP_SCHEDULES", "RECOMPUTE_MODES", "ZERO_STAGES", "as_subset", "check_choices"]
 
 
 def check_choices(**values_and_choices: tuple[object, tuple[object, ...]]) -> None:

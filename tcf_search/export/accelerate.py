@@ -16,8 +16,9 @@ import yaml
 from search.planfile import PlanFile
 
 from . import hf_model, rules
+from .literals import comment
 from .options import ExportOptions
-from .shell import Raw, command, comment_safe, script
+from .shell import Raw, command, script
 from .view import LaunchView, facts_of
 
 CONFIG = "accelerate.yaml"
@@ -60,7 +61,7 @@ def config(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, Any
 def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
     f = facts_of(pf, options, "accelerate")
     rules.check("accelerate", rules.ACCELERATE, f)
-    head = (f"# Accelerate config for study {comment_safe(pf.study)}, rank {pf.rank}; "
+    head = (f"# Accelerate config for study {comment(pf.study)}, rank {pf.rank}; "
             f"per-GPU micro-batch {f.micro_batch}, gradient accumulation {f.microbatches}.\n")
     note = hf_model.HEADER.format(family=hf_model.family(pf.model))
     text = head + note + yaml.safe_dump(config(pf, f, options), sort_keys=False)

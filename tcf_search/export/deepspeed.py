@@ -13,12 +13,12 @@ micro-batch and accumulation steps only and DeepSpeed derives its batch figure f
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from search.planfile import PlanFile
 
 from . import hf_model, rules
+from .literals import json_text
 from .options import ExportOptions
 from .shell import Raw, command, script, torchrun_head
 from .view import LaunchView, facts_of
@@ -61,7 +61,7 @@ def config(pf: PlanFile, f: LaunchView) -> dict[str, Any]:
 def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
     f = facts_of(pf, options, "deepspeed")
     rules.check("deepspeed", rules.DEEPSPEED, f)
-    text = json.dumps(config(pf, f), indent=2) + "\n"
+    text = json_text(config(pf, f))
     body = command([*torchrun_head(f, options.master_port), options.train_script],
                    [("--deepspeed", "--deepspeed_config", Raw(f'"$(dirname "$0")/{CONFIG}"')),
                     ("--model_config", Raw('"$(dirname "$0")"'))])

@@ -12,11 +12,12 @@ config.json files use (``rope_theta``, ``rope_scaling``), which transformers 4 a
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from costmodel.layer_style import MoeRouter
 from costmodel.specs import ModelSpec
+
+from .literals import json_text
 
 FILENAME = "config.json"
 
@@ -111,7 +112,7 @@ def config(m: ModelSpec, seq_len: int) -> dict[str, Any]:
 
 
 def render(m: ModelSpec, seq_len: int) -> str:
-    return json.dumps(config(m, seq_len), indent=2) + "\n"
+    return json_text(config(m, seq_len))
 
 
 HEADER = ("# The model is the searched one: {family} architecture in config.json beside this "

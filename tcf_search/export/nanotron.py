@@ -14,8 +14,9 @@ import yaml
 from search.planfile import PlanFile
 
 from . import rules
+from .literals import comment
 from .options import ExportOptions
-from .shell import Raw, command, comment_safe, script, torchrun_head
+from .shell import Raw, command, script, torchrun_head
 from .view import LaunchView, facts_of
 
 CONFIG = "nanotron.yaml"
@@ -84,7 +85,7 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
     f = facts_of(pf, options, "nanotron")
     version = f.version
     rules.check("nanotron", rules.NANOTRON, f)
-    head = (f"# nanotron {version} config for study {comment_safe(pf.study)}, rank {pf.rank}; "
+    head = (f"# nanotron {version} config for study {comment(pf.study)}, rank {pf.rank}; "
             "dummy data, no tokenizer: set data.dataset and tokenizer to train on real text.\n")
     text = head + yaml.safe_dump(sections(pf, f, options), sort_keys=False)
     body = command([*torchrun_head(f, options.master_port), options.nanotron_script],

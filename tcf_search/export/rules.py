@@ -265,7 +265,7 @@ TORCHTITAN: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + TITAN_LLAMA + (
         model_shape(f.model) in TITAN_FLAVORS_02.values() and f.model.rope_base == 500000.0
         and not f.model.tied_embeddings),
          "torchtitan 0.2 trains a registered Llama 3 flavour (8B, 70B, 405B) picked by name, but "
-         "the model ({model.name}) is none of them", "torchtitan/models/llama3/__init__.py"),
+         "the model ({model.name!r}) is none of them", "torchtitan/models/llama3/__init__.py"),
     Rule(lambda f: f.version != "0.2" or f.model.rope_scaling == LLAMA31_ROPE_SCALING,
          "torchtitan 0.2's Llama 3 flavours always scale RoPE as Llama 3.1 does "
          "(RoPEScalingArgs: factor 8, low_freq_factor 1, high_freq_factor 4, 8192), but the "

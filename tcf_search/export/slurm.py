@@ -17,7 +17,7 @@ from .view import facts_of
 
 SCRIPT = "slurm.sbatch"
 _PLAIN = re.compile(r"[A-Za-z0-9._,-]+")
-_TIME = re.compile(r"\d+(-\d+)?(:\d+){0,2}")
+_TIME = re.compile(r"[0-9]+(-[0-9]+)?(:[0-9]+){0,2}")  # ASCII digits: \d is any script's
 
 Renderer = Callable[[PlanFile, ExportOptions], dict[str, str]]
 

@@ -9,23 +9,21 @@ stages land exactly where the plan put them.
 
 from __future__ import annotations
 
-import json
-import re
 from typing import Any
 
 from costmodel.specs import ModelSpec
 from search.planfile import PlanFile
 
 from . import rules
+from .literals import comment, identifier_path, toml
+from .literals import python as py
 from .options import ExportError, ExportOptions
-from .shell import Raw, command, comment_safe, script, torchrun_head
+from .shell import Raw, command, script, torchrun_head
 from .view import LaunchView, facts_of, virtual_stage_ranges
 
 PY_MODULE = "tcf_titan_config"
 PY_FUNCTION = "tcf_plan"
 SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe"}
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 def model_parts(f: LaunchView, output_name: str) -> list[list[str]] | None:
@@ -68,46 +66,43 @@ def batch(f: LaunchView) -> dict[str, int]:
     return {"local_batch_size": local, "global_batch_size": f.global_batch, "seq_len": f.seq_len}
 
 
-def _py(value: Any) -> str:
-    return repr(value)
-
-
-def _rope_scaling(m: ModelSpec) -> str:
-    """Llama 3.1's RoPE scaling as ComplexRoPE's fields (torchtitan/models/common/rope.py:
-    scaling "llama", scaling_factor, low/high_freq_factor, original_max_position_embeddings);
-    the rules refuse YaRN here."""
-    s = m.rope_scaling
-    if s is None:
-        return ""
-    return (f', scaling="llama", scaling_factor={s.factor!r}, low_freq_factor='
-            f"{s.low_freq_factor!r}, high_freq_factor={s.high_freq_factor!r}, "
-            f"original_max_position_embeddings={s.original_max_position_embeddings}")
+def _rope(m: ModelSpec, seq_len: int) -> str:
+    """ComplexRoPE's config, with Llama 3.1's RoPE scaling as its fields
+    (torchtitan/models/common/rope.py: scaling "llama", scaling_factor, low/high_freq_factor,
+    original_max_position_embeddings); the rules refuse YaRN here."""
+    fields = f"dim={py(m.d_head)}, max_seq_len={py(seq_len)}, theta={py(m.rope_base)}"
+    if (s := m.rope_scaling) is not None:
+        fields += (f', scaling="llama", scaling_factor={py(s.factor)}, '
+                   f"low_freq_factor={py(s.low_freq_factor)}, "
+                   f"high_freq_factor={py(s.high_freq_factor)}, "
+                   f"original_max_position_embeddings={py(s.original_max_position_embeddings)}")
+    return f"ComplexRoPE.Config({fields})"
 
 
 def _model_lines(pf: PlanFile, f: LaunchView) -> list[str]:
     """The searched model in torchtitan's own Llama 3 parts, as its flavour functions build
     them (torchtitan/models/llama3/__init__.py: ``Llama3Model.Config`` with the layers of
-    ``_build_llama3_layers``); the FP8 converter is applied as ``model_registry`` does."""
+    ``_build_llama3_layers``); the FP8 converter is applied as ``model_registry`` does. The
+    docstring naming the model is a ``repr`` literal: the name is data."""
     m = pf.model
-    rope = (f"ComplexRoPE.Config(dim={m.d_head}, max_seq_len={f.seq_len}, theta={m.rope_base!r}"
-            f"{_rope_scaling(m)})")
+    doc = (f"{m.name}: {m.layers} layers, hidden {m.hidden}, {m.heads} heads ({m.kv_heads} KV), "
+           f"vocab {m.vocab}.")
     lines = [
         "def tcf_model():",
-        f'    """{comment_safe(m.name)}: {m.layers} layers, hidden {m.hidden}, '
-        f'{m.heads} heads ({m.kv_heads} KV), vocab {m.vocab}."""',
-        f"    dim, vocab = {m.hidden}, {m.vocab}",
+        f"    {py(doc)}",
+        f"    dim, vocab = {py(m.hidden)}, {py(m.vocab)}",
         "    model = Llama3Model.Config(",
-        f"        dim=dim, vocab_size=vocab, enable_weight_tying={m.tied_embeddings},",
+        f"        dim=dim, vocab_size=vocab, enable_weight_tying={py(m.tied_embeddings)},",
         "        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim,",
         "                                        param_init=_EMBEDDING_INIT),",
         "        norm=RMSNorm.Config(normalized_shape=dim, param_init=_NORM_INIT),",
         "        lm_head=Linear.Config(in_features=dim, out_features=vocab,",
         "                              param_init=_output_linear_init(dim)),",
-        f"        layers=_build_llama3_layers(n_layers={m.layers}, dim=dim, n_heads={m.heads}, "
-        f"n_kv_heads={m.kv_heads},",
-        f"                                    hidden_dim={m.ffn_hidden}, fuse_qkv=True, "
+        f"        layers=_build_llama3_layers(n_layers={py(m.layers)}, dim=dim, "
+        f"n_heads={py(m.heads)}, n_kv_heads={py(m.kv_heads)},",
+        f"                                    hidden_dim={py(m.ffn_hidden)}, fuse_qkv=True, "
         'attn_backend="flex",',
-        f"                                    rope={rope}),",
+        f"                                    rope={_rope(m, f.seq_len)}),",
         "    )",
     ]
     if f.precision == "fp8":
@@ -118,15 +113,19 @@ def _model_lines(pf: PlanFile, f: LaunchView) -> list[str]:
 
 
 def render_python(pf: PlanFile, f: LaunchView, options: ExportOptions) -> str:
-    if not _MODULE.fullmatch(options.titan_module) or not _IDENT.fullmatch(options.titan_config):
+    """The module. Its first line is a constant comment and the study is named in the module
+    docstring, a ``repr`` literal (``literals``: no input text in a Python comment)."""
+    if (not identifier_path(options.titan_module) or not identifier_path(options.titan_config)
+            or "." in options.titan_config):
         raise ExportError(f"options.titan_module/titan_config must be a Python module path and "
                           f"identifier, but got {options.titan_module!r}, {options.titan_config!r}")
     base = f"torchtitan.models.{options.titan_module}"
     parts = "torchtitan.models.llama3"  # the model's parts; base only gives training settings
     ac = {"none": "None", "selective": "SelectiveAC.Config()", "full": "FullAC.Config()"}
     lines = [
-        f"# torchtitan {f.version} config for study {comment_safe(pf.study)}, rank {pf.rank}; "
-        "generated by `tcf-search export`.",
+        "# torchtitan config generated by `tcf-search export`; the study is named below.",
+        py(f"torchtitan {f.version} config for study {pf.study}, rank {pf.rank}."),
+        "",
         f"# Run: torchrun ... -m torchtitan.train --module {PY_MODULE} --config {PY_FUNCTION}",
         f"# Training settings come from {options.titan_config}; the model is the searched one "
         "(tcf_model below).",
@@ -146,26 +145,16 @@ def render_python(pf: PlanFile, f: LaunchView, options: ExportOptions) -> str:
         lines += ["from torchtitan.components.quantization import Float8LinearConverter"]
     lines += ["", "", *_model_lines(pf, f), f"def {PY_FUNCTION}():", "    config = base_config()",
               "    config.model_spec = tcf_model()",
-              f"    config.loss.loss_fn.global_vocab_size = {pf.model.vocab}"]
-    lines += [f"    config.training.{k} = {_py(v)}" for k, v in batch(f).items()]
-    lines += [f"    config.training.steps = {options.train_iters}"]
+              f"    config.loss.loss_fn.global_vocab_size = {py(pf.model.vocab)}"]
+    lines += [f"    config.training.{k} = {py(v)}" for k, v in batch(f).items()]
+    lines += [f"    config.training.steps = {py(options.train_iters)}"]
     if f.pp > 1:  # torchtitan: "CUDA graphs do not support pipeline parallelism yet"
         lines += ["    config.training.disable_cuda_graphs = True"]
     lines += ["    config.parallelism = ParallelismConfig("]
-    lines += [f"        {k}={_py(v)}," for k, v in parallelism(f, "0.3").items()]
+    lines += [f"        {k}={py(v)}," for k, v in parallelism(f, "0.3").items()]
     lines += ["    )", f"    config.activation_checkpoint = {ac[f.recompute]}"]
     lines += ["    return config", ""]
     return "\n".join(lines)
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return str(value)
 
 
 def flavor_02(pf: PlanFile) -> str:
@@ -186,10 +175,10 @@ def render_toml(pf: PlanFile, f: LaunchView, options: ExportOptions) -> str:
         "activation_checkpoint": {"mode": mode, **({"selective_ac_option": "op"}
                                                    if mode == "selective" else {})},
     }
-    out = [f"# torchtitan 0.2 job config; study {_toml(pf.study)}, generated by tcf-search"]
+    out = [f"# torchtitan 0.2 job config; study {comment(pf.study)}, generated by tcf-search"]
     for name, table in sections.items():
         out.append(f"\n[{name}]")
-        out += [f"{k} = {_toml(v)}" for k, v in table.items() if v is not None]
+        out += [f"{k} = {toml(v, f'{name}.{k}')}" for k, v in table.items() if v is not None]
     return "\n".join(out) + "\n"
 
 
