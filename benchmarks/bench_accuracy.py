@@ -22,8 +22,12 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tcf_search.calibration.accuracy import report  # noqa: E402
-from tcf_search.calibration.dataset import find_measured_csv, load_groups, predict_groups  # noqa: E402
-from tcf_search.calibration.fit import split_mask  # noqa: E402
+from tcf_search.calibration.dataset import (  # noqa: E402
+    find_measured_csv,
+    load_groups,
+    predict_groups,
+    split_mask,  # noqa: E402
+)
 from tcf_search.calibration.predict import predict_csv  # noqa: E402
 from tcf_search.calibration.ranking import ranking_table, two_fold_check  # noqa: E402
 from tcf_search.calibration.uncertainty import (  # noqa: E402

@@ -13,19 +13,26 @@ Writing (:class:`Output`, :func:`write_atomic`):
   private 0600;
 * an ``OSError`` (a full disk, a read-only folder) is one :class:`OutputError` naming the path.
 
-Reading (:func:`read_input`): regular files only (a FIFO is never opened, a device never read),
-and at most a stated number of bytes.
+A file written piece by piece (``predict``'s rows, chunk by chunk) goes through
+:func:`open_atomic`, under the same rules: the target appears whole when the block ends, or not
+at all.
+
+Reading (:func:`read_input`, or :func:`open_input` to read a file piece by piece): regular files
+only (a FIFO is never opened, a device never read), and at most a stated number of bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
+from typing import IO, Any
 
 from costmodel.errors import TcfError
 
@@ -92,25 +99,54 @@ def write_atomic(path: Path, data: str | bytes, *, mode: int | None = None) -> P
     that is not a regular file; an OSError becomes one :class:`OutputError` naming the path."""
     check_target(path)
     raw = _encode(data, path)
+    with open_atomic(path, mode=mode) as f:
+        f.write(raw)
+    return path
+
+
+class AtomicFile:
+    """The temporary file :func:`open_atomic` writes; a failed write is an :class:`OutputError`
+    naming the target."""
+
+    def __init__(self, file: IO[bytes], path: Path) -> None:
+        self._file, self.path = file, path
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._file.write(data)
+        except OSError as exc:
+            raise OutputError(f"cannot write {self.path}: {exc.strerror or exc}") from None
+
+
+@contextmanager
+def open_atomic(path: Path, *, mode: int | None = None) -> Iterator[AtomicFile]:
+    """A file to write ``path`` piece by piece: its bytes go to a temporary file beside it, which
+    replaces ``path`` (flushed to disk, with the umask's mode) when the block ends; on any
+    exception, a signal's included, the temporary file is removed and ``path`` left as it was."""
+    check_target(path)
     tmp: str | None = None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        except OSError as exc:
+            raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
         with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _umask_mode(0o666 if mode is None else mode))
-        os.replace(tmp, path)
-    except OSError as exc:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+            yield AtomicFile(f, path)
+            try:
+                f.flush()
+                os.fsync(f.fileno())
+            except OSError as exc:
+                raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
+        try:
+            os.chmod(tmp, _umask_mode(0o666 if mode is None else mode))
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise OutputError(f"cannot write {path}: {exc.strerror or exc}") from None
     except BaseException:
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         raise
-    return path
 
 
 def _encode(data: str | bytes, path: Path) -> bytes:
@@ -182,14 +218,20 @@ class Output:
             return True
         if self.adopt:
             return True
+        return self.recorded_owner(path) == self.owner
+
+    def recorded_owner(self, path: Path) -> str | None:
+        """The command the manifest records as the writer of ``path`` while the file still
+        holds what it wrote; None for any other file (or none at all)."""
         entry = self._entries().get(self._rel(path))
-        if not entry or entry.get("owner") != self.owner:
-            return False
-        hashes = entry.get("sha256")
+        if not entry or not path.is_file() or path.is_symlink():
+            return None
+        owner, hashes = entry.get("owner"), entry.get("sha256")
         try:
-            return isinstance(hashes, list) and _digest(path.read_bytes()) in hashes
+            ours = isinstance(hashes, list) and _digest(path.read_bytes()) in hashes
         except OSError:
-            return False
+            return None
+        return owner if ours and isinstance(owner, str) else None
 
     def check(self, paths: list[Path]) -> None:
         """Refuse, before anything is written, targets that are not regular files and files
@@ -254,8 +296,43 @@ def path_component(name: str, what: str) -> str:
 
 
 def read_input(path: Path, what: str, limit_bytes: int) -> bytes:
-    """The bytes of a regular file of at most ``limit_bytes``. A FIFO is refused before it is
-    opened (and opened non-blocking, so one swapped in meanwhile cannot hang the read)."""
+    """The bytes of a regular file of at most ``limit_bytes`` (see :func:`open_input`)."""
+    with open_input(path, what, limit_bytes) as f:
+        return f.read()
+
+
+class _Bounded(io.RawIOBase):
+    """A file read through to at most ``limit`` bytes: one more is an :class:`InputError`."""
+
+    def __init__(self, file: io.FileIO, path: Path, what: str, limit: int) -> None:
+        super().__init__()
+        self._file, self._path, self._what = file, path, what
+        self._limit = self._left = limit
+
+    def readable(self) -> bool:
+        return True
+
+    def tell(self) -> int:  # bytes read so far (the file is read, never sought)
+        return self._limit - self._left
+
+    def readinto(self, buffer: Any) -> int:  # a writable buffer (typing's Buffer: 3.12)
+        try:
+            n = self._file.readinto(buffer)
+        except OSError as exc:
+            raise InputError(f"{self._what}: cannot read {self._path} "
+                             f"({exc.strerror or exc})") from None
+        self._left -= n
+        if self._left < 0:  # it grew since it was measured
+            raise InputError(f"{self._what}: {self._path} is over the limit of "
+                             f"{self._limit:,} bytes")
+        return int(n)
+
+
+@contextmanager
+def open_input(path: Path, what: str, limit_bytes: int) -> Iterator[IO[bytes]]:
+    """A regular file of at most ``limit_bytes``, to read piece by piece. A FIFO is refused
+    before it is opened (and opened non-blocking, so one swapped in meanwhile cannot hang the
+    read); reading past ``limit_bytes`` (a file that grows) is an :class:`InputError`."""
     try:
         st = os.stat(path)
     except OSError as exc:
@@ -268,12 +345,10 @@ def read_input(path: Path, what: str, limit_bytes: int) -> bytes:
                          f"{limit_bytes:,}")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-        with os.fdopen(fd, "rb") as f:
-            if _kind(os.fstat(f.fileno()).st_mode) is not None:
-                raise InputError(f"{what}: {path} is not a regular file")
-            data = f.read(limit_bytes + 1)
+        raw = io.FileIO(fd, "rb")
     except OSError as exc:
         raise InputError(f"{what}: cannot read {path} ({exc.strerror or exc})") from None
-    if len(data) > limit_bytes:
-        raise InputError(f"{what}: {path} is over the limit of {limit_bytes:,} bytes")
-    return data
+    with raw, io.BufferedReader(_Bounded(raw, path, what, limit_bytes)) as f:
+        if _kind(os.fstat(raw.fileno()).st_mode) is not None:
+            raise InputError(f"{what}: {path} is not a regular file")
+        yield f

@@ -19,14 +19,16 @@ from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import optuna
-from optuna.storages import RDBStorage
 from optuna.trial import TrialState
 
 from costmodel import PLAN_FIELDS
+from costmodel.errors import TcfError
 from search.evaluate import Evaluator
 from search.planfile import plan_dict
+from search.rdb import StorageFailed
 from search.storage import SearchError, StorageSpec, quiet, signals_deferred
 
+SETTLE_S = 10.0  # how long a host waits for the trials other hosts have under way
 MAX_FAILURES = 20  # trials failing in a row (a bug, not bad luck) before a worker gives up
 RESCORED_FROM = "rescored_from"  # a re-scored trial's attribute: its trial in the old study
 
@@ -136,14 +138,12 @@ def run_trials(ev: Evaluator, study: optuna.Study, quota: int, *, sampler: str, 
         reseed(study.sampler, trial_seed(seed, completed(study), worker))
         with quiet():
             trial = study.ask()
-        if isinstance(study._storage, RDBStorage):
-            # ask/tell runs no heartbeat thread; one beat lets other hosts fail this trial if
-            # this process dies (trials take milliseconds, far below the grace period).
-            study._storage.record_heartbeat(trial._trial_id)
         try:
             values = objective(ev, trial, study=study)
         except KeyboardInterrupt:
             study.tell(trial, state=TrialState.FAIL)
+            raise
+        except StorageFailed:  # the storage, not the trial: nothing more can be told
             raise
         except Exception as exc:  # never crash the study: record and go on
             trial.set_user_attr("error", f"{type(exc).__name__}: {exc}")
@@ -161,11 +161,13 @@ def run_trials(ev: Evaluator, study: optuna.Study, quota: int, *, sampler: str, 
 
 
 def enqueue_all(ev: Evaluator, study: optuna.Study) -> None:
-    """Brute force: one waiting trial per unit not yet judged or waiting (a trial failed by a
-    killed run is enqueued again, unlike with ``skip_if_exists``)."""
+    """Brute force: one waiting trial per unit not yet judged, waiting or taken from the queue
+    (a trial failed by a killed run is enqueued again, unlike with ``skip_if_exists``). Hosts
+    that share a database run this one at a time (``StorageSpec.exclusive``)."""
     held = seen_units(study)
+    # a queued trial another host has just taken is RUNNING before it claims its unit
     waiting = [t.system_attrs.get("fixed_params", {}) for t in study.get_trials(
-        deepcopy=False, states=(TrialState.WAITING,))]
+        deepcopy=False, states=(TrialState.WAITING, TrialState.RUNNING))]
     held |= {ev.nearest(p)[0] for p in waiting if set(p) == set(ev.choices)}
     for unit in range(ev.units):
         if unit not in held:
@@ -173,7 +175,7 @@ def enqueue_all(ev: Evaluator, study: optuna.Study) -> None:
 
 
 def _worker(ev: Evaluator, spec: StorageSpec, name: str, quota: int, sampler: str, seed: int,
-            worker: int, target: int) -> None:
+            worker: int, target: int, errors: Any) -> None:
     if sys.platform.startswith("linux"):
         # Die with the command (even a SIGKILLed one): a worker left running would go on
         # writing trials that the resumed command has failed as stale.
@@ -183,11 +185,14 @@ def _worker(ev: Evaluator, spec: StorageSpec, name: str, quota: int, sampler: st
     signal.signal(signal.SIGINT, _stop_after_trial)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the deferring handler forked with it
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.load_study(study_name=name, storage=spec.open())
     try:
+        study = optuna.load_study(study_name=name, storage=spec.open())
         run_trials(ev, study, quota, sampler=sampler, seed=seed, worker=worker, target=target)
     except KeyboardInterrupt:
         pass
+    except TcfError as exc:  # one line, said by the command (not a worker's traceback)
+        errors.put((isinstance(exc, StorageFailed), str(exc)))
+        sys.exit(1)
 
 
 def quotas(remaining: int, workers: int) -> list[int]:
@@ -209,8 +214,9 @@ def run_workers(ev: Evaluator, study: optuna.Study, spec: StorageSpec, target: i
     # fork: the workers inherit the evaluator (feasible set, CP-SAT cache) without pickling.
     ctx = mp.get_context("fork")
     start = completed(study)
+    errors = ctx.SimpleQueue()
     procs = [ctx.Process(target=_worker, daemon=False,
-                         args=(ev, spec, study.study_name, q, sampler, seed, w, target))
+                         args=(ev, spec, study.study_name, q, sampler, seed, w, target, errors))
              for w, q in enumerate(shares)]
     try:
         # A Ctrl-C while forking would land in the at-fork hooks (logging's lock release) and
@@ -232,8 +238,28 @@ def run_workers(ev: Evaluator, study: optuna.Study, spec: StorageSpec, target: i
     finally:
         for p in procs:
             p.join()
+    if not errors.empty():
+        lost, message = errors.get()
+        raise StorageFailed(message, "") if lost else SearchError(message)
     if progress is not None:
         progress(completed(study) - start, remaining)
+
+
+def run_to_target(ev: Evaluator, study: optuna.Study, spec: StorageSpec, target: int, *,
+                  workers: int, sampler: str, seed: int, progress: Progress | None = None,
+                  settle_s: float = SETTLE_S, poll_s: float = 0.2) -> None:
+    """:func:`run_workers`, then, on a shared database, wait up to ``settle_s`` for the trials
+    other hosts have under way (milliseconds each), running more if some of theirs fail: hosts
+    that start together each end with the whole study. Past that, the study may end short
+    (a dead host's trial counts as running until its heartbeat is old): the caller says so."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        run_workers(ev, study, spec, target, workers=workers, sampler=sampler, seed=seed,
+                    progress=progress)
+        while started(study) >= target > completed(study) and time.monotonic() < deadline:
+            time.sleep(poll_s)
+        if started(study) >= target or time.monotonic() >= deadline:
+            return
 
 
 def best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

@@ -12,7 +12,7 @@ import csv
 import io
 import json
 from collections.abc import Iterable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from rich.console import Console
@@ -23,6 +23,7 @@ from search.files import Output
 from search.planfile import PlanFile, dump_plan_file
 from search.result import RankedPlan, StudyResult
 from search.specs import Specs
+from search.storage import STORAGE_FILE
 
 
 def trials_csv(rows: Iterable[dict[str, Any]]) -> str:
@@ -44,6 +45,23 @@ def plan_file(result: StudyResult, specs: Specs, ranked: RankedPlan) -> str:
         training=specs.training, plan=ranked.plan,
         rank=ranked.rank, predicted={**ranked.predicted, "source": ranked.source},
         framework=specs.framework))
+
+
+# The files a run keeps in its result folder beside its storage (search.storage.STORAGE_FILE, its
+# lock and torn tail): no other command replaces one, --force or not.
+RUN_FILES = ("result.json", "trials.csv", "best_plan.yaml", "top/rank-*.yaml")
+
+
+def run_file(path: Path) -> bool:
+    """Whether ``path`` is one of a run's files: :data:`RUN_FILES`, a journal (``*.journal``
+    and the files named after it), or a file its folder's manifest records as the run's."""
+    name = path.name
+    if any(PurePosixPath(path.parent.name, name).match(pattern) if "/" in pattern
+           else name == pattern for pattern in RUN_FILES):
+        return True
+    if name.endswith(".journal") or name.startswith(STORAGE_FILE):
+        return True
+    return Output(path.parent, "run").recorded_owner(path) == "run"
 
 
 def write_outputs(result: StudyResult, specs: Specs, trial_rows: list[dict[str, Any]],

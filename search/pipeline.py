@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from search.output import write_outputs
 from search.planfile import plan_dict
 from search.presets import APPROXIMATIONS
 from search.prune import memory_stage
+from search.rdb import GRACE_S
 from search.rescore import current_study, scoring
 from search.result import RankedPlan, StudyResult
 from search.space import Layouts, SearchSpace, build_space, enumerate_layouts
@@ -52,6 +54,7 @@ def run_study(study: Study, options: RunOptions, *, export: ExportHook | None = 
               progress: Progress | None = None) -> StudyResult:
     started = time.perf_counter()
     output_folder(options.out_dir)
+    storage_spec(study, options)  # a storage the study may not use fails before the search
     specs = build_specs(study)  # validate: the study's numbers as cost-model inputs
     space = build_space(study, specs)
     base = baseline_of(study, specs, options.baseline)  # bad input fails before the search
@@ -134,6 +137,14 @@ def priced_by(study: Study, specs: Specs) -> dict[str, Any]:
             "price_per_gpu_hour": study.cluster.price_per_gpu_hour}
 
 
+def storage_spec(study: Study, options: RunOptions) -> StorageSpec:
+    """``--storage`` is the user's own; a study file's (shared, run unread: ``nightly`` runs a
+    folder of them) stays inside the result folder."""
+    if options.storage:
+        return StorageSpec.parse(options.storage, options.out_dir)
+    return StorageSpec.confined(study.search.storage, options.out_dir)
+
+
 def optimize(ev: Evaluator, study: Study, space: SearchSpace, options: RunOptions,
              progress: Progress | None) -> tuple[optuna.Study | None, dict[str, Any]]:
     s = study.search
@@ -143,7 +154,7 @@ def optimize(ev: Evaluator, study: Study, space: SearchSpace, options: RunOption
                             "study_name": study.study_name, "trials_requested": target}
     if len(ev.feasible) == 0:
         return None, {**info, "trials_this_run": 0}
-    spec = StorageSpec.parse(options.storage or s.storage, options.out_dir)
+    spec = storage_spec(study, options)
     ostudy = open_study(spec, study.study_name, ev.directions,
                         *fingerprints(study, ev.specs, space))
     info["storage"] = spec.describe()
@@ -163,17 +174,33 @@ def optimize(ev: Evaluator, study: Study, space: SearchSpace, options: RunOption
         kind = "brute_force" if kind == "auto" else kind
     if kind == "brute_force":
         target = ev.units
-        opt.enqueue_all(ev, ostudy)
+        with spec.exclusive():  # hosts starting together enqueue each layout once
+            opt.enqueue_all(ev, ostudy)
     info.update(sampler=kind, trials_target=target, units=ev.units,
                 unit_axes=list(ev.choices))
     before = opt.completed(ostudy)
     report = (lambda done, total: progress("trials", done, total)) if progress else None
-    opt.run_workers(ev, ostudy, spec, target, workers=workers, sampler=kind, seed=s.seed,
-                    progress=report)
+    # a journal serves this command alone: no other host has trials under way
+    opt.run_to_target(ev, ostudy, spec, target, workers=workers, sampler=kind, seed=s.seed,
+                      progress=report, settle_s=0 if spec.journal else opt.SETTLE_S)
     unlock_journal(spec)
     info["trials_this_run"] = opt.completed(ostudy) - before
     info["trial_states"] = opt.summary(ostudy)
+    note_short(ostudy, target)
     return ostudy, info
+
+
+def note_short(ostudy: optuna.Study, target: int) -> None:
+    """Say so when the study ends short of its trials: other hosts' trials still running, or
+    a dead process's, which a database fails once its heartbeat is old (exit 0: the result is
+    the study so far, and hosts that share a study end at different times)."""
+    done = opt.completed(ostudy)
+    if done < target:
+        running = opt.started(ostudy) - done
+        print(f"note: search: the study holds {done} of {target} complete trials; {running} "
+              f"still running on other hosts, or left by a process that died (failed "
+              f"{GRACE_S} s after its last heartbeat, at once by a rerun on its own machine): "
+              f"rerun the same command to complete it", file=sys.stderr)
 
 
 def _ranked(evals: list[tuple[Evaluation, str]], directions: list[str], top_k: int

@@ -23,6 +23,7 @@ from costmodel.plan_fields import PLAN_FIELDS
 from costmodel.specs import WORKLOAD_FIELDS, MemoryModel, ModelSpec, Plan, Training
 from hardware_catalog.frameworks import framework_profile
 from search.files import MIB, InputError, read_input
+from search.yamlinput import YamlInputError, load_yaml, shown
 
 FORMAT_VERSION = 1
 
@@ -117,7 +118,7 @@ def _check_type(where: str, annotation: str, value: Any) -> None:
     if not ok:
         rule = {"int": "an integer below 2**53", "float": "a finite number below 2**53",
                 "bool": "true or false", "str": "text"}[kind]
-        raise PlanFileError(f"{where}: must be {rule} (got {str(value)[:40]!r})")
+        raise PlanFileError(f"{where}: must be {rule} (got {shown(value, 40)})")
 
 
 def _build_model(raw: Any) -> ModelSpec:
@@ -127,7 +128,7 @@ def _build_model(raw: Any) -> ModelSpec:
         for k in nested:
             if raw.get(k) is not None and not isinstance(raw[k], dict):
                 raise PlanFileError(f"model.{k}: must be a mapping of its fields or null (got "
-                                    f"{str(raw[k])[:40]!r})")
+                                    f"{shown(raw[k], 40)})")
         raw = {**raw, **{k: _build(cls, f"model.{k}", raw[k]) for k, cls in nested.items()
                          if isinstance(raw.get(k), dict)}}
     return _build(ModelSpec, "model", raw)  # type: ignore[no-any-return]
@@ -175,18 +176,15 @@ def _integer(raw: dict[str, Any], key: str, where: str, default: int | None = No
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 2**53:
         raise PlanFileError(f"{where}{key}: must be a positive integer below 2**53 (got "
-                            f"{str(value)[:40]!r})")
+                            f"{shown(value, 40)})")
     return value
 
 
 def parse_plan_file(text: str) -> PlanFile:
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise PlanFileError(f"plan file is not valid YAML: {str(e).splitlines()[0]}") from None
-    except (ValueError, RecursionError) as e:  # an integer of over 4,300 digits, deep nesting
-        raise PlanFileError(f"plan file is not valid YAML: {str(e).splitlines()[0][:120]}"
-                            ) from None
+        raw = load_yaml(text, "plan file")
+    except YamlInputError as e:
+        raise PlanFileError(str(e)) from None
     if not isinstance(raw, dict):
         raise PlanFileError("plan file: must be a YAML mapping")
     for key in ("study", "cluster", "model", "training", "plan"):

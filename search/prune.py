@@ -11,6 +11,9 @@ From it:
   ``--recompute-num-layers`` are set by hand today (model and objective: ``search.placement``).
 
 Layouts with identical subproblems (same shape, same ``need`` tables) share one solve.
+
+The tables hold layouts x (layers + 1) cells per stage, and building them takes ~50 bytes a cell
+at the peak: :data:`MAX_TABLE_CELLS` bounds them before anything is built.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from ortools.sat.python import cp_model
 
+from costmodel.errors import TcfError
 from costmodel.params import attention_params, dense_mlp_params, expert_params
 from costmodel.result import GIB
 from costmodel.rules import BY_NAME, schedule_code
@@ -38,6 +42,25 @@ from search.specs import Specs
 from search.stage_memory import StageTerms, stage_terms
 
 _EPS = 1e-9
+# 2**24 cells: ~1 GiB and ~15 s to build; the largest shipped study (llama3.1-405b-h100x4096)
+# needs 6.4 million, 4,096 layers on 2**20 GPUs 56 million (12 GB: a MemoryError before this)
+MAX_TABLE_CELLS = 2**24
+
+
+class WorkBudgetError(TcfError):
+    """A study asks for more work than the search is built to do; the message says what to
+    narrow."""
+
+
+def check_table_budget(layouts: int, layers: int) -> None:
+    """Refuse, before they are built, memory tables of over :data:`MAX_TABLE_CELLS` cells."""
+    cells = layouts * (layers + 1)
+    if cells > MAX_TABLE_CELLS:
+        raise WorkBudgetError(
+            f"search_space: {layouts:,} valid layouts x {layers + 1:,} layer counts (0 to "
+            f"{layers:,} layers a stage) = {cells:,} memory-table cells, over the budget of "
+            f"{MAX_TABLE_CELLS:,}; list fewer values in search_space (tp, pp, cp, ep, vpp, "
+            f"micro_batch, zero_stage, recompute) or use fewer GPUs or layers")
 
 
 def head_cost_units(specs: Specs) -> int:
@@ -261,6 +284,7 @@ def offload_layouts(space: SearchSpace, cols: dict[str, np.ndarray]) -> np.ndarr
 def memory_stage(specs: Specs, space: SearchSpace, cols: dict[str, np.ndarray],
                  headroom_gib: float | None = None) -> MemoryStage:
     """The memory screen; ``headroom_gib`` defaults to the study's (``specs.headroom_gib``)."""
+    check_table_budget(len(cols["pp"]), space.facts.layers)
     if headroom_gib is None:
         headroom_gib = specs.headroom_gib
     terms = stage_terms(specs, plan_arrays(cols))

@@ -1,8 +1,10 @@
 """Where a study's trials live, and how a run takes over a study already there.
 
 The default is an Optuna journal file in the output folder (one command at a time per file);
-an RDB URL (SQLite, PostgreSQL) lets many hosts share one study. A study remembers a fingerprint
-of the study definition it was made from, so that a folder is never resumed with another one.
+an RDB URL (SQLite, PostgreSQL; ``search.rdb``) lets many hosts share one study. ``--storage``
+names it anywhere; a study file's ``search.storage`` stays inside the result folder. A study
+remembers a fingerprint of the study definition it was made from, so that a folder is never
+resumed with another one.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import signal
 import stat
 import sys
 import threading
+import urllib.parse
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,12 +25,22 @@ from types import FrameType
 from typing import Any
 
 import optuna
-from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.storages import BaseStorage, JournalStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import TrialState
 
 from costmodel.errors import TcfError
-from search.files import write_atomic
+from search.files import Output, write_atomic
+from search.rdb import (
+    SharedRDB,
+    StorageFailed,
+    exclusive,
+    fail_dead,
+    in_memory,
+    redact,
+    scrub,
+    sqlite_file,
+)
 
 STORAGE_FILE = "study.journal"
 FINGERPRINT_ATTR = "tcf_search_fingerprint"
@@ -215,14 +228,35 @@ class StorageSpec:
 
     @classmethod
     def parse(cls, url: str | None, out_dir: Path) -> StorageSpec:
+        """The storage named on the command line (``--storage``): anywhere the user says,
+        relative paths from the working directory."""
         if url is None:
-            return cls(journal=out_dir / STORAGE_FILE)
+            return cls.confined(None, out_dir)
         if url.startswith("journal:"):
             return cls(journal=Path(url.removeprefix("journal:")))
         if "://" not in url:
             raise SearchError(f"search.storage: must be journal:PATH or an RDB URL such as "
-                              f"sqlite:///study.db or postgresql://host/db (got {url!r})")
+                              f"sqlite:///study.db or postgresql://host/db (got {redact(url)!r})")
         return cls(url=url)
+
+    @classmethod
+    def confined(cls, url: str | None, out_dir: Path) -> StorageSpec:
+        """The storage a study file names (``search.storage``), or the default: a journal or
+        SQLite file inside the result folder, its path relative to it. A study file is shared
+        and run unread (``nightly`` runs a folder of them), so it may not write elsewhere, nor
+        name a database server (whose URL options can name files): that is ``--storage``."""
+        if url is None:
+            return cls(journal=_inside(STORAGE_FILE, out_dir, f"journal:{STORAGE_FILE}"))
+        if url.startswith("journal:"):
+            return cls(journal=_inside(url.removeprefix("journal:"), out_dir, url))
+        path = sqlite_file(url)
+        if path is None or "?" in url or in_memory(url):
+            raise SearchError(
+                f"search.storage: a study file may name journal:FILE or sqlite:///FILE inside "
+                f"the result folder; give a database server or another place on the command "
+                f"line (--storage URL) (got {redact(url)!r})")
+        inside = urllib.parse.quote(str(_inside(str(path), out_dir, url).resolve()))
+        return cls(url=f"{url.partition('://')[0]}:///{inside}")
 
     def open(self) -> BaseStorage:
         if self.journal is not None:
@@ -234,57 +268,35 @@ class StorageSpec:
                 raise SearchError(f"search.storage: cannot use journal file {self.journal} "
                                   f"({exc.strerror or exc})") from None
         assert self.url is not None
-        if _in_memory(self.url):
+        if in_memory(self.url):
             raise SearchError(f"search.storage: {self.url} keeps trials in memory, so nothing "
                               f"could resume the study or share it; use a file "
                               f"(sqlite:///study.db) or the default journal")
         try:
-            # Heartbeats let any host fail the trials of a worker that died on another host.
             with quiet():
-                return RDBStorage(self.url, heartbeat_interval=30, grace_period=120)
+                return SharedRDB(self.url)
         except Exception as exc:  # SQLAlchemy raises many types; the message says what
-            text = str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__
+            text = (exc.reason if isinstance(exc, StorageFailed) else
+                    str(exc).splitlines()[0] if str(exc).strip() else type(exc).__name__)
             raise SearchError(f"search.storage: cannot open {self.describe()!r}: "
-                              f"{_scrub(text, self.url)}") from None
+                              f"{scrub(text, self.url)}") from None
+
+    def exclusive(self) -> contextlib.AbstractContextManager[None]:
+        """One process at a time in the block: a journal serves one command (its run lock)."""
+        return contextlib.nullcontext() if self.url is None else exclusive(self.url)
 
     def describe(self) -> str:
-        return str(self.journal) if self.journal is not None else _redact(self.url or "")
+        return str(self.journal) if self.journal is not None else redact(self.url or "")
 
 
-def _in_memory(url: str) -> bool:
-    head, _, tail = url.partition("://")
-    return head.startswith("sqlite") and (tail in ("", "/", "/:memory:")
-                                          or "mode=memory" in tail or ":memory:" in tail)
-
-
-def _password(url: str) -> str | None:
-    tail = url.partition("://")[2]
-    if "@" not in tail:
-        return None
-    cred = tail.rsplit("@", 1)[0]
-    return cred.split(":", 1)[1] if ":" in cred else None
-
-
-def _scrub(text: str, url: str) -> str:
-    """``text`` without the URL's password (quoted or not) in it."""
-    import urllib.parse
-
-    secret = _password(url)
-    if not secret:
-        return text
-    for form in {secret, urllib.parse.unquote(secret), urllib.parse.quote(secret)}:
-        if form:
-            text = text.replace(form, "***")
-    return text
-
-
-def _redact(url: str) -> str:
-    """An RDB URL without its password, for logs and result files."""
-    head, sep, tail = url.partition("://")
-    if "@" not in tail:
-        return url
-    cred, host = tail.rsplit("@", 1)
-    return f"{head}{sep}{cred.split(':', 1)[0]}:***@{host}"
+def _inside(name: str, out_dir: Path, shown: str) -> Path:
+    """``name`` as a path inside the result folder (no ``..``, no link out of it)."""
+    try:
+        return Output(out_dir, "run").path(name)
+    except TcfError:
+        raise SearchError(f"search.storage: from a study file, must be a file inside the result "
+                          f"folder {out_dir}, named relative to it (no absolute path, no .., no "
+                          f"link out of it) (got {redact(shown)!r})") from None
 
 
 _HELD: dict[Path, Any] = {}  # journal file -> its open lock file, while this process runs it
@@ -372,13 +384,12 @@ def recover(study: optuna.Study, spec: StorageSpec) -> int:
     """Fail trials left RUNNING by a run that was killed; return how many.
 
     A journal file has one controller (this command), so every RUNNING trial is stale. An RDB
-    may be shared by live workers on other hosts: only trials whose heartbeat stopped are.
+    may be shared by live workers on other hosts: only trials whose process has ended on this
+    machine, or whose heartbeat stopped, are.
     """
     if spec.journal is None:
-        before = len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
         with quiet():
-            optuna.storages.fail_stale_trials(study)
-        return before - len(study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+            return fail_dead(study)
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     for t in running:
         study._storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL)

@@ -1,7 +1,8 @@
 """The study file: what to train, on what, which knobs to search and what to maximise.
 
 A YAML document validated by a pydantic schema (unknown keys rejected). Every error becomes one
-:class:`StudyError` line ``field.path: rule (got value)``. Only ``yaml.safe_load`` reads it.
+:class:`StudyError` line ``field.path: rule (got value)``. Only ``search.yamlinput.load_yaml`` (safe
+tags, bounded aliases) reads it.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import Field, PrivateAttr, Strict, ValidationError, model_validator
 
 from costmodel.errors import TcfError
@@ -29,6 +29,7 @@ from search.sections import (
     ValidationSection,
     _Section,
 )
+from search.yamlinput import YamlInputError, load_yaml, shown
 
 __all__ = ["MAX_GPUS", "MAX_LAYERS", "Architecture", "ClusterSection", "ExportSection",
            "ModelSection", "Moe", "ObjectiveSection", "SearchSection", "SearchSpaceSection",
@@ -91,11 +92,6 @@ def _valid_keys(loc: tuple[Any, ...]) -> list[str]:
     return sorted(getattr(cls, "model_fields", {}))
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _one_line(exc: ValidationError) -> str:
     err = exc.errors()[0]
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
@@ -107,20 +103,15 @@ def _one_line(exc: ValidationError) -> str:
         return f"{path}: required key is missing"
     if kind == "value_error":
         return f"{path}: {msg.removeprefix('Value error, ')}"
-    return f"{path}: {msg} (got {_short(err.get('input'))})"
+    return f"{path}: {msg} (got {shown(err.get('input'))})"
 
 
 def parse_study(text: str, *, name: str = "study", base_dir: Path | str = ".") -> Study:
     """A study from YAML text. ``name`` (the file stem) is used when the study has none."""
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StudyError(f"study: not valid YAML ({first})") from None
-    except RecursionError:
-        raise StudyError("study: not valid YAML (nested too deeply)") from None
-    except ValueError as exc:  # an integer of over 4,300 digits
-        raise StudyError(f"study: not valid YAML ({str(exc).splitlines()[0][:100]})") from None
+        raw = load_yaml(text, "study")
+    except YamlInputError as exc:
+        raise StudyError(str(exc)) from None
     if not isinstance(raw, dict):
         got = "an empty file" if raw is None else type(raw).__name__
         raise StudyError(f"study: must be a YAML mapping (got {got})")
@@ -132,7 +123,7 @@ def parse_study(text: str, *, name: str = "study", base_dir: Path | str = ".") -
         study = study.model_copy(update={"name": name})
     for key, value in (("name", study.name), ("search.study_name", study.search.study_name)):
         if value is not None and not _is_unicode(value):
-            raise StudyError(f"{key}: must be valid Unicode text (got {_short(value)})")
+            raise StudyError(f"{key}: must be valid Unicode text (got {shown(value)})")
     study._base_dir = Path(base_dir)
     return study
 

@@ -267,9 +267,9 @@ def _main(args: list[str]) -> int:
         typer.echo("interrupted: rerun the same command to resume from the output folder",
                    err=True)
         return 130
-    except TcfError as exc:  # bad input: one line, never a traceback
+    except TcfError as exc:  # bad input (or a failed storage, exit 1): one line, no traceback
         typer.echo(f"error: {one_line(exc)}", err=True)
-        return 2
+        return int(getattr(exc, "exit_code", 2))
     return code if isinstance(code, int) else 0
 
 

@@ -10,8 +10,12 @@ import pandas as pd
 import pytest
 
 from tcf_search.calibration.accuracy import report
-from tcf_search.calibration.dataset import find_measured_csv, load_groups, predict_groups
-from tcf_search.calibration.fit import split_mask
+from tcf_search.calibration.dataset import (
+    find_measured_csv,
+    load_groups,
+    predict_groups,
+    split_mask,
+)
 
 CSV = find_measured_csv()
 pytestmark = pytest.mark.skipif(CSV is None,

@@ -12,7 +12,8 @@ import yaml
 
 from hardware_catalog import CATALOG_DIR, load_calibration, load_fabrics
 from hardware_catalog.frameworks import PROFILES_FILE
-from tcf_search.calibration.fit import EFF_BOUNDS, PRIOR_FABRICS
+from tcf_search.calibration.fit import PRIOR_FABRICS
+from tcf_search.calibration.least_squares import EFF_BOUNDS
 from tcf_search.calibration.memory_fit import MEM_BOUNDS, PRESSURE_BOUNDS
 
 REL = 1e-3

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from tcf_search.calibration.fit import foundry_node_rows, source_weights
+from tcf_search.calibration.fit import foundry_node_rows
+from tcf_search.calibration.least_squares import source_weights
 
 
 def _frame() -> pd.DataFrame:

@@ -11,7 +11,8 @@ import typer
 import yaml
 from typer.testing import CliRunner
 
-from tcf_search.nightly import diff, nightly_cmd, previous_rows
+from tcf_search.nightly import nightly_cmd
+from tcf_search.nightly_history import diff, previous_rows
 
 STUDY = Path(__file__).resolve().parents[1] / "studies" / "llama3-8b-h100x8.yaml"
 
@@ -80,7 +81,8 @@ def test_throughput_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
             "tokens_per_s_per_gpu": "1000"}
     row = {"study": "s", "sku": "k", "status": "ok", "best_plan": "tp=1",
            "tokens_per_s_per_gpu": 940.0}
-    monkeypatch.setattr("tcf_search.nightly.rejudge", lambda *_: (None, 1000.0))  # still fits
+    # still fits
+    monkeypatch.setattr("tcf_search.nightly_history.rejudge", lambda *_: (None, 1000.0))
     down = diff(None, row, prev, threshold=0.05)  # -6%
     same = diff(None, {**row, "tokens_per_s_per_gpu": 960.0}, prev, threshold=0.05)  # -4%
     assert [(f.kind, f.regression) for f in down] == [("throughput_down", True)]

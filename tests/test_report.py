@@ -17,6 +17,7 @@ from search.pipeline import RunOptions, run_study
 from search.study import load_study
 from tcf_search.report import report_cmd
 from tcf_search.report.plots import cell_reason, pareto_front
+from tcf_search.report.schema import Cell
 
 STUDIES = Path(__file__).resolve().parents[1] / "studies"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -72,10 +73,10 @@ def test_pareto_front_keeps_only_undominated_points() -> None:
 
 
 def test_pruned_cell_is_labelled_by_its_constraint() -> None:
-    assert cell_reason({"valid": 0, "feasible": 0, "pruned_by": {"world_size": 10, "sp_tp": 2}}
-                       ) == "world_size"
-    assert cell_reason({"valid": 5, "feasible": 0, "pruned_by": {"memory": 5, "sp_tp": 9}}
-                       ) == "memory"
+    assert cell_reason(Cell(tp=1, pp=2, valid=0, feasible=0,
+                            pruned_by={"world_size": 10, "sp_tp": 2})) == "world_size"
+    assert cell_reason(Cell(tp=1, pp=2, valid=5, feasible=0,
+                            pruned_by={"memory": 5, "sp_tp": 9})) == "memory"
 
 
 def test_folder_without_result_is_bad_input(tmp_path: Path) -> None:

@@ -109,3 +109,8 @@ def with_training(groups: list[Group], framework: str, **changes: object) -> lis
 
     return [replace(g, training=changed(g.training)) if g.framework == framework else g
             for g in groups]
+
+
+def split_mask(frame: pd.DataFrame) -> pd.Series:
+    """True for rows held out of every fit (30% of sweep groups, by a stable hash)."""
+    return group_of(frame).map(holdout).astype(bool)

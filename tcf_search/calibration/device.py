@@ -39,7 +39,10 @@ from typing import Any
 import numpy as np
 import yaml
 
+from costmodel.errors import TcfError
 from costmodel.specs import Efficiency, GpuSpec
+from search.files import MIB, read_input
+from search.yamlinput import load_yaml, shown
 
 GIB = 2**30
 GEMM_SIZES = (64, 128, 256, 512, 1024)
@@ -337,9 +340,27 @@ def catalog_yaml(entry: Entry) -> str:
     return yaml.safe_dump(doc, sort_keys=False, width=100)
 
 
+class EntryError(TcfError):
+    """A ``--gpu-file`` is not a catalog entry as :func:`catalog_yaml` writes it."""
+
+
 def load_entry(path: Path) -> Entry:
-    """Read back what :func:`catalog_yaml` wrote."""
-    doc = yaml.safe_load(Path(path).read_text())
+    """Read back what :func:`catalog_yaml` wrote (a regular file of at most 4 MiB, YAML with
+    bounded aliases); anything else is one :class:`EntryError` line."""
+    try:
+        doc = load_yaml(read_input(Path(path), "--gpu-file", 4 * MIB).decode("utf-8"),
+                        "--gpu-file")
+        return _entry(doc)
+    except UnicodeDecodeError:
+        raise EntryError(f"--gpu-file: {path} is not UTF-8 text") from None
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        if isinstance(exc, TcfError):
+            raise EntryError(str(exc)) from None
+        raise EntryError(f"--gpu-file: {path} is not a catalog entry written by calibrate "
+                         f"({type(exc).__name__}: {shown(str(exc))})") from None
+
+
+def _entry(doc: Any) -> Entry:
     numeric = {f.name for f in dataclasses.fields(GpuSpec)} - {"id", "name", "family",
                                                                 "efficiency"}
     values: dict[str, Any] = {}

@@ -22,16 +22,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import yaml
-from scipy.optimize import least_squares
 
 from costmodel.specs import Efficiency, MemoryModel
 from hardware_catalog import CATALOG_DIR, FAMILIES, get_fabric, load_calibration
@@ -40,12 +37,16 @@ from tcf_search.calibration.accuracy import regime, report, throughput_rows
 from tcf_search.calibration.dataset import (
     Group,
     find_measured_csv,
-    group_of,
-    holdout,
     load_groups,
     predict_groups,
-    weigh_alike,
+    split_mask,
     with_training,
+)
+from tcf_search.calibration.least_squares import (
+    EFF_PARAMS,
+    FABRIC_PREFIX,
+    TRAINING_PARAMS,
+    fit_efficiency,
 )
 from tcf_search.calibration.memory_fit import (
     FRAMEWORK_MEM_PARAMS,
@@ -53,16 +54,10 @@ from tcf_search.calibration.memory_fit import (
     fit_memory,
     fit_pressure,
     nanotron_memory,
-    to_unit,
-    unit,
 )
-from tcf_search.calibration.moe_fit import MOE_BOUNDS, fit_moe, report_moe
+from tcf_search.calibration.moe_fit import fit_moe, report_moe
 from tcf_search.calibration.uncertainty import coverage
 
-EFF_PARAMS = ("attention_peak_fraction", "memory_bw_fraction", "collective_overhead_s",
-              "nvlink_bw_fraction", "network_bw_fraction", "network_step_latency_s")
-# fitted as part of the nanotron profile (hardware_catalog/frameworks.yaml), not of the GPU
-TRAINING_PARAMS = ("host_overhead_s", "pp_tp_step_overhead_s")
 # The Playbook runs cannot tell GEMM from attention efficiency apart (one sequence length
 # dominates): their fit starts from this prior (public cuBLAS measurements: large bf16 GEMMs
 # reach about 70% of the dense peak on H100 and A100); the GEMM fraction itself is then fitted
@@ -79,16 +74,6 @@ DGXC_PARAMS = ("gemm_peak_fraction", "flash3_attention_peak_fraction", "fp8_gemm
 # within 1%; their predicted kernels alone outlast the measured step, so one side misses a
 # term; the dense rows identify the GEMMs.
 BLACKWELL_PARAMS = ("gemm_peak_fraction", "fp8_gemm_peak_fraction")
-EFF_BOUNDS = {"gemm_peak_fraction": (0.3, 0.95), "gemm_half_size": (1.0, 4096.0),
-              "attention_peak_fraction": (0.05, 0.9), "memory_bw_fraction": (0.2, 1.0),
-              "host_overhead_s": (1e-6, 5e-4), "collective_overhead_s": (1e-6, 1e-3),
-              "pp_tp_step_overhead_s": (1e-6, 2e-3), "nvlink_bw_fraction": (0.1, 1.0),
-              "network_bw_fraction": (0.05, 1.0), "fp8_gemm_peak_fraction": (0.2, 0.95),
-              # one ring step across the network: an RDMA write and its flag, 1 us to 1 ms
-              "network_step_latency_s": (1e-6, 1e-3),
-              "flash3_attention_peak_fraction": (0.05, 0.9),
-              # read bf16 and write fp8 (3) up to several passes of cast, transpose and amax
-              "fp8_cast_bytes_per_element": (3.0, 24.0), **MOE_BOUNDS}
 # compute-communication contention is a prior, not fitted (fitted on the dgxc rows it runs to
 # its bound and drags the GEMM fractions to 0.86 / 0.95): NCCL's 16 channels (one CTA, one SM
 # each) on an 8-GPU NVSwitch node over the SKU family's SMs (A100 whitepaper: 108; H100 SXM5
@@ -98,7 +83,6 @@ SM_COUNT = {"ampere": 108.0, "hopper": 132.0}
 # the fit's start for the network ring step: NCCL's tuning table (src/graph/tuning.cc hwLat, NET
 # Ring/Simple), the GPUs' catalog prior
 NCCL_NET_STEP_S = 14e-6
-FABRIC_PREFIX = "fabric:"  # a fitted parameter that is a fabric's network fraction
 # Fabrics whose network fraction is a cited prior in fabrics.yaml, not fitted: the only rows on
 # InfiniBand are Megatron SC21's (Selene): halving the fraction lengthens their steps by only
 # 0.6-3.7%, so they cannot identify it (fitted, it ran to its bound of 1.0 on the small SC21
@@ -109,66 +93,6 @@ PRIOR_FABRICS = ("infiniband",)
 # Not fitted either: the network point-to-point fraction (Efficiency.p2p_network_bw_fraction, a
 # cited prior of NCCL's per-NIC peer bandwidth): fitted free on the Playbook with nanotron's
 # placement on (frameworks.yaml pp_cost_balance) it ran to its bound of 1.0 (issue 17).
-
-
-def split_mask(frame: pd.DataFrame) -> pd.Series:
-    """True for rows held out of every fit (30% of sweep groups, by a stable hash)."""
-    return group_of(frame).map(holdout).astype(bool)
-
-
-def _with_fabrics(groups: list[Group], fractions: dict[str, float]) -> list[Group]:
-    """Groups on a fabric of ``fractions`` get that network fraction."""
-    return [replace(g, cluster=replace(g.cluster, network_bw_fraction=fractions[
-        g.cluster.fabric])) if g.cluster.fabric in fractions else g for g in groups]
-
-
-def fit_efficiency(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, family: str,
-                   start: Efficiency, params: tuple[str, ...] = EFF_PARAMS,
-                   framework: str = "", start_values: dict[str, float] | None = None,
-                   ) -> tuple[Efficiency, dict[str, float]]:
-    """Least squares on log throughput (Cauchy loss: a few pathological runs must not steer
-    it). TRAINING_PARAMS belong to ``framework``'s profile, ``fabric:<id>`` to that fabric's
-    network fraction (hardware_catalog/fabrics.yaml)."""
-    measured = frame["tokens_per_sec_per_gpu"].to_numpy()
-    idx = covered(groups, rows)
-    weight = source_weights(frame, idx)
-    fam_groups = [g for g in groups if g.cluster.gpu.family == family
-                  and np.isin(g.index, idx).any()]
-    values = {**dataclasses.asdict(start), **(start_values or {})}
-    for name in params:
-        if name.startswith(FABRIC_PREFIX):
-            values.setdefault(name, start.network_bw_fraction)
-    bounds = {**EFF_BOUNDS, **{n: EFF_BOUNDS["network_bw_fraction"] for n in params
-                               if n.startswith(FABRIC_PREFIX)}}
-    own = TRAINING_PARAMS
-
-    def split(x: np.ndarray) -> tuple[Efficiency, list[Group], dict[str, float]]:
-        v = unit(x, params, bounds)
-        tr = {k: val for k, val in v.items() if k in TRAINING_PARAMS}
-        fabrics = {k.removeprefix(FABRIC_PREFIX): val for k, val in v.items()
-                   if k.startswith(FABRIC_PREFIX)}
-        eff = replace(start, **{k: val for k, val in v.items()  # type: ignore[arg-type]
-                                if k not in own and not k.startswith(FABRIC_PREFIX)})
-        g = with_training(fam_groups, framework, **tr) if tr else fam_groups
-        return eff, _with_fabrics(g, fabrics), v
-
-    def residuals(x: np.ndarray) -> np.ndarray:
-        eff, g, _ = split(x)
-        pred = predict_groups(g, len(frame), {family: eff})
-        return weight * np.log(pred["tokens_per_s_per_gpu"][idx] / measured[idx])
-
-    x0 = to_unit(values, params, bounds)
-    sol = least_squares(residuals, x0, bounds=(0.0, 1.0), loss="cauchy", f_scale=0.1,
-                        diff_step=1e-3, max_nfev=int(os.environ.get("TCF_FIT_NFEV", "300")))
-    eff, _, v = split(sol.x)
-    return eff, {k: val for k, val in v.items() if k not in dataclasses.asdict(start)}
-
-
-def source_weights(frame: pd.DataFrame, idx: np.ndarray) -> np.ndarray:
-    """Each source's rows weigh as much together as another's: the Playbook's 845 runs of one
-    sequence length must not outvote the runs that tell terms apart it cannot."""
-    src = frame["source"].to_numpy()[idx]
-    return np.sqrt(weigh_alike(src) * len(idx) / np.unique(src).size)
 
 
 def _set_fitted(text: str, key: str, value: float) -> str:

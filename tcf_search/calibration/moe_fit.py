@@ -34,9 +34,10 @@ import pandas as pd
 from costmodel.specs import Efficiency
 from tcf_search.calibration.accuracy import regime
 from tcf_search.calibration.dataset import Group, predict_groups
+from tcf_search.calibration.least_squares import EFF_BOUNDS, fit_efficiency
 
 MOE_PARAMS = ("all_to_all_bw_ratio",)
-MOE_BOUNDS = {"all_to_all_bw_ratio": (0.1, 3.0)}
+MOE_BOUNDS = {p: EFF_BOUNDS[p] for p in MOE_PARAMS}
 MOE_PRIOR = {"all_to_all_bw_ratio": 1.0}
 MOE_MARK = "; MoE terms"
 
@@ -54,8 +55,6 @@ def fit_moe(frame: pd.DataFrame, groups: list[Group], train: pd.Series,
             effs: dict[str, Efficiency]) -> dict[str, Efficiency]:
     """Every family's efficiency with hopper's MoE terms fitted on the hopper MoE rows of
     ``train``."""
-    from tcf_search.calibration.fit import fit_efficiency
-
     rows = moe_rows(frame) & train & regime(frame).str.startswith("hopper/")
     start = replace(effs["hopper"], **MOE_PRIOR)  # type: ignore[arg-type]
     hopper, _ = fit_efficiency(frame, groups, rows, "hopper", start, MOE_PARAMS)

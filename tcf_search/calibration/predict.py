@@ -7,6 +7,9 @@ choice is reported in ``pred_choice_<knob>``. The pipeline split is a knob: with
 ``loss_in_pipeline_split`` given, the even split and the launchable uneven ones near it are
 evaluated, and the first and last ranks' layers of the choice are reported. A row the model
 cannot handle gets a message in ``pred_error`` and no crash.
+
+The CSV is read, predicted and written :data:`CHUNK_ROWS` rows at a time, so memory does not grow
+with its length; rows with the same inputs share one prediction (:class:`RowMemo`).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from __future__ import annotations
 import itertools
 import json
 import sys
-from dataclasses import replace
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -26,7 +31,7 @@ from costmodel.estimate import check_plan, estimate_batch
 from costmodel.mapping import chunk_split_exists, stage_counts
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import Plan, SpecError
-from search.files import MIB, OutputError, check_target, read_input, write_atomic
+from search.files import MIB, OutputError, check_target, open_atomic, open_input
 from search.measured import KNOBS, Case, CaseError, case_from_row
 from search.placement import candidates as placement_candidates
 from tcf_search.errors import user_errors
@@ -111,84 +116,251 @@ def _pick(res: dict[str, np.ndarray]) -> int:
     return int(np.argmin(res["peak_mem_bytes"]))
 
 
-def predict_frame(frame: pd.DataFrame) -> pd.DataFrame:
+class _Reads(Mapping[str, object]):
+    """A row that records which cells were read (every one, once it is iterated)."""
+
+    def __init__(self, cells: dict[str, object]) -> None:
+        self._cells, self.names = cells, dict[str, None]()
+
+    def __getitem__(self, key: str) -> object:
+        self.names[key] = None
+        return self._cells[key]
+
+    def __iter__(self) -> Iterator[str]:
+        self.names.update(dict.fromkeys(self._cells))
+        return iter(self._cells)
+
+    def __len__(self) -> int:
+        return len(self._cells)
+
+
+Key = tuple[tuple[str, ...], tuple[object, ...]]
+Result = dict[str, object]  # a row's output cells
+
+
+class _Recent(OrderedDict[Any, Any]):
+    """A dict of at most ``limit`` entries: the least recently used go first."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit = limit
+
+    def get_recent(self, key: Any) -> Any:
+        value = self.get(key)
+        if value is not None:
+            self.move_to_end(key)
+        return value
+
+    def keep(self, key: Any, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        while len(self) > self.limit:
+            self.popitem(last=False)
+
+
+class RowMemo:
+    """Predictions already made, found two ways. A row's prediction is a function of the cells
+    ``case_from_row`` reads (which cells depends on their values, so each set read is kept): a
+    row that agrees with an earlier one on such a set is found by its cells alone. Rows whose
+    cells differ but make the same :class:`Case` (free text in ``notes`` that names no fabric)
+    are found by the case. The ``limit`` most recent of each are kept."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._shapes: dict[tuple[str, ...], None] = {}
+        self._by_cells = _Recent(limit)  # Key -> Result, or a Case still being predicted
+        self.by_case = _Recent(limit)  # Case -> Result
+
+    def find(self, cells: dict[str, object]) -> tuple[Key | None, Result | Case | None]:
+        for names in self._shapes:
+            key = (names, tuple(map(cells.get, names)))
+            found = self._by_cells.get_recent(key)
+            if found is not None:
+                return key, found
+        return None, None
+
+    def put(self, reads: _Reads, value: Result | Case) -> Key:
+        """Keep ``value`` under the cells ``reads`` recorded; their key."""
+        names = tuple(reads.names)
+        self._shapes.setdefault(names, None)
+        key = (names, tuple(reads.get(n) for n in names))
+        self._by_cells.keep(key, value)
+        return key
+
+    def set(self, key: Key, result: Result) -> None:
+        self._by_cells.keep(key, result)
+
+
+def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray]) -> dict[str, object]:
+    """The output cells of the plan chosen among ``plans`` (estimated as ``res``)."""
+    j = _pick(res)
+    chosen = plans[j]
+    values = {
+        "pred_tokens_per_sec_per_gpu": res["tokens_per_s_per_gpu"][j],
+        "pred_model_tflops_per_gpu": res["model_tflops_per_gpu"][j],
+        "pred_mfu": res["mfu"][j], "pred_hfu": res["hfu"][j],
+        "pred_step_time_s": res["step_time_s"][j],
+        "pred_peak_mem_gib": res["peak_mem_bytes"][j] / GIB,
+        # global rank 0's peak, the one a single-rank memory log reports
+        "pred_first_stage_mem_gib": res["first_stage_mem_bytes"][j] / GIB,
+        "pred_usable_mem_gib": res["usable_bytes"][j] / GIB,
+        "pred_fits": "true" if res["fits"][j] else "false",
+        "pred_mem_weights_gib": res["mem_weights_bytes"][j] / GIB,
+        "pred_mem_grads_gib": res["mem_grads_bytes"][j] / GIB,
+        "pred_mem_optimizer_gib": res["mem_optimizer_bytes"][j] / GIB,
+        "pred_mem_activations_gib": res["mem_activations_bytes"][j] / GIB,
+        "pred_mem_buffers_gib": res["mem_buffers_bytes"][j] / GIB,
+        "pred_time_compute_s": res["time_compute_s"][j],
+        "pred_time_comm_exposed_s": res["time_comm_exposed_s"][j],
+        "pred_time_bubble_s": res["time_bubble_s"][j],
+        "pred_time_optimizer_s": res["time_optimizer_s"][j],
+        "pred_time_stall_s": res["time_stall_s"][j],  # in pred_time_compute_s
+    }
+    out: dict[str, object] = {k: round(float(v), 6) if not isinstance(v, str) else v
+                              for k, v in values.items()}
+    counts = stage_counts(case.model.layers, chosen.pp, chosen.first_stage_layers,
+                          chosen.last_stage_layers)
+    ends = {"first_stage_layers": counts[0] if counts else chosen.first_stage_layers,
+            "last_stage_layers": counts[-1] if counts else chosen.last_stage_layers}
+    for knob in KNOBS:
+        if knob not in case.given:
+            v = ends.get(knob, getattr(chosen, knob))
+            out[f"pred_choice_{knob}"] = str(v).lower() if isinstance(v, bool) else v
+    return out
+
+
+# Candidate plans waiting for one estimate; past this many they are estimated at once, so the
+# memory held does not grow with the number of rows.
+MAX_PENDING_PLANS = 50_000
+
+
+def predict_frame(frame: pd.DataFrame, memo: RowMemo | None = None) -> pd.DataFrame:
+    """``frame`` with the prediction columns; rows that ``memo`` has predicted before (by their
+    cells or by their case) get the prediction made then."""
     import pandas as pd
 
+    memo = RowMemo() if memo is None else memo
     out = frame.copy()
     cols: dict[str, list[object]] = {c: [None] * len(frame)
                                      for c in OUTPUT_COLUMNS + CHOICE_COLUMNS + ("pred_error",)}
-    groups: dict[tuple, list[tuple[int, Case, list[Plan]]]] = {}
-    for i, row in enumerate(frame.to_dict("records")):
+    rows_of: dict[Case, list[int]] = {}  # cases waiting for their estimate: their rows
+    keys_of: dict[Case, list[Key]] = {}  # ... and the cells that made them
+    groups: dict[tuple, list[tuple[Case, list[Plan]]]] = {}
+    pending = 0
+
+    def fill(rows: list[int], result: Result) -> None:
+        for k, v in result.items():
+            column = cols[k]
+            for i in rows:
+                column[i] = v
+
+    def done(case: Case, result: Result) -> None:
+        memo.by_case.keep(case, result)
+        for key in keys_of.pop(case):
+            memo.set(key, result)
+        fill(rows_of.pop(case), result)
+
+    def estimate() -> None:
+        for (model, cluster, training), items in groups.items():
+            all_plans = [pl for _, plans in items for pl in plans]
+            res = estimate_batch(model, cluster, training, plans_to_arrays(all_plans))
+            start = 0
+            for case, plans in items:
+                sl = {k: v[start:start + len(plans)] for k, v in res.items()}
+                start += len(plans)
+                done(case, _prediction(case, plans, sl))
+        groups.clear()
+
+    names = [str(c) for c in frame.columns]
+    values = [frame.iloc[:, j].tolist() for j in range(len(names))]
+    for i, row in enumerate(zip(*values, strict=True)):
+        cells = dict(zip(names, row, strict=True))
+        key, found = memo.find(cells)
+        if isinstance(found, Case) and found in rows_of:  # as a row before it: to estimate
+            rows_of[found].append(i)
+            continue
+        if isinstance(found, dict):
+            fill([i], found)
+            continue
+        reads = _Reads(cells)
         try:
-            case = case_from_row({str(k): v for k, v in row.items()})
+            case = case_from_row(reads)
+        except (CaseError, SpecError, ValueError) as e:
+            error: Result = {"pred_error": str(e).splitlines()[0]}
+            memo.put(reads, error)
+            fill([i], error)
+            continue
+        result = memo.by_case.get_recent(case)
+        if result is not None:
+            memo.put(reads, result)
+            fill([i], result)
+            continue
+        key = memo.put(reads, case)  # found by the rows after it; filled in by done()
+        if case in rows_of:
+            rows_of[case].append(i)
+            keys_of[case].append(key)
+            continue
+        rows_of[case], keys_of[case] = [i], [key]
+        try:
             plans = candidates(case)
             if not plans:
                 check_plan(case.model, case.cluster, case.plan, case.training)
                 raise SpecError("no valid value for the empty knobs")
         except (CaseError, SpecError, ValueError) as e:
-            cols["pred_error"][i] = str(e).splitlines()[0]
+            done(case, {"pred_error": str(e).splitlines()[0]})
             continue
-        key = (case.model, case.cluster, case.training)
-        groups.setdefault(key, []).append((i, case, plans))
-    for (model, cluster, training), items in groups.items():
-        all_plans = [pl for _, _, plans in items for pl in plans]
-        res = estimate_batch(model, cluster, training, plans_to_arrays(all_plans))
-        start = 0
-        for i, case, plans in items:
-            sl = {k: v[start:start + len(plans)] for k, v in res.items()}
-            j = _pick(sl)
-            start += len(plans)
-            chosen = plans[j]
-            values = {
-                "pred_tokens_per_sec_per_gpu": sl["tokens_per_s_per_gpu"][j],
-                "pred_model_tflops_per_gpu": sl["model_tflops_per_gpu"][j],
-                "pred_mfu": sl["mfu"][j], "pred_hfu": sl["hfu"][j],
-                "pred_step_time_s": sl["step_time_s"][j],
-                "pred_peak_mem_gib": sl["peak_mem_bytes"][j] / GIB,
-                # global rank 0's peak, the one a single-rank memory log reports
-                "pred_first_stage_mem_gib": sl["first_stage_mem_bytes"][j] / GIB,
-                "pred_usable_mem_gib": sl["usable_bytes"][j] / GIB,
-                "pred_fits": "true" if sl["fits"][j] else "false",
-                "pred_mem_weights_gib": sl["mem_weights_bytes"][j] / GIB,
-                "pred_mem_grads_gib": sl["mem_grads_bytes"][j] / GIB,
-                "pred_mem_optimizer_gib": sl["mem_optimizer_bytes"][j] / GIB,
-                "pred_mem_activations_gib": sl["mem_activations_bytes"][j] / GIB,
-                "pred_mem_buffers_gib": sl["mem_buffers_bytes"][j] / GIB,
-                "pred_time_compute_s": sl["time_compute_s"][j],
-                "pred_time_comm_exposed_s": sl["time_comm_exposed_s"][j],
-                "pred_time_bubble_s": sl["time_bubble_s"][j],
-                "pred_time_optimizer_s": sl["time_optimizer_s"][j],
-                "pred_time_stall_s": sl["time_stall_s"][j],  # in pred_time_compute_s
-            }
-            for k, v in values.items():
-                cols[k][i] = round(float(v), 6) if not isinstance(v, str) else v
-            counts = stage_counts(case.model.layers, chosen.pp, chosen.first_stage_layers,
-                                  chosen.last_stage_layers)
-            ends = {"first_stage_layers": counts[0] if counts else chosen.first_stage_layers,
-                    "last_stage_layers": counts[-1] if counts else chosen.last_stage_layers}
-            for knob in KNOBS:
-                if knob not in case.given:
-                    v = ends.get(knob, getattr(chosen, knob))
-                    cols[f"pred_choice_{knob}"][i] = (str(v).lower() if isinstance(v, bool)
-                                                      else v)
+        groups.setdefault((case.model, case.cluster, case.training), []).append((case, plans))
+        pending += len(plans)
+        if pending > MAX_PENDING_PLANS:
+            estimate()
+            pending = 0
+    estimate()
     for k, v in cols.items():
         out[k] = pd.Series(v, index=out.index, dtype=object)
     return out
 
 
 MAX_CSV_BYTES = 256 * MIB
+CHUNK_ROWS = 10_000  # rows read, predicted and written at a time
+
+
+@dataclass(frozen=True, slots=True)
+class Predicted:
+    rows: int
+    errors: int
+    columns: tuple[str, ...]
+
+
+def predict_file(src: Path, dst: Path, *, chunk_rows: int = CHUNK_ROWS,
+                 each: Callable[[pd.DataFrame], None] | None = None) -> Predicted:
+    """Predict CSV ``src`` into ``dst`` ``chunk_rows`` rows at a time (read, predicted and
+    appended to ``dst``'s temporary file, which replaces ``dst`` once every row is written):
+    the memory held does not grow with the file. ``each`` sees every chunk's predictions."""
+    import pandas as pd
+
+    memo, rows, errors = RowMemo(), 0, 0
+    columns: tuple[str, ...] = ()
+    # a regular file, bounded: never a FIFO
+    with (open_input(src, "CASES.csv", MAX_CSV_BYTES) as f, open_atomic(dst) as out,
+          pd.read_csv(f, dtype=str, keep_default_na=False, chunksize=chunk_rows) as reader):
+        for frame in reader:
+            result = predict_frame(frame, memo)
+            out.write(result.to_csv(index=False, header=not columns).encode("utf-8"))
+            rows += len(result)
+            errors += int((result["pred_error"].notna() & (result["pred_error"] != "")).sum())
+            columns = tuple(str(c) for c in result.columns)
+            if each is not None:
+                each(result)
+    return Predicted(rows=rows, errors=errors, columns=columns)
 
 
 def predict_csv(src: Path, dst: Path) -> pd.DataFrame:
-    import io
-
+    """:func:`predict_file`, with every row's predictions returned (a file that fits in
+    memory; the command line streams)."""
     import pandas as pd
 
-    data = read_input(src, "CASES.csv", MAX_CSV_BYTES)  # a regular file, bounded: never a FIFO
-    frame = pd.read_csv(io.BytesIO(data), dtype=str, keep_default_na=False)
-    result = predict_frame(frame)
-    write_atomic(dst, result.to_csv(index=False))
-    return result
+    parts: list[pd.DataFrame] = []
+    predict_file(src, dst, each=parts.append)
+    return pd.concat(parts, ignore_index=True)
 
 
 def predict_cmd(
@@ -217,19 +389,19 @@ def predict_cmd(
 
     try:
         with user_errors():
-            result = predict_csv(cases, output)
+            done = predict_file(cases, output)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         typer.echo(f"error: CASES.csv: not a readable CSV ({str(e).splitlines()[0]})", err=True)
         raise typer.Exit(2) from None
     except OSError as e:  # unreadable input, unwritable output
         typer.echo(f"error: {e.filename or output}: {e.strerror or e}", err=True)
         raise typer.Exit(2) from None
-    missing = [c for c in ("layers", "hidden", "gpu", "num_gpus") if c not in result.columns]
-    errors = int((result["pred_error"].notna() & (result["pred_error"] != "")).sum())
-    summary = {"rows": len(result), "errors": errors, "output": str(output),
+    missing = [c for c in ("layers", "hidden", "gpu", "num_gpus") if c not in done.columns]
+    rows, errors = done.rows, done.errors
+    summary = {"rows": rows, "errors": errors, "output": str(output),
                "missing_columns": missing}
     if json_out:
         print(json.dumps(summary))
     else:
-        print(f"predicted {len(result) - errors} of {len(result)} rows -> {output}"
+        print(f"predicted {rows - errors} of {rows} rows -> {output}"
               + (f" ({errors} rows with pred_error)" if errors else ""), file=sys.stderr)

@@ -229,8 +229,12 @@ def main() -> int:
     """Write uncertainty.yaml from the calibration as written (no fit: the residuals are the
     shipped model's on the held-out groups, as the fit's are once it has written)."""
     from hardware_catalog import CATALOG_DIR
-    from tcf_search.calibration.dataset import find_measured_csv, load_groups, predict_groups
-    from tcf_search.calibration.fit import split_mask
+    from tcf_search.calibration.dataset import (
+        find_measured_csv,
+        load_groups,
+        predict_groups,
+        split_mask,
+    )
 
     csv = find_measured_csv()
     if csv is None:

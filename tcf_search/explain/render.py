@@ -6,6 +6,7 @@ import io
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from search.output import interval_text
@@ -128,26 +129,42 @@ def _verdict(doc: dict[str, Any], con: Console) -> None:
               f"valid one-knob neighbours")
 
 
-def render(doc: dict[str, Any], con: Console) -> None:
+def _markup_safe(value: Any) -> Any:
+    """``value`` with every text in it escaped for rich's markup (``rich.markup.escape``): a study
+    or model name such as ``[link=javascript:...]`` is then printed, not obeyed (in the report's
+    HTML a link would be an ``<a href>`` rich does not escape)."""
+    if isinstance(value, str):
+        return escape(value)
+    if isinstance(value, dict):
+        return {_markup_safe(k): _markup_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_markup_safe(v) for v in value]
+    return value
+
+
+def render(raw: dict[str, Any], con: Console) -> None:
+    """The explanation on ``con``. Its markup lines see only escaped text (``_markup_safe``);
+    the lines printed as they are (``markup=False``) read the document itself."""
+    doc = _markup_safe(raw)
     c = doc["cluster"]
     con.print(f"[bold]{doc['study']}[/bold]: {doc['model']} on {c['num_gpus']}× {c['gpu']}, "
               f"seq {doc['training']['seq_len']}, batch {doc['training']['global_batch']}")
     con.print(f"plan [bold]{doc['plan_text']}[/bold] ({doc['origin']})")
-    if doc.get("calibration"):
-        con.print(doc["calibration"]["line"], markup=False)
-    if doc.get("uncertainty"):
-        con.print("predicted " + interval_text({**doc["uncertainty"],
+    if raw.get("calibration"):
+        con.print(raw["calibration"]["line"], markup=False)
+    if raw.get("uncertainty"):
+        con.print("predicted " + interval_text({**raw["uncertainty"],
                                                 "tokens_per_s_per_gpu":
-                                                doc["step"]["tokens_per_s_per_gpu"]}),
+                                                raw["step"]["tokens_per_s_per_gpu"]}),
                   markup=False)
     con.print()
     _memory(doc, con)
     _compute(doc, con)
     _communication(doc, con)
     _verdict(doc, con)
-    if doc.get("baseline"):
+    if raw.get("baseline"):
         con.print("\n[bold]Baseline[/bold] (your current recipe beside this plan):")
-        for line in doc["baseline"]["lines"]:
+        for line in raw["baseline"]["lines"]:
             con.print(f"   {line}", markup=False, soft_wrap=True)
 
 

@@ -8,14 +8,13 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from costmodel import Plan
 from costmodel.errors import TcfError
 from search.files import MIB, read_input
 from search.planfile import MAX_PLAN_FILE_BYTES, load_plan_file
 from search.specs import Specs, build_specs, plan_file_specs
 from search.study import Study, load_study
+from search.yamlinput import load_yaml
 from tcf_search.explain.planspec import PlanSpecError, check, parse_plan
 
 MAX_RESULT_BYTES = 1024 * MIB  # as report reads result.json
@@ -42,8 +41,8 @@ def is_plan_file(path: Path) -> bool:
     """Whether ``path`` holds a plan file (else it is read as a study). What cannot be read
     here (a FIFO, a device, a huge file) is left to the study reader, which says why."""
     try:
-        doc = yaml.safe_load(read_input(path, "STUDY", MAX_PLAN_FILE_BYTES).decode("utf-8"))
-    except (TcfError, UnicodeDecodeError, yaml.YAMLError, ValueError, RecursionError):
+        doc = load_yaml(read_input(path, "STUDY", MAX_PLAN_FILE_BYTES).decode("utf-8"), "STUDY")
+    except (TcfError, UnicodeDecodeError):
         return False
     return isinstance(doc, dict) and "format_version" in doc and "plan" in doc
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-import yaml
 
 from search.planfile import PlanFile, PlanFileError, load_plan_file
+from search.yamlinput import YamlInputError, load_yaml, shown
 
 from . import FORMATS, render
 from .options import ExportError, ExportOptions, ExportRefused
@@ -48,16 +48,16 @@ def _option(key: str, value: Any, kind: type, optional: bool) -> Any:
         raise ExportError(f"{where} must be given as {kind.__name__}, but got null")
     if kind is str:
         if not isinstance(value, str):
-            raise ExportError(f"{where} must be text, but got {value!r} (quote it in YAML)")
+            raise ExportError(f"{where} must be text, but got {shown(value)} (quote it in YAML)")
         return value
     if kind in (int, float):
         if isinstance(value, str):
             try:
                 value = kind(value)
             except ValueError:
-                raise ExportError(f"{where} must be a number, but got {value!r}") from None
+                raise ExportError(f"{where} must be a number, but got {shown(value)}") from None
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ExportError(f"{where} must be a number, but got {value!r}")
+            raise ExportError(f"{where} must be a number, but got {shown(value)}")
         if kind is int and not isinstance(value, int):
             if not float(value).is_integer():
                 raise ExportError(f"{where} must be an integer, but got {value!r}")
@@ -101,9 +101,9 @@ def parse_settings(items: Sequence[str]) -> dict[str, Any]:
             out[key] = value
         else:
             try:
-                out[key] = yaml.safe_load(value)
-            except (yaml.YAMLError, ValueError, RecursionError):
-                raise ExportError(f"--set {key}: not a number, but got {value!r}") from None
+                out[key] = load_yaml(value, f"--set {key}")
+            except YamlInputError:
+                raise ExportError(f"--set {key}: not a number, but got {shown(value)}") from None
     return out
 
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from search.files import Output
-from tcf_search.report.data import ReportError, load_result
+from search.files import Output, OutputError
+from search.output import run_file
+from tcf_search.report.data import ReportError, load_result, with_baseline
+from tcf_search.report.markup import Html, fragment
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,7 +26,7 @@ class ReportFiles:
                 "cost_model": self.cost_model}
 
 
-def _explain_best(folder: Path, study: Path | None) -> tuple[str | None, str | None]:
+def _explain_best(folder: Path, study: Path | None) -> tuple[Html | None, str | None]:
     """The explain text of the best plan as HTML, or why there is none."""
     from tcf_search.explain.analysis import explain
     from tcf_search.explain.render import render_html
@@ -36,7 +37,7 @@ def _explain_best(folder: Path, study: Path | None) -> tuple[str | None, str | N
     try:
         subject = (resolve(study, None, 1, folder) if study is not None
                    else resolve(folder, None, None))
-        return render_html(explain(subject)), None
+        return fragment(render_html(explain(subject))), None
     except ValueError as exc:
         return None, f"explain of the best plan unavailable: {exc}"
 
@@ -67,6 +68,16 @@ def _baseline(folder: Path, study_path: Path | None, flag: str) -> dict[str, Any
     return baseline_doc(specs, *found, best=best.plan)
 
 
+def _not_the_runs(path: Path) -> Path:
+    """``path``, unless it is one of a run's result files: no report replaces one, with or
+    without ``--force`` (that is for files no tcf-search command keeps)."""
+    if run_file(path):
+        raise OutputError(f"refusing to replace {path}: it is a file of the run's result, "
+                          f"which no report replaces (--force or not); write the report "
+                          f"elsewhere, e.g. -o {path.parent / 'report.html'}")
+    return path
+
+
 def build_report(folder: Path, out_html: Path, png_dir: Path | None = None,
                  study: Path | None = None, *, force: bool = False,
                  baseline: str | None = None) -> ReportFiles:
@@ -81,21 +92,19 @@ def build_report(folder: Path, out_html: Path, png_dir: Path | None = None,
     from tcf_search.report.html import page
 
     html_out = Output(out_html.parent, "report", force=force)
-    html_out.check([html_out.path(out_html.name)])
+    html_out.check([_not_the_runs(html_out.path(out_html.name))])
     png_out = Output(png_dir, "report", force=force) if png_dir is not None else None
     data = load_result(folder)
     if baseline is not None:
-        data = dataclasses.replace(data, result={**data.result,
-                                                 "baseline": _baseline(folder, study, baseline)})
-    figures: dict[str, str] = {}
-    pngs: dict[str, bytes] = {}
+        data = with_baseline(data, _baseline(folder, study, baseline))
+    figures: dict[str, bytes] = {}
     for name, draw in plots.FIGURES:
         fig = draw(data)
-        if fig is None:
-            continue
-        png = plots.png_bytes(fig)
-        figures[name] = plots.img_tag(png, name.replace("_", " "))
-        pngs[f"{name}.png"] = png
+        if fig is not None:
+            figures[name] = plots.png_bytes(fig)
+    pngs = {f"{name}.png": png for name, png in figures.items()}
+    if png_out is not None:
+        png_out.check([_not_the_runs(png_out.path(name)) for name in pngs])
     from tcf_search.explain.source import ranking_note
 
     explain_html, note = _explain_best(folder, study)

@@ -1,15 +1,16 @@
 """One self-contained HTML page: figures as inline PNG data, inline CSS, no script, nothing
-fetched."""
+fetched. Every value reaches the page through :func:`tcf_search.report.markup.html`, escaped."""
 
 from __future__ import annotations
 
-import html
-from typing import Any
+import base64
 
 from search.output import ranking_line
 from tcf_search.report.data import ResultData
+from tcf_search.report.markup import Html, html, join
+from tcf_search.report.schema import Figures
 
-CSS = """
+CSS = Html("""
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;max-width:1100px;
 color:#222;padding:0 16px}
 h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
@@ -18,7 +19,7 @@ th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right} th{backgrou
 td.l,th.l{text-align:left} figure{margin:12px 0} figure img{max-width:100%;height:auto}
 figcaption{font-size:12px;color:#555} .note{background:#fff6e0;padding:6px 10px;font-size:13px}
 pre.explain{background:#fafafa;border:1px solid #eee;padding:10px;overflow-x:auto}
-"""
+""")
 
 CAPTIONS = {
     "memory": "Per-GPU memory of the top plans on their peak pipeline stage, by component, "
@@ -34,28 +35,27 @@ CAPTIONS = {
 }
 
 
-def _esc(x: Any) -> str:
-    return html.escape(str(x))
+TOP_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero_stage", "micro_batch", "recompute",
+               "sequence_parallel")
+TOP_HEAD = Html("<th>tok/s/GPU</th><th>80% interval</th><th>P(OOM)</th><th>MFU</th>"
+                "<th>step s</th><th>mem GiB</th><th class=l>bound by</th>")
 
 
-def _top_table(data: ResultData) -> str:
-    cols = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero_stage", "micro_batch", "recompute",
-            "sequence_parallel")
-    head = "".join(f"<th>{c.replace('_', ' ')}</th>" for c in ("#", *cols))
-    head += ("<th>tok/s/GPU</th><th>80% interval</th><th>P(OOM)</th><th>MFU</th><th>step s</th>"
-             "<th>mem GiB</th><th class=l>bound by</th>")
+def _top_table(data: ResultData) -> Html:
+    head = join(html("<th>{}</th>", c.replace("_", " ")) for c in ("#", *TOP_COLUMNS))
     rows = []
     for r in data.top:
-        p, m = r["plan"], r["predicted"]
-        cells = "".join(f"<td>{_esc(p[c])}</td>" for c in cols)
-        lo_hi = m.get("tokens_per_s_interval")
-        band = f"{lo_hi[0]:,.0f}–{lo_hi[1]:,.0f}" if lo_hi else ""
-        p_oom = f"{m['p_oom']:.0%}" if "p_oom" in m else ""
-        rows.append(f"<tr><td>{r['rank']}</td>{cells}<td>{m['tokens_per_s_per_gpu']:,.0f}</td>"
-                    f"<td>{band}</td><td>{p_oom}</td><td>{m['mfu']:.1%}</td><td>{m['step_time_s']:.2f}</td>"
-                    f"<td>{m['peak_mem_gib']:.1f}/{m['usable_mem_gib']:.1f}</td>"
-                    f"<td class=l>{_esc(m['dominant_challenge'])}</td></tr>")
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+        p, m = r.plan, r.predicted
+        cells = join(html("<td>{}</td>", str(getattr(p, c))) for c in TOP_COLUMNS)
+        lo_hi = m.tokens_per_s_interval
+        band = html("{:,.0f}–{:,.0f}", *lo_hi) if lo_hi else ""
+        p_oom = html("{:.0%}", m.p_oom) if m.p_oom is not None else ""
+        rows.append(html("<tr><td>{}</td>{}<td>{:,.0f}</td><td>{}</td><td>{}</td><td>{:.1%}</td>"
+                         "<td>{:.2f}</td><td>{:.1f}/{:.1f}</td><td class=l>{}</td></tr>",
+                         r.rank, cells, m.tokens_per_s_per_gpu, band, p_oom, m.mfu,
+                         m.step_time_s, m.peak_mem_gib, m.usable_mem_gib,
+                         m.dominant_challenge))
+    return html("<table><tr>{}{}</tr>{}</table>", head, TOP_HEAD, join(rows))
 
 
 BASELINE_ROWS = (("tokens/s per GPU", "tokens_per_s_per_gpu", "{:,.0f}"),
@@ -68,20 +68,26 @@ BASELINE_ROWS = (("tokens/s per GPU", "tokens_per_s_per_gpu", "{:,.0f}"),
                  ("headroom GiB", "headroom_gib", "{:.1f}"))
 
 
-def _baseline_table(data: ResultData) -> str:
+def _figure(figures: Figures, key: str, fmt: str) -> str:
+    """One figure's number as text (escaped where the page takes it)."""
+    return fmt.format(getattr(figures, key))
+
+
+def _baseline_table(data: ResultData) -> Html:
     b = data.baseline
     assert b is not None
-    v = b.get("versus")
-    head = (f"<tr><th class=l></th><th>baseline {_esc(b['plan_text'])}</th>"
-            + (f"<th>{_esc(v['label'])} {_esc(v['plan_text'])}</th>" if v else "") + "</tr>")
-    rows = [f"<tr><td class=l>{label}</td><td>{fmt.format(b['figures'][key])}</td>"
-            + (f"<td>{fmt.format(v['figures'][key])}</td>" if v else "") + "</tr>"
+    v = b.versus
+    head = html("<tr><th class=l></th><th>baseline {}</th>{}</tr>", b.plan_text,
+                html("<th>{} {}</th>", v.label, v.plan_text) if v else "")
+    rows = [html("<tr><td class=l>{}</td><td>{}</td>{}</tr>", label,
+                 _figure(b.figures, key, fmt),
+                 html("<td>{}</td>", _figure(v.figures, key, fmt)) if v else "")
             for label, key, fmt in BASELINE_ROWS]
-    fits = "yes" if b["figures"]["fits"] else "no (memory is a hard constraint)"
-    rows.append(f"<tr><td class=l>fits</td><td>{fits}</td>"
-                + ("<td>yes</td>" if v and v["figures"]["fits"] else "<td></td>" if v else "")
-                + "</tr>")
-    return f"<table id=baseline>{head}{''.join(rows)}</table>"
+    fits = "yes" if b.figures.fits else "no (memory is a hard constraint)"
+    versus_fits = ("" if v is None else "yes" if v.figures.fits else "")
+    rows.append(html("<tr><td class=l>fits</td><td>{}</td>{}</tr>", fits,
+                     html("<td>{}</td>", versus_fits) if v else ""))
+    return html("<table id=baseline>{}{}</table>", head, join(rows))
 
 
 def _ranked_by(data: ResultData) -> str:
@@ -92,41 +98,47 @@ def _ranked_by(data: ResultData) -> str:
     return f"ranked by cost model {version[:12]}"
 
 
-def page(data: ResultData, figures: dict[str, str], explain_html: str | None,
-         notes: list[str]) -> str:
+def _figure_tag(name: str, png: bytes) -> Html:
+    return html('<h2>{}</h2><figure id="{}"><img alt="{}" src="data:image/png;base64,{}">'
+                "<figcaption>{}</figcaption></figure>",
+                name.replace("_", " ").capitalize(), name, name.replace("_", " "),
+                base64.b64encode(png).decode("ascii"), CAPTIONS.get(name, ""))
+
+
+def page(data: ResultData, figures: dict[str, bytes], explain_html: Html | None,
+         notes: list[str]) -> Html:
+    """The page: ``figures`` are PNG bytes by name, ``explain_html`` the explain section."""
     r = data.result
-    c = r["cluster"]
-    pruned = ", ".join(f"{_esc(k)} {v:,}" for k, v in r.get("pruned_by", {}).items() if v)
+    c = r.cluster
+    pruned = ", ".join(f"{k} {v:,}" for k, v in r.pruned_by.items() if v)
     parts = [
-        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
-        f"<title>tcf-search report: {_esc(r['study'])}</title><style>{CSS}</style></head><body>",
-        f"<h1>{_esc(r['study'])}</h1>",
-        f"<div class=sub>{_esc(r['model'])} on {c['num_gpus']}× {_esc(c['gpu'])} — "
-        f"{r['space_size']:,} layouts, {r['valid_count']:,} valid, {r['feasible_count']:,} fit "
-        f"in memory; {r['trials']} trials; objective {_esc(r['objective']['metric'])} "
-        f"({_esc(r['objective']['direction'])})</div>",
-        f"<div class=sub>pruned: {pruned or 'nothing'}</div>",
+        html("<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
+             "<title>tcf-search report: {}</title><style>{}</style></head><body>", r.study, CSS),
+        html("<h1>{}</h1>", r.study),
+        html("<div class=sub>{} on {}× {} — {:,} layouts, {:,} valid, {:,} fit in memory; "
+             "{:,} trials; objective {} ({})</div>", r.model, c.num_gpus, c.gpu, r.space_size,
+             r.valid_count, r.feasible_count, r.trials, r.objective.metric,
+             r.objective.direction),
+        html("<div class=sub>pruned: {}</div>", pruned or "nothing"),
     ]
-    if r.get("calibration"):
-        parts.append(f"<div class=sub>{_esc(r['calibration']['line'])}</div>")
-    parts.append(f"<div class=sub id=cost-model>{_esc(_ranked_by(data))}</div>")
-    parts += [f"<p class=note>{_esc(n)}</p>" for n in [*r.get("notes", []), *notes]]
+    if r.calibration.line is not None:
+        parts.append(html("<div class=sub>{}</div>", r.calibration.line))
+    parts.append(html("<div class=sub id=cost-model>{}</div>", _ranked_by(data)))
+    parts += [html("<p class=note>{}</p>", n) for n in [*r.notes, *notes]]
     if data.top:
-        parts += ["<h2>Top plans</h2>", _top_table(data)]
-        if line := ranking_line(r.get("ranking") or {}):
-            parts.append(f"<p class=sub id=ranking>{_esc(line)}</p>")
+        parts += [html("<h2>Top plans</h2>"), _top_table(data)]
+        if line := ranking_line(r.ranking.model_dump()):
+            parts.append(html("<p class=sub id=ranking>{}</p>", line))
     else:
-        misses = "".join(f"<li>{_esc(m.get('reason', m))}</li>" for m in r.get("near_misses", []))
-        parts += ["<h2>No layout fits</h2>", f"<ul>{misses}</ul>"]
+        misses = join(html("<li>{}</li>", m.reason) for m in r.near_misses)
+        parts += [html("<h2>No layout fits</h2>"), html("<ul>{}</ul>", misses)]
     if data.baseline is not None:
-        parts += ["<h2>Baseline: your current recipe beside the best</h2>",
+        parts += [html("<h2>Baseline: your current recipe beside the best</h2>"),
                   _baseline_table(data),
-                  *(f"<p class=sub>{_esc(line.strip())}</p>" for line in data.baseline["lines"])]
+                  *(html("<p class=sub>{}</p>", line.strip()) for line in data.baseline.lines)]
     if explain_html:
-        parts += ["<h2>Why the best plan is fast: memory, compute, communication</h2>",
+        parts += [html("<h2>Why the best plan is fast: memory, compute, communication</h2>"),
                   explain_html]
-    for name, img in figures.items():
-        parts.append(f"<h2>{_esc(name.replace('_', ' ').capitalize())}</h2><figure id={name}>"
-                     f"{img}<figcaption>{_esc(CAPTIONS.get(name, ''))}</figcaption></figure>")
-    parts.append(f"<p class=sub>result folder: {_esc(data.folder)}</p></body></html>")
-    return "\n".join(parts)
+    parts += [_figure_tag(name, png) for name, png in figures.items()]
+    parts.append(html("<p class=sub>result folder: {}</p></body></html>", str(data.folder)))
+    return join(parts, "\n")

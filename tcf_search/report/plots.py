@@ -1,20 +1,22 @@
 """The report's figures, drawn with matplotlib's object API (no pyplot state, no display).
 
 Each function takes the :class:`ResultData` of a result folder and returns a Figure, or None when
-the folder holds nothing to draw (a study where no layout fits has no top plans).
+the folder holds nothing to draw (a study where no layout fits has no top plans). Text from the
+folder is drawn as it is (``parse_math=False``): a ``$`` in a name is not TeX.
 """
 
 from __future__ import annotations
 
-import base64
 import io
 import textwrap
+import warnings
 from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
 
 from tcf_search.report.data import ResultData, Trial
+from tcf_search.report.schema import Cell, PlanRow
 
 MEMORY = (("weights", "mem_weights_gib", "#4c72b0"), ("gradients", "mem_grads_gib", "#55a868"),
           ("optimizer", "mem_optimizer_gib", "#c44e52"),
@@ -28,15 +30,16 @@ PRUNED_COLOUR = "#d9d9d9"
 UNTRIED_COLOUR = "#f2f2f2"
 
 
-def plan_label(plan: dict[str, Any]) -> str:
-    rec = {"none": "", "selective": " sel", "full": " full"}[plan["recompute"]]
-    extra = "".join(f" {k}{plan[k]}" for k in ("cp", "ep", "vpp") if plan.get(k, 1) > 1)
-    return (f"tp{plan['tp']} pp{plan['pp']} dp{plan['dp']}{extra}\n"
-            f"mbs{plan['micro_batch']} z{plan['zero_stage']}{rec}")
+def plan_label(plan: PlanRow) -> str:
+    rec = {"none": "", "selective": " sel", "full": " full"}[plan.recompute]
+    extra = "".join(f" {k}{getattr(plan, k)}" for k in ("cp", "ep", "vpp")
+                    if getattr(plan, k) > 1)
+    return (f"tp{plan.tp} pp{plan.pp} dp{plan.dp}{extra}\n"
+            f"mbs{plan.micro_batch} z{plan.zero_stage}{rec}")
 
 
 def _top_labels(data: ResultData) -> list[str]:
-    return [f"#{r['rank']}\n{plan_label(r['plan'])}" for r in data.top]
+    return [f"#{r.rank}\n{plan_label(r.plan)}" for r in data.top]
 
 
 def memory_bars(data: ResultData) -> Figure | None:
@@ -47,7 +50,7 @@ def memory_bars(data: ResultData) -> Figure | None:
     x = np.arange(len(data.top))
     bottom = np.zeros(len(x))
     for label, key, colour in MEMORY:
-        vals = np.array([r["predicted"].get(key, 0.0) for r in data.top])
+        vals = np.array([getattr(r.predicted, key) for r in data.top])
         ax.bar(x, vals, bottom=bottom, label=label, color=colour, width=0.7)
         bottom += vals
     usable = data.usable_gib
@@ -71,10 +74,10 @@ def step_breakdown(data: ResultData) -> Figure | None:
     y = np.arange(len(data.top))[::-1]
     left = np.zeros(len(y))
     for label, key, colour in STEP:
-        vals = np.array([r["predicted"].get(key, 0.0) for r in data.top])
+        vals = np.array([getattr(r.predicted, key) for r in data.top])
         ax.barh(y, vals, left=left, label=label, color=colour, height=0.7)
         left += vals
-    step = np.array([r["predicted"]["step_time_s"] for r in data.top])
+    step = np.array([r.predicted.step_time_s for r in data.top])
     rest = np.maximum(step - left, 0.0)
     if rest.max() > 0.005 * step.max():
         ax.barh(y, rest, left=left, label="other (stage imbalance)", color="#bbbbbb", height=0.7)
@@ -114,14 +117,14 @@ def throughput_scatter(data: ResultData) -> Figure | None:
     ax.plot(front[:, 0], front[:, 1], "-o", color="#c44e52", ms=4, lw=1.5,
             label="Pareto front (less memory, more tokens/s)")
     if data.top:
-        best = data.top[0]["predicted"]
-        ax.scatter([best["peak_mem_gib"]], [best["tokens_per_s_per_gpu"]], marker="*", s=220,
+        best = data.top[0].predicted
+        ax.scatter([best.peak_mem_gib], [best.tokens_per_s_per_gpu], marker="*", s=220,
                    color="#dd8452", edgecolor="black", zorder=5, label="best plan")
     if data.baseline is not None:
-        f = data.baseline["figures"]
-        ax.scatter([f["peak_mem_gib"]], [f["tokens_per_s_per_gpu"]], marker="D", s=90,
+        f = data.baseline.figures
+        ax.scatter([f.peak_mem_gib], [f.tokens_per_s_per_gpu], marker="D", s=90,
                    color="white", edgecolor="black", lw=1.5, zorder=6,
-                   label="baseline" + ("" if f["fits"] else " (does not fit)"))
+                   label="baseline" + ("" if f.fits else " (does not fit)"))
     if data.usable_gib is not None:
         ax.axvline(data.usable_gib, color="black", lw=1, ls="--", label="usable HBM")
     ax.set_xlabel("peak memory per GPU (GiB)")
@@ -135,8 +138,8 @@ def convergence(data: ResultData) -> Figure | None:
     trials = [t for t in data.trials if t.state == "complete" and t.value is not None]
     if not trials:
         return None
-    objective = data.result.get("objective") or {}
-    maximize = objective.get("direction", "maximize") == "maximize"
+    objective = data.result.objective
+    maximize = objective.direction == "maximize"
     x = np.array([t.number for t in trials])
     v = np.array([t.value for t in trials], dtype=float)
     running = np.maximum.accumulate(v) if maximize else np.minimum.accumulate(v)
@@ -144,31 +147,31 @@ def convergence(data: ResultData) -> Figure | None:
     ax = fig.add_subplot()
     ax.scatter(x, v, s=10, alpha=0.5, color="#4c72b0", label="trial")
     ax.step(x, running, where="post", color="#c44e52", lw=2, label="best so far")
-    optimum = data.result.get("optimum")
-    if optimum:
-        ax.axhline(optimum["value"], color="black", ls="--", lw=1, label="exhaustive optimum")
+    optimum = data.result.optimum
+    if optimum is not None:
+        ax.axhline(optimum.value, color="black", ls="--", lw=1, label="exhaustive optimum")
     ax.set_xlabel("trial")
-    ax.set_ylabel(str(objective.get("metric", "objective")).replace("_", " "))
-    sampler = (data.result.get("search") or {}).get("sampler", "")
-    ax.set_title(f"Search convergence ({sampler}, {len(trials)} trials)")
+    ax.set_ylabel(objective.metric.replace("_", " "), parse_math=False)
+    sampler = data.result.search.sampler
+    ax.set_title(f"Search convergence ({sampler}, {len(trials)} trials)", parse_math=False)
     ax.legend(fontsize=7)
     return fig
 
 
-def cell_reason(cell: dict[str, Any]) -> str:
+def cell_reason(cell: Cell) -> str:
     """The constraint that removed every layout of a (tp, pp) cell."""
-    if cell["valid"] > 0:
+    if cell.valid > 0:
         return "memory"
-    counts = {k: v for k, v in cell["pruned_by"].items() if k != "memory"}
+    counts = {k: v for k, v in cell.pruned_by.items() if k != "memory"}
     return max(counts, key=lambda k: counts[k]) if counts else "empty"
 
 
 def layout_heatmap(data: ResultData) -> Figure | None:
-    cells = data.result.get("cells") or []
+    cells = data.result.cells
     if not cells:
         return None
-    tps = sorted({c["tp"] for c in cells})
-    pps = sorted({c["pp"] for c in cells})
+    tps = sorted({c.tp for c in cells})
+    pps = sorted({c.pp for c in cells})
     best: dict[tuple[int, int], float] = {}
     for trial in _complete(data.trials):
         if trial.tp is None or trial.pp is None or trial.tokens_per_s_per_gpu is None:
@@ -178,23 +181,24 @@ def layout_heatmap(data: ResultData) -> Figure | None:
     grid = np.full((len(tps), len(pps)), np.nan)
     fig = Figure(figsize=(1.1 * len(pps) + 2.5, 0.75 * len(tps) + 1.6), layout="constrained")
     ax = fig.add_subplot()
-    by_key = {(c["tp"], c["pp"]): c for c in cells}
+    by_key = {(c.tp, c.pp): c for c in cells}
     for (t, p), value in best.items():
         if (t, p) in by_key:
             grid[tps.index(t), pps.index(p)] = value
     for c in cells:
-        i, j = tps.index(c["tp"]), pps.index(c["pp"])
-        if c["feasible"] == 0:
+        i, j = tps.index(c.tp), pps.index(c.pp)
+        if c.feasible == 0:
             colour = PRUNED_COLOUR
             text = textwrap.fill(cell_reason(c).replace("_", " "), 10)
         elif np.isnan(grid[i, j]):
-            top_val = c.get("best_in_top")
+            top_val = c.best_in_top
             colour = UNTRIED_COLOUR
-            text = f"{top_val:,.0f}" if top_val else f"{c['feasible']} fit\nnot tried"
+            text = f"{top_val:,.0f}" if top_val else f"{c.feasible} fit\nnot tried"
         else:
             continue
         ax.add_patch(_rect(j, i, colour))
-        ax.text(j, i, text, ha="center", va="center", fontsize=6.5, color="#444444")
+        ax.text(j, i, text, ha="center", va="center", fontsize=6.5, color="#444444",
+                parse_math=False)
     masked = np.ma.masked_invalid(grid)
     img = ax.imshow(masked, cmap="viridis", aspect="auto", origin="lower")
     for (i, j), value in np.ndenumerate(grid):
@@ -218,7 +222,7 @@ def _baseline_cell(ax: Any, data: ResultData, tps: list[int], pps: list[int]) ->
     title's place instead (its tp or pp is not among the searched values)."""
     if data.baseline is None:
         return
-    tp, pp = data.baseline["plan"]["tp"], data.baseline["plan"]["pp"]
+    tp, pp = data.baseline.plan.tp, data.baseline.plan.pp
     if tp in tps and pp in pps:
         from matplotlib.patches import Rectangle
 
@@ -247,10 +251,8 @@ def png_bytes(fig: Figure, dpi: int = 130) -> bytes:
     """The figure as PNG (one rendering serves the page and the static file: SVG text of these
     figures is ~5x larger and slower to write)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
+    with warnings.catch_warnings():  # a name in a script the font lacks is drawn as boxes
+        warnings.filterwarnings("ignore", r"Glyph \d+ .* missing from font", UserWarning)
+        fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
 
-
-def img_tag(png: bytes, alt: str) -> str:
-    data = base64.b64encode(png).decode("ascii")
-    return f'<img alt="{alt}" src="data:image/png;base64,{data}">'

@@ -16,6 +16,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from search.files import write_atomic
 from tcf_search.validate.agreement import Row
@@ -44,7 +45,10 @@ def read_csv(folder: Path) -> list[dict[str, str]]:
 
 
 def study_storage(folder: Path) -> tuple[str, Any] | None:
-    """(study name, storage) of the study in ``folder``, or None when it has none we can open."""
+    """(study name, storage) of the study in ``folder``, or None when it has none we can open.
+    Only a journal or SQLite file inside the folder: a result folder may come from someone else,
+    and what its ``result.json`` names is opened as the user (a SQLite URL creates its file, a
+    server URL's options can name files), so nothing outside the folder is opened."""
     result = folder / "result.json"
     if not result.exists():
         return None
@@ -56,12 +60,22 @@ def study_storage(folder: Path) -> tuple[str, Any] | None:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
+    from search.rdb import in_memory, sqlite_file
+
     if "://" in url:
-        return name, optuna.storages.RDBStorage(url)
+        path = sqlite_file(url)
+        if path is None or in_memory(url) or "?" in url or not _inside(path, folder):
+            return None
+        return name, optuna.storages.RDBStorage(f"sqlite:///{quote(str(path.resolve()))}")
     path = Path(url) if Path(url).is_absolute() else folder / Path(url).name
-    if not path.exists():
+    if not _inside(path, folder):
         return None
     return name, JournalStorage(JournalFileBackend(str(path)))
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """An existing regular file inside ``folder`` (no link out of it)."""
+    return path.is_file() and path.resolve().is_relative_to(folder.resolve())
 
 
 def record_in_study(folder: Path, rows: Sequence[Row], summary: dict[str, Any]) -> str:
