@@ -235,8 +235,8 @@ def megatron_bridge_table() -> tuple[list[float], list[float]]:
             clean.append(err)
         fits = "" if est.memory.fits else " *"
         recipe = f" ({recipe_recompute(preset, system)})" if model.is_moe else ""
-        scope = ",".join(training.cuda_graph_scope) or "layer"
-        graph = f"  graphs {training.cuda_graph_impl}:{scope}" if graphs else ""
+        scope = ",".join(training.framework.kernels.cuda_graph_scope) or "layer"
+        graph = f"  graphs {training.framework.kernels.cuda_graph_impl}:{scope}" if graphs else ""
         moe = f"  {moe_label(release, system, preset, training)}" if model.is_moe else ""
         offload = f" offload {offloaded}" if offloaded else ""
         print(f"{head}{tok:>11,.0f}{tok / published - 1:>+8.0%}  {chosen}{offload}{fits}{recipe}"

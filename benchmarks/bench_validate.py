@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel import ClusterSpec, ModelSpec, Plan, Training, estimate  # noqa: E402
 from hardware_catalog import get_gpu  # noqa: E402
-from hardware_catalog.frameworks import framework_settings  # noqa: E402
 from search.inputs.planfile import PlanFile  # noqa: E402
 from search.inputs.presets import get_preset  # noqa: E402
+from search.inputs.specs import training_spec  # noqa: E402
 from tcf_search.calibration.device import Entry, load_entry, measure_machine  # noqa: E402
 from tcf_search.calibration.refit import fit_efficiency  # noqa: E402
 from tcf_search.validate.agreement import (  # noqa: E402
@@ -51,9 +51,8 @@ def real_runs(entry: Entry, steps: int) -> None:
     # the harness is PyTorch-native (FSDP2, DTensor TP/SP, pipelining): the torchtitan profile
     model = get_preset("tiny")
     # and on CPU it runs without autocast: fp32 activations
-    training = as_run(Training(seq_len=256, global_batch=16,
-                               **framework_settings("torchtitan")),  # type: ignore[arg-type]
-                      "cpu")
+    training = as_run(training_spec(framework="torchtitan", precision="bf16", seq_len=256,
+                                    global_batch=16), "cpu")
     cluster = ClusterSpec(gpu=entry.gpu, num_gpus=2, gpus_per_node=2)
     print(f"\n== tiny CPU study: {model.name}, seq 256, 16 sequences/step, 2 gloo ranks, "
           f"{steps} timed steps (fp32 on CPU) ==")
@@ -114,6 +113,13 @@ LLAMA3_70B = ModelSpec(name="llama3-70b", layers=80, hidden=8192, ffn_hidden=286
                        kv_heads=8, vocab=128256)
 
 
+def harness_training(*, seq_len: int, global_batch: int) -> Training:
+    """The harness is PyTorch-native (FSDP2, DTensor TP/SP, pipelining): the torchtitan
+    profile, in bf16 as the memory-only runs are."""
+    return training_spec(framework="torchtitan", precision="bf16", seq_len=seq_len,
+                         global_batch=global_batch)
+
+
 def memory_only_cases() -> None:
     from tcf_search.validate.memory_only import measure_memory
 
@@ -121,10 +127,10 @@ def memory_only_cases() -> None:
     cases = [
         ("Llama 3 8B, FSDP (ZeRO-3) on 8 ranks, seq 8192, full recompute", LLAMA3_8B,
          Plan(dp=8, zero_stage=3, micro_batch=1, recompute="full"),
-         Training(seq_len=8192, global_batch=8), 8),
+         harness_training(seq_len=8192, global_batch=8), 8),
         ("Llama 3 70B, TP8+SP x PP4 (1F1B) stage 0, seq 8192, full recompute", LLAMA3_70B,
          Plan(tp=8, pp=4, micro_batch=1, sequence_parallel=True, recompute="full"),
-         Training(seq_len=8192, global_batch=4), 32),
+         harness_training(seq_len=8192, global_batch=4), 32),
     ]
     for title, model, plan, training, n in cases:
         start = time.perf_counter()

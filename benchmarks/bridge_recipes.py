@@ -175,12 +175,12 @@ def moe_label(release: str, system: str, preset: str, training: Training) -> str
     """The row's MoE recipe in a few words: dispatcher (flex's backend), A2A or shared-expert
     overlap, padding to capacity or dropless, the fp8 recipe, and the #1998 mark."""
     tr = training
-    disp = (f"flex:{FLEX_BACKENDS.get((release, system), '?')}" if tr.moe_dispatcher == "flex"
-            else tr.moe_dispatcher)
-    shared = model_has_shared(preset) and tr.moe_shared_expert_overlap
-    parts = [disp + ("+a2a-overlap" if tr.moe_a2a_overlap else "")
+    disp = (f"flex:{FLEX_BACKENDS.get((release, system), '?')}"
+            if tr.framework.moe.moe_dispatcher == "flex" else tr.framework.moe.moe_dispatcher)
+    shared = model_has_shared(preset) and tr.framework.moe.moe_shared_expert_overlap
+    parts = [disp + ("+a2a-overlap" if tr.framework.moe.moe_a2a_overlap else "")
              + ("+shared-overlap" if shared else ""),
-             "pad" if tr.moe_pad_to_capacity else "dropless",
+             "pad" if tr.framework.moe.moe_pad_to_capacity else "dropless",
              "mx" if (release, system, preset) in FP8_MX_ROWS else "cs"]
     return " ".join(parts) + (f" {DAGGER}" if (release, system, preset) in BRIDGE_REGRESSIONS
                               else "")

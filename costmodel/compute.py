@@ -155,7 +155,7 @@ def _elementwise(model: ModelSpec, tr: Training, kn: Kernels) -> _Elementwise:
     act on TP-sharded tensors."""
     h, f = model.hidden, model.ffn_hidden
     gated = model.ffn_type == "swiglu"
-    if tr.fused_elementwise:
+    if tr.framework.kernels.fused_elementwise:
         norm_elems, rope_elems, act_per_f = 2.0, 2.0, 3.0 if gated else 2.0
         norm_bwd, rope_bwd = FUSED_NORM_BWD_ELEMS, FUSED_ROPE_BWD_ELEMS
         act_bwd_per_f = FUSED_SWIGLU_BWD_PER_F if gated else FUSED_GELU_BWD_PER_F
@@ -182,11 +182,11 @@ def _attention_fwd(model: ModelSpec, tr: Training, kn: Kernels) -> np.ndarray:
     gpu, eff = kn.cluster.gpu, kn.cluster.gpu.efficiency
     a, s, M = model.heads, float(tr.seq_len), kn.tokens
     dqv = float(qk_dim(model) + v_dim(model))  # scores over d_qk, values over d_v
-    if tr.flash_attention:
+    if tr.framework.attention.flash_attention:
         # causal: half the keys on average, or the sliding window's
         attn_flops_fwd = 2.0 * M * causal_keys(model, tr.seq_len) * a * dqv / kn.tp
         attn_eff = eff.attention_peak_fraction
-        if tr.attention_kernel == "flash3" and gpu.family in FLASH3_FAMILIES:
+        if tr.framework.attention.attention_kernel == "flash3" and gpu.family in FLASH3_FAMILIES:
             attn_eff = eff.flash3_attention_peak_fraction
         return attn_flops_fwd / (gpu.peak_flops_bf16 * attn_eff) + _cp_split_s(model, kn)
     # two batched GEMMs over all s x s scores, and the scores through softmax in HBM
@@ -249,9 +249,9 @@ def _loss_s(model: ModelSpec, tr: Training, kn: Kernels
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The loss's memory-bound passes over this GPU's logits (its vocabulary shard), forward
     and backward (``LOSS_FP32_BYTES``), and the eager fp32 cast's part of both."""
-    fwd, bwd = LOSS_FP32_BYTES[tr.loss_kernel]
+    fwd, bwd = LOSS_FP32_BYTES[tr.framework.kernels.loss_kernel]
     per_byte_s = kn.tokens * float(model.vocab) / kn.tp / kn.hbm
-    if tr.loss_kernel == "fused":
+    if tr.framework.kernels.loss_kernel == "fused":
         return per_byte_s * (kn.act + fwd), per_byte_s * (kn.act + bwd), 0.0 * per_byte_s
     cast = kn.act + 4.0 if kn.act < 4.0 else 0.0  # x.float(): a copy unless fp32 already
     return per_byte_s * (cast + fwd), per_byte_s * (cast + bwd), per_byte_s * 2.0 * cast
@@ -265,7 +265,8 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     selective = selective_extra(model, tr, p, kn, dense, moe)
     elem = dense.elem
     dense_ops = {"attn": elem.attn_kernels_fwd, "mlp": elem.kernels_fwd - elem.attn_kernels_fwd}
-    dense_host = host_ops(dense_ops, DENSE_SEGMENTS, tr.cuda_graph_impl, tr.cuda_graph_scope)
+    dense_host = host_ops(dense_ops, DENSE_SEGMENTS, tr.framework.kernels.cuda_graph_impl,
+                          tr.framework.kernels.cuda_graph_scope)
     head = kn.unquantized().gemm(model.vocab / kn.tp, float(model.hidden))  # bf16 under fp8
     loss_fwd_s, loss_bwd_s, cast_s = _loss_s(model, tr, kn)
     return LayerTimes(
@@ -275,8 +276,9 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         attention_fwd_s=dense.attention_s, gemm_fwd_dense_s=dense.gemm_s,
         selective_extra_s=selective.dense_s, selective_extra_moe_s=selective.moe_s,
         selective_host_dense_s=selective.host_dense_s, selective_host_moe_s=selective.host_moe_s,
-        host_fwd_dense_s=dense_host * tr.host_overhead_s * np.ones_like(kn.tokens),
-        host_fwd_moe_s=(moe.host_ops if moe else dense_host) * tr.host_overhead_s
+        host_fwd_dense_s=(dense_host * tr.framework.kernels.host_overhead_s
+                          * np.ones_like(kn.tokens)),
+        host_fwd_moe_s=(moe.host_ops if moe else dense_host) * tr.framework.kernels.host_overhead_s
         * np.ones_like(kn.tokens),
         head_fwd_s=head + loss_fwd_s, head_bwd_s=2.0 * head + loss_bwd_s,
         loss_s=loss_fwd_s + loss_bwd_s, cast_s=cast_s,
@@ -294,13 +296,13 @@ def hardware_flops(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: Plan
                             recomputed_layers(p, layers.largest) / layers.largest, 0.0)
     # the recomputed forward adds a third of a layer's training FLOPs (forward = 1/3 of 6N)
     flops = model_flops * (1.0 + rec_fraction / 3.0)
-    if tr.selective_recompute == "every_other_mm":
+    if tr.framework.activations.selective_recompute == "every_other_mm":
         second: float | np.ndarray = every_other_gemm_flops_per_token(model)
-    elif tr.selective_recompute == "modules":
-        has = chosen(p.recompute_modules, tr.recompute_modules)
+    elif tr.framework.activations.selective_recompute == "modules":
+        has = chosen(p.recompute_modules, tr.framework.activations.recompute_modules)
         second = sum((np.where(has(m), module_flops_per_token(model, (m,), tr.seq_len), 0.0)
                       for m in MODELLED), start=np.zeros(len(p)))
-    if tr.selective_recompute in ("every_other_mm", "modules"):
+    if tr.framework.activations.selective_recompute in ("every_other_mm", "modules"):
         per_gpu = second * model.layers * tr.tokens_per_step / cluster.num_gpus
         flops = flops + np.where(p.recompute == 1, per_gpu, 0.0)
     return flops

@@ -151,7 +151,7 @@ def graphs_allowed(recompute_full: np.ndarray, impl: str, scope: Sequence[str], 
 def graph_facts(model: ModelSpec, training: Training) -> dict[str, Any]:
     """The fields of ``costmodel.rules.Facts`` that :func:`graphs_allowed` reads."""
     return {"moe_layers": model.moe_layers,
-            "cuda_graph_impl": training.cuda_graph_impl,
-            "cuda_graph_scope": training.cuda_graph_scope,
-            "moe_pad_to_capacity": training.moe_pad_to_capacity,
-            "moe_a2a_overlap": training.moe_a2a_overlap}
+            "cuda_graph_impl": training.framework.kernels.cuda_graph_impl,
+            "cuda_graph_scope": training.framework.kernels.cuda_graph_scope,
+            "moe_pad_to_capacity": training.framework.moe.moe_pad_to_capacity,
+            "moe_a2a_overlap": training.framework.moe.moe_a2a_overlap}

@@ -96,17 +96,18 @@ def kernels_of(cluster: ClusterSpec, tr: Training, p: PlanArrays) -> Kernels:
     tp, cp = p.tp.astype(float), p.cp.astype(float)
     sp = p.sequence_parallel.astype(bool)
     fp8 = tr.precision == "fp8"
-    act = tr.activation_dtype_bytes
+    act = tr.framework.numerics.activation_dtype_bytes
     # Overlapping TP communication with the GEMMs (Transformer Engine's userbuffers ring
     # exchange, PyTorch's async TP) runs each TP GEMM as tp pieces of M / tp rows, one per step
     # of the all-gather or reduce-scatter ring: smaller GEMMs, one launch each
-    pieces = np.where(sp & (tp > 1) & tr.tp_comm_overlap & (not gpu.synchronous), tp, 1.0)
+    pieces = np.where(sp & (tp > 1) & tr.framework.tp.tp_comm_overlap & (not gpu.synchronous),
+                      tp, 1.0)
     return Kernels(cluster=cluster, tokens=p.micro_batch * float(tr.seq_len) / cp, tp=tp, cp=cp,
                    sp=sp,
                    pieces=pieces, peak=gpu.peak_flops(tr.precision),
                    in_bytes=1.0 if fp8 else act, act=act,
                    hbm=gpu.hbm_bw_bytes_per_s * gpu.efficiency.memory_bw_fraction, fp8=fp8,
-                   fp8_weight_cache=tr.fp8_weight_cache)
+                   fp8_weight_cache=tr.framework.numerics.fp8_weight_cache)
 
 
 

@@ -67,16 +67,17 @@ class MemoryCoefficients:
 
 def zero2_reduces_each_micro_batch(tr: Training, p: PlanArrays) -> np.ndarray:
     """Where ZeRO-2 reduce-scatters every micro-batch (and so keeps only its gradient shard)
-    rather than once per step from a whole gradient buffer (``Training.zero2_grad_sync``)."""
-    mode = np.where(p.pp > 1, tr.zero2_grad_sync_pp == "micro_batch",
-                    tr.zero2_grad_sync == "micro_batch")
+    rather than once per step from a whole gradient buffer
+    (``training.framework.dp.zero2_grad_sync``)."""
+    mode = np.where(p.pp > 1, tr.framework.dp.zero2_grad_sync_pp == "micro_batch",
+                    tr.framework.dp.zero2_grad_sync == "micro_batch")
     return (p.zero_stage == 2) & (mode | (micro_batches(tr.global_batch, p) == 1))
 
 
 def zero3_accumulates_whole(tr: Training, p: PlanArrays) -> np.ndarray:
     """Where ZeRO-3 accumulates whole gradients and reduce-scatters once per step
-    (``Training.zero3_grad_sync``) rather than every micro-batch."""
-    return ((p.zero_stage >= 3) & (tr.zero3_grad_sync == "step")
+    (``training.framework.dp.zero3_grad_sync``) rather than every micro-batch."""
+    return ((p.zero_stage >= 3) & (tr.framework.dp.zero3_grad_sync == "step")
             & (micro_batches(tr.global_batch, p) > 1))
 
 
@@ -84,27 +85,28 @@ def _states_per_param(tr: Training, p: PlanArrays, shard: np.ndarray) -> dict[st
     z = p.zero_stage
     fp8 = tr.precision == "fp8"
     # fp8 keeps a cast copy of the bf16 weights, or holds them in fp8 only
-    w = (1.0 if tr.fp8_param_gather else BF16 + 1.0) if fp8 else BF16
-    g = float(tr.grad_dtype_bytes)
-    master = 4.0 if tr.master_weights else 0.0
-    state = float(tr.optimizer_state_bytes)
+    w = (1.0 if tr.framework.numerics.fp8_param_gather else BF16 + 1.0) if fp8 else BF16
+    g = float(tr.framework.numerics.grad_dtype_bytes)
+    master = 4.0 if tr.framework.numerics.master_weights else 0.0
+    state = float(tr.framework.numerics.optimizer_state_bytes)
     o = master + (2.0 if tr.optimizer == "adam" else 1.0) * state
     # FSDP's ZeRO-3 holds the fp32 master shard as the parameter itself, no bf16 shard beside
-    # it (``Training.zero3_master_is_param``): the weights are the master, the rest optimizer
-    one_copy = tr.zero3_master_is_param and tr.master_weights
+    # it (``training.framework.dp.zero3_master_is_param``): the weights are the master, the rest
+    # optimizer
+    one_copy = tr.framework.dp.zero3_master_is_param and tr.framework.numerics.master_weights
     weights = np.where(z >= 3, (master if one_copy else w) / shard, w)
     # ZeRO-2 accumulating whole gradients over micro-batches holds them unsharded; so does
     # ZeRO-3 with its sync off until the last micro-batch, in the reduce dtype, where the group
     # is sharded at all (FSDP leaves a group of one, e.g. experts without replicas, to autograd)
     grads = np.where((z >= 3) | zero2_reduces_each_micro_batch(tr, p), g / shard, g)
     grads = np.where(zero3_accumulates_whole(tr, p) & (shard > 1),
-                     float(tr.grad_reduce_dtype_bytes), grads)
+                     float(tr.framework.numerics.grad_reduce_dtype_bytes), grads)
     optimizer = np.where(z >= 1, np.where((z >= 3) & one_copy, o - master, o) / shard, o)
     # A framework that reduces gradients out of a separate buffer keeps a low-precision copy for
     # the all-reduce all step long (ZeRO-0), or a full-precision one plus the gathered shard at
     # the optimizer step (ZeRO-1/2).
     zero = np.zeros_like(shard, dtype=float)
-    if tr.separate_grad_comm_buffer:
+    if tr.framework.dp.separate_grad_comm_buffer:
         comm_buffer = np.where((shard > 1) & (z == 0), BF16, 0.0)
         opt_buffer = np.where((shard > 1) & (z >= 1), g + BF16 / shard, 0.0)
     else:
@@ -116,7 +118,7 @@ def _states_per_param(tr: Training, p: PlanArrays, shard: np.ndarray) -> dict[st
 def _routed_copies(model: ModelSpec, tr: Training, p: PlanArrays, M: np.ndarray) -> np.ndarray:
     """Token copies the busiest rank's experts receive per micro-batch: top-k of each of its
     M / tp tokens, gathered over expert TP (:func:`costmodel.moe.tokens_per_expert`)."""
-    return M * model.moe_topk * tr.moe_load_imbalance * expert_tp(p) / p.tp
+    return M * model.moe_topk * tr.framework.moe.moe_load_imbalance * expert_tp(p) / p.tp
 
 
 def _moe_saved(model: ModelSpec, tr: Training, p: PlanArrays, M: np.ndarray,
@@ -137,7 +139,7 @@ def _moe_saved(model: ModelSpec, tr: Training, p: PlanArrays, M: np.ndarray,
     router = 2.0 * 4.0 * M * E / sp_div  # fp32 logits and probabilities
     # per token and TP rank: the shared experts' width (TP-sharded) and the routed copies'
     # (each at fe / expert TP, on expert-TP times the copies)
-    width = (model.moe_shared_experts + model.moe_topk * tr.moe_load_imbalance) * fe
+    width = (model.moe_shared_experts + model.moe_topk * tr.framework.moe.moe_load_imbalance) * fe
     return width, router + BF16 * copies * h
 
 
@@ -154,8 +156,8 @@ def freed_by_modules(model: ModelSpec, tr: Training, p: PlanArrays, M: np.ndarra
     norm, a MoE layer's pre-MLP norm; the rest are fused into linear_qkv / linear_fc1); mlp
     checkpoints a dense model's MLP whole, its input (the norm output) kept. Each plan's own set
     (its mask; 0: the training's)."""
-    has, a = chosen(p.recompute_modules, tr.recompute_modules), model.heads
-    bf16_outputs = not (tr.precision == "fp8" and tr.fp8_saves_cast_inputs)
+    has, a = chosen(p.recompute_modules, tr.framework.activations.recompute_modules), model.heads
+    bf16_outputs = not (tr.precision == "fp8" and tr.framework.numerics.fp8_saves_cast_inputs)
     freed = np.zeros_like(M)
 
     def add(name: str, term: np.ndarray) -> np.ndarray:
@@ -164,7 +166,7 @@ def freed_by_modules(model: ModelSpec, tr: Training, p: PlanArrays, M: np.ndarra
     freed = add(CORE_ATTN, 4.0 * M * a / tp)
     if not bf16_outputs:  # the kernel's bf16 copy of its output, beside the fp8 cast
         freed = add(CORE_ATTN, 2.0 * M * a * v_dim(model) / tp)
-    if not tr.flash_attention:
+    if not tr.framework.attention.flash_attention:
         freed = add(CORE_ATTN, 5.0 * M * score_keys(model, tr.seq_len) * a / tp)
     if model.mla:
         freed = add(MLA_UP_PROJ,
@@ -173,7 +175,7 @@ def freed_by_modules(model: ModelSpec, tr: Training, p: PlanArrays, M: np.ndarra
         norms = int(model.mla is not None) + int(model.is_moe)
         freed = add(LAYERNORM, norms * 2.0 * M * model.hidden / sp_div)
     if model.is_moe and bf16_outputs:
-        routed = model.moe_topk * tr.moe_load_imbalance * model.expert_ffn_hidden
+        routed = model.moe_topk * tr.framework.moe.moe_load_imbalance * model.expert_ffn_hidden
         freed = add(MOE_ACT, 2.0 * M * routed / tp)
     if not model.is_moe:
         freed = add(MLP, mlp_all)
@@ -190,13 +192,14 @@ def activation_bytes_per_layer(model: ModelSpec, tr: Training,
     M = p.micro_batch * tr.seq_len / p.cp  # tokens of a micro-batch on this GPU
     # norm inputs and outputs (2 per block) live outside the TP regions
     outside = 8.0 * M * h / sp_div
-    if tr.sp_saves_gathered_input:  # the two norm outputs also kept whole, as gathered
+    if tr.framework.tp.sp_saves_gathered_input:  # the two norm outputs also kept whole, as gathered
         outside = outside + 4.0 * M * h * (1.0 - 1.0 / sp_div)
     # q, k, v as attention reads them (MLA: up-projected, and its latents), the attention
     # output, and the log-sum-exp
     attention = ((2.0 * M * qkv_act_elems(model) + 2.0 * M * a * v_dim(model)) / tp
                  + 4.0 * M * a / tp)
-    if not tr.flash_attention:  # fp16 scores, fp32 softmax output (Korthikanti: 5as/h terms)
+    # fp16 scores, fp32 softmax output (Korthikanti: 5as/h terms)
+    if not tr.framework.attention.flash_attention:
         attention = attention + 5.0 * M * score_keys(model, tr.seq_len) * a / tp
     if model.is_moe:
         width, routing = _moe_saved(model, tr, p, M, sp_div)
@@ -205,7 +208,7 @@ def activation_bytes_per_layer(model: ModelSpec, tr: Training,
     gated = model.ffn_type == "swiglu"
     mlp_all = (6.0 if gated else 4.0) * M * width / tp + routing
     mlp_selective = (4.0 if gated else 2.0) * M * width / tp + routing
-    fp8_inputs = tr.precision == "fp8" and tr.fp8_saves_cast_inputs
+    fp8_inputs = tr.precision == "fp8" and tr.framework.numerics.fp8_saves_cast_inputs
     if model.is_moe and fp8_inputs:  # the routed copies kept as the expert fc1's fp8 input
         routing = routing - _routed_copies(model, tr, p, M) * model.hidden
     if fp8_inputs:
@@ -216,15 +219,15 @@ def activation_bytes_per_layer(model: ModelSpec, tr: Training,
         # engine/pytorch/attention/dot_product_attention/backends.py) and the out projection its
         # fp8 cast, 3 bytes where bf16 shares one tensor of 2
         outside = outside - 2.0 * M * h / sp_div
-        if tr.sp_saves_gathered_input:
+        if tr.framework.tp.sp_saves_gathered_input:
             outside = outside - 2.0 * M * h * (1.0 - 1.0 / sp_div)
         attention = attention + M * a * v_dim(model) / tp
         mlp_all = mlp_all - M * width / tp
         mlp_selective = mlp_selective - M * width / tp
     full_layer = outside + attention + mlp_all
-    if tr.selective_recompute == "modules":
+    if tr.framework.activations.selective_recompute == "modules":
         selective = full_layer - freed_by_modules(model, tr, p, M, tp, sp_div, mlp_all)
-    elif tr.selective_recompute == "every_other_mm":
+    elif tr.framework.activations.selective_recompute == "every_other_mm":
         # torchtitan's op-level policy keeps the layer's input, the outputs of the GEMMs it
         # does not recompute (q, v, the MLP's first and, gated, its last), attention's output
         # and log-sum-exp, and the TP reduce-scatters' outputs; the rest is recomputed
@@ -237,13 +240,13 @@ def activation_bytes_per_layer(model: ModelSpec, tr: Training,
     stored = np.where(p.recompute == 1, selective, full_layer)
     ckpt = BF16 * M * h / sp_div
     stored = np.where(p.recompute == 2, ckpt, stored)
-    wide = tr.activation_dtype_bytes / BF16  # the counts above are in bf16 bytes
+    wide = tr.framework.numerics.activation_dtype_bytes / BF16  # the counts above are in bf16 bytes
     return stored * wide, ckpt * wide, full_layer * wide
 
 
 def coefficients(model: ModelSpec, cluster: ClusterSpec, tr: Training,
                  p: PlanArrays) -> MemoryCoefficients:
-    mm = tr.memory_model
+    mm = tr.framework.memory_model
     tp, ep = p.tp.astype(float), p.ep.astype(float)
     etp = expert_tp(p).astype(float)
     shard = (p.dp * p.cp).astype(float)
@@ -267,7 +270,7 @@ def coefficients(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     # Experts are gathered over their expert-DP replicas; with none (ep x expert TP spans the
     # stage) their shard is whole and resident, and only a framework whose shard is the fp32
     # master casts a bf16 copy of it per unit
-    one_copy = tr.zero3_master_is_param and tr.master_weights
+    one_copy = tr.framework.dp.zero3_master_is_param and tr.framework.numerics.master_weights
     gathered = dense + experts * ((expert_shard > 1) | one_copy)
     gather = np.where(p.zero_stage >= 3, 2.0 * gathered * BF16, 0.0)
     mtp_dense, mtp_experts = mtp_params(model, p)
@@ -312,7 +315,7 @@ def stage_memory(model: ModelSpec, tr: Training, p: PlanArrays, co: MemoryCoeffi
     (``recompute_layers``, 0 = all when recompute is full) or offloaded to host memory
     (``cpu_offload_layers``), plus one layer's working set.
     """
-    mm = tr.memory_model
+    mm = tr.framework.memory_model
     n = layers.of(stage)
     pp = p.pp
     has_embed = stage == "first"
@@ -386,7 +389,7 @@ def allocator_stall(step_s: np.ndarray, stages: dict[str, StageBytes], cluster: 
     ``pressure_start`` of usable memory pays the allocator's free-and-retry every step
     (``pressure_slowdown``). The peak is a prediction, so the stall is charged by the chance that
     the real one passes: a normal in log memory of ``pressure_width``."""
-    mm = tr.memory_model
+    mm = tr.framework.memory_model
     if mm.pressure_slowdown == 0.0:
         return np.zeros_like(step_s)
     peak = np.max(np.stack([stages[st].total for st in STAGES]), axis=0)

@@ -1,5 +1,6 @@
-"""The software stack's calibrated memory parameters (``Training.memory_model``): what a framework
-holds beyond the tensor count of ``costmodel.memory``, and how its caching allocator behaves."""
+"""The software stack's calibrated memory parameters (``training.framework.memory_model``): what
+a framework holds beyond the tensor count of ``costmodel.memory``, and how its caching allocator
+behaves."""
 
 from __future__ import annotations
 

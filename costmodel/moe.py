@@ -141,7 +141,7 @@ def grouped_expert_time(model: ModelSpec, tr: Training, p: PlanArrays,
     h, fe = float(model.hidden), float(model.expert_ffn_hidden)
     etp = expert_tp(p).astype(float)
     n_up = 2.0 * fe if model.ffn_type == "swiglu" else fe
-    m = np.maximum(tokens_per_expert(model, p, kn) * tr.moe_load_imbalance, 1.0)
+    m = np.maximum(tokens_per_expert(model, p, kn) * tr.framework.moe.moe_load_imbalance, 1.0)
     h_arr = np.broadcast_to(h, m.shape)
     one = (gemm_time(m, n_up / etp, h_arr, kn.peak, kn.cluster, kn.in_bytes)
            + gemm_time(m, h_arr, fe / etp, kn.peak, kn.cluster, kn.in_bytes))
@@ -154,7 +154,7 @@ def grouped_expert_time(model: ModelSpec, tr: Training, p: PlanArrays,
 
 def router_ops(tr: Training) -> float:
     """Operations of the router's forward: gating, top-k and the load-balancing loss."""
-    if tr.moe_router_fusion:
+    if tr.framework.moe.moe_router_fusion:
         return ROUTER_GATING_OPS + FUSED_TOPK_OPS + FUSED_AUX_LOSS_OPS
     return ROUTER_GATING_OPS + TOPK_OPS + AUX_LOSS_OPS
 
@@ -177,14 +177,15 @@ def permute_elements(model: ModelSpec, tr: Training, p: PlanArrays,
     chunk sort over the copies it received."""
     k = float(model.moe_topk)
     etp = expert_tp(p).astype(float)
-    recv = etp * k * tr.moe_load_imbalance  # received copies, per dispatched token
+    recv = etp * k * tr.framework.moe.moe_load_imbalance  # received copies, per dispatched token
     local = model.moe_experts / p.ep
     sort = np.where((local > 1) & (p.ep * etp > 1), 4.0 * recv, 0.0)  # sort and unsort, r+w
-    if tr.moe_dispatcher == "allgather":  # permute the gathered TP x EP tokens, and back
+    own = tr.framework.moe
+    if own.moe_dispatcher == "allgather":  # permute the gathered TP x EP tokens, and back
         return 2.0 * (etp * p.ep + recv)
-    if tr.moe_dispatcher == "flex":  # the dispatch kernel writes the received copies in place
+    if own.moe_dispatcher == "flex":  # the dispatch kernel writes the received copies in place
         return 4.0 * recv
-    if tr.moe_permute_fusion:  # read each token once, write its k copies; and back
+    if own.moe_permute_fusion:  # read each token once, write its k copies; and back
         return 2.0 * (1.0 + k) + sort
     # index_select (read and write k copies); unpermute: weight by probability (read and
     # write k copies), scatter-add into a zeroed output (read k, write 1, zero 1)
@@ -200,7 +201,8 @@ def host_syncs(tr: Training) -> float:
     dispatch waits on the host for the received counts (fused_a2a.py FusedDispatch: "the CPU
     will wait for GPU's signal"), HybridEP too unless given num_permuted_tokens (the padded
     capacity). Padding is taken to make flex HybridEP's."""
-    if tr.moe_pad_to_capacity and tr.moe_dispatcher in ("alltoall", "flex"):
+    own = tr.framework.moe
+    if own.moe_pad_to_capacity and own.moe_dispatcher in ("alltoall", "flex"):
         return 0.0
     return 1.0
 
@@ -208,7 +210,8 @@ def host_syncs(tr: Training) -> float:
 def sort_ops(model: ModelSpec, tr: Training, p: PlanArrays) -> np.ndarray:
     """The chunk sort and unsort of a rank holding several experts under EP or expert TP."""
     spread = (model.moe_experts / p.ep > 1) & (p.ep * expert_tp(p) > 1)
-    return np.where(spread, FUSED_SORT_OPS if tr.moe_permute_fusion else SORT_OPS, 0.0)
+    return np.where(spread, FUSED_SORT_OPS if tr.framework.moe.moe_permute_fusion else SORT_OPS,
+                    0.0)
 
 
 def host_segments(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
@@ -218,22 +221,22 @@ def host_segments(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     experts unless they overlap the dispatch); the dispatcher's preprocess (counts, the first
     permute); the eager middle (device-to-host copies, the collectives, the chunk sort, the
     experts' grouped GEMMs); the unpermute and bias-dropout-add after the combine."""
-    fused, fp8 = tr.moe_permute_fusion, kn.fp8
+    fused, fp8 = tr.framework.moe.moe_permute_fusion, kn.fp8
     local = model.moe_experts / p.ep
     etp = expert_tp(p).astype(float)
     shared = SHARED_EXPERT_OPS if model.moe_shared_experts else 0.0
-    counts = (PADDED_COUNT_OPS if tr.moe_pad_to_capacity
+    counts = (PADDED_COUNT_OPS if tr.framework.moe.moe_pad_to_capacity
               else np.where(p.ep * etp > 1, COUNT_OPS, 1.0))
     sort = sort_ops(model, tr, p)
     experts = (GEMMS_PER_EXPERT * local + EXPERT_FIXED_OPS
                + (GEMMS_PER_EXPERT * local + FP8_PADDING_OPS if fp8 else 0.0))
     middle = (host_syncs(tr) * DTOH_OPS + np.where(p.ep > 1, A2A_OPS, 0.0)
               + np.where(etp > 1, EXPERT_TP_COLLECTIVES, 0.0) + sort + experts
-              + (shared if tr.moe_shared_expert_overlap else 0.0))
+              + (shared if tr.framework.moe.moe_shared_expert_overlap else 0.0))
     ones = np.ones_like(kn.tokens)
     return {"attn": attn_ops * ones,
             "router": (PRE_MLP_NORM_OPS + router_ops(tr)
-                       + (0.0 if tr.moe_shared_expert_overlap else shared)) * ones,
+                       + (0.0 if tr.framework.moe.moe_shared_expert_overlap else shared)) * ones,
             "preprocess": (counts + (FUSED_PERMUTE_OPS if fused else PERMUTE_OPS)) * ones,
             "experts": middle * ones,
             "postprocess": ((FUSED_PERMUTE_OPS if fused else UNPERMUTE_OPS) + MLP_BDA_OPS) * ones}
@@ -247,9 +250,9 @@ def sync_stall(tr: Training, routed_s: np.ndarray, permute_s: np.ndarray,
     every graph scope that leaves a sync) exceeds their GPU time; the transfers' own time, which
     also lets the host catch up, is left out."""
     after = segments["experts"] - host_syncs(tr) * DTOH_OPS + segments["postprocess"]
-    host_post = after * tr.host_overhead_s
+    host_post = after * tr.framework.kernels.host_overhead_s
     gpu_post = routed_s + permute_s / 2.0
-    return host_syncs(tr) * (D2H_SYNC_S + tr.host_overhead_s
+    return host_syncs(tr) * (D2H_SYNC_S + tr.framework.kernels.host_overhead_s
                              + np.maximum(host_post - gpu_post, 0.0))
 
 
@@ -263,7 +266,8 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
                                          + kn.gemm(float(h), fe / tp))
     router = router_time(model, tr, kn)
     segments = host_segments(model, tr, p, kn, elem.attn_kernels_fwd)
-    copies = sort_ops(model, tr, p) + (2.0 * FUSED_PERMUTE_OPS if tr.moe_permute_fusion
+    copies = sort_ops(model, tr, p) + (2.0 * FUSED_PERMUTE_OPS
+                                       if tr.framework.moe.moe_permute_fusion
                                        else PERMUTE_OPS + UNPERMUTE_OPS)
     permute = (kn.tokens / tp * permute_elements(model, tr, p, kn) * h * kn.act / kn.hbm
                + copies * eff.kernel_overhead_s)
@@ -271,7 +275,7 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     gemm_s = dense.qkv_s + dense.out_s + moe_s
     # the experts' activation function runs on the top-k copies (the busiest rank's), at the
     # expert width
-    expert_act = model.moe_topk * tr.moe_load_imbalance * (elem.act_elems / f) * fe
+    expert_act = model.moe_topk * tr.framework.moe.moe_load_imbalance * (elem.act_elems / f) * fe
     elem_s = kn.tokens * (elem.replicated + (elem.rope_elems * rope_width(model) + expert_act)
                           / tp) * kn.act / kn.hbm
     # the GPU's launch costs of the router, copies and expert GEMMs are in their times; the
@@ -279,7 +283,8 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     # the operations no graph holds (costmodel.graphs)
     eager = sum(segments.values())
     kernels = np.broadcast_to(eager / elem.kernels_fwd, kn.tokens.shape).astype(float)
-    issued = host_ops(segments, MOE_SEGMENTS, tr.cuda_graph_impl, tr.cuda_graph_scope)
+    issued = host_ops(segments, MOE_SEGMENTS, tr.framework.kernels.cuda_graph_impl,
+                      tr.framework.kernels.cuda_graph_scope)
     # the experts' GEMMs are not split for TP overlap: their weight gradients cost as forward
     fwd, bwd = fwd_bwd(gemm_s, dense.wgrad_attn_s + moe_s, dense.attention_s, elem_s,
                        elem.overhead_fwd_s, 1.0)

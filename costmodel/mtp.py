@@ -85,7 +85,7 @@ def block_saved_bytes(model: ModelSpec, tr: Training, p: PlanArrays) -> np.ndarr
     M = p.micro_batch * tr.seq_len / p.cp
     shard = np.where(p.sequence_parallel > 0, p.tp, 1).astype(float)
     elems = np.where(p.recompute == 2, 2.0, BLOCK_SAVED_ELEMS)
-    return elems * M * model.hidden / shard * tr.activation_dtype_bytes
+    return elems * M * model.hidden / shard * tr.framework.numerics.activation_dtype_bytes
 
 
 def _block_kernels(model: ModelSpec, cluster: ClusterSpec, tr: Training,
@@ -97,7 +97,7 @@ def _block_kernels(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     kn = kernels_of(cluster, tr, p)
     h = float(model.hidden)
     shard = np.where(kn.sp, kn.tp, 1.0)
-    norm, norm_bwd = ((2.0, FUSED_NORM_BWD_ELEMS) if tr.fused_elementwise
+    norm, norm_bwd = ((2.0, FUSED_NORM_BWD_ELEMS) if tr.framework.kernels.fused_elementwise
                       else (EAGER_NORM_ELEMS, 2.0 * EAGER_NORM_ELEMS))
     fwd_elems = h + (3.0 * norm + 4.0 + 2.0) * h / shard
     bwd_elems = 2.0 * h + 3.0 * norm_bwd * h / shard
@@ -152,7 +152,7 @@ def mtp_stage(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArray
     vocab = 4.0 * tensor.vocab_side_s + tensor.vocab_s["last"]
     comm = comm_fwd + comm_bwd + np.where(full, comm_fwd, 0.0) + vocab
     host_layer = (lt.host_fwd_moe_s if moe else lt.host_fwd_dense_s) + tensor.host_fwd_s
-    host_fwd = host_layer + BLOCK_KERNELS_FWD * tr.host_overhead_s
+    host_fwd = host_layer + BLOCK_KERNELS_FWD * tr.framework.kernels.host_overhead_s
     selective_host = lt.selective_host_moe_s if moe else lt.selective_host_dense_s
     host = host_fwd * (1.0 + BWD_HOST_FACTOR + full) + np.where(selective, selective_host, 0.0)
     return MtpStage(compute_s=D * compute, comm_s=D * comm, recompute_s=D * recompute,

@@ -31,9 +31,10 @@ def optimizer_time(co: MemoryCoefficients, layers: StageLayers, p: PlanArrays,
     eff = cluster.gpu.efficiency
     # read the gradient, read and write each state; the fp32 master is read and written and the
     # bf16 weights written from it, or without a master the weights are read and written
-    states = (2.0 if tr.optimizer == "adam" else 0.0) * float(tr.optimizer_state_bytes)
-    weights = 2 * 4.0 + BF16 if tr.master_weights else 2 * BF16
-    bytes_per_param = float(tr.grad_dtype_bytes) + 2 * states + weights
+    states = ((2.0 if tr.optimizer == "adam" else 0.0)
+              * float(tr.framework.numerics.optimizer_state_bytes))
+    weights = 2 * 4.0 + BF16 if tr.framework.numerics.master_weights else 2 * BF16
+    bytes_per_param = float(tr.framework.numerics.grad_dtype_bytes) + 2 * states + weights
     hbm = cluster.gpu.hbm_bw_bytes_per_s * eff.memory_bw_fraction
     return params_local * bytes_per_param / hbm + 20 * eff.kernel_overhead_s
 
@@ -50,10 +51,11 @@ def grad_accumulation_time(co: MemoryCoefficients, layers: StageLayers, micro_ba
     dense, experts = largest_stage_params(co, layers)
     hbm = cluster.gpu.hbm_bw_bytes_per_s * cluster.gpu.efficiency.memory_bw_fraction
     z = p.zero_stage
-    own = np.where((p.pp > 1) & (z == 0) & (tr.grad_accum_pass_bytes_pp >= 0),
-                   tr.grad_accum_pass_bytes_pp, tr.grad_accum_pass_bytes)
+    own = np.where((p.pp > 1) & (z == 0) & (tr.framework.dp.grad_accum_pass_bytes_pp >= 0),
+                   tr.framework.dp.grad_accum_pass_bytes_pp, tr.framework.dp.grad_accum_pass_bytes)
     whole = ((z <= 1) | ((z == 2) & ~zero2_reduces_each_micro_batch(tr, p))
              | zero3_accumulates_whole(tr, p))
     inplace = np.where((own == 0) & whole,
-                       np.maximum(micro_batches - 1, 0) * tr.grad_accum_inplace_bytes, 0.0)
+                       np.maximum(micro_batches - 1, 0) * tr.framework.dp.grad_accum_inplace_bytes,
+                       0.0)
     return (micro_batches * own + inplace) * (dense + experts) / hbm

@@ -89,7 +89,7 @@ def logits_hops(model: ModelSpec, tr: Training, g: Mesh, layers: StageLayers
     x = g.tokens * float(model.vocab) / g.tp
     head = g.pp - 1.0 if layers.head_rank is None else layers.head_rank.astype(float)
     stride, domain = g.tp * g.cp * g.dp, g.link.domain
-    return (comm.p2p_time(x * tr.activation_dtype_bytes,
+    return (comm.p2p_time(x * tr.framework.numerics.activation_dtype_bytes,
                           hop_crosses_domain(head, stride, domain), g.link),
             comm.p2p_time(x * 4.0, hop_crosses_domain(head + 1.0, stride, domain), g.link))
 
@@ -173,8 +173,8 @@ def point_to_point(model: ModelSpec, tr: Training, g: Mesh, layers: StageLayers,
     p, tp, pp, v, m, link = g.plan, g.tp, g.pp, g.vpp, g.micro_batches, g.link
     cross = g.pp_crosses_network
     sp_div = np.where(p.sequence_parallel > 0, tp, 1.0)
-    x_pp = g.tokens * model.hidden * tr.activation_dtype_bytes / sp_div
-    scatter = (tr.pp_scatter_gather & (p.sequence_parallel == 0) & (tp > 1) & cross
+    x_pp = g.tokens * model.hidden * tr.framework.numerics.activation_dtype_bytes / sp_div
+    scatter = (tr.framework.pp.pp_scatter_gather & (p.sequence_parallel == 0) & (tp > 1) & cross
                & (g.k_tp >= tp))
     hop = np.where(scatter,
                    comm.p2p_time(x_pp / tp, cross, link) + comm.gather_time(x_pp, tp, g.k_tp,
@@ -182,7 +182,7 @@ def point_to_point(model: ModelSpec, tr: Training, g: Mesh, layers: StageLayers,
                    comm.p2p_time(x_pp, cross, link))
     time_s = np.where(pp > 1, 2.0 * m * v * hop, 0.0)
     n_big = layers.largest
-    if tr.overlap_p2p_comm and not g.synchronous:
+    if tr.framework.pp.overlap_p2p_comm and not g.synchronous:
         # interleaved: a hop hides behind the next chunk's forward (or backward) of one
         # micro-batch; the pipeline's first receive and last send have nothing to hide behind
         chunk_fwd, chunk_bwd = n_big * lt.fwd_s / v, n_big * lt.bwd_s / v
@@ -208,7 +208,7 @@ def shared_embedding_sync(model: ModelSpec, tr: Training, g: Mesh,
     DeepSpeed's pipeline engine its tied modules alike. The pair is as far apart as the job is
     wide (pp is outermost): one NVLink domain only if the job is."""
     on = (g.pp > 1) & (model.tied_embeddings or model.mtp_layers > 0)
-    x = np.where(on, embed_params * tr.grad_reduce_dtype_bytes, 0.0)
+    x = np.where(on, embed_params * tr.framework.numerics.grad_reduce_dtype_bytes, 0.0)
     n = np.where(on, 2.0, 1.0)
     k = np.where(g.tp * g.cp * g.dp * g.pp > g.link.domain, 1.0, 2.0)  # the pair's members a domain
     time_s = comm.all_reduce_time(x, n, k, g.link)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from costmodel.framework import FrameworkProfile
 from costmodel.graphs import graph_facts
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 
@@ -36,13 +37,13 @@ class Switches:
         1F1B. Not a validity rule: such plans run.
     recompute_per_chunk: a partial full-recompute count is per model chunk, so with vpp chunks
         per rank a stage recomputes a multiple of vpp layers (Megatron-LM's
-        ``--recompute-num-layers``; a framework profile's switch, ``Training``).
+        ``--recompute-num-layers``; a framework profile's switch, ``FrameworkProfile``).
     microbatch_groups: the interleaved schedule runs micro-batches in groups of pp, so their
         count per step is a multiple of pp (Megatron-Core's ``microbatch_group_size_per_vp_stage``
-        defaults to pp; a framework profile's switch, ``Training``).
+        defaults to pp; a framework profile's switch, ``FrameworkProfile``).
     moe_tp_sequence_parallel: a model with MoE layers trains with tp > 1 only under sequence
         parallelism (Megatron-Core's ``MoELayer.forward``; a framework profile's switch,
-        ``Training``).
+        ``FrameworkProfile``).
     """
 
     uneven_pipeline: bool = True
@@ -68,8 +69,8 @@ class Facts:
     num_gpus: int
     nvlink_domain: int
     switches: Switches = field(default_factory=Switches)
-    # what the framework runs beside MoE layers (``Training.moe_max_zero_stage`` and
-    # ``Training.moe_tensor_parallel``, from its profile)
+    # what the framework runs beside MoE layers (its profile's ``moe.moe_max_zero_stage`` and
+    # ``moe.moe_tensor_parallel``)
     moe_max_zero_stage: int = 3
     moe_tensor_parallel: bool = True
     moe_layers: int = 0  # the CUDA-graph rule's facts (costmodel.graphs.graph_facts)
@@ -78,21 +79,23 @@ class Facts:
     moe_pad_to_capacity: bool = False
     moe_a2a_overlap: bool = False
     # multi-token prediction depths, and whether the framework builds them
-    # (``Training.multi_token_prediction``, from its profile)
+    # (its profile's ``multi_token_prediction``)
     mtp_layers: int = 0
     multi_token_prediction: bool = True
-    # what the framework runs at all (``Training.zero_stages[_pp]``, ``recompute_modes``,
-    # ``partial_recompute``, ``pp_schedules``, from its profile)
+    # what the framework runs at all (its profile's ``dp.zero_stages[_pp]``,
+    # ``activations.recompute_modes``, ``activations.partial_recompute``, ``pp.pp_schedules``)
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     zero_stages_pp: tuple[int, ...] = (0, 1, 2, 3)
     recompute_modes: tuple[str, ...] = ("none", "selective", "full")
     partial_recompute: bool = True
     pp_schedules: tuple[str, ...] = ("1f1b", "gpipe", "interleaved")
-    # what selective recompute is (``Training.selective_recompute``; "modules": Megatron-Core's
+    # what selective recompute is (``training.framework.activations.selective_recompute``;
+    # "modules": Megatron-Core's
     # --recompute-modules, which a plan may name), and whether the model's attention is MLA
     selective_recompute: str = "activation"
     mla: bool = False
-    # activation offloading: whether the framework offloads (``Training.cpu_offloading``) and
+    # activation offloading: whether the framework offloads
+    # (``training.framework.activations.cpu_offloading``) and
     # the GPU has a catalogued host link and host memory to offload to
     cpu_offloading: bool = False
     host_link: bool = False
@@ -108,9 +111,11 @@ def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
              switches: Switches | None = None) -> Facts:
     """The facts of a model on a cluster; the framework's own switches (``recompute_per_chunk``,
     ``microbatch_groups``, ``moe_tp_sequence_parallel``: a profile's) are the training's."""
-    switches = replace(switches or Switches(), recompute_per_chunk=training.recompute_per_chunk,
-                       microbatch_groups=training.microbatch_groups,
-                       moe_tp_sequence_parallel=training.moe_tp_sequence_parallel)
+    fw = training.framework
+    switches = replace(switches or Switches(),
+                       recompute_per_chunk=fw.activations.recompute_per_chunk,
+                       microbatch_groups=fw.pp.microbatch_groups,
+                       moe_tp_sequence_parallel=fw.moe.moe_tp_sequence_parallel)
     return Facts(layers=model.layers, heads=model.heads, kv_heads=model.kv_heads,
                  experts=model.moe_experts, seq_len=training.seq_len,
                  global_batch=training.global_batch, num_gpus=cluster.num_gpus,
@@ -118,16 +123,16 @@ def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
                  mtp_layers=model.mtp_layers, mla=model.mla is not None,
                  host_link=cluster.gpu.host_link_bw_bytes_per_s > 0
                  and cluster.gpu.host_memory_bytes > 0,
-                 **framework_facts(training),
+                 **framework_facts(training.framework),
                  **graph_facts(model, training))
 
 
-# what a framework builds and implements at all, as its Training carries them (rules moe_*,
+# what a framework builds and implements at all, as its profile holds them (rules moe_*,
 # mtp, framework_*)
 FRAMEWORK_FACTS = ("moe_max_zero_stage", "moe_tensor_parallel", "multi_token_prediction",
                    "zero_stages", "zero_stages_pp", "recompute_modes", "partial_recompute",
                    "pp_schedules", "selective_recompute", "cpu_offloading")
 
 
-def framework_facts(training: Training) -> dict[str, Any]:
-    return {name: getattr(training, name) for name in FRAMEWORK_FACTS}
+def framework_facts(profile: FrameworkProfile) -> dict[str, Any]:
+    return {name: profile.switch(name) for name in FRAMEWORK_FACTS}

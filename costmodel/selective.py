@@ -1,7 +1,7 @@
 """What selective recompute re-runs in a layer's backward: the kernels' time on the GPU and the
 operations the host issues again for them.
 
-Three policies, by framework (``Training.selective_recompute``):
+Three policies, by framework (``training.framework.activations.selective_recompute``):
 
 * ``activation``: the activation function alone (and, without flash attention, the attention
   scores), the default;
@@ -62,7 +62,7 @@ def _issued(ops: Ops, order: Sequence[str], tr: Training) -> np.ndarray:
     :func:`costmodel.graphs.host_ops` counts for them, less its graph launches."""
     full = {name: ops.get(name, 0.0) for name in order}
     none = {name: 0.0 for name in order}
-    impl, scope = tr.cuda_graph_impl, tr.cuda_graph_scope
+    impl, scope = tr.framework.kernels.cuda_graph_impl, tr.framework.kernels.cuda_graph_scope
     return np.asarray(host_ops(full, order, impl, scope) - host_ops(none, order, impl, scope))
 
 
@@ -73,8 +73,10 @@ def _extra(tr: Training, kn: Kernels, times: tuple[np.ndarray, np.ndarray],
     return SelectiveExtra(
         dense_s=np.broadcast_to(times[0], shape).astype(float),
         moe_s=np.broadcast_to(times[1], shape).astype(float),
-        host_dense_s=np.broadcast_to(dense_ops * tr.host_overhead_s, shape).astype(float),
-        host_moe_s=np.broadcast_to(moe_ops * tr.host_overhead_s, shape).astype(float))
+        host_dense_s=np.broadcast_to(dense_ops * tr.framework.kernels.host_overhead_s,
+                                     shape).astype(float),
+        host_moe_s=np.broadcast_to(moe_ops * tr.framework.kernels.host_overhead_s,
+                                   shape).astype(float))
 
 
 def selective_extra(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
@@ -82,7 +84,7 @@ def selective_extra(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     """What selective recompute adds to a dense and to a MoE layer's backward (a model without
     MoE layers gets the dense layer's for both)."""
     elem, eff = dense.elem, kn.cluster.gpu.efficiency
-    if tr.selective_recompute == "every_other_mm":
+    if tr.framework.activations.selective_recompute == "every_other_mm":
         policy = every_other_gemm(model)
         attn_second = kn.layer_gemm(policy.k_projection, split=True) + dense.out_s
         second_mms = attn_second + kn.layer_gemm(policy.mlp, split=True)
@@ -100,9 +102,9 @@ def selective_extra(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
         moe_ops: Ops = {"attn": attn_ops, "experts": np.maximum(
             elem.kernels_fwd * moe.kernels - elem.attn_kernels_fwd - EVERY_OTHER_SAVED_MLP, 0.0)}
         return _extra(tr, kn, (extra, moe_s), (dense_ops, moe_ops))
-    if tr.selective_recompute == "modules":
-        return _modules_extra(model, tr, chosen(p.recompute_modules, tr.recompute_modules), kn,
-                              dense, moe)
+    if tr.framework.activations.selective_recompute == "modules":
+        has = chosen(p.recompute_modules, tr.framework.activations.recompute_modules)
+        return _modules_extra(model, tr, has, kn, dense, moe)
     # the activation function alone (and attention's scores without flash attention)
     extra = kn.tokens * (elem.act_elems / kn.tp) * kn.act / kn.hbm + eff.kernel_overhead_s
     ops: tuple[Ops, Ops] = ({"mlp": 1.0}, {"experts": 1.0})
@@ -157,7 +159,7 @@ def _modules_extra(model: ModelSpec, tr: Training, has: Callable[[str], np.ndarr
     moe_extra = both + (norms + norm) * norm_s
     # top-k copies of each token, expert width
     moe_extra = moe_extra + np.where(has(MOE_ACT), (
-        per_elem_s * model.moe_topk * tr.moe_load_imbalance
+        per_elem_s * model.moe_topk * tr.framework.moe.moe_load_imbalance
         * (dense.elem.act_elems / model.ffn_hidden)
         * model.expert_ffn_hidden / kn.tp + eff.kernel_overhead_s), 0.0)
     moe_ops = {"attn": attn_ops, "router": norm.astype(float),

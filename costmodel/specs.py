@@ -7,12 +7,13 @@ read like the papers they cite.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
 
 from costmodel.attention import MlaSpec
 from costmodel.errors import SpecError, require_positive
-from costmodel.graphs import graph_scope
+from costmodel.framework import FrameworkProfile
 from costmodel.hardware import ClusterSpec, Efficiency, GpuSpec
 from costmodel.layer_style import (
     Bias,
@@ -31,7 +32,7 @@ from costmodel.plan_fields import (
     check_fields,
     fields_doc,
 )
-from costmodel.recompute_modules import MEGATRON_DEFAULT, module_set, plan_modules
+from costmodel.recompute_modules import plan_modules
 
 FfnType = Literal["swiglu", "gelu"]
 Precision = Literal["bf16", "fp16", "fp8"]
@@ -41,8 +42,8 @@ PRECISION_CODES: dict[str, int] = {"bf16": 0, "fp16": 1, "fp8": 2}
 SCHEDULE_CODES: dict[str, int] = {name: i for i, name in enumerate(PP_SCHEDULES)}
 SCHEDULE_NAMES: dict[int, PipelineSchedule] = dict(enumerate(PP_SCHEDULES))
 
-__all__ = ["ClusterSpec", "Efficiency", "GpuSpec", "MemoryModel", "ModelSpec", "PipelineSchedule",
-           "Plan", "Recompute", "SpecError", "Training"]
+__all__ = ["ClusterSpec", "Efficiency", "FrameworkProfile", "GpuSpec", "MemoryModel", "ModelSpec",
+           "PipelineSchedule", "Plan", "Recompute", "SpecError", "Training"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,201 +186,59 @@ Plan.__doc__ = f"{Plan.__doc__}\n    {fields_doc()}"  # help(Plan) shows each fi
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Training:
-    """What one optimizer step processes and how the framework behaves.
+    """The workload of one optimizer step, and the framework that runs it.
 
-    ``global_batch`` is in sequences. The overlap flags are real framework switches
-    (Megatron ``--overlap-grad-reduce``/``--overlap-param-gather``/``--tp-comm-overlap``,
-    FSDP prefetching); frameworks differ in their defaults.
+    ``global_batch`` is in sequences. Everything the framework decides (overlaps, buckets,
+    kernels, ZeRO semantics, recompute, MoE dispatch, its memory model) is its
+    :class:`~costmodel.framework.FrameworkProfile`, read as ``training.framework.<group>.<switch>``
+    and built from ``hardware_catalog/frameworks.yaml`` only.
     """
 
     seq_len: int
+    """Tokens per sequence."""
     global_batch: int
+    """Sequences per optimizer step."""
     precision: Precision = "bf16"
+    """The GEMMs' precision (bf16, fp16, or fp8 with bf16 elsewhere)."""
     optimizer: Literal["adam", "sgd"] = "adam"
-    grad_dtype_bytes: int = 4  # fp32 gradient accumulation buffer (Megatron main_grad, nanotron)
-    # bytes a parameter of gradient accumulation (optimizer.py): a pass of the framework's own
-    # every micro-batch (``_pp``: in a pipeline at ZeRO-0; -1: the same), or autograd's in-place
-    # .grad add on all but the first where whole gradients are kept (``inplace``)
-    grad_accum_pass_bytes: float = 0.0
-    grad_accum_pass_bytes_pp: float = -1.0
-    grad_accum_inplace_bytes: float = 0.0
-    master_weights: bool = True  # fp32 master copy next to the low-precision weights
-    # Bytes of an optimizer state element (Adam's m, v; SGD's momentum): fp32 beside fp32 masters;
-    # torch.optim's zeros_like keeps the parameter's dtype (bf16 in NeMo AutoModel's MoE models)
-    optimizer_state_bytes: int = 4
-    # Bytes of a gradient element as reduced (0: grad_dtype_bytes): FSDP2's reduce_dtype=float32
-    # (sync off, accumulated whole in fp32: _fsdp_param.py to_accumulated_grad_if_needed)
-    grad_reduce_bytes: int = 0
-    overlap_grad_reduce: bool = True
-    overlap_param_gather: bool = True
-    tp_comm_overlap: bool = False
-    flash_attention: bool = True
-    # The fused-attention kernel: "flash2", FlashAttention-2 and its peers (nanotron, llm-foundry,
-    # PyTorch SDPA); "flash3", FlashAttention-3 or cuDNN's under Transformer Engine (Hopper on)
-    attention_kernel: Literal["flash2", "flash3"] = "flash2"
-    # the loss over the logits: "fused", or nanotron's "eager_fp32" ops (compute.LOSS_FP32_BYTES)
-    loss_kernel: Literal["fused", "eager_fp32"] = "fused"
-    # whether ZeRO-1/2's gradient reduction runs during backward (Megatron) or after (nanotron)
-    overlap_grad_reduce_sharded: bool = True
-    # ZeRO-1/2: gradients by a full all-reduce (twice a reduce-scatter's bytes); both DP
-    # collectives as one call on the whole buffer, not dp_bucket_bytes buckets; eager host ops per
-    # DP rank per layer to gather the parameters. nanotron's ZeRO-1: all three (frameworks.yaml)
-    sharded_grad_all_reduce: bool = False
-    sharded_dp_one_call: bool = False
-    sharded_gather_host_ops: float = 0.0
-    separate_grad_comm_buffer: bool = False  # nanotron copies grads into a reduce buffer
-    # ZeRO-2 under gradient accumulation pays one of two costs, never neither: "micro_batch"
-    # reduce-scatters into the owner's shard every micro-batch (DeepSpeed ZeRO-2's hooks, zero/
-    # stage_1_and_2.py; Megatron-FSDP's optim_grads; FSDP2 with sync on, torchtitan); "step" keeps
-    # whole gradients, reduce-scatters once (FSDP2 with set_requires_gradient_sync(False) to the
-    # last micro-batch, torch.distributed.pipelining's schedules). ``_pp``: under PP.
-    zero2_grad_sync: Literal["micro_batch", "step"] = "micro_batch"
-    # CP's K/V exchange (parallel/context.py): cp - 1 ring steps (Megatron-Core's p2p), or one
-    # all-gather (torchtitan's default)
-    cp_comm: Literal["ring", "all_gather"] = "ring"
-    zero2_grad_sync_pp: Literal["micro_batch", "step"] = "micro_batch"
-    # ZeRO-3 alike: "micro_batch" as torchtitan's train_step, "step" as NeMo AutoModel's
-    # get_sync_ctx (set_requires_gradient_sync; whole gradients held in the reduce dtype)
-    zero3_grad_sync: Literal["micro_batch", "step"] = "micro_batch"
-    # A partial full-recompute count is per model chunk (Megatron-LM's --recompute-num-layers):
-    # with vpp chunks a multiple of vpp. Validity (costmodel.rules ``recompute_chunks``)
-    recompute_per_chunk: bool = False
-    # The interleaved schedule's micro-batches in groups of pp (Megatron-Core's default
-    # microbatch_group_size_per_vp_stage). Validity (rules microbatch_groups)
-    microbatch_groups: bool = False
-    # MoE layers train with tp > 1 only under SP (Megatron-Core's MoELayer.forward): rule moe_tp_sp
-    moe_tp_sequence_parallel: bool = False
-    # The launcher takes an explicit per-virtual-stage layout (Megatron-Core's
-    # --pipeline-model-parallel-layout, torchtitan's per-stage lists): any split of a stage into
-    # vpp chunks runs; off, only what the first/last-stage flags build. Validity (vpp_layers)
-    uneven_chunks: bool = False
-    dp_bucket_bytes: float = 25 * 2**20  # gradient bucket (torch DDP's default 25 MiB)
-    # Extra seconds per TP ring step when a pipeline engine interleaves p2p with TP collectives on
-    # one stream across the network (nanotron's eager PP engine; 0 for separate streams).
-    pp_tp_step_overhead_s: float = 0.0
-    # Megatron-LM's scatter/gather of pipeline activations (Narayanan et al., SC21, sec. 4.1):
-    # each TP rank sends 1/tp of a stage boundary's activation over its NIC, the next stage
-    # all-gathers it over NVLink. Only without sequence parallel, which shards them anyway.
-    pp_scatter_gather: bool = False
-    # Interleaved 1F1B sends a chunk's activation while the next computes (Megatron-LM's
-    # overlap_p2p_comm, default with a virtual pipeline); without interleaving all wait for it
-    overlap_p2p_comm: bool = False
-    # What SP keeps for the QKV and MLP-in projections' backward: Megatron the sharded norm output,
-    # all-gathered again (Korthikanti et al., 2022, 4.2.2); DTensor's ColwiseParallel the gathered
-    sp_saves_gathered_input: bool = False
-    # activations offloaded to host memory per layer (Megatron-Core's --cpu-offloading-num-layers,
-    # Transformer Engine's offload context): rule ``cpu_offload``; costmodel/offload.py
-    cpu_offloading: bool = False
-    # TP on DTensors (torchtitan, the harness): each TP op pays dtensor_op_overhead_s more
-    dtensor_tp: bool = False
-    # Bytes of an activation element, exchanged, stored for backward and streamed by elementwise
-    # kernels: 2 under bf16/fp16 autocast (fp8 GEMMs too); 4 without (CPU validation runs, fp32)
-    activation_dtype_bytes: float = 2.0
-    # fp8 keeps the GEMM inputs' casts for backward (TE's Linear); torchao's keeps bf16 ones
-    fp8_saves_cast_inputs: bool = True
-    # fp8 weights only (Megatron-LM --fp8-param-gather): 1 byte a weight, not bf16 plus a cast,
-    # all-gathered in fp8 by the distributed optimizer (fp32 masters stay)
-    fp8_param_gather: bool = False
-    # fp8 weight casts cached after a step's first micro-batch (Megatron-Core's TE layers pass
-    # is_first_microbatch, megatron/core/extensions/transformer_engine.py); not in torchao's
-    fp8_weight_cache: bool = True
-    # Norms, RoPE and the activation function as fused kernels (nanotron's, Transformer Engine's,
-    # torch.compile); False: eager composites, several HBM passes each (costmodel.compute.EAGER_*)
-    fused_elementwise: bool = True
-    # Pipeline stages placed by compute cost, the LM head counted (nanotron, where a plan gives
-    # no split; costmodel.mapping.cost_balanced_split); False: an even split
-    pp_cost_balance: bool = False
-    # What recompute="selective" recomputes: "activation" (the MLP's activation, attention's
-    # scores without flash attention: Korthikanti et al.), "every_other_mm" (torchtitan's
-    # per-op policy: every elementwise op and every second GEMM; the rest and attention saved)
-    # or "modules": Megatron-Core's recompute_modules (costmodel/recompute_modules.py)
-    selective_recompute: Literal["activation", "every_other_mm", "modules"] = "activation"
-    recompute_modules: tuple[str, ...] = MEGATRON_DEFAULT
-    # CPU time to issue one kernel or collective (eager PyTorch; ~10-20 us for lean stacks)
-    host_overhead_s: float = 15e-6
-    # CUDA graphs (costmodel/graphs.py; Megatron-Core --cuda-graph-impl/--cuda-graph-scope):
-    # the scope names what a layer's graphs capture, () the whole layer; "none": eager
-    cuda_graph_impl: Literal["none", "local", "transformer_engine"] = "none"
-    cuda_graph_scope: tuple[str, ...] = ()
-    # --moe-router-fusion: the router's top-k and load-balancing loss as TE's fused kernels
-    moe_router_fusion: bool = False
-    # MoE token dispatch (costmodel/moe.py, costmodel/parallel/expert.py), Megatron-Core's
-    # --moe-token-dispatcher-type: "alltoall" (permute, all-to-all over EP, all-gather over
-    # expert TP), "allgather" (every token all-gathered over TP x EP, reduce-scattered back) or
-    # "flex" (DeepEP / HybridEP: one copy of a token per destination rank and per remote node)
-    moe_dispatcher: Literal["alltoall", "allgather", "flex"] = "alltoall"
-    # --moe-permute-fusion: the permute/unpermute as single fused kernels (one read, top-k writes)
-    moe_permute_fusion: bool = False
-    # --overlap-moe-expert-parallel-comm (Megatron-Bridge moe_a2a_overlap): the EP all-to-all of
-    # one micro-batch overlaps another's compute; off by default, nothing hides it
-    moe_a2a_overlap: bool = False
-    # --moe-shared-expert-overlap (alltoall dispatcher): the shared experts' MLP runs on a side
-    # stream during the dispatch and combine all-to-alls (megatron/core/transformer/moe/README.md)
-    moe_shared_expert_overlap: bool = False
-    # the busiest EP rank's routed tokens over the mean (>= 1): 1 under force-balanced routing
-    # (--moe-router-force-load-balancing) or capacity padding (--moe-pad-expert-input-to-capacity)
-    moe_load_imbalance: float = 1.0
-    # --moe-pad-expert-input-to-capacity (with --moe-expert-capacity-factor): every expert's
-    # input padded to its capacity, so the token counts are known on the host and the alltoall
-    # and HybridEP dispatchers skip their device-to-host sync (costmodel/moe.py host_syncs)
-    moe_pad_to_capacity: bool = False
-    # ZeRO-3 keeps no low-precision shard of the weights: the fp32 master shard is the parameter,
-    # cast to bf16 only while a unit is gathered (FSDP2's fully_shard with a MixedPrecisionPolicy,
-    # torch/distributed/fsdp/_fully_shard/_fsdp_param.py; FSDP1's flat parameter alike). Off: a
-    # bf16 shard beside the fp32 main shard (DeepSpeed stage 3, Megatron-FSDP's two buffers).
-    zero3_master_is_param: bool = False
-    # What the framework runs at all, cited in its profile (validity: costmodel.rules
-    # ``framework_*``): its ZeRO stages (``_pp``: under PP), its recompute modes, whether full
-    # recompute may cover part of a stage (--recompute-num-layers), its pipeline schedules
-    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
-    zero_stages_pp: tuple[int, ...] = (0, 1, 2, 3)
-    recompute_modes: tuple[str, ...] = ("none", "selective", "full")
-    partial_recompute: bool = True
-    pp_schedules: tuple[str, ...] = ("1f1b", "gpipe", "interleaved")
-    # ... with MoE layers (DeepSpeed refuses stage 3: runtime/engine.py _configure_zero_optimizer)
-    moe_max_zero_stage: int = 3
-    # Tensor parallelism on a model with MoE layers (NeMo AutoModel's MoE parallelizer asserts
-    # tp == 1: nemo_automodel/components/moe/parallelizer.py, parallelize_model)
-    moe_tensor_parallel: bool = True
-    # The framework builds MTP modules (Megatron-Core's --mtp-num-layers): rule ``mtp``
-    multi_token_prediction: bool = True
-    memory_model: MemoryModel = field(default_factory=MemoryModel)
+    """Adam keeps two states a parameter, SGD (momentum not counted) none."""
+    framework: FrameworkProfile
+    """What the framework does (``hardware_catalog.frameworks.framework_profile``)."""
 
     def __post_init__(self) -> None:
-        require_positive("training", seq_len=self.seq_len, global_batch=self.global_batch,
-                         dp_bucket_bytes=self.dp_bucket_bytes)  # 0 bytes: infinite buckets
-        if self.activation_dtype_bytes not in (2.0, 4.0):
-            raise SpecError("training.activation_dtype_bytes must be 2 (bf16/fp16) or 4 (fp32), "
-                            f"but got {self.activation_dtype_bytes!r}")
-        object.__setattr__(self, "recompute_modules", module_set(self.recompute_modules))
-        for name, choices in (("selective_recompute", ("activation", "every_other_mm", "modules")),
-                              ("optimizer_state_bytes", (2, 4)), ("grad_reduce_bytes", (0, 2, 4)),
-                              ("zero3_grad_sync", ("micro_batch", "step")),
-                              ("loss_kernel", ("fused", "eager_fp32")),
-                              ("attention_kernel", ("flash2", "flash3")),
-                              ("moe_dispatcher", ("alltoall", "allgather", "flex")),
-                              ("precision", tuple(PRECISION_CODES))):
-            if (value := getattr(self, name)) not in choices:
-                raise SpecError(f"training.{name} must be one of {sorted(choices)}, "
-                                f"but got {value!r}")
-        if not self.moe_load_imbalance >= 1.0:
-            raise SpecError("training.moe_load_imbalance must be >= 1 (busiest rank / mean), "
-                            f"but got {self.moe_load_imbalance!r}")
-        object.__setattr__(self, "cuda_graph_scope",
-                           graph_scope(self.cuda_graph_impl, self.cuda_graph_scope))
-        for name, known in (("zero_stages", (0, 1, 2, 3)), ("zero_stages_pp", (0, 1, 2, 3)),
-                            ("recompute_modes", tuple(RECOMPUTE_CODES)),
-                            ("pp_schedules", tuple(SCHEDULE_CODES))):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
-            if not getattr(self, name) or not set(getattr(self, name)) <= set(known):
-                raise SpecError(f"training.{name} must be a non-empty subset of {list(known)}, "
-                                f"but got {list(getattr(self, name))!r}")
+        require_positive("training", seq_len=self.seq_len, global_batch=self.global_batch)
+        if self.precision not in PRECISION_CODES:
+            raise SpecError(f"training.precision must be one of {sorted(PRECISION_CODES)}, "
+                            f"but got {self.precision!r}")
+        if not isinstance(self.framework, FrameworkProfile):
+            raise SpecError("training.framework must be a FrameworkProfile "
+                            "(hardware_catalog.frameworks.framework_profile), but got "
+                            f"{type(self.framework).__name__}")
 
     @property
     def tokens_per_step(self) -> int:
         return self.seq_len * self.global_batch
 
-    @property
-    def grad_reduce_dtype_bytes(self) -> int:
-        """Bytes of a gradient element on the wire (and in an unsharded accumulation)."""
-        return self.grad_reduce_bytes or self.grad_dtype_bytes
+    def with_switches(self, **changes: Any) -> Training:
+        """This training with some framework switches (by their flat names, as
+        :meth:`FrameworkProfile.with_switches` takes them) or its memory model changed."""
+        return replace(self, framework=self.framework.with_switches(**changes))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The workload and every framework switch by its flat name, with the memory model's
+        fields: the plan file's ``training`` section (:meth:`from_dict` reads it back)."""
+        return {"seq_len": self.seq_len, "global_batch": self.global_batch,
+                "precision": self.precision, "optimizer": self.optimizer,
+                **self.framework.switches(),
+                "memory_model": asdict(self.framework.memory_model)}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Training:
+        """What :meth:`to_dict` wrote: the workload's fields, and every switch flat."""
+        workload = {k: raw[k] for k in WORKLOAD_FIELDS if k in raw}
+        return cls(**workload, framework=FrameworkProfile.from_switches(
+            {k: v for k, v in raw.items() if k not in WORKLOAD_FIELDS}))
+
+
+# Training's own fields (the rest of a plan file's training section is the framework's)
+WORKLOAD_FIELDS: tuple[str, ...] = ("seq_len", "global_batch", "precision", "optimizer")

@@ -74,7 +74,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     g = mesh_of(cluster, tr, p)
     m = g.micro_batches
     h, f = float(model.hidden), float(model.ffn_hidden)
-    balance = (4 * h * h + 3 * f * h, float(model.vocab) * h) if tr.pp_cost_balance else None
+    balance = ((4 * h * h + 3 * f * h, float(model.vocab) * h) if tr.framework.pp.pp_cost_balance
+               else None)
     layers = stage_layers(model.layers, p, balance)
     co, stages = step_memory(model, cluster, tr, p, layers, m)
     lt = layer_times(model, cluster, tr, p)

@@ -27,7 +27,7 @@ def memory_terms_batch(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     of the plans are ignored: they are what the terms are linear in."""
     p = as_plan_arrays(plans)
     co = coefficients(model, cluster, training, p)
-    mm = training.memory_model
+    mm = training.framework.memory_model
     frag = 1.0 + mm.allocator_fraction
     m = micro_batches(training.global_batch, p)
     bpp, bpp_e = co.bytes_per_param, co.expert_bytes_per_param

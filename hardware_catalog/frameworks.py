@@ -1,5 +1,6 @@
 """Framework profiles (``frameworks.yaml`` beside this file): how each training framework
-behaves, as cost-model ``Training`` switches, and the calibrated memory model.
+behaves, as the cost model's :class:`~costmodel.framework.FrameworkProfile` (its switches and the
+calibrated memory model), built by :func:`framework_profile` alone.
 
 Switches are facts about the frameworks (their defaults); values marked ``# fitted`` and the
 ``memory_model`` section are written by ``python -m tcf_search.calibration.fit --write``.
@@ -16,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from costmodel.framework import FrameworkProfile
 from costmodel.specs import MemoryModel
 
 PROFILES_FILE = Path(__file__).with_name("frameworks.yaml")
@@ -69,6 +71,15 @@ def framework_settings(framework: str, precision: str = "bf16") -> dict[str, obj
     settings = _at_precision(settings, precision)
     settings["memory_model"] = memory_model(framework if framework in frameworks else "generic")
     return settings
+
+
+def framework_profile(framework: str, precision: str = "bf16",
+                      switches: Mapping[str, object] | None = None) -> FrameworkProfile:
+    """The profile a framework runs at ``precision`` (:func:`framework_settings`: the generic
+    profile, which names every switch, merged with the framework's), with ``switches`` (a
+    study's allowed overrides, a measured row's release switches) on top."""
+    return FrameworkProfile.from_switches({**framework_settings(framework, precision),
+                                           **(switches or {})})
 
 
 def _at_precision(settings: Mapping[str, object], precision: str) -> dict[str, object]:

@@ -118,7 +118,7 @@ def fingerprints(study: Study, specs: Specs, space: SearchSpace) -> tuple[str, s
 def _digest(study: Study, specs: Specs, space: SearchSpace, gpu: dict[str, Any]) -> str:
     doc = {"model": dataclasses.asdict(specs.model), "gpu": gpu,
            "num_gpus": specs.cluster.num_gpus, "gpus_per_node": specs.cluster.gpus_per_node,
-           "training": dataclasses.asdict(specs.training), "domains": space.domains,
+           "training": specs.training.to_dict(), "domains": space.domains,
            "flags": [space.switches.uneven_pipeline, space.partial_recompute,
                      space.switches.tp_in_node],
            "objective": study.objective.model_dump(),

@@ -104,7 +104,7 @@ def candidates(layers: int, pp: int, shift: bool, vpp: int = 1,
     """All placements (n_first, n_middle, n_last) of ``layers`` on ``pp`` stages, as rows; with
     vpp > 1 chunks only those Megatron builds with its first/last flags
     (:func:`costmodel.mapping.launchable_chunks`), unless ``any_chunks`` (the framework takes an
-    explicit per-stage layout, ``Training.uneven_chunks``)."""
+    explicit per-stage layout, ``training.framework.pp.uneven_chunks``)."""
     rows = _splits(layers, pp, shift)
     rows.flags.writeable = False  # cached: shared by every caller
     if vpp <= 1 or len(rows) == 0 or any_chunks:

@@ -98,7 +98,7 @@ def _auto_domains(specs: Specs) -> dict[str, tuple[int, ...]]:
         "pp_schedule": (0,),  # GPipe holds every micro-batch: never better than 1F1B here
         # the training's set (0), and every other set of the modules that free memory here
         "recompute_modules": (0, *sorted(module_mask(s) for s in _subsets(
-            freeing_modules(m, t)) if set(s) != set(t.recompute_modules))),
+            freeing_modules(m, t)) if set(s) != set(t.framework.activations.recompute_modules))),
     }
 
 
@@ -129,7 +129,7 @@ def build_space(study: Study, specs: Specs) -> SearchSpace:
         if given is None:  # recompute_modules unsearched: every plan the training's set
             given = ((),)
         domains[axis] = auto[axis] if given == "auto" else tuple(sorted(set(_encode(
-            axis, given, specs.training.recompute_modules))))
+            axis, given, specs.training.framework.activations.recompute_modules))))
     sw = specs.switches
     facts = rules.facts_of(specs.model, specs.cluster, specs.training,
                            dataclasses.replace(sw, split_later=sw.uneven_pipeline))

@@ -63,7 +63,9 @@ def cluster64(h100: GpuSpec) -> ClusterSpec:
 
 @pytest.fixture()
 def train8k() -> Training:
-    return Training(seq_len=8192, global_batch=512)
+    from costmodel_helpers import training_for  # the generic profile, as a study builds it
+
+    return training_for(seq_len=8192, global_batch=512)
 
 
 # Imported inside the fixtures below: the search and the CLI load only for the tests that ask.

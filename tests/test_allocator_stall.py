@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from costmodel_helpers import training_for
 
-from costmodel import ClusterSpec, MemoryModel, ModelSpec, Plan, Training, estimate_batch
+from costmodel import ClusterSpec, MemoryModel, ModelSpec, Plan, estimate_batch
 from costmodel.plans import plans_to_arrays
 from hardware_catalog.frameworks import framework_settings
 
@@ -21,7 +22,7 @@ def _run(llama8b: ModelSpec, h100, mm: MemoryModel) -> dict[str, np.ndarray]:
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
     plans = [Plan(tp=2, dp=4, zero_stage=1, recompute="selective", micro_batch=b)
              for b in MICRO_BATCHES]
-    tr = Training(seq_len=4096, global_batch=4 * 48, memory_model=mm)
+    tr = training_for(seq_len=4096, global_batch=4 * 48, memory_model=mm)
     return estimate_batch(llama8b, cluster, tr, plans_to_arrays(plans))
 
 
@@ -35,7 +36,9 @@ def _stall(llama8b: ModelSpec, h100, **pressure: float) -> tuple[np.ndarray, np.
 
 def test_the_walk_crosses_capacity(llama8b: ModelSpec, h100) -> None:
     _, frac = _stall(llama8b, h100, pressure_slowdown=2.0)
-    assert frac.min() < 0.6 and frac.max() > 1.3
+    # under Megatron-Core's selective recompute (core_attn) one sequence is 61% of usable
+    # memory, sixteen past it
+    assert frac.min() < 0.65 and frac.max() > 1.3
 
 
 def test_a_cliff_at_the_start(llama8b: ModelSpec, h100) -> None:

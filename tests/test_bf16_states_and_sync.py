@@ -3,11 +3,10 @@ switch must do to the memory and the traffic, and the NeMo AutoModel profile tha
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
+from costmodel_helpers import training_for
 
-from costmodel import ClusterSpec, Plan, SpecError, Training, estimate
+from costmodel import ClusterSpec, Plan, SpecError, estimate
 from hardware_catalog import get_gpu
 from search.inputs.presets import PRESETS
 from search.inputs.specs import training_spec
@@ -27,8 +26,8 @@ def test_zero3_step_sync_holds_whole_gradients_and_reduces_once(h100, llama8b,
     (sync off until the last micro-batch) keeps whole gradients and reduce-scatters once."""
     cluster = ClusterSpec(gpu=h100, num_gpus=64)
     plan = Plan(dp=64, micro_batch=mbs, zero_stage=3)
-    each = Training(seq_len=4096, global_batch=64 * mbs * 8)
-    once = replace(each, zero3_grad_sync="step")
+    each = training_for(seq_len=4096, global_batch=64 * mbs * 8)
+    once = each.with_switches(zero3_grad_sync="step")
     m = each.global_batch // (64 * mbs)
     a, b = (estimate(llama8b, cluster, plan, t) for t in (each, once))
     (bytes_a, time_a), (bytes_b, time_b) = _grad_reduce(a), _grad_reduce(b)
@@ -43,16 +42,16 @@ def test_zero3_step_sync_holds_whole_gradients_and_reduces_once(h100, llama8b,
 
 def test_zero3_step_sync_with_one_micro_batch_changes_nothing(h100, llama8b) -> None:
     cluster = ClusterSpec(gpu=h100, num_gpus=64)
-    each = Training(seq_len=4096, global_batch=64)
+    each = training_for(seq_len=4096, global_batch=64)
     a, b = (estimate(llama8b, cluster, Plan(dp=64, zero_stage=3), t)
-            for t in (each, replace(each, zero3_grad_sync="step")))
+            for t in (each, each.with_switches(zero3_grad_sync="step")))
     assert a.step_time_s == b.step_time_s and a.memory.peak_bytes == b.memory.peak_bytes
 
 
 def test_gradients_reduced_in_fp32_double_the_wire_not_the_stored_shard(h100, llama8b) -> None:
     cluster = ClusterSpec(gpu=h100, num_gpus=64)
-    bf16 = Training(seq_len=4096, global_batch=64, grad_dtype_bytes=2)
-    fp32_wire = replace(bf16, grad_reduce_bytes=4)
+    bf16 = training_for(seq_len=4096, global_batch=64, grad_dtype_bytes=2)
+    fp32_wire = bf16.with_switches(grad_reduce_bytes=4)
     a, b = (estimate(llama8b, cluster, Plan(dp=64, zero_stage=1), t) for t in (bf16, fp32_wire))
     assert _grad_reduce(b)[0] == pytest.approx(2 * _grad_reduce(a)[0])
     assert b.memory.stages[0].grads_bytes == a.memory.stages[0].grads_bytes
@@ -62,8 +61,8 @@ def test_gradients_reduced_in_fp32_double_the_wire_not_the_stored_shard(h100, ll
 def test_optimizer_states_take_their_dtype(h100, llama8b, master: bool) -> None:
     """Adam's two moments at 4 or 2 bytes each, beside a 4-byte master or none."""
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
-    fp32 = Training(seq_len=4096, global_batch=8, master_weights=master)
-    bf16 = replace(fp32, optimizer_state_bytes=2)
+    fp32 = training_for(seq_len=4096, global_batch=8, master_weights=master)
+    bf16 = fp32.with_switches(optimizer_state_bytes=2)
     a, b = (estimate(llama8b, cluster, Plan(dp=8, zero_stage=1), t) for t in (fp32, bf16))
     opt_a, opt_b = (e.memory.stages[0].optimizer_bytes for e in (a, b))
     per_param_a = (4 if master else 0) + 8
@@ -73,9 +72,9 @@ def test_optimizer_states_take_their_dtype(h100, llama8b, master: bool) -> None:
 
 def test_state_dtypes_are_checked() -> None:
     with pytest.raises(SpecError, match="training.optimizer_state_bytes must be one of"):
-        Training(seq_len=1024, global_batch=8, optimizer_state_bytes=8)
+        training_for(seq_len=1024, global_batch=8, optimizer_state_bytes=8)
     with pytest.raises(SpecError, match="training.zero3_grad_sync must be one of"):
-        Training(seq_len=1024, global_batch=8, zero3_grad_sync="never")  # type: ignore[arg-type]
+        training_for(seq_len=1024, global_batch=8, zero3_grad_sync="never")  # type: ignore[arg-type]
 
 
 def test_automodel_qwen3_benchmark_recipe_fits_80gb() -> None:
@@ -88,7 +87,8 @@ def test_automodel_qwen3_benchmark_recipe_fits_80gb() -> None:
     plan = Plan(dp=8, ep=8, micro_batch=4, zero_stage=3, recompute="full")
     automodel = training_spec(framework="nemo-automodel", precision="bf16", seq_len=4096,
                               global_batch=512)
-    mixed = replace(automodel, master_weights=True, optimizer_state_bytes=4, grad_dtype_bytes=4)
+    mixed = automodel.with_switches(master_weights=True, optimizer_state_bytes=4,
+                                    grad_dtype_bytes=4)
     fits, over = (estimate(model, cluster, plan, t).memory for t in (automodel, mixed))
     assert fits.fits and not over.fits
     assert over.peak_bytes - fits.peak_bytes > 20 * GIB

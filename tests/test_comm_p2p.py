@@ -9,8 +9,9 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from costmodel_helpers import training_for
 
-from costmodel import ClusterSpec, ModelSpec, Plan, Training, comm, estimate
+from costmodel import ClusterSpec, ModelSpec, Plan, comm, estimate
 from costmodel.mapping import hop_crosses_domain, stage_layers
 from costmodel.parallel.mesh import mesh_of
 from costmodel.pipeline import logits_hops
@@ -52,7 +53,7 @@ def test_a_fabric_fraction_moves_the_collectives_not_the_p2p(h100) -> None:
 def test_pipeline_activations_across_nodes_pay_the_p2p_price(h100, llama8b: ModelSpec) -> None:
     """pp 2 with tp 8: the stages sit a node apart; 4 micro-batches each send 4096 x 4096 bf16
     forward and receive its gradient."""
-    tr = Training(seq_len=4096, global_batch=4)
+    tr = training_for(seq_len=4096, global_batch=4)
     plan = Plan(tp=8, pp=2, micro_batch=1)
     est = estimate(llama8b, _cluster(h100, 16), plan, tr)
     hop = next(c for c in est.collectives if c.name == "pp_activation_send_recv")
@@ -87,7 +88,7 @@ def test_the_logits_hop_prices_its_own_pair_of_ranks(h100) -> None:
     model = ModelSpec(name="8b", layers=32, hidden=4096, ffn_hidden=14336, heads=32,
                       kv_heads=32, vocab=131072)
     cluster = _cluster(h100, 128)
-    tr = Training(seq_len=4096, global_batch=128)
+    tr = training_for(seq_len=4096, global_batch=128)
     p = as_plan_arrays(plans_to_arrays([Plan(pp=32, dp=4, micro_batch=1)]))
     h, f = 4096.0, 14336.0
     layers = stage_layers(32, p, (4 * h * h + 3 * f * h, 131072 * h))

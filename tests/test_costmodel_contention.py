@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from costmodel_helpers import training_for
 
 from costmodel import ClusterSpec, ModelSpec, Plan, Training, estimate
 from costmodel.compute import kernels_of, layer_times
@@ -32,7 +33,7 @@ def test_hidden_communication_is_never_free(h100, llama8b: ModelSpec, zero: int,
     """An FSDP/ZeRO plan on one node whose gradient and parameter traffic hides behind compute
     is strictly slower than the same plan with (almost) no communication, by the hidden time
     times the SM share its NCCL kernels hold (and without contention the hiding is free)."""
-    tr = Training(seq_len=4096, global_batch=64)
+    tr = training_for(seq_len=4096, global_batch=64)
     plan = Plan(dp=8, micro_batch=mbs, zero_stage=zero)
     real = estimate(llama8b, ClusterSpec(gpu=h100, num_gpus=8), plan, tr)
     free = estimate(llama8b, ClusterSpec(gpu=_free_links(h100), num_gpus=8), plan, tr)
@@ -54,7 +55,7 @@ def test_hidden_communication_is_never_free(h100, llama8b: ModelSpec, zero: int,
 def test_contention_grows_with_the_share_and_never_exceeds_it(h100, llama8b: ModelSpec,
                                                               share: float) -> None:
     """The slowdown is at most share x compute, and a larger share slows more."""
-    tr = Training(seq_len=4096, global_batch=64)
+    tr = training_for(seq_len=4096, global_batch=64)
     plan = Plan(dp=8, micro_batch=1, zero_stage=3)
 
     def run(s: float):
@@ -70,7 +71,7 @@ def test_contention_grows_with_the_share_and_never_exceeds_it(h100, llama8b: Mod
 def test_tensor_parallel_traffic_holds_no_nccl_sms(h100, llama8b: ModelSpec) -> None:
     """TP overlap moves its data through userbuffers / symmetric memory by copy engine, and
     unoverlapped TP traffic hides behind nothing: a TP-only plan pays no contention."""
-    tr = Training(seq_len=4096, global_batch=8, tp_comm_overlap=True)
+    tr = training_for(seq_len=4096, global_batch=8, tp_comm_overlap=True)
     plan = Plan(tp=8, micro_batch=1, sequence_parallel=True)
     est = estimate(llama8b, ClusterSpec(gpu=h100, num_gpus=8), plan, tr)
     assert est.compute.contention_time_s == 0.0
@@ -90,8 +91,8 @@ def test_overlap_splits_forward_and_input_gradients_not_weight_gradients(
     *_wgrad bulk): backward GEMMs = split + whole, less than twice the split time. Without
     overlap they are twice the whole GEMMs, and nothing else in the layer changes."""
     plan = Plan(tp=tp, micro_batch=1, sequence_parallel=True)
-    plain, kn_plain = _layer(h100, llama8b, Training(seq_len=4096, global_batch=8), plan)
-    over, kn_over = _layer(h100, llama8b, Training(seq_len=4096, global_batch=8,
+    plain, kn_plain = _layer(h100, llama8b, training_for(seq_len=4096, global_batch=8), plan)
+    over, kn_over = _layer(h100, llama8b, training_for(seq_len=4096, global_batch=8,
                                                     tp_comm_overlap=True), plan)
     assert np.allclose(kn_plain.pieces, 1.0) and np.allclose(kn_over.pieces, tp)
     whole, split = plain.gemm_fwd_dense_s, over.gemm_fwd_dense_s

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from costmodel_helpers import training_for
 
 from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, Training, estimate
 from costmodel.params import active_params, model_flops_per_token, total_params
@@ -35,7 +36,7 @@ def test_flops_per_token_convention(llama8b: ModelSpec) -> None:
 def test_weight_bytes_of_8b_on_one_gpu(h100, llama8b: ModelSpec) -> None:
     # bf16 weights: 8.03e9 * 2 B = 14.96 GiB; fp32 grads 29.9 GiB; Adam + master 12 B/param
     cluster = ClusterSpec(gpu=h100, num_gpus=1)
-    est = estimate(llama8b, cluster, Plan(), Training(seq_len=1024, global_batch=1))
+    est = estimate(llama8b, cluster, Plan(), training_for(seq_len=1024, global_batch=1))
     stage = est.memory.stages[0]
     assert stage.weights_bytes / GIB == pytest.approx(8_030_261_248 * 2 / GIB, rel=1e-6)
     assert stage.grads_bytes == pytest.approx(2 * stage.weights_bytes)
@@ -45,7 +46,7 @@ def test_weight_bytes_of_8b_on_one_gpu(h100, llama8b: ModelSpec) -> None:
 
 def test_zero1_shards_optimizer_by_dp(h100, llama8b: ModelSpec) -> None:
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
-    tr = Training(seq_len=4096, global_batch=64)
+    tr = training_for(seq_len=4096, global_batch=64)
     base = estimate(llama8b, cluster, Plan(dp=8), tr).memory.stages[0]
     z1 = estimate(llama8b, cluster, Plan(dp=8, zero_stage=1), tr).memory.stages[0]
     assert z1.optimizer_bytes == pytest.approx(base.optimizer_bytes / 8)
@@ -55,16 +56,17 @@ def test_zero1_shards_optimizer_by_dp(h100, llama8b: ModelSpec) -> None:
 def test_invalid_plan_names_the_rule(h100, llama8b: ModelSpec) -> None:
     cluster = ClusterSpec(gpu=h100, num_gpus=64)
     with pytest.raises(SpecError, match=r"tp \* pp \* cp \* dp == num_gpus"):
-        estimate(llama8b, cluster, Plan(tp=8, pp=4, dp=3), Training(seq_len=4096, global_batch=96))
+        estimate(llama8b, cluster, Plan(tp=8, pp=4, dp=3),
+                 training_for(seq_len=4096, global_batch=96))
     with pytest.raises(SpecError, match="heads % tp"):
         estimate(llama8b, ClusterSpec(gpu=h100, num_gpus=48), Plan(tp=48),
-                 Training(seq_len=4096, global_batch=48))
+                 training_for(seq_len=4096, global_batch=48))
 
 
 def test_result_adds_up(h100, llama8b: ModelSpec) -> None:
     cluster = ClusterSpec(gpu=h100, num_gpus=64)
     plan = Plan(tp=4, pp=4, dp=4, vpp=2, micro_batch=1, sequence_parallel=True, zero_stage=1)
-    est = estimate(llama8b, cluster, plan, Training(seq_len=8192, global_batch=256))
+    est = estimate(llama8b, cluster, plan, training_for(seq_len=8192, global_batch=256))
     parts = (est.compute.time_s + est.comm_exposed_s + est.bubble_time_s
              + est.compute.optimizer_time_s)
     assert est.step_time_s == pytest.approx(parts, rel=1e-9)
@@ -91,8 +93,8 @@ def test_dtensor_sequence_parallel_keeps_the_gathered_projection_inputs(h100) ->
                       vocab=128256)
     cluster = ClusterSpec(gpu=h100, num_gpus=32)
     plan = Plan(tp=8, pp=4, sequence_parallel=True, recompute="full")
-    megatron = Training(seq_len=8192, global_batch=4)
-    dtensor = Training(seq_len=8192, global_batch=4, sp_saves_gathered_input=True)
+    megatron = training_for(seq_len=8192, global_batch=4)
+    dtensor = training_for(seq_len=8192, global_batch=4, sp_saves_gathered_input=True)
     act = [estimate(model, cluster, plan, t).memory.stages[0].activations_bytes
            for t in (megatron, dtensor)]
     assert act[1] - act[0] == pytest.approx(234_881_024)
@@ -106,7 +108,7 @@ def test_a_cpu_rank_overlaps_nothing(h100) -> None:
     import dataclasses
 
     model = ModelSpec(layers=4, hidden=256, ffn_hidden=768, heads=8, kv_heads=4, vocab=4096)
-    tr = Training(seq_len=256, global_batch=16)
+    tr = training_for(seq_len=256, global_batch=16)
     gpu = ClusterSpec(gpu=h100, num_gpus=2, gpus_per_node=2)
     cpu = ClusterSpec(gpu=dataclasses.replace(h100, family="cpu"), num_gpus=2, gpus_per_node=2)
     assert cpu.gpu.synchronous and not gpu.gpu.synchronous
@@ -129,8 +131,8 @@ def test_dtensor_tp_pays_its_hosts_dispatch_per_op(h100) -> None:
     cpu = dataclasses.replace(h100, family="cpu", efficiency=eff)
     cluster = ClusterSpec(gpu=cpu, num_gpus=2, gpus_per_node=2)
     model = ModelSpec(layers=4, hidden=256, ffn_hidden=768, heads=8, kv_heads=4, vocab=4096)
-    plain = Training(seq_len=256, global_batch=16)
-    dtensor = Training(seq_len=256, global_batch=16, dtensor_tp=True)
+    plain = training_for(seq_len=256, global_batch=16)
+    dtensor = training_for(seq_len=256, global_batch=16, dtensor_tp=True)
     tp = Plan(tp=2, sequence_parallel=True, micro_batch=4)  # 4 micro-batches of 4 layers
     extra = (estimate(model, cluster, tp, dtensor).step_time_s
              - estimate(model, cluster, tp, plain).step_time_s)
@@ -150,7 +152,7 @@ def test_vocab_parallel_embedding_and_head_collectives(h100, llama8b: ModelSpec)
     from costmodel import comm
 
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
-    tr = Training(seq_len=4096, global_batch=4)
+    tr = training_for(seq_len=4096, global_batch=4)
     est = estimate(llama8b, cluster, Plan(tp=8, sequence_parallel=True), tr)
     vocab = next(c for c in est.collectives if c.name == "tp_vocab_parallel")
     link = comm.link_of(cluster)
@@ -164,7 +166,7 @@ def test_vocab_parallel_embedding_and_head_collectives(h100, llama8b: ModelSpec)
     assert vocab.tier == "nvlink"
     # TP1 has none; a middle stage (here the slowest, which the collectives report) holds
     # neither the embedding nor the head
-    tr8 = Training(seq_len=4096, global_batch=8)
+    tr8 = training_for(seq_len=4096, global_batch=8)
     assert all(c.name != "tp_vocab_parallel"
                for c in estimate(llama8b, cluster, Plan(dp=8), tr8).collectives)
     three = estimate(llama8b, ClusterSpec(gpu=h100, num_gpus=24),
@@ -178,19 +180,17 @@ def test_fp8_keeps_the_cast_gemm_inputs(h100, llama8b: ModelSpec) -> None:
     is kept twice, in bf16 by the attention kernel and as the out projection's fp8 cast (3 bytes
     for bf16's shared 2): (2*4096 + 14336 - 4096) * 4096 tokens = 76 MB less per layer than
     bf16. torchao's float8 (the torchtitan profile) keeps the bf16 inputs."""
-    from dataclasses import replace as _replace
-
     cluster = ClusterSpec(gpu=h100, num_gpus=1)
     plan = Plan(micro_batch=1)
     acts = {}
     for prec, keeps in (("bf16", True), ("fp8", True), ("fp8", False)):
-        tr = _replace(Training(seq_len=4096, global_batch=1, precision=prec),  # type: ignore[arg-type]
-                      fp8_saves_cast_inputs=keeps)
+        tr = training_for(seq_len=4096, global_batch=1, precision=prec,
+                          fp8_saves_cast_inputs=keeps)
         est = estimate(llama8b, cluster, plan, tr)
         acts[prec, keeps] = est.memory.stages[0].activations_bytes
     # per layer, over the 32 stored layers and the one being worked on in backward
     saved = (2 * 4096 + 14336 - 4096) * 4096 * 33
-    act_f = Training(seq_len=4096, global_batch=1).memory_model.activation_factor
+    act_f = training_for(seq_len=4096, global_batch=1).framework.memory_model.activation_factor
     assert acts["bf16", True] - acts["fp8", True] == pytest.approx(act_f * saved, rel=1e-9)
     assert acts["fp8", False] == acts["bf16", True]
 
@@ -199,8 +199,8 @@ def test_sharded_gradients_by_full_all_reduce(h100, llama8b: ModelSpec) -> None:
     """ZeRO-1 normally reduce-scatters the gradients (one pass); a framework that all-reduces
     them and keeps its shard moves twice the bytes, like ZeRO-0. ZeRO-3 is unaffected."""
     cluster = ClusterSpec(gpu=h100, num_gpus=16)
-    off = Training(seq_len=4096, global_batch=64, overlap_grad_reduce_sharded=False)
-    on = Training(seq_len=4096, global_batch=64, overlap_grad_reduce_sharded=False,
+    off = training_for(seq_len=4096, global_batch=64, overlap_grad_reduce_sharded=False)
+    on = training_for(seq_len=4096, global_batch=64, overlap_grad_reduce_sharded=False,
                   sharded_grad_all_reduce=True)
 
     def grad(plan: Plan, tr: Training) -> float:
@@ -219,7 +219,7 @@ def test_sharded_gradients_by_full_all_reduce(h100, llama8b: ModelSpec) -> None:
 def test_dp_times_cp_gradient_group_inside_one_node(h100, llama8b: ModelSpec) -> None:
     """CP2 x DP4 on one 8-GPU node: the gradient reduce over the 8 dp x cp ranks stays on
     NVLink (its members are tp = 1 apart, not tp * cp)."""
-    tr = Training(seq_len=8192, global_batch=8)
+    tr = training_for(seq_len=8192, global_batch=8)
     est = estimate(llama8b, ClusterSpec(gpu=h100, num_gpus=8), Plan(cp=2, dp=4), tr)
     grad = next(c for c in est.collectives if c.name == "dp_grad_reduce")
     assert grad.tier == "nvlink" and grad.group_size == 8
@@ -232,8 +232,8 @@ def test_fp8_param_gather_holds_weights_in_fp8(h100, llama8b: ModelSpec) -> None
     (three), and the distributed optimizer's parameter all-gather moves fp8 bytes."""
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
     plan = Plan(dp=8, zero_stage=1)
-    cast = Training(seq_len=4096, global_batch=8, precision="fp8")
-    fp8 = Training(seq_len=4096, global_batch=8, precision="fp8", fp8_param_gather=True)
+    cast = training_for(seq_len=4096, global_batch=8, precision="fp8")
+    fp8 = training_for(seq_len=4096, global_batch=8, precision="fp8", fp8_param_gather=True)
     a, b = estimate(llama8b, cluster, plan, cast), estimate(llama8b, cluster, plan, fp8)
     wa, wb = a.memory.stages[0].weights_bytes, b.memory.stages[0].weights_bytes
     assert wb == pytest.approx(wa / 3)
@@ -242,9 +242,9 @@ def test_fp8_param_gather_holds_weights_in_fp8(h100, llama8b: ModelSpec) -> None
         return next(c.bytes for c in e.collectives if c.name == "dp_param_all_gather")  # type: ignore[attr-defined]
 
     assert gather(b) == pytest.approx(gather(a) / 2)
-    bf16 = Training(seq_len=4096, global_batch=8, fp8_param_gather=True)  # no effect in bf16
+    bf16 = training_for(seq_len=4096, global_batch=8, fp8_param_gather=True)  # no effect in bf16
     assert estimate(llama8b, cluster, plan, bf16).memory.stages[0].weights_bytes == pytest.approx(
-        estimate(llama8b, cluster, plan, Training(seq_len=4096, global_batch=8)
+        estimate(llama8b, cluster, plan, training_for(seq_len=4096, global_batch=8)
                  ).memory.stages[0].weights_bytes)
 
 
@@ -253,8 +253,8 @@ def test_eager_elementwise_ops_cost_more_than_fused(h100, llama8b: ModelSpec) ->
     takes longer, by the extra bytes at HBM speed; GEMMs and memory do not change."""
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
     plan = Plan(dp=8, zero_stage=3, micro_batch=1)
-    fused = estimate(llama8b, cluster, plan, Training(seq_len=8192, global_batch=8))
-    eager = estimate(llama8b, cluster, plan, Training(seq_len=8192, global_batch=8,
+    fused = estimate(llama8b, cluster, plan, training_for(seq_len=8192, global_batch=8))
+    eager = estimate(llama8b, cluster, plan, training_for(seq_len=8192, global_batch=8,
                                                       fused_elementwise=False))
     h, f, rw = 4096, 14336, 32 * 128 + 8 * 128  # RoPE acts on q and k
     # per token and layer, elements: eager forward 2 norms x 18 + 2 adds x 3, RoPE 10, SwiGLU 5,
@@ -278,13 +278,13 @@ def test_torchtitan_selective_policy_recomputes_every_second_gemm(h100, llama8b:
     recomputes the K, output and MLP-gate GEMMs: more time, counted in hardware FLOPs."""
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
     plan = Plan(dp=8, zero_stage=3, micro_batch=1, recompute="selective")
-    act = estimate(llama8b, cluster, plan, Training(seq_len=8192, global_batch=8))
-    op = estimate(llama8b, cluster, plan, Training(seq_len=8192, global_batch=8,
+    act = estimate(llama8b, cluster, plan, training_for(seq_len=8192, global_batch=8))
+    op = estimate(llama8b, cluster, plan, training_for(seq_len=8192, global_batch=8,
                                                    selective_recompute="every_other_mm"))
     none = estimate(llama8b, cluster, replace_plan(plan, recompute="none"),
-                    Training(seq_len=8192, global_batch=8))
+                    training_for(seq_len=8192, global_batch=8))
     full = estimate(llama8b, cluster, replace_plan(plan, recompute="full"),
-                    Training(seq_len=8192, global_batch=8))
+                    training_for(seq_len=8192, global_batch=8))
     acts = [e.memory.stages[0].activations_bytes for e in (full, op, act, none)]
     assert acts == sorted(acts)  # full < per-op < activation-only < none
     assert none.step_time_s < act.step_time_s < op.step_time_s < full.step_time_s
@@ -294,7 +294,7 @@ def test_torchtitan_selective_policy_recomputes_every_second_gemm(h100, llama8b:
     assert (op.hfu - op.mfu) * op.step_time_s * h100.peak_flops_bf16 == pytest.approx(
         extra, rel=1e-6)
     with pytest.raises(SpecError, match="selective_recompute must be one of"):
-        Training(seq_len=8, global_batch=1, selective_recompute="most")  # type: ignore[arg-type]
+        training_for(seq_len=8, global_batch=1, selective_recompute="most")  # type: ignore[arg-type]
 
 
 def replace_plan(plan: Plan, **changes: object) -> Plan:
@@ -306,7 +306,7 @@ def replace_plan(plan: Plan, **changes: object) -> Plan:
 def test_context_parallel_exchanges_each_tp_ranks_own_kv_heads(h100, llama8b: ModelSpec) -> None:
     """Llama 3 8B has 8 KV heads: along the CP ring a TP2 rank exchanges K and V of 4 of them,
     a TP8 rank of one, and a TP16 rank of one too (KV heads replicated), an eighth of TP1's."""
-    tr = Training(seq_len=16384, global_batch=8)
+    tr = training_for(seq_len=16384, global_batch=8)
 
     def kv_bytes(tp: int) -> float:
         cluster = ClusterSpec(gpu=h100, num_gpus=2 * tp * 2)
@@ -330,7 +330,7 @@ def test_expert_parallel_folds_over_tensor_parallel_ranks(h100) -> None:
 
     model = PRESETS["qwen3-235b-a22b"]
     cluster = ClusterSpec(gpu=h100, num_gpus=256)
-    tr = Training(seq_len=4096, global_batch=2048)
+    tr = training_for(seq_len=4096, global_batch=2048)
     folded = estimate(model, cluster, Plan(tp=2, pp=8, dp=16, ep=32, sequence_parallel=True),
                       tr)
     carved = estimate(model, cluster, Plan(tp=2, pp=8, dp=16, ep=8, sequence_parallel=True),
@@ -364,9 +364,9 @@ def test_torchtitan_selective_policy_recomputes_all_routed_expert_gemms(h100) ->
                     moe_experts=64, moe_topk=4, moe_ffn_hidden=768)
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
     plan = Plan(dp=8, zero_stage=3, micro_batch=1, recompute="selective")
-    tr = Training(seq_len=4096, global_batch=8)
+    tr = training_for(seq_len=4096, global_batch=8)
     act = estimate(moe, cluster, plan, tr)
-    op = estimate(moe, cluster, plan, Training(seq_len=4096, global_batch=8,
+    op = estimate(moe, cluster, plan, training_for(seq_len=4096, global_batch=8,
                                              selective_recompute="every_other_mm"))
     # hardware FLOPs per token per layer: K and output projections, and 3 GEMMs x top-4 experts
     second = 2 * 2048 * (4 * 128 + 16 * 128) + 2 * 2048 * 768 * 3 * 4
@@ -382,8 +382,8 @@ def test_pp_tp_step_overhead_only_when_stages_talk_over_the_network(h100,
                                                                     llama8b: ModelSpec) -> None:
     """nanotron's PP engine waits per TP ring step only when its p2p crosses nodes: tp4 x pp2 in
     one node pays nothing extra; tp8 x pp2 on two nodes pays 2 calls x 7 steps per layer."""
-    tr = Training(seq_len=4096, global_batch=64)
-    slow = Training(seq_len=4096, global_batch=64, pp_tp_step_overhead_s=1e-3)
+    tr = training_for(seq_len=4096, global_batch=64)
+    slow = training_for(seq_len=4096, global_batch=64, pp_tp_step_overhead_s=1e-3)
     one_node = ClusterSpec(gpu=h100, num_gpus=8)
     plan = Plan(tp=4, pp=2, micro_batch=1)
     assert estimate(llama8b, one_node, plan, slow).step_time_s == pytest.approx(
@@ -398,8 +398,8 @@ def test_tp_comm_overlap_runs_each_tp_gemm_in_tp_pieces(h100, llama8b: ModelSpec
     """Overlapped TP communication splits each TP GEMM into tp pieces of M / tp rows: the same
     FLOPs in smaller, less efficient GEMMs; nothing changes without TP."""
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
-    tr = Training(seq_len=4096, global_batch=8)
-    ov = Training(seq_len=4096, global_batch=8, tp_comm_overlap=True)
+    tr = training_for(seq_len=4096, global_batch=8)
+    ov = training_for(seq_len=4096, global_batch=8, tp_comm_overlap=True)
     tp8 = Plan(tp=8, micro_batch=1, sequence_parallel=True)
     plain, split = estimate(llama8b, cluster, tp8, tr), estimate(llama8b, cluster, tp8, ov)
     assert split.compute.time_s > plain.compute.time_s
@@ -415,7 +415,7 @@ def test_mfu_divides_by_the_dense_bf16_peak_at_every_precision(h100, llama8b) ->
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
     plan = Plan(dp=8, zero_stage=1)
     for precision in ("bf16", "fp8"):
-        est = estimate(llama8b, cluster, plan, Training(seq_len=4096, global_batch=32,
+        est = estimate(llama8b, cluster, plan, training_for(seq_len=4096, global_batch=32,
                                                         precision=precision))
         by_hand = est.compute.model_flops / est.step_time_s / 989.4e12
         assert est.mfu == pytest.approx(by_hand)

@@ -83,8 +83,8 @@ def test_megatron_refuses_offloading_beside_cuda_graphs() -> None:
     """The table allows a full-iteration graph (Megatron-LM main); Megatron-Core 0.16 raises for
     any graph beside offloading (transformer_config.py __post_init__)."""
     pf = offload_plan()
-    graphed = dataclasses.replace(pf, training=dataclasses.replace(
-        pf.training, cuda_graph_impl="local", cuda_graph_scope=("full_iteration",)))
+    graphed = dataclasses.replace(pf, training=pf.training.with_switches(
+        cuda_graph_impl="local", cuda_graph_scope=("full_iteration",)))
     for fmt in ("megatron", "nemo"):
         with pytest.raises(ExportRefused, match="CUDA graphs not supported with CPU offloading"):
             render(fmt, graphed)

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from costmodel_helpers import training_for
 
 from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, Training, estimate
 from costmodel.compute import layer_times
@@ -29,12 +30,12 @@ from costmodel.specs import GpuSpec
 FINE = ModelSpec(layers=8, hidden=2048, ffn_hidden=6144, heads=32, kv_heads=4, head_dim=128,
                  vocab=32000, moe_experts=128, moe_topk=8, moe_ffn_hidden=768)
 DENSE = replace(FINE, moe_experts=0, moe_topk=0, moe_ffn_hidden=0)
-EAGER = Training(seq_len=4096, global_batch=64, moe_permute_fusion=True)
-ROUTER = replace(EAGER, cuda_graph_impl="transformer_engine",
+EAGER = training_for(seq_len=4096, global_batch=64, moe_permute_fusion=True)
+ROUTER = EAGER.with_switches(cuda_graph_impl="transformer_engine",
                  cuda_graph_scope=("moe_router", "moe_preprocess"))
-PADDED = replace(EAGER, moe_pad_to_capacity=True)
-WHOLE = replace(PADDED, cuda_graph_impl="local", cuda_graph_scope=())
-MOE_SCOPE = replace(PADDED, cuda_graph_impl="transformer_engine", cuda_graph_scope=("moe",))
+PADDED = EAGER.with_switches(moe_pad_to_capacity=True)
+WHOLE = PADDED.with_switches(cuda_graph_impl="local", cuda_graph_scope=())
+MOE_SCOPE = PADDED.with_switches(cuda_graph_impl="transformer_engine", cuda_graph_scope=("moe",))
 
 
 def _layers(model: ModelSpec, tr: Training, gpu: GpuSpec, micro_batch: int = 1,
@@ -45,7 +46,7 @@ def _layers(model: ModelSpec, tr: Training, gpu: GpuSpec, micro_batch: int = 1,
 
 @pytest.mark.parametrize("eager,graphed", [
     (EAGER, ROUTER), (PADDED, WHOLE), (PADDED, MOE_SCOPE),
-    (EAGER, replace(EAGER, cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn",))),
+    (EAGER, EAGER.with_switches(cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn",))),
 ])
 def test_a_captured_scope_cuts_the_host_time_and_keeps_the_gpu_time(
         h100: GpuSpec, eager: Training, graphed: Training) -> None:
@@ -58,9 +59,9 @@ def test_a_captured_scope_cuts_the_host_time_and_keeps_the_gpu_time(
 def test_dense_layers_captured_whole_cost_one_launch(h100: GpuSpec) -> None:
     # 14 kernels a layer forward eagerly; the whole layer is one graph launch; attention alone
     # leaves the MLP's 6 and one launch
-    whole = replace(EAGER, cuda_graph_impl="local", cuda_graph_scope=())
-    attn = replace(EAGER, cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn",))
-    host = EAGER.host_overhead_s
+    whole = EAGER.with_switches(cuda_graph_impl="local", cuda_graph_scope=())
+    attn = EAGER.with_switches(cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn",))
+    host = EAGER.framework.kernels.host_overhead_s
     assert _layers(DENSE, EAGER, h100).host_fwd_dense_s[0] == pytest.approx(14 * host)
     assert _layers(DENSE, whole, h100).host_fwd_dense_s[0] == pytest.approx(host)
     assert _layers(DENSE, attn, h100).host_fwd_dense_s[0] == pytest.approx(7 * host)
@@ -104,7 +105,7 @@ def test_the_moe_layers_operations_by_segment(h100: GpuSpec) -> None:
     # device-to-host 7, all-to-alls 3, sort 2, 16 x 2 GEMMs + 3; unpermute 1 + add 1
     assert seg["experts"] == 7 + 3 + 2 + 32 + 3
     assert seg["postprocess"] == 2
-    assert router_ops(replace(EAGER, moe_router_fusion=True)) == (
+    assert router_ops(EAGER.with_switches(moe_router_fusion=True)) == (
         ROUTER_GATING_OPS + FUSED_TOPK_OPS + FUSED_AUX_LOSS_OPS) < router_ops(EAGER)
     # the transformer_engine router graph: router and preprocess, one launch for both
     ops = host_segments(FINE, EAGER, p, kn, 8.0)
@@ -148,19 +149,18 @@ def test_what_each_scope_captures_of_a_moe_layer() -> None:
 def test_training_refuses_what_transformer_config_refuses_whatever_the_model(
         impl: str, scope: tuple[str, ...]) -> None:
     with pytest.raises(SpecError, match="cuda_graph"):
-        Training(seq_len=128, global_batch=8, cuda_graph_impl=impl,  # type: ignore[arg-type]
+        training_for(seq_len=128, global_batch=8, cuda_graph_impl=impl,  # type: ignore[arg-type]
                  cuda_graph_scope=scope)
 
 
 def test_full_is_the_whole_layer_and_local_captures_router_and_preprocess_together() -> None:
-    assert Training(seq_len=8, global_batch=8, cuda_graph_impl="local",
-                    cuda_graph_scope=("full",)).cuda_graph_scope == ()
-    assert Training(seq_len=8, global_batch=8, cuda_graph_impl="local",
-                    cuda_graph_scope=("moe_router",)).cuda_graph_scope == (
-        "moe_router", "moe_preprocess")
-    assert Training(seq_len=8, global_batch=8, cuda_graph_impl="transformer_engine",
-                    cuda_graph_scope="attn,moe_router").cuda_graph_scope == (  # type: ignore[arg-type]
-        "attn", "moe_router")
+    def scope(impl: str, given: object) -> tuple[str, ...]:
+        tr = training_for(seq_len=8, global_batch=8, cuda_graph_impl=impl, cuda_graph_scope=given)
+        return tr.framework.kernels.cuda_graph_scope
+
+    assert scope("local", ("full",)) == ()
+    assert scope("local", ("moe_router",)) == ("moe_router", "moe_preprocess")
+    assert scope("transformer_engine", "attn,moe_router") == ("attn", "moe_router")
 
 
 FULL, NOT_FULL = np.asarray([True]), np.asarray([False])
@@ -196,7 +196,7 @@ def test_the_graph_rule_refuses_what_megatron_core_refuses(
 def test_check_plan_names_the_graph_rule(h100: GpuSpec) -> None:
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
     with pytest.raises(SpecError, match="cuda_graphs: "):
-        estimate(FINE, cluster, Plan(dp=8, ep=8), replace(EAGER, cuda_graph_impl="local"))
+        estimate(FINE, cluster, Plan(dp=8, ep=8), EAGER.with_switches(cuda_graph_impl="local"))
     with pytest.raises(SpecError, match="cuda_graphs: "):
         estimate(FINE, cluster, Plan(dp=8, ep=8, recompute="full"), ROUTER)
     selective = Plan(dp=8, ep=8, recompute="selective")
@@ -212,7 +212,7 @@ def test_the_megatron_and_nemo_exports_write_the_graphs() -> None:
     pf = load_plan_file(Path(__file__).parent / "golden" / "export" / "plans" / "moe_ep.yaml")
     eager = "\n".join(render("megatron", pf).values())
     assert "--cuda-graph" not in eager and "capacity" not in eager
-    graphed = replace(pf, training=replace(pf.training, cuda_graph_impl="transformer_engine",
+    graphed = replace(pf, training=pf.training.with_switches(cuda_graph_impl="transformer_engine",
                                            cuda_graph_scope=("attn", "moe_router",
                                                              "moe_preprocess")))
     text = "\n".join(render("megatron", graphed).values())
@@ -222,7 +222,7 @@ def test_the_megatron_and_nemo_exports_write_the_graphs() -> None:
                             ExportOptions(nemo_recipe="qwen3_30b_a3b_pretrain_config")).values())
     assert "model.cuda_graph_impl=transformer_engine" in nemo
     assert "model.cuda_graph_scope=[attn,moe_router,moe_preprocess]" in nemo
-    padded = replace(pf, training=replace(pf.training, cuda_graph_impl="transformer_engine",
+    padded = replace(pf, training=pf.training.with_switches(cuda_graph_impl="transformer_engine",
                                           cuda_graph_scope=("moe",), moe_pad_to_capacity=True))
     text = "\n".join(render("megatron", padded).values())
     assert "--moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity" in text
@@ -235,7 +235,9 @@ def test_every_profile_runs_eagerly_by_default(framework: str) -> None:
     from search.inputs.specs import training_spec
 
     tr = training_spec(framework=framework, precision="bf16", seq_len=128, global_batch=8)
-    assert (tr.cuda_graph_impl, tr.cuda_graph_scope, tr.moe_router_fusion) == ("none", (), False)
+    kernels = tr.framework.kernels
+    assert (kernels.cuda_graph_impl, kernels.cuda_graph_scope,
+            tr.framework.moe.moe_router_fusion) == ("none", (), False)
 
 
 def test_a_plan_file_keeps_the_graphs() -> None:
@@ -244,7 +246,7 @@ def test_a_plan_file_keeps_the_graphs() -> None:
     from search.inputs.planfile import dump_plan_file, load_plan_file, parse_plan_file
 
     pf = load_plan_file(Path(__file__).parent / "golden" / "export" / "plans" / "moe_ep.yaml")
-    graphed = replace(pf, training=replace(pf.training, cuda_graph_impl="transformer_engine",
+    graphed = replace(pf, training=pf.training.with_switches(cuda_graph_impl="transformer_engine",
                                            cuda_graph_scope=("moe_router", "moe_preprocess")))
     back = parse_plan_file(dump_plan_file(graphed))
     assert back.training == graphed.training

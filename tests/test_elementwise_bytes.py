@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from costmodel_helpers import training_for
 
-from costmodel import ClusterSpec, ModelSpec, Plan, Training
+from costmodel import ClusterSpec, ModelSpec, Plan
 from costmodel.compute import _elementwise
 from costmodel.kernels import kernels_of
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 
 
 def _elem(model: ModelSpec, gpu, plan: Plan, **training):  # type: ignore[no-untyped-def]
-    tr = Training(seq_len=4096, global_batch=64, **training)
+    tr = training_for(seq_len=4096, global_batch=64, **training)
     kn = kernels_of(ClusterSpec(gpu=gpu, num_gpus=8), tr, as_plan_arrays(plans_to_arrays([plan])))
     return _elementwise(model, tr, kn), kn
 

@@ -8,8 +8,9 @@ import itertools
 from dataclasses import replace
 
 import pytest
+from costmodel_helpers import training_for
 
-from costmodel import ClusterSpec, ModelSpec, Plan, Training, estimate
+from costmodel import ClusterSpec, ModelSpec, Plan, estimate
 from costmodel.mapping import expert_dp, expert_tp, group_strides
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 from search.inputs.specs import build_specs
@@ -54,7 +55,7 @@ def test_zero1_shards_expert_optimizer_over_expert_dp(h100) -> None:
     optimizer bytes (12 per param: fp32 master, m, v) are
     12 * (dense / 16 + local experts / 2)."""
     cluster = ClusterSpec(gpu=h100, num_gpus=16)
-    tr = Training(seq_len=1024, global_batch=64)
+    tr = training_for(seq_len=1024, global_batch=64)
     plan = Plan(dp=16, ep=8, zero_stage=1)
     est = estimate(MOE, cluster, plan, tr)
     from costmodel.params import expert_params
@@ -71,7 +72,7 @@ def test_zero1_shards_expert_optimizer_over_expert_dp(h100) -> None:
 def test_zero_stages_order_model_states_with_ep(h100, ep: int) -> None:
     """ZeRO-3 <= ZeRO-2 <= ZeRO-1 <= ZeRO-0 for model-state bytes, EP or not."""
     cluster = ClusterSpec(gpu=h100, num_gpus=16)
-    tr = Training(seq_len=1024, global_batch=64, zero2_grad_sync="micro_batch")
+    tr = training_for(seq_len=1024, global_batch=64, zero2_grad_sync="micro_batch")
     states = [_states(estimate(MOE, cluster, Plan(dp=16, ep=ep, zero_stage=z), tr))
               for z in (0, 1, 2, 3)]
     assert states == sorted(states, reverse=True)
@@ -79,14 +80,14 @@ def test_zero_stages_order_model_states_with_ep(h100, ep: int) -> None:
 
 
 def test_fsdp_keeps_one_fp32_copy(h100) -> None:
-    """FSDP's sharded fp32 parameter is the master (Training.zero3_master_is_param): 16 bytes a
+    """FSDP's sharded fp32 parameter is the master (framework.dp.zero3_master_is_param): 16 bytes a
     parameter (fp32 shard, fp32 grad, m, v) over the shard, where a framework with a bf16 shard
     beside its fp32 main weights keeps 18. With one expert-DP replica (ep spans the stage) the
     experts' shard is whole."""
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
     plan = Plan(dp=8, ep=8, zero_stage=3)
-    two = estimate(MOE, cluster, plan, Training(seq_len=1024, global_batch=64))
-    one = estimate(MOE, cluster, plan, Training(seq_len=1024, global_batch=64,
+    two = estimate(MOE, cluster, plan, training_for(seq_len=1024, global_batch=64))
+    one = estimate(MOE, cluster, plan, training_for(seq_len=1024, global_batch=64,
                                                 zero3_master_is_param=True))
     assert _states(one) == pytest.approx(_states(two) * 16 / 18, rel=1e-9)
     assert one.memory.stages[0].weights_bytes == pytest.approx(
@@ -97,7 +98,7 @@ def test_expert_gather_buffer_only_with_expert_replicas(h100) -> None:
     """ZeRO-3 gathers expert weights only where they have expert-DP replicas: with ep = dp the
     experts are whole on their rank and the prefetch buffers hold the dense units alone."""
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
-    tr = Training(seq_len=1024, global_batch=64)
+    tr = training_for(seq_len=1024, global_batch=64)
     whole = estimate(MOE, cluster, Plan(dp=8, ep=8, zero_stage=3), tr)
     halves = estimate(MOE, cluster, Plan(dp=8, ep=4, zero_stage=3), tr)
     zero2 = estimate(MOE, cluster, Plan(dp=8, ep=8, zero_stage=2), tr)
@@ -116,7 +117,7 @@ def test_expert_dp_collectives_on_their_own_links(h100) -> None:
     the network, the dense one over 32; the bytes split as the parameters do."""
     cluster = ClusterSpec(gpu=h100, num_gpus=32)
     est = estimate(MOE, cluster, Plan(dp=32, ep=8, zero_stage=1),
-                   Training(seq_len=1024, global_batch=64))
+                   training_for(seq_len=1024, global_batch=64))
     by = {c.name: c for c in est.collectives}
     assert by["ep_token_all_to_all"].tier == "nvlink"
     assert by["edp_grad_reduce"].group_size == 4 and by["edp_grad_reduce"].tier == "network"
@@ -130,7 +131,7 @@ def test_expert_dp_collectives_on_their_own_links(h100) -> None:
 def test_dense_model_has_no_expert_collective(h100) -> None:
     dense = replace(MOE, moe_experts=0, moe_topk=0, moe_ffn_hidden=0)
     est = estimate(dense, ClusterSpec(gpu=h100, num_gpus=16), Plan(dp=16, zero_stage=1),
-                   Training(seq_len=1024, global_batch=64))
+                   training_for(seq_len=1024, global_batch=64))
     assert not [c for c in est.collectives if c.group == "edp"]
 
 
@@ -139,7 +140,7 @@ def test_folding_changes_expert_sharding_and_traffic(h100) -> None:
     TP for attention and TP 1 for the MoE part): the expert-TP token gather is gone and each
     rank holds whole experts, twice as many expert-DP replicas as with expert TP = tp."""
     cluster = ClusterSpec(gpu=h100, num_gpus=16)
-    tr = Training(seq_len=1024, global_batch=64)
+    tr = training_for(seq_len=1024, global_batch=64)
     base = Plan(tp=2, dp=8, ep=4, zero_stage=1, sequence_parallel=True)
     folded = replace(base, expert_tp=1)
     p = arrays(base, folded)
@@ -177,7 +178,7 @@ def test_zero_shards_experts_over_folded_replicas(h100) -> None:
     expert-DP group), and the search keeps that plan (it is not ZeRO-0 in disguise)."""
     model = replace(MOE, moe_experts=8)
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
-    tr = Training(seq_len=1024, global_batch=64)
+    tr = training_for(seq_len=1024, global_batch=64)
     plan = Plan(tp=8, dp=1, ep=2, sequence_parallel=True)
     z0, z1 = (estimate(model, cluster, replace(plan, zero_stage=z), tr) for z in (0, 1))
     from costmodel.params import expert_params

@@ -62,7 +62,7 @@ def test_megatron_fp8_recipe_switches_become_flags() -> None:
     plain = render("megatron", pf, ExportOptions())["megatron.sh"]
     assert "--fp8-param-gather" not in plain and "--grad-reduce-in-bf16" not in plain
     fp8 = dataclasses.replace(pf, training=dataclasses.replace(
-        pf.training, precision="fp8", fp8_param_gather=True, grad_dtype_bytes=2))
+        pf.training.with_switches(fp8_param_gather=True, grad_dtype_bytes=2), precision="fp8"))
     script = render("megatron", fp8, ExportOptions())["megatron.sh"]
     assert "--fp8-format hybrid" in script
     assert "--fp8-param-gather" in script and "--grad-reduce-in-bf16" in script

@@ -9,10 +9,11 @@ import dataclasses
 
 import numpy as np
 import pytest
+from costmodel_helpers import training_for
 from export_helpers import launcher_flags
 from export_plans import GPU, plan_file
 
-from costmodel import Plan, SpecError, Training, check_plan, rules
+from costmodel import Plan, SpecError, check_plan, rules
 from hardware_catalog.catalog import get_gpu
 from search.inputs.presets import get_preset
 from search.inputs.specs import cluster_spec, training_spec
@@ -31,7 +32,7 @@ def chunked(recompute_layers: int, vpp: int = 2) -> Plan:
 @pytest.mark.parametrize("framework", ["generic", "megatron", "nemo", "megatron-sc21"])
 def test_megatron_profiles_carry_the_recompute_switch(framework: str) -> None:
     t = training_spec(framework=framework, precision="bf16", seq_len=8192, global_batch=512)
-    assert t.recompute_per_chunk and not Training(seq_len=1, global_batch=1).recompute_per_chunk
+    assert t.framework.activations.recompute_per_chunk
 
 
 def test_partial_recompute_under_interleaving_is_per_chunk() -> None:
@@ -43,7 +44,8 @@ def test_partial_recompute_under_interleaving_is_per_chunk() -> None:
         check_plan(m, cluster, chunked(3), megatron)
     for ok in (chunked(4), chunked(0), chunked(20), chunked(3, vpp=1)):
         check_plan(m, cluster, ok, megatron)  # per chunk 2; all; the whole stage; no chunks
-    check_plan(m, cluster, chunked(3), Training(seq_len=8192, global_batch=512))  # switch off
+    check_plan(m, cluster, chunked(3), training_for(seq_len=8192, global_batch=512,
+                                                    recompute_per_chunk=False))  # switch off
 
 
 def test_the_export_refuses_with_the_same_rule() -> None:

@@ -56,7 +56,7 @@ def test_deepseek_v3_recompute_modules_read_back() -> None:
     names them) exported as --recompute-modules, which MLATransformerConfig accepts only beside
     latent attention (and moe_act only beside --moe-grouped-gemm)."""
     pf = deepseek()
-    training = dataclasses.replace(pf.training, recompute_modules=("layernorm", "mla_up_proj"))
+    training = pf.training.with_switches(recompute_modules=("layernorm", "mla_up_proj"))
     pf = dataclasses.replace(pf, training=training,
                              plan=dataclasses.replace(pf.plan, recompute="selective"))
     files = render("megatron", pf)
@@ -73,7 +73,7 @@ def test_a_plans_own_modules_are_exported_and_read_back() -> None:
     keeps Megatron-Core's default: Megatron-LM's --recompute-modules and NeMo's
     model.recompute_modules carry the plan's, which MLATransformerConfig accepts."""
     pf = deepseek()
-    assert pf.training.recompute_modules == ("core_attn",)
+    assert pf.training.framework.activations.recompute_modules == ("core_attn",)
     pf = dataclasses.replace(pf, plan=dataclasses.replace(
         pf.plan, recompute="selective", recompute_modules=("layernorm", "mla_up_proj")))
     files = render("megatron", pf)

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from costmodel_helpers import training_for
 
-from costmodel.specs import Plan, Training
+from costmodel.specs import Plan
 from search.inputs.planfile import PlanFile, load_plan_file
 from tcf_search.export import ExportError, ExportOptions, ExportRefused, render
 from tcf_search.export.rules import RULES
@@ -190,7 +191,7 @@ def test_plan_validity_is_still_the_specs_job() -> None:
     with pytest.raises(ValueError):
         Plan(tp=1, sequence_parallel=True)
     with pytest.raises(ValueError):
-        Training(seq_len=0, global_batch=1)
+        training_for(seq_len=0, global_batch=1)
 
 
 def test_target_version_names_one_release_or_one_per_format() -> None:

@@ -7,8 +7,9 @@ import dataclasses
 
 import numpy as np
 import pytest
+from costmodel_helpers import training_for
 
-from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, Training, comm, estimate
+from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, comm, estimate
 from costmodel.specs import GpuSpec
 from hardware_catalog import UnknownFabric, get_fabric, load_fabrics
 from hardware_catalog.frameworks import framework_settings
@@ -43,7 +44,7 @@ def test_cluster_rejects_an_impossible_network_fraction(h100: GpuSpec) -> None:
 
 def test_fabric_efficiency_scales_network_collectives_only(h100: GpuSpec,
                                                            llama8b: ModelSpec) -> None:
-    tr = Training(seq_len=4096, global_batch=64)
+    tr = training_for(seq_len=4096, global_batch=64)
     across = Plan(tp=8, dp=2, sequence_parallel=True)  # DP spans the two nodes, TP stays inside
 
     def on(fraction: float):  # noqa: ANN202 - test helper
@@ -59,7 +60,7 @@ def test_fabric_efficiency_scales_network_collectives_only(h100: GpuSpec,
 
 
 def test_no_fabric_keeps_the_family_calibration(h100: GpuSpec, llama8b: ModelSpec) -> None:
-    tr = Training(seq_len=4096, global_batch=64)
+    tr = training_for(seq_len=4096, global_batch=64)
     plan = Plan(tp=8, dp=2, sequence_parallel=True)
     family = ClusterSpec(gpu=h100, num_gpus=16)
     same = ClusterSpec(gpu=h100, num_gpus=16,
@@ -143,8 +144,8 @@ def test_scatter_gather_splits_cross_node_stage_activations_over_tp(h100: GpuSpe
                                                                     llama8b: ModelSpec) -> None:
     # tp=8 fills a node, so consecutive pipeline stages sit on different nodes
     cluster = ClusterSpec(gpu=h100, num_gpus=16)
-    plain = Training(seq_len=4096, global_batch=64)
-    sg = dataclasses.replace(plain, pp_scatter_gather=True)
+    plain = training_for(seq_len=4096, global_batch=64)
+    sg = plain.with_switches(pp_scatter_gather=True)
     no_sp = Plan(tp=8, pp=2)
     p2p_plain = _collective(estimate(llama8b, cluster, no_sp, plain), "pp_activation_send_recv")
     p2p_sg = _collective(estimate(llama8b, cluster, no_sp, sg), "pp_activation_send_recv")
@@ -164,7 +165,7 @@ def test_scatter_gather_splits_cross_node_stage_activations_over_tp(h100: GpuSpe
 def test_profile_switches_can_depend_on_precision() -> None:
     # Megatron all-reduces fp16 gradients in fp16 unless told otherwise; bf16 forces fp32
     assert framework_settings("megatron", "fp16")["grad_dtype_bytes"] == 2
-    assert "grad_dtype_bytes" not in framework_settings("megatron", "bf16")
+    assert framework_settings("megatron", "bf16")["grad_dtype_bytes"] == 4  # the generic one
     assert not any(k.endswith("_fp16") for k in framework_settings("megatron", "fp16"))
 
 
@@ -181,10 +182,9 @@ def test_profile_switches_can_depend_on_precision() -> None:
 ])
 def test_profiles_name_their_kernels_and_overlaps(framework: str, kernel: str, p2p: bool,
                                                   fp8_casts: bool) -> None:
-    s = framework_settings(framework, "bf16")
-    t = Training(seq_len=1024, global_batch=8, **s)  # type: ignore[arg-type]
-    assert (t.attention_kernel, t.overlap_p2p_comm, t.fp8_saves_cast_inputs) == (
-        kernel, p2p, fp8_casts)
+    t = training_for(framework, seq_len=1024, global_batch=8).framework
+    assert (t.attention.attention_kernel, t.pp.overlap_p2p_comm,
+            t.numerics.fp8_saves_cast_inputs) == (kernel, p2p, fp8_casts)
 
 
 def test_a_row_from_the_sc21_paper_runs_the_sc21_release() -> None:
@@ -192,18 +192,18 @@ def test_a_row_from_the_sc21_paper_runs_the_sc21_release() -> None:
     sc21 = case_from_row({**ROW, "source": "megatron-sc21"})
     today = case_from_row({**ROW, "source": "someone-else"})
     assert sc21.framework == "megatron-sc21" and today.framework == "megatron"
-    assert not sc21.training.flash_attention and not sc21.training.overlap_grad_reduce
-    assert today.training.flash_attention and today.training.overlap_grad_reduce
+    old, new = sc21.training.framework, today.training.framework
+    assert not old.attention.flash_attention and not old.dp.overlap_grad_reduce
+    assert new.attention.flash_attention and new.dp.overlap_grad_reduce
     assert case_from_row({**ROW, "framework": "Megatron-Core"}).framework == "megatron"
 
 
 def test_deepspeed_overlaps_only_at_stage_3() -> None:
     """DeepSpeed's overlap_comm defaults to true at ZeRO-3 only: at stages 0-2 the gradient
     reduce and the parameter gather are on the critical path."""
-    s = framework_settings("deepspeed", "bf16")
-    t = Training(seq_len=1024, global_batch=8, **s)  # type: ignore[arg-type]
-    assert not (t.overlap_grad_reduce or t.overlap_grad_reduce_sharded
-                or t.overlap_param_gather)
+    dp = training_for("deepspeed", seq_len=1024, global_batch=8).framework.dp
+    assert not (dp.overlap_grad_reduce or dp.overlap_grad_reduce_sharded
+                or dp.overlap_param_gather)
 
 
 def _with_step(gpu: GpuSpec, step_s: float) -> GpuSpec:
@@ -229,7 +229,7 @@ def test_a_ring_across_nodes_waits_the_step_once_per_rank(h100: GpuSpec,
     """TP spanning nodes runs rings of tp - 1 steps in lockstep, each waiting on the network:
     a longer step costs (tp - 1) x its difference per TP collective, so TP 32 pays about twice
     what TP 16 pays (31 vs 15 steps), while a DP all-reduce's tree pays log2(dp) per bucket."""
-    tr = Training(seq_len=4096, global_batch=64)
+    tr = training_for(seq_len=4096, global_batch=64)
 
     def tp_time(tp: int, step_s: float) -> float:
         cluster = ClusterSpec(gpu=_with_step(h100, step_s), num_gpus=tp)

@@ -6,8 +6,9 @@ weight-gradient GEMM (Megatron) or the gradients are reduced and freed every mic
 from __future__ import annotations
 
 import pytest
+from costmodel_helpers import training_for
 
-from costmodel import ClusterSpec, ModelSpec, Plan, Training, estimate
+from costmodel import ClusterSpec, ModelSpec, Plan, estimate
 from hardware_catalog.frameworks import framework_settings
 
 BASE = {"seq_len": 4096, "global_batch": 64}
@@ -16,8 +17,8 @@ BASE = {"seq_len": 4096, "global_batch": 64}
 def _added(llama8b: ModelSpec, cluster: ClusterSpec, plan: Plan, base: dict | None = None,
            **switches: float) -> float:
     """What the switches add to the optimizer's time (the accumulation is reported there)."""
-    off = estimate(llama8b, cluster, plan, Training(**BASE, **(base or {})))
-    on = estimate(llama8b, cluster, plan, Training(**BASE, **(base or {}), **switches))
+    off = estimate(llama8b, cluster, plan, training_for(**BASE, **(base or {})))
+    on = estimate(llama8b, cluster, plan, training_for(**BASE, **(base or {}), **switches))
     assert on.step_time_s - off.step_time_s == pytest.approx(
         on.compute.optimizer_time_s - off.compute.optimizer_time_s, rel=1e-6, abs=1e-12)
     return on.compute.optimizer_time_s - off.compute.optimizer_time_s
@@ -26,14 +27,15 @@ def _added(llama8b: ModelSpec, cluster: ClusterSpec, plan: Plan, base: dict | No
 def _stage_params(llama8b: ModelSpec, cluster: ClusterSpec, plan: Plan) -> float:
     """The stage's parameters, from ZeRO-1's once-a-step fp32 gradient reduce-scatter."""
     same = Plan(tp=plan.tp, pp=plan.pp, dp=plan.dp, zero_stage=1)
-    e = estimate(llama8b, cluster, same, Training(**BASE))
+    e = estimate(llama8b, cluster, same, training_for(**BASE))
     return next(c for c in e.collectives if c.name == "dp_grad_reduce").bytes / 4
 
 
 def test_deepspeed_runs_its_code() -> None:
     bf16, fp16 = framework_settings("deepspeed", "bf16"), framework_settings("deepspeed", "fp16")
     assert bf16["grad_accum_inplace_bytes"] == 6 and bf16["grad_accum_pass_bytes_pp"] == 20
-    assert "grad_accum_pass_bytes_pp" not in fp16  # FP16's optimizer accumulates by autograd
+    # FP16's optimizer accumulates by autograd: the generic "-1", no pipeline pass of its own
+    assert fp16["grad_accum_pass_bytes_pp"] == -1
     megatron = framework_settings("megatron")
     assert megatron.get("grad_accum_inplace_bytes", 0) == 0  # fused into the wgrad GEMM
     assert megatron.get("grad_accum_pass_bytes", 0) == 0

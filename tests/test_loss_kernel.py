@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from costmodel_helpers import training_for
 
-from costmodel import ClusterSpec, Plan, Training
+from costmodel import ClusterSpec, Plan
 from costmodel.compute import _loss_s, layer_times
 from costmodel.kernels import kernels_of
 from costmodel.plans import as_plan_arrays, plans_to_arrays
@@ -16,7 +17,7 @@ from costmodel.specs import SpecError
 
 
 def _bytes_per_logit(model, gpu, plan: Plan, **training):  # type: ignore[no-untyped-def]
-    tr = Training(seq_len=4096, global_batch=64, **training)
+    tr = training_for(seq_len=4096, global_batch=64, **training)
     kn = kernels_of(ClusterSpec(gpu=gpu, num_gpus=8), tr, as_plan_arrays(plans_to_arrays([plan])))
     per_byte = kn.tokens * model.vocab / kn.tp / kn.hbm
     return tuple(float((t / per_byte)[0]) for t in _loss_s(model, tr, kn))
@@ -35,8 +36,8 @@ def test_bytes_per_logit(h100, llama8b, plan: Plan) -> None:
 def test_the_loss_is_part_of_the_head_time(h100, llama8b) -> None:
     p = as_plan_arrays(plans_to_arrays([Plan(dp=8, micro_batch=1)]))
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
-    fused = layer_times(llama8b, cluster, Training(seq_len=4096, global_batch=64), p)
-    eager = layer_times(llama8b, cluster, Training(seq_len=4096, global_batch=64,
+    fused = layer_times(llama8b, cluster, training_for(seq_len=4096, global_batch=64), p)
+    eager = layer_times(llama8b, cluster, training_for(seq_len=4096, global_batch=64,
                                                    loss_kernel="eager_fp32"), p)
     head_gemms = fused.head_fwd_s + fused.head_bwd_s - fused.loss_s
     assert np.allclose(eager.head_fwd_s + eager.head_bwd_s - eager.loss_s, head_gemms)
@@ -45,7 +46,7 @@ def test_the_loss_is_part_of_the_head_time(h100, llama8b) -> None:
 
 def test_unknown_loss_kernel_is_refused() -> None:
     with pytest.raises(SpecError, match="loss_kernel"):
-        Training(seq_len=4096, global_batch=64, loss_kernel="triton")  # type: ignore[arg-type]
+        training_for(seq_len=4096, global_batch=64, loss_kernel="triton")  # type: ignore[arg-type]
 
 
 def test_the_loss_holds_what_its_kernel_keeps(h100, llama8b) -> None:
@@ -65,8 +66,8 @@ def test_the_loss_holds_what_its_kernel_keeps(h100, llama8b) -> None:
 
     generic_tr, generic = last_stage("megatron")
     foundry_tr, foundry = last_stage("llm-foundry")
-    assert generic_tr.memory_model.logits_bytes_per_element == 6.0
-    assert foundry_tr.memory_model.logits_bytes_per_element == 4.0
+    assert generic_tr.framework.memory_model.logits_bytes_per_element == 6.0
+    assert foundry_tr.framework.memory_model.logits_bytes_per_element == 4.0
     logits = 2 * 4096 * llama8b.vocab
     assert generic.buffers_bytes - foundry.buffers_bytes == pytest.approx(2.0 * logits)
     assert foundry.activations_bytes == pytest.approx(generic.activations_bytes)

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from costmodel_helpers import training_for
 
 from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, Training, estimate
 from costmodel.kernels import kernels_of
@@ -27,7 +28,7 @@ def _a2a(est: object) -> object:
 
 def _expert_flops_per_s(gpu: GpuSpec, micro_batch: int, precision: str = "bf16") -> float:
     cluster = ClusterSpec(gpu=gpu, num_gpus=8)
-    tr = Training(seq_len=4096, global_batch=64, precision=precision)  # type: ignore[arg-type]
+    tr = training_for(seq_len=4096, global_batch=64, precision=precision)  # type: ignore[arg-type]
     p = as_plan_arrays(plans_to_arrays([Plan(dp=8, ep=8, micro_batch=micro_batch)]))
     kn = kernels_of(cluster, tr, p)
     m = tokens_per_expert(FINE, p, kn)
@@ -46,7 +47,7 @@ def test_grouped_gemm_efficiency_rises_with_tokens_per_expert(h100: GpuSpec) -> 
     # one token per expert is memory bound: a tiny share of the peak
     tiny = replace(FINE, moe_experts=32768 // 8 * 8, moe_topk=1)
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
-    tr = Training(seq_len=512, global_batch=8)
+    tr = training_for(seq_len=512, global_batch=8)
     p = as_plan_arrays(plans_to_arrays([Plan(dp=8, ep=8)]))
     kn = kernels_of(cluster, tr, p)
     m = tokens_per_expert(tiny, p, kn)
@@ -57,7 +58,7 @@ def test_grouped_gemm_efficiency_rises_with_tokens_per_expert(h100: GpuSpec) -> 
 def test_fp8_expert_gemms_pay_their_input_casts(h100: GpuSpec) -> None:
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
     p = as_plan_arrays(plans_to_arrays([Plan(dp=8, ep=8, micro_batch=2)]))
-    tr = Training(seq_len=4096, global_batch=64, precision="fp8")
+    tr = training_for(seq_len=4096, global_batch=64, precision="fp8")
     dear = replace(h100, efficiency=replace(h100.efficiency, fp8_cast_bytes_per_element=12.0))
     cheap = replace(h100, efficiency=replace(h100.efficiency, fp8_cast_bytes_per_element=3.0))
     times = [grouped_expert_time(FINE, tr, p, kernels_of(replace(cluster, gpu=g), tr, p))[0]
@@ -68,14 +69,14 @@ def test_fp8_expert_gemms_pay_their_input_casts(h100: GpuSpec) -> None:
 def test_load_imbalance_slows_the_moe_layer(h100: GpuSpec) -> None:
     cluster = ClusterSpec(gpu=h100, num_gpus=16)
     plan = Plan(dp=16, ep=16, micro_batch=1)
-    even = estimate(FINE, cluster, plan, Training(seq_len=4096, global_batch=64))
-    skew = estimate(FINE, cluster, plan, Training(seq_len=4096, global_batch=64,
+    even = estimate(FINE, cluster, plan, training_for(seq_len=4096, global_batch=64))
+    skew = estimate(FINE, cluster, plan, training_for(seq_len=4096, global_batch=64,
                                                   moe_load_imbalance=1.4))
     assert skew.step_time_s > even.step_time_s
     assert skew.compute.time_s > even.compute.time_s
     assert _a2a(skew).time_s == pytest.approx(1.4 * _a2a(even).time_s, rel=1e-3)  # type: ignore[attr-defined]
     with pytest.raises(SpecError, match="moe_load_imbalance"):
-        Training(seq_len=4096, global_batch=64, moe_load_imbalance=0.9)
+        training_for(seq_len=4096, global_batch=64, moe_load_imbalance=0.9)
 
 
 def test_all_to_all_across_nodes_is_slower_than_inside_one(h100: GpuSpec) -> None:
@@ -88,7 +89,7 @@ def test_all_to_all_across_nodes_is_slower_than_inside_one(h100: GpuSpec) -> Non
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
     p = as_plan_arrays(plans_to_arrays([Plan(dp=8, ep=8)]))
     for dispatcher in ("alltoall", "flex"):
-        tr = Training(seq_len=4096, global_batch=64, moe_dispatcher=dispatcher)  # type: ignore[arg-type]
+        tr = training_for(seq_len=4096, global_batch=64, moe_dispatcher=dispatcher)  # type: ignore[arg-type]
         g = mesh_of(cluster, tr, p)
         lt = layer_times(FINE, cluster, tr, p)
         inside = expert_parallel(FINE, cluster, tr, g, lt)
@@ -103,13 +104,13 @@ def test_flex_dispatcher_sends_each_token_once_per_remote_node(h100: GpuSpec) ->
     both exchange about the same."""
     plan = Plan(dp=32, ep=32)
     cluster = ClusterSpec(gpu=h100, num_gpus=32)
-    times = {d: _a2a(estimate(FINE, cluster, plan, Training(seq_len=4096, global_batch=64,
+    times = {d: _a2a(estimate(FINE, cluster, plan, training_for(seq_len=4096, global_batch=64,
                                                             moe_dispatcher=d))).time_s  # type: ignore[attr-defined]
              for d in ("alltoall", "flex", "allgather")}
     assert times["flex"] < times["alltoall"]
     assert all(t > 0 for t in times.values())
     with pytest.raises(SpecError, match="moe_dispatcher"):
-        Training(seq_len=4096, global_batch=64, moe_dispatcher="ring")  # type: ignore[arg-type]
+        training_for(seq_len=4096, global_batch=64, moe_dispatcher="ring")  # type: ignore[arg-type]
 
 
 def test_flex_runs_at_its_own_kernels_bandwidth_not_nccls(h100: GpuSpec) -> None:
@@ -120,7 +121,7 @@ def test_flex_runs_at_its_own_kernels_bandwidth_not_nccls(h100: GpuSpec) -> None
 
     def a2a(dispatcher: str, **eff: float) -> float:
         gpu = replace(h100, efficiency=replace(h100.efficiency, **eff))
-        tr = Training(seq_len=4096, global_batch=64, moe_dispatcher=dispatcher)  # type: ignore[arg-type]
+        tr = training_for(seq_len=4096, global_batch=64, moe_dispatcher=dispatcher)  # type: ignore[arg-type]
         return float(_a2a(estimate(FINE, ClusterSpec(gpu=gpu, num_gpus=32), plan, tr)).time_s)  # type: ignore[attr-defined]
 
     assert a2a("flex", all_to_all_bw_ratio=0.5) == a2a("flex", all_to_all_bw_ratio=1.0)
@@ -142,9 +143,9 @@ def test_groups_hit_is_bounded_by_groups_and_top_k() -> None:
 def test_a2a_overlap_never_shows_more_than_without(h100: GpuSpec) -> None:
     plan = Plan(dp=16, ep=16)
     cluster = ClusterSpec(gpu=h100, num_gpus=16)
-    base = Training(seq_len=4096, global_batch=64)
+    base = training_for(seq_len=4096, global_batch=64)
     off = estimate(FINE, cluster, plan, base)
-    on = estimate(FINE, cluster, plan, replace(base, moe_a2a_overlap=True))
+    on = estimate(FINE, cluster, plan, base.with_switches(moe_a2a_overlap=True))
     assert _a2a(on).time_s == pytest.approx(_a2a(off).time_s)  # type: ignore[attr-defined]
     assert _a2a(on).exposed_s < _a2a(off).exposed_s  # type: ignore[attr-defined]
     assert on.step_time_s < off.step_time_s
@@ -157,10 +158,10 @@ def test_a2a_overlap_runs_the_first_forward_and_the_last_backward_alone(h100: Gp
     cluster = ClusterSpec(gpu=h100, num_gpus=16)
     shares = []
     for batch in (16, 64, 256):  # 1, 4 and 16 micro-batches per rank
-        base = Training(seq_len=4096, global_batch=batch)
+        base = training_for(seq_len=4096, global_batch=batch)
         off = _a2a(estimate(FINE, cluster, plan, base)).exposed_s  # type: ignore[attr-defined]
         on = _a2a(estimate(FINE, cluster, plan,  # type: ignore[attr-defined]
-                           replace(base, moe_a2a_overlap=True))).exposed_s
+                           base.with_switches(moe_a2a_overlap=True))).exposed_s
         shares.append(on / off)
     assert shares[0] == pytest.approx(1.0)
     assert shares[0] > shares[1] > shares[2] >= 1 / 16
@@ -173,7 +174,7 @@ def test_unpaired_share_counts_the_interleaved_warmup(h100: GpuSpec) -> None:
     # pp 8, vp 4, 128 micro-batches per rank: the first rank's warm-up runs
     # (8 - 1) * 2 + (4 - 1) * 8 + 1 = 39 of its 128 * 4 = 512 forward chunk steps alone
     cluster = ClusterSpec(gpu=h100, num_gpus=16)
-    tr = Training(seq_len=4096, global_batch=256, moe_a2a_overlap=True)
+    tr = training_for(seq_len=4096, global_batch=256, moe_a2a_overlap=True)
     p = as_plan_arrays(plans_to_arrays([Plan(pp=8, vpp=4, dp=2, ep=2)]))
     assert float(unpaired_share(mesh_of(cluster, tr, p))[0]) == pytest.approx(39 / 512)
 
@@ -181,10 +182,10 @@ def test_unpaired_share_counts_the_interleaved_warmup(h100: GpuSpec) -> None:
 def test_permute_fusion_moves_fewer_bytes(h100: GpuSpec) -> None:
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
     p = as_plan_arrays(plans_to_arrays([Plan(dp=8, ep=8)]))
-    tr = Training(seq_len=4096, global_batch=64)
+    tr = training_for(seq_len=4096, global_batch=64)
     kn = kernels_of(cluster, tr, p)
     unfused = permute_elements(FINE, tr, p, kn)
-    fused = permute_elements(FINE, replace(tr, moe_permute_fusion=True), p, kn)
+    fused = permute_elements(FINE, tr.with_switches(moe_permute_fusion=True), p, kn)
     assert float(fused[0]) < float(unfused[0])
     # fused: each token read once and written k times, and back; 16 local experts are sorted
     assert float(fused[0]) == pytest.approx(2 * (1 + 8) + 4 * 8)
@@ -205,7 +206,8 @@ def test_measured_moe_rows_and_bridge_recipes_run_balanced() -> None:
            "micro_batch": "1", "global_batch": "1024", "precision": "bf16", "framework": "nemo",
            "source": "dgxc-benchmarking"}
     tr = case_from_row(row).training
-    assert tr.moe_load_imbalance == 1.0 and tr.moe_dispatcher == "alltoall"
+    own = tr.framework.moe
+    assert own.moe_load_imbalance == 1.0 and own.moe_dispatcher == "alltoall"
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from bridge_recipes import MOE_RECIPES, moe_switches
 
@@ -229,7 +231,7 @@ def test_bridge_regression_rows_are_bridge_moe_rows_and_marked() -> None:
     moe_rows = {(r[0], r[1], r[2]): r for r in BRIDGE if PRESETS[r[2]].is_moe}
     assert set(BRIDGE_REGRESSIONS) <= set(moe_rows)
     for (release, system, preset), row in moe_rows.items():
-        tr = Training(seq_len=4096, global_batch=64,
+        tr = training_for(seq_len=4096, global_batch=64,
                       **moe_switches(release, system, True))  # type: ignore[arg-type]
         marked = moe_label(release, system, preset, tr).endswith(DAGGER)
         assert marked == ((release, system, preset) in BRIDGE_REGRESSIONS)
@@ -255,8 +257,8 @@ def test_shared_expert_overlap_hides_only_behind_shared_experts(h100: GpuSpec) -
     shows with a shared expert, nothing changes without one."""
     plan = Plan(dp=16, ep=16)
     cluster = ClusterSpec(gpu=h100, num_gpus=16)
-    base = Training(seq_len=4096, global_batch=64)
-    over = replace(base, moe_shared_expert_overlap=True)
+    base = training_for(seq_len=4096, global_batch=64)
+    over = base.with_switches(moe_shared_expert_overlap=True)
     shared = replace(FINE, moe_shared_experts=1)
     for model, hides in ((shared, True), (FINE, False)):
         off, on = (_a2a(estimate(model, cluster, plan, t)) for t in (base, over))
@@ -272,7 +274,7 @@ def test_full_recompute_is_a_share_of_the_kernels_with_ep_across_nodes(h100: Gpu
     recompute share counts kernels only, so it stays below the kernels it is a part of (at most
     the forward's, about a third of forward and backward)."""
     cluster = ClusterSpec(gpu=h100, num_gpus=64, gpus_per_node=8)
-    tr = Training(seq_len=4096, global_batch=256)
+    tr = training_for(seq_len=4096, global_batch=256)
     est = estimate(FINE, cluster, Plan(dp=64, ep=64, recompute="full"), tr)
     assert _a2a(est).exposed_s > 0.5 * est.compute.time_s  # the exchange is large here
     assert 0.0 < est.compute.recompute_time_s < 0.5 * est.compute.time_s
@@ -289,12 +291,12 @@ def _moe_act_bytes(model: ModelSpec, tr: Training, plan: Plan) -> float:
 def test_moe_activations_grow_with_top_k_and_expert_width(precision: str) -> None:
     """As Megatron-Core saves them: each routed copy keeps its fc1 input (h), fc1 output
     (2 fe, gated) and activation output (fe); more copies or wider experts keep more."""
-    tr = Training(seq_len=4096, global_batch=64, precision=precision)  # type: ignore[arg-type]
+    tr = training_for(seq_len=4096, global_batch=64, precision=precision)  # type: ignore[arg-type]
     plan = Plan(dp=8, ep=8)
     base = _moe_act_bytes(FINE, tr, plan)
     assert _moe_act_bytes(replace(FINE, moe_topk=9), tr, plan) > base
     assert _moe_act_bytes(replace(FINE, moe_ffn_hidden=1024), tr, plan) > base
-    skewed = replace(tr, moe_load_imbalance=1.5)  # the busiest rank keeps more copies
+    skewed = tr.with_switches(moe_load_imbalance=1.5)  # the busiest rank keeps more copies
     assert _moe_act_bytes(FINE, skewed, plan) > base
 
 
@@ -303,7 +305,7 @@ def test_one_more_routed_copy_keeps_its_expert_tensors_once() -> None:
     input 2 h = 4,096 B, fc1 output 2 x 2 fe = 3,072 B and activation output 2 fe = 1,536 B:
     8,704 B per token. The permuted tokens are not saved twice (permute and unpermute keep index
     maps only)."""
-    tr = Training(seq_len=4096, global_batch=64)
+    tr = training_for(seq_len=4096, global_batch=64)
     plan = Plan(dp=8, ep=8)
     delta = _moe_act_bytes(replace(FINE, moe_topk=9), tr, plan) - _moe_act_bytes(FINE, tr, plan)
     assert delta == pytest.approx(4096 * (2 * 2048 + 6 * 768))
@@ -320,16 +322,16 @@ def test_a_dispatcher_that_syncs_is_slower_by_at_least_the_sync(h100: GpuSpec,
 
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
     p = as_plan_arrays(plans_to_arrays([Plan(dp=8, ep=8)]))
-    padded = Training(seq_len=4096, global_batch=64, moe_dispatcher=dispatcher,  # type: ignore[arg-type]
+    padded = training_for(seq_len=4096, global_batch=64, moe_dispatcher=dispatcher,  # type: ignore[arg-type]
                       moe_pad_to_capacity=True)
-    dropless = replace(padded, moe_pad_to_capacity=False)
+    dropless = padded.with_switches(moe_pad_to_capacity=False)
     assert host_syncs(padded) == 0.0 and host_syncs(dropless) == 1.0
     fast, slow = layer_times(FINE, cluster, padded, p), layer_times(FINE, cluster, dropless, p)
     gap = float(slow.fwd_moe_s[0] - fast.fwd_moe_s[0])
-    assert gap >= (D2H_SYNC_S + dropless.host_overhead_s) * (1 - 1e-9)
+    assert gap >= (D2H_SYNC_S + dropless.framework.kernels.host_overhead_s) * (1 - 1e-9)
     assert float(slow.bwd_moe_s[0]) == float(fast.bwd_moe_s[0])
     # a host slower than the expert GEMMs it issues after the sync shows in full
-    slow_host = layer_times(FINE, cluster, replace(dropless, host_overhead_s=200e-6), p)
-    slow_padded = layer_times(FINE, cluster, replace(padded, host_overhead_s=200e-6), p)
+    slow_host = layer_times(FINE, cluster, dropless.with_switches(host_overhead_s=200e-6), p)
+    slow_padded = layer_times(FINE, cluster, padded.with_switches(host_overhead_s=200e-6), p)
     local_gemms = 2 * FINE.moe_experts / 8
     assert float(slow_host.fwd_moe_s[0] - slow_padded.fwd_moe_s[0]) > 0.5 * local_gemms * 200e-6

@@ -7,9 +7,9 @@ import dataclasses
 
 import numpy as np
 import pytest
-from costmodel_helpers import assert_terms_match_estimate
+from costmodel_helpers import assert_terms_match_estimate, training_for
 
-from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, Training, estimate
+from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, estimate
 from costmodel.mapping import STAGES
 from costmodel.mtp import mtp_params
 from costmodel.params import model_flops_per_token
@@ -24,7 +24,9 @@ MOE = ModelSpec(name="moe", layers=12, hidden=1024, ffn_hidden=4096, heads=16, k
                 moe_shared_experts=1, moe_dense_layers=2)
 DENSE = ModelSpec(name="dense", layers=12, hidden=1024, ffn_hidden=4096, heads=16, kv_heads=8,
                   vocab=32000)
-TRAINING = Training(seq_len=2048, global_batch=64)
+# every schedule, GPipe too (no framework that builds MTP modules runs it), for the terms' sake
+TRAINING = training_for(seq_len=2048, global_batch=64,
+                        pp_schedules=("1f1b", "gpipe", "interleaved"))
 CLUSTER = ClusterSpec(gpu=get_gpu("h100-sxm-80gb"), num_gpus=16, gpus_per_node=8)
 PLANS = [
     Plan(tp=2, pp=4, dp=2, ep=2, sequence_parallel=True, zero_stage=1),
@@ -67,7 +69,7 @@ def test_mtp_paces_the_pipeline_only_where_the_last_stage_is_slowest() -> None:
     model = PRESETS["deepseek-v3"]
     without = dataclasses.replace(model, mtp_layers=0)
     cluster = ClusterSpec(gpu=get_gpu("h100-sxm-80gb"), num_gpus=1024, gpus_per_node=8)
-    training = Training(seq_len=4096, global_batch=1024)
+    training = training_for(seq_len=4096, global_batch=1024)
     short = Plan(tp=2, pp=16, dp=32, ep=64, sequence_parallel=True, zero_stage=1,
                  recompute="full", first_stage_layers=4, last_stage_layers=1)
     even = dataclasses.replace(short, first_stage_layers=0, last_stage_layers=0)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from costmodel_helpers import training_for
 
 from costmodel import ClusterSpec, ModelSpec, Plan, Training, estimate
 from costmodel.comm import bucketed_gather_time, link_of
@@ -38,8 +39,8 @@ def test_one_call_pays_one_latency(h100, llama8b: ModelSpec) -> None:
     plan = Plan(tp=1, dp=64, zero_stage=1)
     base = dict(seq_len=4096, global_batch=64, overlap_grad_reduce_sharded=False,
                 overlap_param_gather=False)
-    bucketed = _dp(llama8b, cluster, plan, Training(**base))
-    one = _dp(llama8b, cluster, plan, Training(**base, sharded_dp_one_call=True))
+    bucketed = _dp(llama8b, cluster, plan, training_for(**base))
+    one = _dp(llama8b, cluster, plan, training_for(**base, sharded_dp_one_call=True))
     grad = one["dp_grad_reduce"]
     expect = bucketed_gather_time(np.array(grad.bytes), np.array(64.0), np.array(8.0),
                                   link_of(cluster), np.inf)
@@ -53,8 +54,8 @@ def test_zero0_stays_bucketed(h100, llama8b: ModelSpec) -> None:
     """ZeRO-0 is torch DDP: bucketed whatever the ZeRO-1 switches say."""
     cluster = ClusterSpec(gpu=h100, num_gpus=64)
     plan = Plan(tp=1, dp=64)
-    off = _dp(llama8b, cluster, plan, Training(seq_len=4096, global_batch=64))
-    on = _dp(llama8b, cluster, plan, Training(seq_len=4096, global_batch=64,
+    off = _dp(llama8b, cluster, plan, training_for(seq_len=4096, global_batch=64))
+    on = _dp(llama8b, cluster, plan, training_for(seq_len=4096, global_batch=64,
                                               sharded_dp_one_call=True,
                                               sharded_gather_host_ops=12))
     assert on["dp_grad_reduce"].time_s > 0.0
@@ -67,8 +68,8 @@ def test_gather_host_loop_grows_with_ranks_and_layers(h100, llama8b: ModelSpec, 
     """12 eager ops per DP rank per layer, exposed in full; ZeRO-3 gathers per layer unit
     (FSDP) and pays none of it."""
     cluster = ClusterSpec(gpu=h100, num_gpus=2 * dp)
-    tr0 = Training(seq_len=4096, global_batch=64, overlap_param_gather=False)
-    tr12 = Training(seq_len=4096, global_batch=64, overlap_param_gather=False,
+    tr0 = training_for(seq_len=4096, global_batch=64, overlap_param_gather=False)
+    tr12 = training_for(seq_len=4096, global_batch=64, overlap_param_gather=False,
                     sharded_gather_host_ops=12)
     z1 = Plan(tp=2, dp=dp, zero_stage=1)
     added = (_dp(llama8b, cluster, z1, tr12)["dp_param_all_gather"].exposed_s
@@ -85,8 +86,8 @@ def test_accumulation_pass_per_micro_batch(h100, llama8b: ModelSpec) -> None:
     dp 8, micro-batch 1)."""
     cluster = ClusterSpec(gpu=h100, num_gpus=16)
     plan = Plan(tp=2, dp=8, zero_stage=1)
-    off = estimate(llama8b, cluster, plan, Training(seq_len=4096, global_batch=64))
-    on = estimate(llama8b, cluster, plan, Training(seq_len=4096, global_batch=64,
+    off = estimate(llama8b, cluster, plan, training_for(seq_len=4096, global_batch=64))
+    on = estimate(llama8b, cluster, plan, training_for(seq_len=4096, global_batch=64,
                                                    grad_accum_pass_bytes=10))
     hbm = h100.hbm_bw_bytes_per_s * h100.efficiency.memory_bw_fraction
     grad = next(c for c in off.collectives if c.name == "dp_grad_reduce")

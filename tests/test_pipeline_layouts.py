@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from costmodel_helpers import training_for
 
 from costmodel.estimate import check_plan
 from costmodel.mapping import chunk_split_exists, counted_split, launchable_chunks
@@ -169,12 +170,12 @@ def test_interleaving_divides_the_bubble_by_the_chunks_the_layers_make(h100) -> 
     """A stage's chunk step runs at least one layer: 126 layers on pp 32 (4 a stage, 2 on the
     ends) leave the same bubble in 8 virtual stages as in 4 (the other 4 empty); where vpp
     divides a stage's layers (63 on each of 2 stages: 7 chunks of 9) it divides the bubble."""
-    from costmodel import ClusterSpec, Plan, Training, estimate
+    from costmodel import ClusterSpec, Plan, estimate
     from search.inputs.presets import PRESETS
 
     model = PRESETS["llama3.1-405b"]
     cluster = ClusterSpec(gpu=h100, num_gpus=32 * 8 * 4)
-    tr = Training(seq_len=8192, global_batch=256)
+    tr = training_for(seq_len=8192, global_batch=256)
 
     def bubble(pp: int, vpp: int, first: int = 0, last: int = 0) -> float:
         plan = Plan(tp=8, pp=pp, dp=32 * 4 // pp, vpp=vpp, sequence_parallel=True,

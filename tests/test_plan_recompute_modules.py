@@ -57,7 +57,7 @@ def test_a_plans_set_prices_as_the_trainings(name: str, precision: str, h100: Gp
     default training equal those of the plan naming none under a training with that set."""
     model, (gpus, plan) = get_preset(name), CASES[name]
     cluster, default = ClusterSpec(gpu=h100, num_gpus=gpus), _megatron(precision)
-    assert default.recompute_modules == ("core_attn",)
+    assert default.framework.activations.recompute_modules == ("core_attn",)
     sets = _subsets(freeing_modules(model, _megatron()))
     for modules in sets:
         own = estimate(model, cluster, Plan(**{**_fields(plan), "recompute_modules": modules}),

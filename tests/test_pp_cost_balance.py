@@ -9,8 +9,9 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from costmodel_helpers import training_for
 
-from costmodel import ClusterSpec, ModelSpec, Plan, Training, estimate
+from costmodel import ClusterSpec, ModelSpec, Plan, estimate
 from costmodel.compute import layer_times
 from costmodel.mapping import StageLayers, cost_balanced_ranks, cost_balanced_split, stage_layers
 from costmodel.parallel.mesh import mesh_of
@@ -103,7 +104,7 @@ def _one_b_eager_loss(h100, pp: int):
     gpu = replace(h100, efficiency=replace(h100.efficiency, gemm_peak_fraction=0.75,
                                            memory_bw_fraction=1.0))
     cluster = ClusterSpec(gpu=gpu, num_gpus=8)
-    tr = Training(seq_len=4096, global_batch=32, loss_kernel="eager_fp32")
+    tr = training_for("nanotron", seq_len=4096, global_batch=32)  # its eager fp32 loss
     p = as_plan_arrays(plans_to_arrays([Plan(pp=pp, dp=1, micro_batch=1)]))
     return p, layer_times(model, cluster, tr, p), cluster, tr
 
@@ -168,11 +169,11 @@ def test_balance_lightens_the_head_stage_and_keeps_every_layer(h100) -> None:
     assert (even.first[0], even.last[0]) == (8, 8) and (bal.first[0], bal.last[0]) == (10, 6)
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
     plan = Plan(pp=2, dp=4, micro_batch=1)
-    tr = Training(seq_len=4096, global_batch=32)
+    tr = training_for(seq_len=4096, global_batch=32)
     a = estimate(model, cluster, plan, tr)
-    b = estimate(model, cluster, plan, Training(seq_len=4096, global_batch=32,
+    b = estimate(model, cluster, plan, training_for(seq_len=4096, global_batch=32,
                                                 pp_cost_balance=True))
     assert b.step_time_s < a.step_time_s  # the head's stage was the slowest
     given = Plan(pp=2, dp=4, micro_batch=1, first_stage_layers=8, last_stage_layers=8)
-    assert np.isclose(estimate(model, cluster, given, Training(
+    assert np.isclose(estimate(model, cluster, given, training_for(
         seq_len=4096, global_batch=32, pp_cost_balance=True)).step_time_s, a.step_time_s)

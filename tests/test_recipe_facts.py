@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from costmodel_helpers import training_for
 
-from costmodel import ClusterSpec, Plan, Training
+from costmodel import ClusterSpec, Plan
 from costmodel.compute import _loss_s, layer_times
 from costmodel.kernels import gemm_time, kernels_of
 from costmodel.plans import PLAN_KEYS, as_plan_arrays, plans_to_arrays
@@ -27,10 +28,10 @@ def test_the_lm_head_runs_in_bf16_under_fp8(h100, llama8b, plan: Plan) -> None:
     dense peak, with no fp8 cast, while the decoder layers' GEMMs speed up."""
     p = as_plan_arrays(plans_to_arrays([plan]))
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
-    times = {prec: layer_times(llama8b, cluster, Training(seq_len=4096, global_batch=64,
+    times = {prec: layer_times(llama8b, cluster, training_for(seq_len=4096, global_batch=64,
                                                           precision=prec), p)
              for prec in ("bf16", "fp8")}
-    tr8 = Training(seq_len=4096, global_batch=64, precision="fp8")
+    tr8 = training_for(seq_len=4096, global_batch=64, precision="fp8")
     kn = kernels_of(cluster, tr8, p)
     bf16_gemm = gemm_time(kn.tokens, np.broadcast_to(llama8b.vocab / kn.tp, kn.tokens.shape),
                           np.broadcast_to(float(llama8b.hidden), kn.tokens.shape),
@@ -44,7 +45,7 @@ def test_the_lm_head_runs_in_bf16_under_fp8(h100, llama8b, plan: Plan) -> None:
 
 
 def test_bf16_training_keeps_its_kernels(h100) -> None:
-    tr = Training(seq_len=4096, global_batch=64)
+    tr = training_for(seq_len=4096, global_batch=64)
     kn = kernels_of(ClusterSpec(gpu=h100, num_gpus=8), tr,
                     as_plan_arrays(plans_to_arrays([Plan(dp=8)])))
     assert kn.unquantized() is kn
@@ -66,15 +67,17 @@ def test_dgxc_rows_run_their_release(detail: str, precision: str, grads: int,
     assert d.pop("zero_stage") == 1  # NeMo's distributed optimizer, every release
     tr = training_spec(framework="nemo", precision=precision, seq_len=4096, global_batch=64,
                        switches=d)
-    assert tr.grad_dtype_bytes == grads
-    assert tr.fp8_param_gather is fp8_params  # the nemo profile's at fp8
-    assert tr.tp_comm_overlap is True
+    assert tr.framework.numerics.grad_dtype_bytes == grads
+    assert tr.framework.numerics.fp8_param_gather is fp8_params  # the nemo profile's at fp8
+    assert tr.framework.tp.tp_comm_overlap is True
 
 
 def test_release_switches_are_training_switches() -> None:
-    """Every switch a release sets is a Training field (at a precision suffix or without), or
-    a plan field a measured row takes where its cell is empty."""
-    fields = set(Training.__dataclass_fields__) | set(PLAN_KEYS)
+    """Every switch a release sets is a framework profile's switch (at a precision suffix or
+    without), or a plan field a measured row takes where its cell is empty."""
+    from costmodel.framework import switch_names
+
+    fields = set(switch_names()) | set(PLAN_KEYS)
     for source, releases in load_profiles()["release_switches"].items():
         for key, switches in releases.items():
             assert RELEASE_KEY.search(f"x@{key.split()[0]} {key.split()[1]}/f"), (source, key)
@@ -107,8 +110,9 @@ def test_nemo2_grok_rows_run_their_launchers_moe(commit: str, gpu: str, expert_t
            "source": "dgxc-benchmarking", "source_detail": GROK_NEMO2.format(commit=commit)}
     case = case_from_row(row)
     assert case.plan.expert_tp == expert_tp
-    assert case.training.moe_pad_to_capacity and case.training.grad_dtype_bytes == 2
-    assert case.training.cuda_graph_impl == graphs
+    fw = case.training.framework
+    assert fw.moe.moe_pad_to_capacity and fw.numerics.grad_dtype_bytes == 2
+    assert case.training.framework.kernels.cuda_graph_impl == graphs
     assert case_from_row({**row, "expert_tp": 2}).plan.expert_tp == 2
 
 
@@ -145,8 +149,9 @@ def test_exports_train_the_searched_dtypes(precision: str, fp8_weights: bool, bf
 
     pf = load_plan_file(Path(__file__).parent / "golden" / "export" / "plans" / "dense70b.yaml")
     pf = dataclasses.replace(pf, training=dataclasses.replace(
-        pf.training, precision=precision, fp8_param_gather=fp8_weights,
-        grad_dtype_bytes=2 if bf16_grads else 4))
+        pf.training.with_switches(fp8_param_gather=fp8_weights,
+                                  grad_dtype_bytes=2 if bf16_grads else 4),
+        precision=precision))
     script = render("megatron", pf, ExportOptions())["megatron.sh"]
     assert ("--grad-reduce-in-bf16" in script) is bf16_grads
     assert ("--fp8-param-gather" in script) is (precision == "fp8" and fp8_weights)

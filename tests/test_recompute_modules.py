@@ -5,13 +5,13 @@ log-sum-exp), a study's switch, and the exports that carry it."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import typer
+from costmodel_helpers import training_for
 from export_helpers import flag_values, nemo_model_config
 from typer.testing import CliRunner
 
@@ -47,9 +47,10 @@ def test_megatron_selective_is_core_attn_by_default() -> None:
     """Megatron-Core recomputes ["core_attn"] unless told (TransformerConfig.recompute_modules);
     the profiles say so, and torchtitan keeps its own per-op policy."""
     tr = _megatron()
-    assert (tr.selective_recompute, tr.recompute_modules) == ("modules", ("core_attn",))
+    own = tr.framework.activations
+    assert (own.selective_recompute, own.recompute_modules) == ("modules", ("core_attn",))
     titan = training_spec(framework="torchtitan", precision="bf16", seq_len=SEQ, global_batch=64)
-    assert titan.selective_recompute == "every_other_mm"
+    assert titan.framework.activations.selective_recompute == "every_other_mm"
 
 
 def test_core_attn_frees_only_the_log_sum_exp_under_fused_attention(llama8b: ModelSpec) -> None:
@@ -60,7 +61,7 @@ def test_core_attn_frees_only_the_log_sum_exp_under_fused_attention(llama8b: Mod
     tr = _megatron()
     stored, full = _stored(llama8b, tr, plan)
     assert full - stored == pytest.approx(4.0 * SEQ * llama8b.heads / 4)
-    eager = dataclasses.replace(tr, flash_attention=False)
+    eager = tr.with_switches(flash_attention=False)
     stored_e, full_e = _stored(llama8b, eager, plan)
     assert full_e - stored_e > 100 * (full - stored)
     # under fp8 the kernel's own bf16 copy of its output goes too (the projection keeps its
@@ -139,13 +140,13 @@ def test_more_modules_never_cost_memory_or_save_time(h100: GpuSpec) -> None:
 ])
 def test_bad_modules_are_refused_naming_the_field(modules: object, match: str) -> None:
     with pytest.raises(SpecError, match=match):
-        Training(seq_len=8, global_batch=1, recompute_modules=modules)  # type: ignore[arg-type]
+        training_for(seq_len=8, global_batch=1, recompute_modules=modules)  # type: ignore[arg-type]
 
 
 def test_modules_keep_their_order_once_each() -> None:
-    tr = Training(seq_len=8, global_batch=1, recompute_modules=("moe_act", "core_attn",
+    tr = training_for(seq_len=8, global_batch=1, recompute_modules=("moe_act", "core_attn",
                                                                 "moe_act"))
-    assert tr.recompute_modules == ("moe_act", "core_attn")
+    assert tr.framework.activations.recompute_modules == ("moe_act", "core_attn")
 
 
 STUDY = """
@@ -157,8 +158,9 @@ cluster: {gpu: h100-sxm-80gb, gpus: 8}
 
 def test_a_study_names_its_modules() -> None:
     tr = build_specs(parse_study(STUDY % ", recompute_modules: [moe_act, layernorm]")).training
-    assert tr.recompute_modules == ("moe_act", "layernorm")
-    assert build_specs(parse_study(STUDY % "")).training.recompute_modules == ("core_attn",)
+    assert tr.framework.activations.recompute_modules == ("moe_act", "layernorm")
+    own = build_specs(parse_study(STUDY % "")).training.framework.activations
+    assert own.recompute_modules == ("core_attn",)
     with pytest.raises(StudyError, match="training.recompute_modules must hold names of"):
         build_specs(parse_study(STUDY % ", recompute_modules: [router]"))
 

@@ -37,12 +37,13 @@ EXPECTED = {"crash": "crash", "hang": "timeout", "oom": "oom"}
 HANGING = """
 import sys
 from pathlib import Path
-from costmodel.specs import ModelSpec, Plan, Training
+from costmodel.specs import ModelSpec, Plan
+from search.inputs.specs import training_spec
 from tcf_search.validate.config import RunConfig
 from tcf_search.validate.launch import launch
 model = ModelSpec(name="t", layers=2, hidden=32, ffn_hidden=64, heads=4, kv_heads=2, vocab=128)
-cfg = RunConfig(model=model, plan=Plan(dp=2), training=Training(seq_len=16, global_batch=4),
-                fault="hang")
+training = training_spec(framework="generic", precision="bf16", seq_len=16, global_batch=4)
+cfg = RunConfig(model=model, plan=Plan(dp=2), training=training, fault="hang")
 launch(cfg, timeout_s=120, work_dir=Path(sys.argv[1]))
 """
 

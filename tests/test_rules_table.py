@@ -158,7 +158,7 @@ def test_cuda_graph_rule_one_verdict(specs: Specs, graphs: dict[str, object], pl
                                      refused: bool) -> None:
     """check_plan, the search space and the exporters' common rules read the training's graphs
     alike."""
-    graphed = replace(specs, training=replace(specs.training, **graphs))  # type: ignore[arg-type]
+    graphed = replace(specs, training=specs.training.with_switches(**graphs))
     expected = "cuda_graphs" if refused else "ok"
     assert check_verdict(plan, graphed, graphed.switches) == expected
     study = parse_study(STUDY, name="rules-table")
@@ -173,8 +173,8 @@ def test_cuda_graph_rule_one_verdict(specs: Specs, graphs: dict[str, object], pl
 
 
 def test_explain_repairs_full_recompute_under_graphs(specs: Specs) -> None:
-    graphed = replace(specs, training=replace(specs.training, cuda_graph_impl="transformer_engine",
-                                              cuda_graph_scope=("attn",)))
+    graphed = replace(specs, training=specs.training.with_switches(
+        cuda_graph_impl="transformer_engine", cuda_graph_scope=("attn",)))
     base = Plan(tp=1, pp=1, dp=48, ep=4, zero_stage=0, recompute="full")
     plan, notes = apply_change(base, {"zero_stage": 1}, graphed)
     assert (plan.zero_stage, plan.recompute) == (1, "selective")

@@ -104,7 +104,7 @@ def brute_force(specs: Specs, stage: MemoryStage) -> dict[int, list[Plan]]:
         row = {a: int(stage.cols[a][i]) for a in AXES}
         for place, offloaded in itertools.product(
                 placements(L, row["pp"], row["vpp"], row["recompute"] == 2,
-                           specs.training.uneven_chunks), range(L)):
+                           specs.training.framework.pp.uneven_chunks), range(L)):
             plan = plan_from_row({**row, **place, "cpu_offload_layers": offloaded})
             if not rules.broken(plan, facts, own):
                 rows.append(i)

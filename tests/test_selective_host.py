@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from costmodel_helpers import training_for
 
 from costmodel import ClusterSpec, ModelSpec, Plan, Training, estimate
 from costmodel.compute import EAGER_FWD_KERNELS_PER_LAYER, layer_times
@@ -17,7 +18,7 @@ from costmodel.specs import GpuSpec
 
 # small enough that the host's launches pace every layer at 2 us a kernel and 80 us an op
 TINY = ModelSpec(layers=4, hidden=256, ffn_hidden=1024, heads=4, kv_heads=4, vocab=1024)
-MEGATRON = Training(seq_len=512, global_batch=8, selective_recompute="modules",
+MEGATRON = training_for(seq_len=512, global_batch=8, selective_recompute="modules",
                     recompute_modules=("core_attn",), host_overhead_s=80e-6)
 
 
@@ -55,7 +56,7 @@ def test_a_captured_segment_replays_its_recompute_without_the_host(
         h100: GpuSpec, scope: tuple[str, ...], left: float) -> None:
     """The whole layer captured: nothing issued; attention captured: the MLP's three are;
     the MLP captured: core_attn's one is."""
-    graphed = replace(MEGATRON, cuda_graph_impl="transformer_engine", cuda_graph_scope=scope)
+    graphed = MEGATRON.with_switches(cuda_graph_impl="transformer_engine", cuda_graph_scope=scope)
     lt = _layers(h100, graphed, ("core_attn", "mlp"))
     assert lt.selective_host_dense_s[0] == pytest.approx(left * 80e-6)  # type: ignore[attr-defined]
 
@@ -63,7 +64,7 @@ def test_a_captured_segment_replays_its_recompute_without_the_host(
 def test_every_other_matmul_reissues_all_but_what_it_saves(h100: GpuSpec) -> None:
     """torchtitan's per-op policy replays the forward but the attention kernel and every other
     matmul (four of its seven): eager, the layer's 34 operations less those five."""
-    tr = replace(MEGATRON, selective_recompute="every_other_mm", fused_elementwise=False)
+    tr = MEGATRON.with_switches(selective_recompute="every_other_mm", fused_elementwise=False)
     lt = _layers(h100, tr)
     ops = EAGER_FWD_KERNELS_PER_LAYER - EVERY_OTHER_SAVED_ATTN - EVERY_OTHER_SAVED_MLP
     assert ops == 29
@@ -73,9 +74,9 @@ def test_every_other_matmul_reissues_all_but_what_it_saves(h100: GpuSpec) -> Non
 def test_a_gpu_bound_layer_hides_the_issue(h100: GpuSpec) -> None:
     """At a real size the host runs ahead: the issue adds nothing the kernels do not cover."""
     big = replace(TINY, hidden=8192, ffn_hidden=28672, heads=64, kv_heads=8, layers=2)
-    tr = replace(MEGATRON, seq_len=8192, host_overhead_s=15e-6)
+    tr = replace(MEGATRON.with_switches(host_overhead_s=15e-6), seq_len=8192)
     plan = Plan(dp=1, recompute="selective", recompute_modules=("core_attn",))
     cluster = ClusterSpec(gpu=h100, num_gpus=1)
     with_host = estimate(big, cluster, plan, tr)
-    free = estimate(big, cluster, plan, replace(tr, host_overhead_s=0.0))
+    free = estimate(big, cluster, plan, tr.with_switches(host_overhead_s=0.0))
     assert np.isclose(with_host.step_time_s, free.step_time_s, rtol=1e-12)

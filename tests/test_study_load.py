@@ -52,17 +52,19 @@ def test_megatron_fp8_recipe_switches_reach_the_training() -> None:
     text = GOOD.replace("global_batch: 256", "global_batch: 256, precision: fp8, "
                         "framework: megatron, fp8_param_gather: true, grad_reduce_in_bf16: true")
     tr = build_specs(parse_study(text)).training
-    assert tr.fp8_param_gather and tr.grad_dtype_bytes == 2
-    default = build_specs(parse_study(GOOD)).training
+    assert tr.framework.numerics.fp8_param_gather and tr.framework.numerics.grad_dtype_bytes == 2
+    default = build_specs(parse_study(GOOD)).training.framework.numerics
     assert not default.fp8_param_gather and default.grad_dtype_bytes == 4
 
 
 def test_compile_fuses_an_eager_profile() -> None:
     titan = GOOD.replace("global_batch: 256", "global_batch: 256, framework: torchtitan")
-    assert not build_specs(parse_study(titan)).training.fused_elementwise
-    compiled = titan.replace("framework: torchtitan", "framework: torchtitan, compile: true")
-    assert build_specs(parse_study(compiled)).training.fused_elementwise
-    assert build_specs(parse_study(GOOD)).training.fused_elementwise  # Megatron-like: fused
+    def fused(text: str) -> bool:
+        return build_specs(parse_study(text)).training.framework.kernels.fused_elementwise
+
+    assert not fused(titan)
+    assert fused(titan.replace("framework: torchtitan", "framework: torchtitan, compile: true"))
+    assert fused(GOOD)  # Megatron-like: fused
 
 
 def test_nodes_times_gpus_per_node() -> None:

@@ -7,8 +7,9 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from costmodel_helpers import training_for
 
-from costmodel import ClusterSpec, Plan, Training, estimate
+from costmodel import ClusterSpec, Plan, estimate
 from hardware_catalog import get_gpu
 from search.inputs.measured import case_from_row
 from search.uncertainty import (
@@ -85,7 +86,7 @@ def test_fp8_gemms_run_at_their_own_fitted_fraction(llama8b) -> None:
     plan = Plan(dp=8)
     times = {}
     for prec in ("bf16", "fp8"):
-        tr = Training(seq_len=4096, global_batch=64, precision=prec)  # type: ignore[arg-type]
+        tr = training_for(seq_len=4096, global_batch=64, precision=prec)  # type: ignore[arg-type]
         times[prec] = [estimate(llama8b, ClusterSpec(gpu=g, num_gpus=8), plan, tr).step_time_s
                        for g in (gpu, slow)]
     assert times["bf16"][0] == times["bf16"][1]
@@ -106,11 +107,11 @@ def _dgxc_row(**cells: object) -> dict[str, object]:
 def test_nemo_rows_run_the_recipes_defaults_where_cells_are_empty() -> None:
     case = case_from_row(_dgxc_row())
     assert case.plan.zero_stage == 1  # distributed optimizer
-    assert case.training.tp_comm_overlap
+    assert case.training.framework.tp.tp_comm_overlap
     assert "zero_stage" not in case.given
     assert case_from_row(_dgxc_row(zero_stage=0)).plan.zero_stage == 0
     other = case_from_row(_dgxc_row(framework="megatron"))
-    assert other.plan.zero_stage == 0 and not other.training.tp_comm_overlap
+    assert other.plan.zero_stage == 0 and not other.training.framework.tp.tp_comm_overlap
 
 
 def test_the_shipped_residuals_cover_the_measured_regimes() -> None:

@@ -11,12 +11,14 @@ import pytest
 pytest.importorskip("torch", reason="validation needs the optional torch extra "
                                     "(pip install -e '.[validate]')")
 
-from costmodel.specs import ModelSpec, Plan, Training  # noqa: E402
+from costmodel_helpers import training_for
+
+from costmodel.specs import ModelSpec, Plan  # noqa: E402
 from tcf_search.validate.config import RunConfig, RunResult  # noqa: E402
 from tcf_search.validate.launch import group_alive, launch  # noqa: E402
 
 TINY = ModelSpec(name="t", layers=2, hidden=32, ffn_hidden=64, heads=4, kv_heads=2, vocab=128)
-TRAIN = Training(seq_len=16, global_batch=4)
+TRAIN = training_for(seq_len=16, global_batch=4)
 LAYOUTS = {
     "dp2": Plan(dp=2, micro_batch=1),
     "tp2-sp": Plan(tp=2, sequence_parallel=True, micro_batch=2),
@@ -91,7 +93,7 @@ def test_injected_oom_is_recorded_as_oom(tmp_path: Path) -> None:
 
 def test_real_cpu_oom_under_a_heap_limit(tmp_path: Path) -> None:
     """A single rank whose heap is capped at 64 MiB cannot hold a 2M-token batch of logits."""
-    big = Training(seq_len=2048, global_batch=8)
+    big = training_for(seq_len=2048, global_batch=8)
     cfg = RunConfig(model=TINY, plan=Plan(micro_batch=8), training=big, steps=1, warmup=0,
                     track_memory=False, memory_limit_bytes=64 * 2**20)
     r = launch(cfg, timeout_s=120, work_dir=tmp_path)

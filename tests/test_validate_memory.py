@@ -7,13 +7,15 @@ import pytest
 pytest.importorskip("torch", reason="validation needs the optional torch extra "
                                     "(pip install -e '.[validate]')")
 
+from costmodel_helpers import training_for
+
 from costmodel.params import embedding_params, norm_params, total_params  # noqa: E402
-from costmodel.specs import ModelSpec, Plan, Training  # noqa: E402
+from costmodel.specs import ModelSpec, Plan  # noqa: E402
 from tcf_search.validate.agreement import measured_parts  # noqa: E402
 from tcf_search.validate.memory_only import measure_memory  # noqa: E402
 
 TINY = ModelSpec(name="t", layers=4, hidden=64, ffn_hidden=128, heads=4, kv_heads=2, vocab=256)
-TRAIN = Training(seq_len=32, global_batch=2)
+TRAIN = training_for(seq_len=32, global_batch=2)
 FP32 = 4
 
 
@@ -52,7 +54,7 @@ def test_a_checkpointed_layer_keeps_only_its_input() -> None:
     # Full recompute in bf16 (one-rank FSDP2 units): each more layer adds its input, 2 B per
     # element of (tokens, hidden), and nothing else: the fp32 RoPE tables are shared by the
     # layers, not copied per call (FSDP2 would cast them per block unless told not to).
-    train = Training(seq_len=512, global_batch=1)
+    train = training_for(seq_len=512, global_batch=1)
     acts = []
     for layers in (2, 4):
         m = ModelSpec(name="t", layers=layers, hidden=64, ffn_hidden=128, heads=4, kv_heads=2,

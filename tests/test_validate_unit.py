@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import typer
+from costmodel_helpers import training_for
 
-from costmodel.specs import ModelSpec, Plan, Training
+from costmodel.specs import ModelSpec, Plan
 from search.inputs.planfile import PlanFile, dump_plan_file
 from tcf_search.validate.agreement import Row, plan_label, rank_agreement, spearman
 from tcf_search.validate.config import (
@@ -23,7 +24,7 @@ from tcf_search.validate.config import (
 from tcf_search.validate.runs import ResultFolderError, top_plan_files
 
 TINY = ModelSpec(name="t", layers=4, hidden=32, ffn_hidden=64, heads=4, kv_heads=2, vocab=64)
-TRAIN = Training(seq_len=16, global_batch=4)
+TRAIN = training_for(seq_len=16, global_batch=4)
 
 
 def test_spearman_perfect_reversed_and_ties() -> None:
@@ -202,7 +203,7 @@ def test_cpu_runs_are_predicted_with_fp32_activations() -> None:
     assert got["step_time_s"] == fp32.step_time_s > bf16.step_time_s
     assert got["trial"] == 3
     assert as_run(TRAIN, "cuda") == TRAIN
-    cpu = as_run(TRAIN, "cpu").memory_model  # malloc, not the CUDA caching allocator
+    cpu = as_run(TRAIN, "cpu").framework.memory_model  # malloc, not the CUDA caching allocator
     assert cpu.allocator_fraction == 0.0 and cpu.allocator_const_bytes == 0.0
     assert got["peak_mem_gib"] < bf16.memory.peak_bytes / 2**30
     unknown = dataclasses.replace(pf, gpu="no-such-gpu")

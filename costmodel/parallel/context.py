@@ -1,7 +1,7 @@
 """Context parallelism (ring attention; Liu et al., 2023): the sequence is split over cp ranks,
 load-balanced by the zig-zag split Megatron-Core and PyTorch use (2 * cp chunks, each rank the
 i-th and the (2cp - i)-th), so every rank does the same attention work in cp blocks, one per key
-block. The key/value blocks travel in one of two ways (``Training.cp_comm``):
+block. The key/value blocks travel in one of two ways (``training.framework.attention.cp_comm``):
 
 - ``ring`` (Megatron-Core's ``--cp-comm-type p2p``, Transformer Engine): cp - 1 steps, each
   sending the block just used to the next rank while attending to it, so each step's transfer
@@ -58,11 +58,11 @@ def context_parallel(model: ModelSpec, tr: Training, g: Mesh, lt: LayerTimes) ->
     # tp > kv_heads); under MLA the up-projected keys (nope + rope) and values (Megatron-Core
     # runs its ring on them)
     x_kv = (g.tokens * np.maximum(model.kv_heads / g.tp, 1.0) * kv_dims(model)
-            * tr.activation_dtype_bytes)
+            * tr.framework.numerics.activation_dtype_bytes)
     block_fwd = lt.attention_fwd_s / cp  # one key block's attention, balanced by zig-zag
     block_bwd = BWD_OVER_FWD * block_fwd
     hidden = 0.0 if g.synchronous else 1.0
-    if tr.cp_comm == "all_gather":
+    if tr.framework.attention.cp_comm == "all_gather":
         gather = comm.gather_time(cp * x_kv, cp, g.k_cp, g.link)
         fwd, bwd = gather, 2.0 * gather  # gather again in backward, reduce-scatter dK, dV
         exposed_fwd = np.maximum(fwd - hidden * block_fwd, 0.0)

@@ -34,13 +34,14 @@ def _one_pass(tr: Training, g: Mesh, co: MemoryCoefficients, dense: np.ndarray,
     ranks torchtitan's ``efsdp`` mesh dimension and NeMo AutoModel's ``ep_shard`` hold), on
     that group's own links: EP packed inside a node leaves its replicas across nodes."""
     dpcp, k_dp, edp, k_edp, link = g.dp * g.cp, g.k_dp, g.edp, g.k_edp, g.link
-    g_bytes = float(tr.grad_reduce_dtype_bytes)
+    g_bytes = float(tr.framework.numerics.grad_reduce_dtype_bytes)
     # FSDP / ZeRO-3 gathers and reduces one layer (its unit) per call; ZeRO-1/2 the whole
-    # buffer in one call where the framework does (Training.sharded_dp_one_call)
+    # buffer in one call where the framework does (training.framework.dp.sharded_dp_one_call)
     z = g.plan.zero_stage
     layer_unit = (co.dense_params_per_layer + co.expert_params_per_layer) * BF16
-    bucket = np.where(z >= 3, np.maximum(layer_unit, tr.dp_bucket_bytes),
-                      np.where((z >= 1) & tr.sharded_dp_one_call, np.inf, tr.dp_bucket_bytes))
+    bucket = np.where(z >= 3, np.maximum(layer_unit, tr.framework.dp.dp_bucket_bytes),
+                      np.where((z >= 1) & tr.framework.dp.sharded_dp_one_call, np.inf,
+                               tr.framework.dp.dp_bucket_bytes))
     w_bytes = _param_bytes(tr)
     out = {}
     for name, per_param in (("grad", g_bytes), ("param", w_bytes)):
@@ -52,7 +53,7 @@ def _one_pass(tr: Training, g: Mesh, co: MemoryCoefficients, dense: np.ndarray,
 
 
 def _param_bytes(tr: Training) -> float:
-    return 1.0 if tr.precision == "fp8" and tr.fp8_param_gather else BF16
+    return 1.0 if tr.precision == "fp8" and tr.framework.numerics.fp8_param_gather else BF16
 
 
 def data_parallel(tr: Training, g: Mesh, co: MemoryCoefficients, layers: StageLayers,
@@ -90,30 +91,32 @@ def data_parallel(tr: Training, g: Mesh, co: MemoryCoefficients, layers: StageLa
     bwd_mix = param_ag + np.where(z3_whole, 0.0, grad_rs)
     z3_bwd_exposed = hide(bwd_mix, bwd_window, True)
     z3_ag_share = param_ag / np.maximum(bwd_mix, 1e-30)
-    full_reduce = (z == 0) | ((z <= 2) & tr.sharded_grad_all_reduce)
+    full_reduce = (z == 0) | ((z <= 2) & tr.framework.dp.sharded_grad_all_reduce)
     per_micro = (z3 & ~z3_whole) | z2_each
     grad_time = np.where(full_reduce, 2.0, np.where(per_micro, m, 1.0)) * grad_rs
     once_exposed = np.where(z == 0, hide(grad_time, bwd_window * chunk_window,
-                                         tr.overlap_grad_reduce),
+                                         tr.framework.dp.overlap_grad_reduce),
                             hide(grad_time, bwd_window * chunk_window,
-                                 tr.overlap_grad_reduce_sharded))
+                                 tr.framework.dp.overlap_grad_reduce_sharded))
     each_exposed = np.where(z3, m * z3_bwd_exposed * (1 - z3_ag_share),
                             m * hide(np.where(full_reduce, 2.0, 1.0) * grad_rs, bwd_window,
-                                     tr.overlap_grad_reduce_sharded))
+                                     tr.framework.dp.overlap_grad_reduce_sharded))
     grad_exposed = np.where(per_micro, each_exposed, once_exposed)
     # the host's eager loop around a coalesced ZeRO-1/2 gather, per DP rank and layer, while the
-    # GPU waits (Training.sharded_gather_host_ops)
-    gather_host = np.where((z >= 1) & ~z3, tr.sharded_gather_host_ops * EAGER_OP_HOST_S
+    # GPU waits (training.framework.dp.sharded_gather_host_ops)
+    gather_host = np.where((z >= 1) & ~z3, tr.framework.dp.sharded_gather_host_ops * EAGER_OP_HOST_S
                            * g.dp * g.cp * n_big, 0.0)
     ag_time = np.where(z3, 2.0 * m * param_ag, np.where(z >= 1, param_ag, 0.0)) + gather_host
     ag_exposed = gather_host + np.where(
         z3, m * (hide(param_ag, fwd_window, True) + z3_bwd_exposed * z3_ag_share),
-        np.where(z >= 1, hide(param_ag, fwd_window * chunk_window, tr.overlap_param_gather),
+        np.where(z >= 1, hide(param_ag, fwd_window * chunk_window,
+                              tr.framework.dp.overlap_param_gather),
                  0.0))
     grad_count = np.where(per_micro, m, 1.0)
     ag_count = np.where(z3, 2 * m, np.where(z >= 1, 1.0, 0.0))
     grads = _by_group("grad_reduce", "reduce_scatter", g, (dense, experts), passes["grad"],
-                      grad_count * float(tr.grad_reduce_dtype_bytes), grad_time, grad_exposed)
+                      grad_count * float(tr.framework.numerics.grad_reduce_dtype_bytes), grad_time,
+                      grad_exposed)
     params = _by_group("param_all_gather", "all_gather", g, (dense, experts), passes["param"],
                        ag_count * _param_bytes(tr), ag_time, ag_exposed)
     return grads, params

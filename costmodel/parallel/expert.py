@@ -106,11 +106,12 @@ def _dispatch_s(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
     """One way (dispatch, or combine) of one MoE layer's forward, on the busiest rank."""
     etp = expert_tp(g.plan).astype(float)
     n, k = g.ep, g.k_ep
-    if tr.moe_dispatcher == "allgather":  # the TP x EP group's tokens, a ring each way
+    # the TP x EP group's tokens, a ring each way
+    if tr.framework.moe.moe_dispatcher == "allgather":
         size = n * etp
         x = x_tok / max(model.moe_topk, 1) * size
         return comm.gather_time(x, size, np.minimum(size, float(cluster.nvlink_domain)), g.link)
-    if tr.moe_dispatcher == "flex":  # one copy per destination rank, per remote node
+    if tr.framework.moe.moe_dispatcher == "flex":  # one copy per destination rank, per remote node
         # (each expert-TP shard of an expert is a destination rank; the shards share a node)
         per_copy = x_tok / max(model.moe_topk, 1)
         nodes = np.maximum(n / k, 1.0)
@@ -124,7 +125,7 @@ def _dispatch_s(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
         # results, over the expert-TP group's links (Megatron-Core's
         # --expert-tensor-parallel-size: tp by default, 1 where EP folds, any size under folding)
         t = t + np.where(etp > 1, comm.gather_time(x_tok * etp, etp, g.k_etp, g.link), 0.0)
-    return t * tr.moe_load_imbalance
+    return t * tr.framework.moe.moe_load_imbalance
 
 
 def unpaired_share(g: Mesh) -> np.ndarray:
@@ -147,17 +148,19 @@ def expert_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mes
                     lt: LayerTimes) -> ExpertComm:
     # each rank dispatches its own M / tp sequence shard (MoE with TP runs sequence parallel):
     # top-k copies of each token
-    x_tok = g.tokens / g.tp * max(model.moe_topk, 1) * model.hidden * tr.activation_dtype_bytes
+    x_tok = (g.tokens / g.tp * max(model.moe_topk, 1) * model.hidden
+             * tr.framework.numerics.activation_dtype_bytes)
     moe_on = 1.0 if model.is_moe else 0.0
     layer_fwd = 2.0 * _dispatch_s(model, cluster, tr, g, x_tok) * moe_on
-    if tr.moe_a2a_overlap and not g.synchronous:
+    if tr.framework.moe.moe_a2a_overlap and not g.synchronous:
         # a forward's exchange behind another micro-batch's backward, and the other way round;
         # the chunk steps the combined 1F1B schedule runs alone show all of theirs
         paired = np.maximum(2.0 * layer_fwd - (lt.fwd_moe_s + lt.bwd_moe_s), 0.0) / 2.0
         alone = unpaired_share(g)
         shown = (1.0 - alone) * paired + alone * layer_fwd
         fwd_s, bwd_s = shown, shown
-    elif (tr.moe_shared_expert_overlap and tr.moe_dispatcher == "alltoall"
+    elif (tr.framework.moe.moe_shared_expert_overlap
+          and tr.framework.moe.moe_dispatcher == "alltoall"
           and not g.synchronous):
         # the shared experts' MLP behind the exchange (its backward: twice the forward's GEMMs)
         fwd_s = np.maximum(layer_fwd - lt.shared_expert_fwd_s, 0.0)
@@ -167,4 +170,5 @@ def expert_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mes
     return ExpertComm(token_bytes=x_tok, moe_fraction=model.moe_layers / model.layers,
                       moe_on=moe_on, layer_fwd_s=layer_fwd, exposed_fwd_s=fwd_s,
                       exposed_bwd_s=bwd_s,
-                      op="all_gather" if tr.moe_dispatcher == "allgather" else "all_to_all")
+                      op=("all_gather" if tr.framework.moe.moe_dispatcher == "allgather"
+                          else "all_to_all"))

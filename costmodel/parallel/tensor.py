@@ -56,10 +56,10 @@ def _host_fwd(cluster: ClusterSpec, tr: Training, g: Mesh, calls: np.ndarray) ->
     """Host time per layer forward: the TP calls, and (under a pipeline engine that serialises
     p2p with TP collectives) a wait per TP ring step when the stages' p2p crosses the network."""
     tp, pp = g.tp, g.pp
-    host = calls * (tr.host_overhead_s
+    host = calls * (tr.framework.kernels.host_overhead_s
                     + np.where((pp > 1) & g.pp_crosses_network,
-                               (tp - 1) * tr.pp_tp_step_overhead_s, 0.0))
-    if tr.dtensor_tp:  # every tensor op of a TP layer dispatches through DTensor
+                               (tp - 1) * tr.framework.pp.pp_tp_step_overhead_s, 0.0))
+    if tr.framework.tp.dtensor_tp:  # every tensor op of a TP layer dispatches through DTensor
         dtensor = cluster.gpu.efficiency.dtensor_op_overhead_s
         host = host + np.where(tp > 1, DTENSOR_OPS_PER_LAYER_FWD * dtensor, 0.0)
     return host
@@ -92,15 +92,16 @@ def _vocab_parallel(x_act: np.ndarray, g: Mesh) -> dict[str, np.ndarray]:
 def tensor_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
                     lt: LayerTimes) -> TensorComm:
     tp, pp, k_tp, link = g.tp, g.pp, g.k_tp, g.link
-    x_act = g.tokens * model.hidden * tr.activation_dtype_bytes
+    x_act = g.tokens * model.hidden * tr.framework.numerics.activation_dtype_bytes
     # per layer forward: two all-reduces, or with sequence parallel two all-gathers and two
     # reduce-scatters (the same bytes, twice the calls)
     sp = g.plan.sequence_parallel > 0
     layer_fwd = np.where(sp, 4.0 * comm.gather_time(x_act, tp, k_tp, link),
                          2.0 * comm.all_reduce_time(x_act, tp, k_tp, link))
     calls = np.where(tp > 1, np.where(sp, 4.0, 2.0), 0.0)
-    if tr.tp_comm_overlap and not g.synchronous:  # the all-gathers and reduce-scatters of
-        # sequence parallelism hide behind the GEMMs they feed or drain (all-reduces do not)
+    if tr.framework.tp.tp_comm_overlap and not g.synchronous:  # the all-gathers and
+        # reduce-scatters of sequence parallelism hide behind the GEMMs they feed or drain
+        # (all-reduces do not)
         exposed = np.where(sp, np.maximum(layer_fwd - lt.gemm_fwd_dense_s, 0.0), layer_fwd)
     else:
         exposed = layer_fwd

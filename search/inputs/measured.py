@@ -217,4 +217,5 @@ def case_from_row(row: Mapping[str, object]) -> Case:
 
 
 def with_training(case: Case, **changes: object) -> Case:
-    return replace(case, training=replace(case.training, **changes))  # type: ignore[arg-type]
+    """The case with some framework switches (flat names) or its memory model changed."""
+    return replace(case, training=case.training.with_switches(**changes))

@@ -17,9 +17,11 @@ import yaml
 
 from costmodel.attention import MlaSpec
 from costmodel.errors import TcfError
+from costmodel.framework import GROUPS, SWITCH_GROUP, FrameworkProfile
 from costmodel.layer_style import MoeRouter, RopeScaling
 from costmodel.plan_fields import PLAN_FIELDS
-from costmodel.specs import MemoryModel, ModelSpec, Plan, Training
+from costmodel.specs import WORKLOAD_FIELDS, MemoryModel, ModelSpec, Plan, Training
+from hardware_catalog.frameworks import framework_profile
 from search.inputs.files import MIB, InputError, read_input
 from search.inputs.yamlinput import YamlInputError, load_yaml, shown
 
@@ -54,7 +56,7 @@ class PlanFile:
                         **({"fabric": self.fabric} if self.fabric else {})},
             "model": dataclasses.asdict(self.model),
             **({"framework": self.framework} if self.framework else {}),
-            "training": dataclasses.asdict(self.training),
+            "training": self.training.to_dict(),
             "plan": plan_dict(self.plan),
             "predicted": dict(self.predicted),
         }
@@ -132,11 +134,40 @@ def _build_model(raw: Any) -> ModelSpec:
     return _build(ModelSpec, "model", raw)  # type: ignore[no-any-return]
 
 
-def _build_training(raw: Any) -> Training:
-    if isinstance(raw, dict) and isinstance(raw.get("memory_model"), dict):
-        raw = {**raw, "memory_model": _build(MemoryModel, "training.memory_model",
-                                             raw["memory_model"])}
-    return _build(Training, "training", raw)  # type: ignore[no-any-return]
+# the annotation of every key of a plan file's training section but the memory model
+_TRAINING_TYPES: dict[str, str] = {
+    **{f.name: str(f.type) for f in dataclasses.fields(Training) if f.name in WORKLOAD_FIELDS},
+    **{f.name: str(f.type) for kind in GROUPS.values() for f in dataclasses.fields(kind)},
+    **{f.name: str(f.type) for f in dataclasses.fields(FrameworkProfile)
+       if f.name in SWITCH_GROUP}}
+
+
+def _build_training(raw: Any, framework: str) -> Training:
+    """The workload and the framework's switches as the file gives them; a switch it leaves out
+    (a file written before the switch existed) is the profile's, as a study builds it
+    (``hardware_catalog.frameworks.framework_profile``: the file's framework at its
+    precision)."""
+    if not isinstance(raw, dict):
+        raise PlanFileError(f"training: must be a mapping, but got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(_TRAINING_TYPES) - {"memory_model"})
+    if unknown:
+        valid = ", ".join(sorted({*_TRAINING_TYPES, "memory_model"}))
+        raise PlanFileError(f"training.{unknown[0]}: unknown key (valid: {valid})")
+    for key, value in raw.items():
+        if key != "memory_model":
+            _check_type(f"training.{key}", _TRAINING_TYPES[key], value)
+    switches = {k: v for k, v in raw.items() if k not in WORKLOAD_FIELDS}
+    if isinstance(raw.get("memory_model"), dict):
+        switches["memory_model"] = _build(MemoryModel, "training.memory_model",
+                                          raw["memory_model"])
+    workload = {k: raw[k] for k in WORKLOAD_FIELDS if k in raw}
+    try:
+        profile = framework_profile(framework, str(workload.get("precision", "bf16")), switches)
+        return Training(**workload, framework=profile)
+    except (TypeError, ValueError, OverflowError) as e:
+        if isinstance(e, TcfError):
+            raise PlanFileError(f"training: {e}") from None
+        raise PlanFileError(f"training: {str(e)[:160]}") from None
 
 
 def _integer(raw: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
@@ -170,7 +201,7 @@ def parse_plan_file(text: str) -> PlanFile:
         gpus_per_node=_integer(cluster, "gpus_per_node", "cluster.", 8),
         fabric=str(cluster.get("fabric") or ""),
         model=_build_model(raw["model"]),
-        training=_build_training(raw["training"]),
+        training=_build_training(raw["training"], str(raw.get("framework") or "")),
         plan=_build(Plan, "plan", raw["plan"]),
         predicted=dict(raw.get("predicted") or {}),
         framework=str(raw.get("framework") or ""),

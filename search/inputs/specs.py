@@ -16,7 +16,7 @@ from costmodel.rules import Switches
 from costmodel.specs import ClusterSpec, GpuSpec, ModelSpec, SpecError, Training
 from hardware_catalog import CatalogError, fabric_fraction, get_gpu, with_overrides
 from hardware_catalog.frameworks import (
-    framework_settings,
+    framework_profile,
     is_megatron_core,
     megatron_core_profiles,
 )
@@ -137,12 +137,12 @@ def training_spec(*, framework: str, precision: str, seq_len: int, global_batch:
     """The training setup a framework runs: its profile's switches at this precision, then the
     switches given explicitly, then what ``torch.compile`` fuses. The one place a framework name
     becomes a :class:`Training` (a study, a measured row)."""
-    settings: dict[str, Any] = framework_settings(framework, precision)
-    settings.update(switches or {})
+    given: dict[str, Any] = dict(switches or {})
     if compile:  # torch.compile fuses the norms, RoPE and activations a framework runs eagerly
-        settings["fused_elementwise"] = True
+        given["fused_elementwise"] = True
     return Training(seq_len=seq_len, global_batch=global_batch,
-                    precision=precision, optimizer=optimizer, **settings)  # type: ignore[arg-type]
+                    precision=precision, optimizer=optimizer,  # type: ignore[arg-type]
+                    framework=framework_profile(framework, precision, given))
 
 
 def build_specs(study: Study) -> Specs:
@@ -176,15 +176,16 @@ def build_specs(study: Study) -> Specs:
     headroom = (o.memory_headroom_gib if o.memory_headroom_gib is not None
                 else o.memory_headroom_fraction * cluster.gpu.usable_bytes / 2**30)
     section = study.search_space
+    fw = training.framework
     return Specs(model=model, cluster=cluster, training=training,
                  headroom_gib=headroom, framework=t.framework,
                  switches=search_switches(uneven_pipeline=section.uneven_pipeline,
                                           tp_in_node=section.tp_in_node,
-                                          recompute_per_chunk=training.recompute_per_chunk,
-                                          microbatch_groups=training.microbatch_groups,
+                                          recompute_per_chunk=fw.activations.recompute_per_chunk,
+                                          microbatch_groups=fw.pp.microbatch_groups,
                                           moe_tp_sequence_parallel=(
-                                              training.moe_tp_sequence_parallel),
-                                          uneven_chunks=training.uneven_chunks))
+                                              fw.moe.moe_tp_sequence_parallel),
+                                          uneven_chunks=fw.pp.uneven_chunks))
 
 
 def _not_megatron_core(flag: str, framework: str) -> str:
@@ -199,9 +200,10 @@ def _check_modules(model: ModelSpec, training: Training, framework: str,
     """A study's recompute_modules (``where``; the searched ``sets``, default the training's):
     Megatron-Core's, so a profile whose selective recompute is by module, and modules
     Megatron-Core's TransformerConfig accepts on the model."""
-    if not is_megatron_core(framework) or training.selective_recompute != "modules":
+    own = training.framework.activations
+    if not is_megatron_core(framework) or own.selective_recompute != "modules":
         raise StudyError(f"{where}: " + _not_megatron_core("--recompute-modules", framework))
-    for modules in (training.recompute_modules,) if sets is None else sets:
+    for modules in (own.recompute_modules,) if sets is None else sets:
         if why := module_conflict(modules, mla=model.mla is not None, moe=model.is_moe):
             raise StudyError(f"{where}: {why}")
 

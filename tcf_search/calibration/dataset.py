@@ -87,8 +87,8 @@ def predict_groups(groups: list[Group], n_rows: int,
             cluster = replace(cluster, gpu=replace(cluster.gpu,
                                                    efficiency=efficiency[cluster.gpu.family]))
         if memory:
-            mm = replace(training.memory_model, **memory)  # type: ignore[arg-type]
-            training = replace(training, memory_model=mm)
+            mm = replace(training.framework.memory_model, **memory)  # type: ignore[arg-type]
+            training = training.with_switches(memory_model=mm)
         res = estimate_batch(g.model, cluster, training, g.plans)
         for k, v in res.items():
             if k not in out:
@@ -98,13 +98,14 @@ def predict_groups(groups: list[Group], n_rows: int,
 
 
 def with_training(groups: list[Group], framework: str, **changes: object) -> list[Group]:
-    """The groups of one framework with Training fields changed (for fitting its profile);
+    """The groups of one framework with profile switches changed (for fitting its profile);
     ``memory_model`` may be a dict of MemoryModel fields to change."""
     def changed(t: Training) -> Training:
         ch = dict(changes)
         if isinstance(ch.get("memory_model"), dict):
-            ch["memory_model"] = replace(t.memory_model, **ch["memory_model"])  # type: ignore[arg-type]
-        return replace(t, **ch)  # type: ignore[arg-type]
+            ch["memory_model"] = replace(t.framework.memory_model,
+                                         **ch["memory_model"])  # type: ignore[arg-type]
+        return t.with_switches(**ch)
 
     return [replace(g, training=changed(g.training)) if g.framework == framework else g
             for g in groups]

@@ -237,8 +237,8 @@ def main(argv: list[str] | None = None) -> int:
 
     foundry = foundry_node_rows(frame, "hopper") & train
     hop_rows = (throughput_rows(frame) & train) | foundry
-    mem_groups = [replace(g, training=replace(g.training, memory_model=replace(
-        g.training.memory_model, **memory))) for g in groups]  # type: ignore[arg-type]
+    mem_groups = [replace(g, training=g.training.with_switches(memory_model=replace(
+        g.training.framework.memory_model, **memory))) for g in groups]  # type: ignore[arg-type]
     # FlashAttention-3 / cuDNN start at 1.5x FlashAttention-2's prior (Shah et al., 2024)
     start = replace(Efficiency(), **GEMM_PRIOR,  # type: ignore[arg-type]
                     flash3_attention_peak_fraction=1.5 * Efficiency().attention_peak_fraction)
@@ -256,8 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                  "(Korthikanti's count; bf16 logits + fp32 softmax; no slowdown) and fitted for "
                  "nanotron in its profile")
     nanotron.update(fitted)
-    groups = [replace(g, training=replace(g.training, memory_model=replace(
-        g.training.memory_model, **memory))) for g in groups]  # type: ignore[arg-type]
+    groups = [replace(g, training=g.training.with_switches(memory_model=replace(
+        g.training.framework.memory_model, **memory))) for g in groups]  # type: ignore[arg-type]
     groups = with_training(groups, "nanotron", memory_model={**nanotron_memory(nanotron),
                                                              "pressure_slowdown": 0.0}, **fitted)
     nanotron.update(fit_pressure(frame, groups, hop_rows & ~foundry, {"hopper": hopper}))

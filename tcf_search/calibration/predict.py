@@ -76,7 +76,8 @@ def candidates(case: Case) -> list[Plan]:
         "zero_stage": [p.zero_stage] if "zero_stage" in given else [0, 1, 2, 3],
         "vpp": ([p.vpp] if "vpp" in given or p.pp == 1
                 else [v for v in range(1, 9)
-                      if chunk_split_exists(m.layers, p.pp, v, any_split=tr.uneven_chunks)]),
+                      if chunk_split_exists(m.layers, p.pp, v,
+                                            any_split=tr.framework.pp.uneven_chunks)]),
         "sequence_parallel": ([p.sequence_parallel] if "sequence_parallel" in given or p.tp == 1
                               else [False, True]),
     }
@@ -87,7 +88,7 @@ def candidates(case: Case) -> list[Plan]:
         except (SpecError, ValueError):
             continue
         plans.extend(plan if "first_stage_layers" in given else with_split
-                     for with_split in _splits(plan, m.layers, tr.uneven_chunks))
+                     for with_split in _splits(plan, m.layers, tr.framework.pp.uneven_chunks))
     if not plans:
         return plans
     keep = rules.valid(plans, rules.facts_of(m, case.cluster, tr))  # check_plan, on columns
@@ -98,7 +99,8 @@ def _splits(plan: Plan, layers: int, any_chunks: bool) -> list[Plan]:
     """The plan with each pipeline split the row's launcher builds near the even one (the even
     split first, then the first/last ranks within max(vpp, 2) layers of the middle ranks):
     Megatron's first/last stage flags, the embedding and the loss counted as layers, or, where
-    the framework takes an explicit per-stage layout (``Training.uneven_chunks``), any."""
+    the framework takes an explicit per-stage layout (``training.framework.pp.uneven_chunks``),
+    any."""
     if plan.pp == 1:
         return [plan]
     reach = max(plan.vpp, 2)

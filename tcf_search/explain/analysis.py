@@ -57,11 +57,12 @@ def _memory(e: StepEstimate) -> dict[str, Any]:
 def selective_label(tr: Training, plan: Plan | None = None) -> str:
     """What recompute=selective runs again under the plan's framework, in words: under
     Megatron-Core the plan's own modules where it names some, else the training's."""
-    if tr.selective_recompute == "modules":
+    if tr.framework.activations.selective_recompute == "modules":
         own = plan is not None and plan.recompute_modules
-        return (f"Megatron-Core modules {', '.join(own or tr.recompute_modules)}"
+        modules = own or tr.framework.activations.recompute_modules
+        return (f"Megatron-Core modules {', '.join(modules)}"
                 + (" (the plan's own)" if own else ""))
-    if tr.selective_recompute == "every_other_mm":
+    if tr.framework.activations.selective_recompute == "every_other_mm":
         return "every elementwise op and every second GEMM (torchtitan's op policy)"
     return "the MLP's activation function"
 
@@ -87,7 +88,7 @@ def _compute(e: StepEstimate) -> dict[str, Any]:
 def _stall(e: StepEstimate, tr: Training) -> dict[str, float]:
     """The allocator stall's chance (that the real peak passes ``pressure_start`` of usable
     memory) and what a stalled step takes, read back from its expected time."""
-    slow, stall = tr.memory_model.pressure_slowdown, e.compute.stall_time_s
+    slow, stall = tr.framework.memory_model.pressure_slowdown, e.compute.stall_time_s
     chance = stall / (slow * (e.step_time_s - stall)) if slow > 0 and stall > 0 else 0.0
     return {"stall_chance": chance, "stall_slowdown": slow}
 
@@ -116,11 +117,13 @@ REASONS = {
 # fp8_param_gather = True); Llama 3 reduced gradients in fp32 (Dubey et al., sec. 3.3.4).
 NUMERICS = {
     "grad_reduce_in_bf16": ("gradients accumulated and reduced in bf16",
-                            lambda tr: tr.precision in ("bf16", "fp8") and tr.grad_dtype_bytes > 2,
-                            lambda tr: dataclasses.replace(tr, grad_dtype_bytes=2)),
+                            lambda tr: (tr.precision in ("bf16", "fp8")
+                                        and tr.framework.numerics.grad_dtype_bytes > 2),
+                            lambda tr: tr.with_switches(grad_dtype_bytes=2)),
     "fp8_param_gather": ("fp8 weights only, gathered in fp8",
-                         lambda tr: tr.precision == "fp8" and not tr.fp8_param_gather,
-                         lambda tr: dataclasses.replace(tr, fp8_param_gather=True)),
+                         lambda tr: (tr.precision == "fp8"
+                                     and not tr.framework.numerics.fp8_param_gather),
+                         lambda tr: tr.with_switches(fp8_param_gather=True)),
 }
 
 

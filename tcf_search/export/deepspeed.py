@@ -28,7 +28,7 @@ LAUNCHER = "deepspeed.sh"
 
 
 def config(pf: PlanFile, f: LaunchView) -> dict[str, Any]:
-    t = pf.training
+    fw = pf.training.framework
     cfg: dict[str, Any] = {} if f.tp > 1 and f.pp == 1 else {"train_batch_size": f.global_batch}
     cfg |= {
         "train_micro_batch_size_per_gpu": f.micro_batch,
@@ -39,7 +39,7 @@ def config(pf: PlanFile, f: LaunchView) -> dict[str, Any]:
         "fp16": {"enabled": f.precision == "fp16"},
         "zero_optimization": {
             "stage": f.zero,
-            "overlap_comm": t.overlap_grad_reduce,
+            "overlap_comm": fw.dp.overlap_grad_reduce,
             "contiguous_gradients": True,
         },
     }

@@ -45,7 +45,7 @@ def offload_args(f: LaunchView) -> list[Group]:
 
 
 def data_parallel_args(f: LaunchView, pf: PlanFile) -> list[Group]:
-    t = pf.training
+    fw = pf.training.framework
     out: list[Group] = []
     if f.zero == 1:
         out.append(("--use-distributed-optimizer",))
@@ -60,13 +60,13 @@ def data_parallel_args(f: LaunchView, pf: PlanFile) -> list[Group]:
         out.append(("--use-megatron-fsdp", "--data-parallel-sharding-strategy", strategy,
                     "--use-distributed-optimizer", "--no-gradient-accumulation-fusion",
                     "--ckpt-format", "fsdp_dtensor"))
-    if t.overlap_grad_reduce and f.dp * f.cp > 1:
+    if fw.dp.overlap_grad_reduce and f.dp * f.cp > 1:
         out.append(("--overlap-grad-reduce",))
         # validate_args: --overlap-param-gather only with the distributed optimizer or
         # Megatron-FSDP, not torch FSDP2 (which overlaps its all-gathers itself).
-        if t.overlap_param_gather and f.zero >= 1 and f.fsdp_impl != "torch":
+        if fw.dp.overlap_param_gather and f.zero >= 1 and f.fsdp_impl != "torch":
             out.append(("--overlap-param-gather",))
-    if t.tp_comm_overlap:
+    if fw.tp.tp_comm_overlap:
         out.append(("--tp-comm-overlap",))
     return out
 
@@ -82,19 +82,19 @@ def cuda_graph_args(pf: PlanFile, f: LaunchView) -> list[Group]:
     asks the local impl under EP for --moe-pad-experts-for-cuda-graph-inference and a
     full-iteration graph for --no-check-for-nan-in-loss-and-grad), and the token drop with
     padding a MoE capture of static shapes needs."""
-    t = pf.training
+    fw = pf.training.framework
     out: list[Group] = []
-    if pf.model.is_moe and t.moe_pad_to_capacity:
+    if pf.model.is_moe and fw.moe.moe_pad_to_capacity:
         out.append(("--moe-expert-capacity-factor", PAD_CAPACITY_FACTOR,
                     "--moe-pad-expert-input-to-capacity"))
-    if t.cuda_graph_impl == "none":
+    if fw.kernels.cuda_graph_impl == "none":
         return out
-    out.append(("--cuda-graph-impl", t.cuda_graph_impl))
-    if t.cuda_graph_scope:
-        out.append(("--cuda-graph-scope", *t.cuda_graph_scope))
-    if t.cuda_graph_impl == "local" and f.ep > 1:
+    out.append(("--cuda-graph-impl", fw.kernels.cuda_graph_impl))
+    if fw.kernels.cuda_graph_scope:
+        out.append(("--cuda-graph-scope", *fw.kernels.cuda_graph_scope))
+    if fw.kernels.cuda_graph_impl == "local" and f.ep > 1:
         out.append(("--moe-pad-experts-for-cuda-graph-inference",))
-    if "full_iteration" in t.cuda_graph_scope:
+    if "full_iteration" in fw.kernels.cuda_graph_scope:
         out.append(("--no-check-for-nan-in-loss-and-grad",))
     return out
 

@@ -56,6 +56,7 @@ def _value(v: object) -> str:
 
 def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, object]:
     m, t = pf.model, pf.training
+    fw = t.framework
     o: dict[str, object] = {
         "model.tensor_model_parallel_size": f.tp,
         "model.pipeline_model_parallel_size": f.pp,
@@ -139,8 +140,8 @@ def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, 
               "ddp.data_parallel_sharding_strategy":
                   "optim_grads" if f.zero == 2 else "optim_grads_params",
               "checkpoint.ckpt_format": "fsdp_dtensor"}
-    o["ddp.overlap_grad_reduce"] = t.overlap_grad_reduce and f.dp * f.cp > 1
-    o["ddp.overlap_param_gather"] = (t.overlap_param_gather and t.overlap_grad_reduce
+    o["ddp.overlap_grad_reduce"] = fw.dp.overlap_grad_reduce and f.dp * f.cp > 1
+    o["ddp.overlap_param_gather"] = (fw.dp.overlap_param_gather and fw.dp.overlap_grad_reduce
                                      and f.zero >= 1 and f.dp * f.cp > 1
                                      and f.fsdp_impl != "torch")  # not with torch FSDP2
     return o
@@ -183,14 +184,14 @@ def graph_overrides(pf: PlanFile) -> dict[str, object]:
     graphs need, rng.te_rng_tracker and model.use_te_rng_tracker) and token drop with padding
     (apply_moe_token_drop's model.moe_expert_capacity_factor 1.0 and
     model.moe_pad_expert_input_to_capacity)."""
-    t = pf.training
+    fw = pf.training.framework
     o: dict[str, object] = {}
-    if pf.model.is_moe and t.moe_pad_to_capacity:
+    if pf.model.is_moe and fw.moe.moe_pad_to_capacity:
         o = {"model.moe_expert_capacity_factor": PAD_CAPACITY_FACTOR,
              "model.moe_pad_expert_input_to_capacity": True}
-    if t.cuda_graph_impl != "none":
-        o |= {"model.cuda_graph_impl": t.cuda_graph_impl,
-              "model.cuda_graph_scope": list(t.cuda_graph_scope),
+    if fw.kernels.cuda_graph_impl != "none":
+        o |= {"model.cuda_graph_impl": fw.kernels.cuda_graph_impl,
+              "model.cuda_graph_scope": list(fw.kernels.cuda_graph_scope),
               "rng.te_rng_tracker": True, "model.use_te_rng_tracker": True}
     return o
 
@@ -222,8 +223,8 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
             f"{pf.model.mla} and the recipe is {recipe}"])
     o = overrides(pf, f, options) | graph_overrides(pf)
     if has_comm_overlap:
-        o["comm_overlap.tp_comm_overlap"] = pf.training.tp_comm_overlap
-    elif pf.training.tp_comm_overlap:
+        o["comm_overlap.tp_comm_overlap"] = pf.training.framework.tp.tp_comm_overlap
+    elif pf.training.framework.tp.tp_comm_overlap:
         raise ExportRefused("nemo", [f"recipe {recipe} has no comm_overlap section, so "
                                      "tp_comm_overlap=true cannot be set by an override"])
     groups: list[Group] = [("--recipe", recipe)]

@@ -16,8 +16,8 @@ from costmodel.mapping import chunk_counts, expert_tp, stage_counts
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 from costmodel.recompute_modules import MEGATRON_DEFAULT
 from costmodel.rule_facts import framework_facts
-from costmodel.specs import ModelSpec, Training
-from hardware_catalog.frameworks import framework_settings
+from costmodel.specs import ModelSpec
+from hardware_catalog.frameworks import framework_profile
 from search.inputs import PlanFile
 
 from .options import ExportOptions, target_for
@@ -111,17 +111,17 @@ def format_switches(fmt: str) -> rules.Switches:
     one): the table's rules then refuse what the search, under that profile, never picks.
     ``uneven_chunks``: the launcher writes any per-virtual-stage split (Megatron-Core's
     ``--pipeline-model-parallel-layout``, torchtitan's per-stage module lists)."""
-    own = framework_settings(fmt)
+    own = framework_profile(fmt)
     return dataclasses.replace(EXPORT_SWITCHES,
-                               recompute_per_chunk=bool(own.get("recompute_per_chunk", False)),
-                               microbatch_groups=bool(own.get("microbatch_groups", False)),
-                               moe_tp_sequence_parallel=bool(
-                                   own.get("moe_tp_sequence_parallel", False)),
-                               uneven_chunks=bool(own.get("uneven_chunks", False)))
+                               recompute_per_chunk=own.activations.recompute_per_chunk,
+                               microbatch_groups=own.pp.microbatch_groups,
+                               moe_tp_sequence_parallel=own.moe.moe_tp_sequence_parallel,
+                               uneven_chunks=own.pp.uneven_chunks)
 
 
 def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
     p, t, m = pf.plan, pf.training, pf.model
+    fw = t.framework
     denominator = p.micro_batch * p.dp
     microbatches = t.global_batch // denominator if t.global_batch % denominator == 0 else 0
     stages, middle_layers, middle_stages, first, last = _stage_split(
@@ -139,13 +139,14 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
                                                  or p.recompute_layers >= most),
         # the plan's own selective modules, else the training's (Megatron-Core's default unsaid)
         recompute_modules=(p.recompute_modules if p.recompute_modules else
-                           t.recompute_modules if t.selective_recompute == "modules"
-                           and t.recompute_modules != MEGATRON_DEFAULT else ()),
+                           fw.activations.recompute_modules
+                           if fw.activations.selective_recompute == "modules"
+                           and fw.activations.recompute_modules != MEGATRON_DEFAULT else ()),
         cpu_offload_layers=p.cpu_offload_layers,
         sp=p.sequence_parallel, schedule=p.schedule, precision=t.precision,
-        bf16_grads=t.precision in ("bf16", "fp8") and t.grad_dtype_bytes == 2,
-        fp8_param_gather=t.precision == "fp8" and t.fp8_param_gather,
-        optimizer=t.optimizer, tied=m.tied_embeddings, tp_comm_overlap=t.tp_comm_overlap,
+        bf16_grads=t.precision in ("bf16", "fp8") and fw.numerics.grad_dtype_bytes == 2,
+        fp8_param_gather=t.precision == "fp8" and fw.numerics.fp8_param_gather,
+        optimizer=t.optimizer, tied=m.tied_embeddings, tp_comm_overlap=fw.tp.tp_comm_overlap,
         world=p.world_size, num_gpus=pf.num_gpus, gpus_per_node=pf.gpus_per_node,
         nodes=max(1, pf.num_gpus // pf.gpus_per_node), nproc_per_node=nproc,
         stage_layers=stages, middle_layers=middle_layers, middle_stages=middle_stages,
@@ -166,10 +167,8 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
 def _moe_switches(fmt: str) -> dict[str, Any]:
     """What the launcher's framework runs beside MoE layers, whether it builds multi-token
     prediction modules, and the ZeRO stages and recompute modes it implements: its profile's
-    switches as a ``Training`` reads them (its defaults where the profile is silent; a launcher
-    with no profile of its own, the generic one's)."""
-    own = Training(seq_len=1, global_batch=1, **framework_settings(fmt))  # type: ignore[arg-type]
-    return framework_facts(own)
+    switches (a launcher with no profile of its own, the generic one's)."""
+    return framework_facts(framework_profile(fmt))
 
 
 def virtual_stage_layers(f: LaunchView) -> list[int]:

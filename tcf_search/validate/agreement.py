@@ -8,7 +8,7 @@ are the master copy — and makes bf16 copies per layer only while computing. So
 is taken with ``master_weights=False`` and its weights at 4 B/param (twice its bf16 bytes);
 gradients (fp32) and Adam's two moments (fp32) mean the same thing in both. The harness's
 sequence parallel is DTensor's, which keeps the gathered inputs of the column-parallel
-projections for backward (``Training.sp_saves_gathered_input``).
+projections for backward (``training.framework.tp.sp_saves_gathered_input``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from costmodel import estimate
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
-from tcf_search.validate.config import RunResult, normalized_training
+from tcf_search.validate.config import RunResult
 
 GIB = 2**30
 PARTS = ("weights", "grads", "optimizer", "activations")
@@ -131,8 +131,7 @@ def predicted_parts(model: ModelSpec, cluster: ClusterSpec, plan: Plan, training
                     stage: str = "first") -> dict[str, float]:
     """The cost model's memory parts of one stage, in bytes, in PyTorch's layout (see the
     module docstring)."""
-    tr = dataclasses.replace(normalized_training(training), master_weights=False,
-                             sp_saves_gathered_input=True)
+    tr = training.with_switches(master_weights=False, sp_saves_gathered_input=True)
     est = estimate(model, cluster, plan, tr)
     mem = next((s for s in est.memory.stages if s.stage == stage), est.memory.peak)
     return {"weights": 2.0 * mem.weights_bytes, "grads": mem.grads_bytes,

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from costmodel import rules
 from costmodel.errors import TcfError
-from costmodel.specs import MemoryModel, ModelSpec, Plan, SpecError, Training
+from costmodel.specs import ModelSpec, Plan, SpecError, Training
 
 Outcome = Literal["ok", "oom", "crash", "timeout", "unsupported"]
 Fault = Literal["none", "crash", "hang", "oom"]
@@ -58,32 +58,23 @@ class RunConfig:
         return self.plan.world_size
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        return json.dumps({**dataclasses.asdict(self), "training": self.training.to_dict()})
 
     @classmethod
     def from_json(cls, text: str) -> RunConfig:
         raw = json.loads(text)
         return cls(**{**raw, "model": ModelSpec(**raw["model"]), "plan": Plan(**raw["plan"]),
-                      "training": normalized_training(Training(**raw["training"]))})
-
-
-def normalized_training(training: Training) -> Training:
-    """``Training`` with its nested ``memory_model`` rebuilt when a loader left it a mapping."""
-    mm = training.memory_model
-    if isinstance(mm, dict):
-        return dataclasses.replace(training, memory_model=MemoryModel(**mm))
-    return training
+                      "training": Training.from_dict(raw["training"])})
 
 
 def as_run(training: Training, device: str) -> Training:
     """``training`` as the harness runs it on ``device``: CPU runs have no autocast (no fast
     bf16 on CPU), so their activations are fp32, and no CUDA caching allocator, so none of its
     fragmentation; the cost model is asked about that run."""
-    training = normalized_training(training)
     if device == "cpu":
-        mm = dataclasses.replace(training.memory_model, allocator_fraction=0.0,
+        mm = dataclasses.replace(training.framework.memory_model, allocator_fraction=0.0,
                                  allocator_const_bytes=0.0)
-        return dataclasses.replace(training, activation_dtype_bytes=4.0, memory_model=mm)
+        return training.with_switches(activation_dtype_bytes=4.0, memory_model=mm)
     return training
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from costmodel.specs import ModelSpec, Plan, Training
-from tcf_search.validate.config import check_supported, normalized_training
+from tcf_search.validate.config import check_supported
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,7 +203,7 @@ def measure_memory(model: ModelSpec, plan: Plan, training: Training, *, pp_rank:
 
 def main(argv: list[str]) -> int:
     raw = json.loads(Path(argv[0]).read_text())
-    training = normalized_training(Training(**raw["training"]))
+    training = Training.from_dict(raw["training"])
     result = measure_memory(ModelSpec(**raw["model"]), Plan(**raw["plan"]), training,
                             pp_rank=int(raw.get("pp_rank", 0)))
     Path(argv[1]).write_text(json.dumps(dataclasses.asdict(result)))

@@ -32,7 +32,6 @@ from tcf_search.validate.config import (
     Unsupported,
     ValidationError,
     as_run,
-    normalized_training,
 )
 from tcf_search.validate.launch import REPO_ROOT, _tail, kill_group, launch
 
@@ -102,7 +101,7 @@ def run_plan(pf: PlanFile, opts: Options, work_dir: Path) -> RunResult:
     """One plan, isolated in its own process group; every failure becomes the outcome."""
     try:
         cfg = RunConfig(model=pf.model, plan=pf.plan,
-                        training=normalized_training(pf.training), steps=opts.steps,
+                        training=pf.training, steps=opts.steps,
                         warmup=opts.warmup, device=opts.device)
     except Unsupported as exc:
         return RunResult(outcome="unsupported", error=str(exc))
@@ -121,7 +120,7 @@ def run_memory_only(cfg: RunConfig, *, timeout_s: float, work_dir: Path) -> RunR
     out.unlink(missing_ok=True)
     request.write_text(json.dumps({"model": dataclasses.asdict(cfg.model),
                                    "plan": plan_dict(cfg.plan),
-                                   "training": dataclasses.asdict(cfg.training)}))
+                                   "training": cfg.training.to_dict()}))
     start = time.monotonic()
     log_path = work_dir / "log-memory.txt"
     with log_path.open("wb") as log:
