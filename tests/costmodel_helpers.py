@@ -2,8 +2,8 @@
 
 A test builds its :class:`Training` the way a study does (``search.inputs.specs.training_spec``:
 a named profile of ``hardware_catalog/frameworks.yaml`` at a precision, then the study's
-overrides), as torchtitan's ``config_registry.py`` names its configurations: :func:`training_for` with the
-framework's name, overriding a switch only where the test is about that switch.
+overrides), as torchtitan's ``config_registry.py`` names its configurations: :func:`training_for`
+with the framework's name, overriding a switch only where the test is about that switch.
 """
 
 from __future__ import annotations
