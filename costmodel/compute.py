@@ -25,6 +25,11 @@ from costmodel.attention import causal_keys, qk_dim, qkv_params, v_dim
 from costmodel.attention import rope_elems as rope_width
 from costmodel.graphs import DENSE_SEGMENTS, host_ops
 from costmodel.kernels import Kernels, fwd_bwd, kernels_of
+from costmodel.layer_parts import (
+    FWD_KERNELS_PER_LAYER,
+    _DenseLayer,
+    _Elementwise,
+)
 from costmodel.mapping import StageLayers
 from costmodel.moe import moe_layer
 from costmodel.params import attention_params
@@ -43,12 +48,6 @@ from costmodel.specs import ClusterSpec, ModelSpec, Training
 # "FlashAttention-3", abstract and sec. 4.1) at ``flash3_attention_peak_fraction``, each fitted on
 # the runs that used it (the Playbook's nanotron; NeMo's DGX Cloud tables)
 FLASH3_FAMILIES = ("hopper", "blackwell")
-FWD_KERNELS_PER_LAYER = 14.0  # norms, GEMMs, RoPE, attention, activation, residual adds
-# of which Megatron-Core's TransformerLayer._forward_attention issues 8 (input norm, QKV GEMM,
-# the q/k/v split, RoPE on q and k, attention, output GEMM, bias-dropout-add) and _forward_mlp
-# the other 6 (norm, fc1, activation, fc2, bias-dropout-add by name: the total predates the
-# split): a CUDA graph's "attn" and "mlp" scopes (costmodel.graphs); eager composites alike
-ATTN_FWD_KERNELS = 8.0
 # Eager PyTorch composites (no fused kernels, no torch.compile), counted op by op in HBM bytes
 # per element at 2-byte activations; a fused kernel reads and writes once (4 bytes):
 # RMSNorm: to fp32 (2+4), pow (4+4), mean (4), scale (4+4), back to bf16 (4+2), weight (2+2) = 36;
@@ -130,24 +129,6 @@ class LayerTimes:
         return self._average(self.selective_host_dense_s, self.selective_host_moe_s)
 
 
-@dataclass(frozen=True, slots=True)
-class _Elementwise:
-    """A layer's memory-bound kernels: their forward time and the per-token element counts the
-    MoE layer reuses."""
-
-    fwd_s: np.ndarray
-    bwd_s: np.ndarray
-    replicated: np.ndarray  # elements per token outside the TP regions
-    rope_elems: float
-    act_elems: float  # the activation function's elements per token, dense MLP width
-    kernels_fwd: float  # kernels per layer forward
-    overhead_fwd_s: float  # their launch cost
-
-    @property
-    def attn_kernels_fwd(self) -> float:
-        """The attention block's share of them."""
-        return self.kernels_fwd * ATTN_FWD_KERNELS / FWD_KERNELS_PER_LAYER
-
 
 def _elementwise(model: ModelSpec, tr: Training, kn: Kernels) -> _Elementwise:
     """Per token, in elements: two norms (read+write) and two residual adds (2 reads + 1 write)
@@ -205,18 +186,6 @@ def _cp_split_s(model: ModelSpec, kn: Kernels) -> np.ndarray:
     merge_s = 3.0 * out_bytes / kn.hbm + kn.cluster.gpu.efficiency.kernel_overhead_s
     return (kn.cp - 1.0) * (kn.cluster.gpu.efficiency.kernel_overhead_s + merge_s)
 
-
-@dataclass(frozen=True, slots=True)
-class _DenseLayer:
-    qkv_s: np.ndarray
-    out_s: np.ndarray
-    gemm_s: np.ndarray
-    wgrad_attn_s: np.ndarray  # the attention projections' weight gradients, whole GEMMs
-    gemm_flops: np.ndarray
-    attention_s: np.ndarray
-    elem: _Elementwise
-    fwd_s: np.ndarray
-    bwd_s: np.ndarray
 
 
 def _dense_layer(model: ModelSpec, tr: Training, kn: Kernels) -> _DenseLayer:

@@ -36,14 +36,10 @@ gives no further size (it logs what a capture took, cuda_graphs.py create_cudagr
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from costmodel.errors import SpecError
-
-if TYPE_CHECKING:
-    from costmodel.specs import ModelSpec, Training
 
 GRAPH_IMPLS = ("none", "local", "transformer_engine")
 # the --cuda-graph-scope values of a language model (CudaGraphScope: "mamba" has no layer here)
@@ -146,12 +142,3 @@ def graphs_allowed(recompute_full: np.ndarray, impl: str, scope: Sequence[str], 
     overlap_ok = not a2a_overlap or (impl == "transformer_engine" and not names & {"moe", "mlp"})
     recompute_ok = ~np.asarray(recompute_full, dtype=bool) | ("full_iteration" in names)
     return recompute_ok & bool(scopes_ok and static_ok and overlap_ok)
-
-
-def graph_facts(model: ModelSpec, training: Training) -> dict[str, Any]:
-    """The fields of ``costmodel.rules.Facts`` that :func:`graphs_allowed` reads."""
-    return {"moe_layers": model.moe_layers,
-            "cuda_graph_impl": training.framework.kernels.cuda_graph_impl,
-            "cuda_graph_scope": training.framework.kernels.cuda_graph_scope,
-            "moe_pad_to_capacity": training.framework.moe.moe_pad_to_capacity,
-            "moe_a2a_overlap": training.framework.moe.moe_a2a_overlap}

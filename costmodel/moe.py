@@ -48,7 +48,7 @@ from costmodel.plans import PlanArrays
 from costmodel.specs import ModelSpec, Training
 
 if TYPE_CHECKING:
-    from costmodel.compute import _DenseLayer
+    from costmodel.layer_parts import _DenseLayer
 
 FP32 = 4.0
 # fp32 passes over tokens x experts in the router: the logits, softmax (read, write), top-k

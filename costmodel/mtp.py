@@ -37,8 +37,9 @@ from costmodel.compute import (
 from costmodel.kernels import BWD_HOST_FACTOR, kernels_of
 from costmodel.mapping import expert_tp
 from costmodel.params import attention_params, dense_mlp_params, embedding_params, expert_params
+from costmodel.plan_fields import RECOMPUTE_CODES
 from costmodel.plans import PlanArrays
-from costmodel.specs import RECOMPUTE_CODES, ClusterSpec, ModelSpec, Training
+from costmodel.specs import ClusterSpec, ModelSpec, Training
 
 if TYPE_CHECKING:
     from costmodel.parallel.context import ContextComm

@@ -155,3 +155,9 @@ def fields_doc() -> str:
     lines = ["Fields (costmodel.plan_fields; plan-string key in brackets):"]
     lines += [f"    {f.name} [{f.key}]: {f.doc}" for f in PLAN_FIELDS]
     return "\n".join(lines)
+
+
+# a plan's choices as the search's integer columns encode them (PlanField.code)
+RECOMPUTE_CODES: dict[str, int] = {name: i for i, name in enumerate(RECOMPUTE_MODES)}
+SCHEDULE_CODES: dict[str, int] = {name: i for i, name in enumerate(PP_SCHEDULES)}
+SCHEDULE_NAMES: dict[int, PipelineSchedule] = dict(enumerate(PP_SCHEDULES))

@@ -12,65 +12,35 @@ Validity is arithmetic, not feasibility: nothing here asks whether a plan fits i
 
 from __future__ import annotations
 
-import numbers
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
 
 import numpy as np
-from numpy.typing import ArrayLike
 
+from costmodel.errors import SpecError
 from costmodel.graphs import graphs_allowed
 from costmodel.mapping import chunk_split_exists, expert_groups, launchable_chunks, rank_split
-from costmodel.plan_fields import PLAN_FIELDS, PLAN_KEYS
-from costmodel.recompute_modules import BITS, MLA_UP_PROJ, MOE_ACT, mask_modules
-from costmodel.rule_facts import Facts, Switches, facts_of
-from costmodel.specs import (
-    RECOMPUTE_CODES,
-    SCHEDULE_CODES,
-    Plan,
-    SpecError,
+from costmodel.plan_fields import PLAN_KEYS, RECOMPUTE_CODES, SCHEDULE_CODES
+from costmodel.recompute_modules import BITS, MLA_UP_PROJ, MOE_ACT
+from costmodel.rule_facts import facts_of
+from costmodel.rule_table import (
+    GPIPE,
+    INTERLEAVED,
+    OWN,
+    Columns,
+    Facts,
+    Rule,
+    Switches,
+    holds_for,
+    schedule_code,
 )
+from costmodel.specs import Plan, plan_columns
 
 __all__ = ["RULES", "BY_NAME", "Facts", "Rule", "Switches", "facts_of", "plan_columns"]
-
-# numpy columns (the search's layouts), or one plan's plain ints: the predicates read both
-Columns = Mapping[str, Any]
 
 # Plan columns the rules read: every field of costmodel.plan_fields. The first/last stage
 # layers are 0 (an even split) until the search's CP-SAT stage places them.
 PLAN_COLUMNS: tuple[str, ...] = PLAN_KEYS
-INTERLEAVED, GPIPE = SCHEDULE_CODES["interleaved"], SCHEDULE_CODES["gpipe"]
 FULL, SELECTIVE = RECOMPUTE_CODES["full"], RECOMPUTE_CODES["selective"]
-
-
-def schedule_code(pp_schedule: ArrayLike, vpp: ArrayLike) -> np.ndarray:
-    """The schedule a plan runs: interleaved 1F1B iff vpp > 1 (Narayanan et al., SC21, sec.
-    2.2), else the one it names. The one place that derives it."""
-    return np.where(np.asarray(vpp) > 1, INTERLEAVED, pp_schedule)
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    name: str
-    reads: tuple[str, ...]  # plan columns
-    facts: tuple[str, ...]  # Facts.values() keys, quoted when the rule breaks
-    text: str  # the rule as a reader would write it
-    holds: Callable[[Columns, Facts], np.ndarray]
-
-    def message(self, cols: Columns, f: Facts, row: int = 0) -> str:
-        values = [f"{k}={_shown(k, int(np.asarray(cols[k]).reshape(-1)[row]))}"
-                  for k in self.reads]
-        known = f.values()
-        values += [f"{k}={known[k]}" for k in self.facts]
-        return f"{self.name}: {self.text} must hold, but got {', '.join(values)}"
-
-
-def _shown(column: str, value: int) -> str:
-    """A plan column as a refusal quotes it: a module set (a bitmask here) by its names."""
-    if column == "recompute_modules":
-        return "+".join(mask_modules(value)) or "the training's"
-    return str(value)
 
 
 def _pipeline_split(c: Columns, f: Facts) -> np.ndarray:
@@ -274,8 +244,7 @@ RULES: tuple[Rule, ...] = (
          "zero_stage == 0, dp * cp > 1 or the experts have expert-DP replicas (in a canonical "
          "space)",
          _zero_shards),
-    Rule("sp_tp", ("sequence_parallel", "tp"), (), "not sequence_parallel or tp > 1",
-         lambda c, f: (c["sequence_parallel"] == 0) | (c["tp"] > 1)),
+    *OWN,  # the rules that read the plan alone (rule_table.py: Plan checks them)
     Rule("recompute_chunks", ("recompute", "recompute_layers", "vpp", "pp",
                               "first_stage_layers", "last_stage_layers"),
          ("recompute_per_chunk", "layers"),
@@ -318,26 +287,11 @@ RULES: tuple[Rule, ...] = (
 BY_NAME: dict[str, Rule] = {r.name: r for r in RULES}
 
 
-def plan_columns(plan: Plan | Mapping[str, object]) -> dict[str, int]:
-    """One plan (or its fields, before a ``Plan`` is built) as plain ints, encoded like the
-    search's layout columns (numpy broadcasts them as 1-element columns)."""
-    out: dict[str, int] = {}
-    for f in PLAN_FIELDS:  # a mapping: a field absent holds its default
-        v = getattr(plan, f.name) if isinstance(plan, Plan) else plan.get(f.name, f.default)
-        # a mapping's module set may come as its mask already
-        out[f.name] = int(v) if f.type is tuple and isinstance(v, numbers.Integral) else f.code(v)
-    return out
-
-
-def _holds(rule: Rule, cols: Columns, f: Facts) -> bool:
-    return bool(np.asarray(rule.holds(cols, f)).reshape(-1)[0])
-
-
 def broken(plan: Plan | Mapping[str, object], f: Facts,
            rules: tuple[Rule, ...] = RULES) -> list[Rule]:
     """The rules one plan breaks, in table order."""
     cols = plan_columns(plan)
-    return [r for r in rules if not _holds(r, cols, f)]
+    return [r for r in rules if not holds_for(r, cols, f)]
 
 
 def valid(plans: list[Plan], f: Facts) -> np.ndarray:
@@ -354,20 +308,7 @@ def check(plan: Plan, f: Facts) -> None:
     """Raise :class:`SpecError` naming the first rule the plan breaks and its values."""
     cols = plan_columns(plan)
     for r in RULES:
-        if not _holds(r, cols, f):
+        if not holds_for(r, cols, f):
             raise SpecError(r.message(cols, f))
 
 
-OWN: tuple[Rule, ...] = tuple(r for r in RULES if not r.facts)  # read nothing but the plan
-
-
-def check_own(plan: Plan) -> None:
-    """The rules that read the plan alone (``Plan.__post_init__``); facts are not read."""
-    cols = plan_columns(plan)
-    for r in OWN:
-        if not _holds(r, cols, _NO_FACTS):
-            raise SpecError(f"plan.{r.message(cols, _NO_FACTS)}")
-
-
-_NO_FACTS = Facts(layers=0, heads=0, kv_heads=0, experts=0, seq_len=0, global_batch=0,
-                  num_gpus=0, nvlink_domain=0)

@@ -36,7 +36,7 @@ from costmodel.recompute_modules import CORE_ATTN, LAYERNORM, MLA_UP_PROJ, MLP, 
 from costmodel.specs import ModelSpec, Training
 
 if TYPE_CHECKING:
-    from costmodel.compute import _DenseLayer
+    from costmodel.layer_parts import _DenseLayer
 
 Ops = Mapping[str, np.ndarray | float]
 # every_other_mm replays a layer's forward but for what torchtitan's policy saves

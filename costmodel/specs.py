@@ -7,11 +7,11 @@ read like the papers they cite.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-from costmodel.attention import MlaSpec
 from costmodel.errors import SpecError, require_positive
 from costmodel.framework import FrameworkProfile
 from costmodel.hardware import ClusterSpec, Efficiency, GpuSpec
@@ -24,23 +24,23 @@ from costmodel.layer_style import (
     style_errors,
 )
 from costmodel.memory_model import MemoryModel
+from costmodel.mla import MlaSpec
 from costmodel.plan_fields import (
-    PP_SCHEDULES,
-    RECOMPUTE_MODES,
+    PLAN_FIELDS,
+    SCHEDULE_CODES,
+    SCHEDULE_NAMES,
     PipelineSchedule,
     Recompute,
     check_fields,
     fields_doc,
 )
 from costmodel.recompute_modules import plan_modules
+from costmodel.rule_table import OWN, holds_for, schedule_code
 
 FfnType = Literal["swiglu", "gelu"]
 Precision = Literal["bf16", "fp16", "fp8"]
 
-RECOMPUTE_CODES: dict[str, int] = {name: i for i, name in enumerate(RECOMPUTE_MODES)}
 PRECISION_CODES: dict[str, int] = {"bf16": 0, "fp16": 1, "fp8": 2}
-SCHEDULE_CODES: dict[str, int] = {name: i for i, name in enumerate(PP_SCHEDULES)}
-SCHEDULE_NAMES: dict[int, PipelineSchedule] = dict(enumerate(PP_SCHEDULES))
 
 __all__ = ["ClusterSpec", "Efficiency", "FrameworkProfile", "GpuSpec", "MemoryModel", "ModelSpec",
            "PipelineSchedule", "Plan", "Recompute", "SpecError", "Training"]
@@ -164,8 +164,6 @@ class Plan:
         check_fields(self)  # each field alone, by its row: degrees, choices, counts
         # cross-field rules that read nothing but the plan, from the one table (the rest:
         # check_plan)
-        from costmodel.rules import check_own
-
         check_own(self)
 
     @property
@@ -174,14 +172,34 @@ class Plan:
 
     @property
     def schedule(self) -> PipelineSchedule:
-        """The schedule run: interleaved iff vpp > 1 (``costmodel.rules.schedule_code``)."""
-        from costmodel.rules import schedule_code
-
+        """The schedule run: interleaved iff vpp > 1 (``costmodel.rule_table.schedule_code``)."""
         code = int(schedule_code(SCHEDULE_CODES[self.pp_schedule], self.vpp))
         return SCHEDULE_NAMES[code]
 
 
 Plan.__doc__ = f"{Plan.__doc__}\n    {fields_doc()}"  # help(Plan) shows each field's meaning
+
+
+def plan_columns(plan: Plan | Mapping[str, object]) -> dict[str, int]:
+    """One plan (or its fields, before a ``Plan`` is built) as plain ints, encoded like the
+    search's layout columns (numpy broadcasts them as 1-element columns)."""
+    out: dict[str, int] = {}
+    for f in PLAN_FIELDS:  # a mapping: a field absent holds its default
+        v = plan.get(f.name, f.default) if isinstance(plan, Mapping) else getattr(plan, f.name)
+        # a mapping's module set may come as its mask already
+        out[f.name] = int(v) if f.type is tuple and isinstance(v, numbers.Integral) else f.code(v)
+    return out
+
+
+_NO_FACTS: Any = None  # an own rule reads no fact
+
+
+def check_own(plan: Plan) -> None:
+    """The rules that read the plan alone (``Plan.__post_init__``); facts are not read."""
+    cols = plan_columns(plan)
+    for r in OWN:
+        if not holds_for(r, cols, _NO_FACTS):
+            raise SpecError(f"plan.{r.message(cols, _NO_FACTS)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from costmodel import Plan, StepEstimate, estimate, estimate_batch, rules
+from costmodel.plan_fields import SCHEDULE_CODES, SCHEDULE_NAMES
 from costmodel.rules import Switches
-from costmodel.specs import SCHEDULE_CODES, SCHEDULE_NAMES
 from search.evaluate import PLACED, placements
 from search.inputs.planfile import plan_dict
 from search.inputs.planspec import SHORT, PlanSpecError, format_plan, parse_plan

@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from costmodel import rules
-from costmodel.plan_fields import PLAN_FIELDS
+from costmodel.plan_fields import PLAN_FIELDS, RECOMPUTE_CODES, SCHEDULE_NAMES
 from costmodel.recompute_modules import mask_modules, module_mask
 from costmodel.rules import Facts, Switches
-from costmodel.specs import RECOMPUTE_CODES, SCHEDULE_NAMES, Plan
+from costmodel.specs import Plan
 from costmodel.terms import freeing_modules
 from search.inputs.specs import Specs
 from search.inputs.study import Study

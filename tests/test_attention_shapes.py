@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from costmodel.attention import MlaSpec, causal_keys, qkv_params
+from costmodel.attention import causal_keys, qkv_params
+from costmodel.mla import MlaSpec
 from costmodel.params import (
     active_params,
     attention_params,

@@ -15,9 +15,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from costmodel.attention import MlaSpec
 from costmodel.errors import TcfError
 from costmodel.layer_style import MoeRouter, RopeScaling
+from costmodel.mla import MlaSpec
 from costmodel.specs import ModelSpec, SpecError
 from search.inputs.files import MIB, InputError, read_input
 

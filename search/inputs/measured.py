@@ -7,9 +7,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from costmodel.attention import MLA_FIELDS, MlaError, MlaSpec
 from costmodel.errors import TcfError
 from costmodel.mapping import counted_split
+from costmodel.mla import MLA_FIELDS, MlaError, MlaSpec
 from costmodel.plan_fields import PLAN_FIELDS, PLAN_KEYS, PlanField
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
 from hardware_catalog import CatalogError, get_gpu

@@ -15,10 +15,10 @@ from typing import Any
 
 import yaml
 
-from costmodel.attention import MlaSpec
 from costmodel.errors import TcfError
 from costmodel.framework import GROUPS, SWITCH_GROUP, FrameworkProfile
 from costmodel.layer_style import MoeRouter, RopeScaling
+from costmodel.mla import MlaSpec
 from costmodel.plan_fields import PLAN_FIELDS
 from costmodel.specs import WORKLOAD_FIELDS, MemoryModel, ModelSpec, Plan, Training
 from hardware_catalog.frameworks import framework_profile

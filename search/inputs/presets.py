@@ -7,13 +7,13 @@ preset approximates it and says so in :data:`APPROXIMATIONS`.
 
 from __future__ import annotations
 
-from costmodel.attention import MlaSpec
 from costmodel.layer_style import (
     DEEPSEEK_V3_ROPE_SCALING,
     DEEPSEEK_V3_ROUTER,
     KIMI_K2_ROUTER,
     LLAMA31_ROPE_SCALING,
 )
+from costmodel.mla import MlaSpec
 from costmodel.specs import ModelSpec
 
 # DeepSeek-V3's multi-head latent attention (config.json: q_lora_rank, kv_lora_rank, ...)

@@ -128,7 +128,7 @@ class Moe(_Section):
 
 
 class Mla(_Section):
-    """Multi-head latent attention (costmodel.attention.MlaSpec)."""
+    """Multi-head latent attention (costmodel.mla.MlaSpec)."""
 
     q_lora_rank: Int = Field(default=0, ge=0)  # 0: queries projected directly
     kv_lora_rank: Int = Field(gt=0)

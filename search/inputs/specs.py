@@ -9,8 +9,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from costmodel.attention import MlaSpec
 from costmodel.layer_style import MoeRouter, RopeScaling
+from costmodel.mla import MlaSpec
 from costmodel.recompute_modules import module_conflict
 from costmodel.rules import Switches
 from costmodel.specs import ClusterSpec, GpuSpec, ModelSpec, SpecError, Training

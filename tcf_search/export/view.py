@@ -11,11 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from costmodel import rules
-from costmodel.graphs import graph_facts
 from costmodel.mapping import chunk_counts, expert_tp, stage_counts
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 from costmodel.recompute_modules import MEGATRON_DEFAULT
-from costmodel.rule_facts import framework_facts
+from costmodel.rule_facts import framework_facts, graph_facts
 from costmodel.specs import ModelSpec
 from hardware_catalog.frameworks import framework_profile
 from search.inputs import PlanFile
