@@ -248,13 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     hopper = fit_dgxc(frame, mem_groups, dgxc, "hopper", hopper, DGXC_PARAMS)
     hopper, fitted = fit_playbook(frame, mem_groups, hop_rows, hopper, fitted)
     hopper = fit_dgxc(frame, mem_groups, dgxc, "hopper", hopper, DGXC_PARAMS)
-    mm = replace(MemoryModel(), **memory,  # type: ignore[arg-type]
-                 source="fitted by python -m tcf_search.calibration.fit on Playbook ok runs of "
-                 "non-held-out "
-                 f"groups: allocator_* on max_memory_reserved ({int((pb_ok & train).sum())} rows);"
-                 " activation_factor, logits_bytes_per_element and pressure_* are priors here "
-                 "(Korthikanti's count; bf16 logits + fp32 softmax; no slowdown) and fitted for "
-                 "nanotron in its profile")
+    mm = allocator_model(memory, int((pb_ok & train).sum()))
     nanotron.update(fitted)
     groups = [replace(g, training=g.training.with_switches(memory_model=replace(
         g.training.framework.memory_model, **memory))) for g in groups]  # type: ignore[arg-type]
@@ -279,30 +273,52 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fabric {fid}: network_bw_fraction {fab.network_bw_fraction} is a prior, not "
               f"fitted (its rows cannot identify it; see fit.py PRIOR_FABRICS): {fab.source}")
 
-    blackwell = fit_dgxc(frame, groups, dgxc, "blackwell", hopper, BLACKWELL_PARAMS)
-    n_bw = len(covered(groups, dgxc & regime(frame).str.startswith("blackwell/")))
-    blackwell = replace(blackwell, source="fitted by python -m tcf_search.calibration.fit on "
-                        f"{n_bw} dgxc-benchmarking GB200 dense runs of non-held-out groups (bf16 "
-                        "and fp8 GEMM fractions); attention, memory-bound, cast, overhead and "
-                        "link terms borrowed from hopper, unvalidated")
+    blackwell = fit_blackwell(frame, groups, dgxc, hopper)
     effs = {"hopper": hopper, "ampere": ampere, "blackwell": blackwell}
     for family in (f for f in FAMILIES if f != "cpu"):
         # no measurements: carry the newest fitted family over, and say so
         effs.setdefault(family, replace(hopper, source="transferred from the hopper fit: no "
                                         f"measured {family} runs to fit"))
     effs = fit_moe(frame, groups, train, effs)  # the MoE stage, on the dense terms just fitted
-    report_moe(frame, groups, held, effs)
-    pred = predict_groups(groups, len(frame), effs)
-    print("held-out:", json.dumps(report(frame, pred, held), indent=1))
-    print("all rows:", json.dumps(report(frame, pred), indent=1))
-    print("interval coverage (two-fold over held-out groups):",
-          json.dumps(coverage(frame, pred, held), indent=1))
+    report_fit(frame, groups, held, effs)
     if args.write:
         write_calibration(effs, mm, nanotron)
         write_fabrics(fabrics, rows_on)
         # the catalogs just written are cached here: the bounds are made where they are read
         subprocess.run([sys.executable, "-m", "tcf_search.calibration.uncertainty"], check=True)
     return 0
+
+
+def allocator_model(memory: dict[str, float], rows: int) -> MemoryModel:
+    """The generic memory model: the allocator's terms as fitted on ``rows`` Playbook runs."""
+    return replace(MemoryModel(), **memory,  # type: ignore[arg-type]
+                   source="fitted by python -m tcf_search.calibration.fit on Playbook ok runs "
+                   f"of non-held-out groups: allocator_* on max_memory_reserved ({rows} rows);"
+                   " activation_factor, logits_bytes_per_element and pressure_* are priors here "
+                   "(Korthikanti's count; bf16 logits + fp32 softmax; no slowdown) and fitted for "
+                   "nanotron in its profile")
+
+
+def fit_blackwell(frame: pd.DataFrame, groups: list[Group], dgxc: pd.Series,
+                  hopper: Efficiency) -> Efficiency:
+    """Blackwell's GEMM fractions on NVIDIA's GB200 dense rows, the rest hopper's."""
+    blackwell = fit_dgxc(frame, groups, dgxc, "blackwell", hopper, BLACKWELL_PARAMS)
+    n_bw = len(covered(groups, dgxc & regime(frame).str.startswith("blackwell/")))
+    return replace(blackwell, source="fitted by python -m tcf_search.calibration.fit on "
+                   f"{n_bw} dgxc-benchmarking GB200 dense runs of non-held-out groups (bf16 "
+                   "and fp8 GEMM fractions); attention, memory-bound, cast, overhead and "
+                   "link terms borrowed from hopper, unvalidated")
+
+
+def report_fit(frame: pd.DataFrame, groups: list[Group], held: pd.Series,
+               effs: dict[str, Efficiency]) -> None:
+    """The fitted model's errors: MoE rows, held-out and all rows, and interval coverage."""
+    report_moe(frame, groups, held, effs)
+    pred = predict_groups(groups, len(frame), effs)
+    print("held-out:", json.dumps(report(frame, pred, held), indent=1))
+    print("all rows:", json.dumps(report(frame, pred), indent=1))
+    print("interval coverage (two-fold over held-out groups):",
+          json.dumps(coverage(frame, pred, held), indent=1))
 
 
 def moe_only(frame: pd.DataFrame, groups: list[Group], held: pd.Series, write: bool) -> int:

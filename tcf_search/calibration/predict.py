@@ -17,8 +17,7 @@ from __future__ import annotations
 import itertools
 import json
 import sys
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -43,6 +42,7 @@ from search.inputs import (
     open_atomic,
     open_input,
 )
+from tcf_search.calibration.predict_memo import Key, Result, RowMemo, _Reads
 from tcf_search.errors import user_errors
 
 if TYPE_CHECKING:  # pandas loads when a command reads a CSV, not with the command line
@@ -125,80 +125,6 @@ def _pick(res: dict[str, np.ndarray]) -> int:
     return int(np.argmin(res["peak_mem_bytes"]))
 
 
-class _Reads(Mapping[str, object]):
-    """A row that records which cells were read (every one, once it is iterated)."""
-
-    def __init__(self, cells: dict[str, object]) -> None:
-        self._cells, self.names = cells, dict[str, None]()
-
-    def __getitem__(self, key: str) -> object:
-        self.names[key] = None
-        return self._cells[key]
-
-    def __iter__(self) -> Iterator[str]:
-        self.names.update(dict.fromkeys(self._cells))
-        return iter(self._cells)
-
-    def __len__(self) -> int:
-        return len(self._cells)
-
-
-Key = tuple[tuple[str, ...], tuple[object, ...]]
-Result = dict[str, object]  # a row's output cells
-
-
-class _Recent(OrderedDict[Any, Any]):
-    """A dict of at most ``limit`` entries: the least recently used go first."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__()
-        self.limit = limit
-
-    def get_recent(self, key: Any) -> Any:
-        value = self.get(key)
-        if value is not None:
-            self.move_to_end(key)
-        return value
-
-    def keep(self, key: Any, value: Any) -> None:
-        self[key] = value
-        self.move_to_end(key)
-        while len(self) > self.limit:
-            self.popitem(last=False)
-
-
-class RowMemo:
-    """Predictions already made, found two ways. A row's prediction is a function of the cells
-    ``case_from_row`` reads (which cells depends on their values, so each set read is kept): a
-    row that agrees with an earlier one on such a set is found by its cells alone. Rows whose
-    cells differ but make the same :class:`Case` (free text in ``notes`` that names no fabric)
-    are found by the case. The ``limit`` most recent of each are kept."""
-
-    def __init__(self, limit: int = 10_000) -> None:
-        self._shapes: dict[tuple[str, ...], None] = {}
-        self._by_cells = _Recent(limit)  # Key -> Result, or a Case still being predicted
-        self.by_case = _Recent(limit)  # Case -> Result
-
-    def find(self, cells: dict[str, object]) -> tuple[Key | None, Result | Case | None]:
-        for names in self._shapes:
-            key = (names, tuple(map(cells.get, names)))
-            found = self._by_cells.get_recent(key)
-            if found is not None:
-                return key, found
-        return None, None
-
-    def put(self, reads: _Reads, value: Result | Case) -> Key:
-        """Keep ``value`` under the cells ``reads`` recorded; their key."""
-        names = tuple(reads.names)
-        self._shapes.setdefault(names, None)
-        key = (names, tuple(reads.get(n) for n in names))
-        self._by_cells.keep(key, value)
-        return key
-
-    def set(self, key: Key, result: Result) -> None:
-        self._by_cells.keep(key, result)
-
-
 def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray]) -> dict[str, object]:
     """The output cells of the plan chosen among ``plans`` (estimated as ``res``)."""
     j = _pick(res)
@@ -235,6 +161,18 @@ def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray]) -> di
             v = ends.get(knob, getattr(chosen, knob))
             out[f"pred_choice_{knob}"] = str(v).lower() if isinstance(v, bool) else v
     return out
+
+
+def _plans_of(case: Case) -> list[Plan] | Result:
+    """The candidate plans of a case, or the error that says why it has none."""
+    try:
+        plans = candidates(case)
+        if not plans:
+            check_plan(case.model, case.cluster, case.plan, case.training)
+            raise SpecError("no valid value for the empty knobs")
+    except (CaseError, SpecError, ValueError) as e:
+        return {"pred_error": str(e).splitlines()[0]}
+    return plans
 
 
 # Candidate plans waiting for one estimate; past this many they are estimated at once, so the
@@ -309,13 +247,9 @@ def predict_frame(frame: pd.DataFrame, memo: RowMemo | None = None) -> pd.DataFr
             keys_of[case].append(key)
             continue
         rows_of[case], keys_of[case] = [i], [key]
-        try:
-            plans = candidates(case)
-            if not plans:
-                check_plan(case.model, case.cluster, case.plan, case.training)
-                raise SpecError("no valid value for the empty knobs")
-        except (CaseError, SpecError, ValueError) as e:
-            done(case, {"pred_error": str(e).splitlines()[0]})
+        plans = _plans_of(case)
+        if isinstance(plans, dict):
+            done(case, plans)
             continue
         groups.setdefault((case.model, case.cluster, case.training), []).append((case, plans))
         pending += len(plans)

@@ -55,8 +55,18 @@ def _value(v: object) -> str:
 
 
 def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, object]:
-    m, t = pf.model, pf.training
-    fw = t.framework
+    m = pf.model
+    o = _layout(f)
+    o |= _model(pf)
+    # the DeepSeek recipes' own layout and MTP depth are cleared unless the plan sets them
+    o |= {k: v for k, v in latent_overrides(pf).items() if k not in o}
+    if m.is_moe:
+        o |= _experts(pf)
+    return o | _runtime(pf, f, options)
+
+
+def _layout(f: LaunchView) -> dict[str, object]:
+    """The parallel layout, the pipeline split, recomputation and offloading."""
     o: dict[str, object] = {
         "model.tensor_model_parallel_size": f.tp,
         "model.pipeline_model_parallel_size": f.pp,
@@ -92,7 +102,12 @@ def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, 
         o |= {"model.cpu_offloading": True,
               "model.cpu_offloading_num_layers": f.cpu_offload_layers,
               "model.cpu_offloading_activations": True, "model.cpu_offloading_weights": False}
-    o |= {
+    return o
+
+
+def _model(pf: PlanFile) -> dict[str, object]:
+    m, t = pf.model, pf.training
+    o: dict[str, object] = {
         "model.num_layers": m.layers, "model.hidden_size": m.hidden,
         "model.ffn_hidden_size": m.ffn_hidden, "model.num_attention_heads": m.heads,
         "model.num_query_groups": m.kv_heads,
@@ -107,28 +122,37 @@ def overrides(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, 
           "model.gated_linear_unit": m.ffn_type == "swiglu", "tokenizer.vocab_size": m.vocab}
     if m.position_embedding == "rope":
         o["model.rotary_base"] = int(m.rope_base)
-    # the DeepSeek recipes' own layout and MTP depth are cleared unless the plan sets them
-    o |= {k: v for k, v in latent_overrides(pf).items() if k not in o}
-    if m.is_moe:
-        # the experts as the cost model prices them, TEGroupedMLP (megatron.sh's
-        # --moe-grouped-gemm), whatever the recipe's provider has
-        o |= {"model.num_moe_experts": m.moe_experts, "model.moe_router_topk": m.moe_topk,
-              "model.moe_ffn_hidden_size": m.expert_ffn_hidden, "model.moe_grouped_gemm": True}
-        if m.moe_shared_experts:
-            o["model.moe_shared_expert_intermediate_size"] = (
-                m.moe_shared_experts * m.expert_ffn_hidden)
-        if m.moe_dense_layers:
-            o["model.moe_layer_freq"] = f"[0]*{m.moe_dense_layers}+[1]*{m.moe_layers}"
-        # the searched router, whatever the recipe's provider has (megatron.router_args)
-        r = m.moe_router or MoeRouter()
-        o |= {"model.moe_router_score_function": r.score,
-              "model.moe_router_num_groups": r.groups if r.groups > 1 else None,
-              "model.moe_router_group_topk": r.group_topk if r.groups > 1 else None,
-              "model.moe_router_topk_scaling_factor": r.scaling if r.scaling != 1.0 else None,
-              "model.moe_router_enable_expert_bias": r.expert_bias}
-    o |= {"train.micro_batch_size": f.micro_batch, "train.global_batch_size": f.global_batch,
-          "train.train_iters": options.train_iters, "optimizer.lr": options.lr,
-          "mixed_precision": MIXED_PRECISION[f.precision]}
+    return o
+
+
+def _experts(pf: PlanFile) -> dict[str, object]:
+    m = pf.model
+    # the experts as the cost model prices them, TEGroupedMLP (megatron.sh's
+    # --moe-grouped-gemm), whatever the recipe's provider has
+    o: dict[str, object] = {
+        "model.num_moe_experts": m.moe_experts, "model.moe_router_topk": m.moe_topk,
+        "model.moe_ffn_hidden_size": m.expert_ffn_hidden, "model.moe_grouped_gemm": True}
+    if m.moe_shared_experts:
+        o["model.moe_shared_expert_intermediate_size"] = (
+            m.moe_shared_experts * m.expert_ffn_hidden)
+    if m.moe_dense_layers:
+        o["model.moe_layer_freq"] = f"[0]*{m.moe_dense_layers}+[1]*{m.moe_layers}"
+    # the searched router, whatever the recipe's provider has (megatron.router_args)
+    r = m.moe_router or MoeRouter()
+    return o | {"model.moe_router_score_function": r.score,
+                "model.moe_router_num_groups": r.groups if r.groups > 1 else None,
+                "model.moe_router_group_topk": r.group_topk if r.groups > 1 else None,
+                "model.moe_router_topk_scaling_factor": r.scaling if r.scaling != 1.0 else None,
+                "model.moe_router_enable_expert_bias": r.expert_bias}
+
+
+def _runtime(pf: PlanFile, f: LaunchView, options: ExportOptions) -> dict[str, object]:
+    """Batch, optimizer, precision and data-parallel switches."""
+    fw = pf.training.framework
+    o: dict[str, object] = {
+        "train.micro_batch_size": f.micro_batch, "train.global_batch_size": f.global_batch,
+        "train.train_iters": options.train_iters, "optimizer.lr": options.lr,
+        "mixed_precision": MIXED_PRECISION[f.precision]}
     distributed = f.zero == 1 or (f.zero in (2, 3) and f.fsdp_impl == "megatron")
     o["ddp.use_distributed_optimizer"] = distributed
     o["optimizer.use_distributed_optimizer"] = distributed
