@@ -64,6 +64,6 @@ def __getattr__(name: str) -> Any:
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module 'search' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"search.{module}"), name)
-    globals()[name] = value
-    return value
+    # read from its module each time, not cached here: a name patched there (a test's
+    # monkeypatch) is what every later import of the face gets
+    return getattr(importlib.import_module(f"search.{module}"), name)

@@ -73,6 +73,11 @@ def started(study: optuna.Study) -> int:
     return len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)))
 
 
+def queued(study: optuna.Study) -> int:
+    """Trials waiting in the queue (brute force's layouts, enqueued by any host)."""
+    return len(study.get_trials(deepcopy=False, states=(TrialState.WAITING,)))
+
+
 def objective(ev: Evaluator, trial: optuna.trial.BaseTrial,
               seen: Collection[int] = (), study: optuna.Study | None = None) -> tuple[float, ...]:
     """Sample the searched axes, repair to the nearest unit not in ``seen``, judge its best
@@ -129,10 +134,13 @@ def run_trials(ev: Evaluator, study: optuna.Study, quota: int, *, sampler: str, 
                worker: int = 0, target: int | None = None,
                progress: Progress | None = None) -> int:
     """Run ``quota`` COMPLETE trials in this process (ask/tell), stopping early once the study
-    holds ``target`` complete or running trials (other hosts sharing an RDB add theirs)."""
+    holds ``target`` complete or running trials (other hosts sharing an RDB add theirs) and
+    nothing is queued: a layout one host queued while another's trial had not yet claimed it
+    is judged (a repeat, past the count), never left waiting."""
     done = failures = 0
     study.sampler = make_sampler(sampler, seed, len(ev.directions))
-    while done < quota and not _stop and (target is None or started(study) < target):
+    while done < quota and not _stop and (target is None or started(study) < target
+                                          or queued(study)):
         # The seed depends only on the history, so a resumed study samples what an
         # uninterrupted one would have.
         reseed(study.sampler, trial_seed(seed, completed(study), worker))
@@ -205,7 +213,8 @@ def run_workers(ev: Evaluator, study: optuna.Study, spec: StorageSpec, target: i
                 poll_s: float = 0.5) -> None:
     """Bring the study to ``target`` COMPLETE trials over ``workers`` processes sharing the
     storage: each runs a fixed share of the remainder."""
-    remaining = max(0, target - completed(study))
+    # once the count is reached, only what is still queued (run_trials)
+    remaining = max(0, target - completed(study)) or queued(study)
     shares = quotas(remaining, workers)
     if len(shares) <= 1:
         run_trials(ev, study, remaining, sampler=sampler, seed=seed, target=target,

@@ -144,3 +144,19 @@ def test_a_study_that_ends_short_says_so(tmp_path: Path,
     assert err.count("\n") == 1 and err.startswith("note: search: the study holds 4 of 5 "
                                                    "complete trials; 1 still running"), err
     assert result(tmp_path / "b")["trials"] == 4
+
+
+def test_a_layout_queued_late_is_drained_not_left_waiting(tmp_path: Path) -> None:
+    """A host that queues the space while another's sampled trial has not yet claimed its
+    layout queues that layout again; once every layout is judged, nobody asked for that queued
+    trial and it stayed WAITING (one of four hosts starting together on a loaded machine). A
+    host takes every queued trial before it stops: the late one is judged (past the count, as
+    hosts that start together may) and nothing is left waiting."""
+    study, url = _study(tmp_path), f"sqlite:///{tmp_path / 'late.db'}"
+    code, _, err = cli("run", str(study), "-o", str(tmp_path / "first"), "-q", "--storage", url)
+    assert code == 0, err
+    shared = optuna.load_study(study_name="small", storage=url)
+    shared.enqueue_trial(shared.trials[0].params)  # the layout queued again, too late
+    code, _, err = cli("run", str(study), "-o", str(tmp_path / "again"), "-q", "--storage", url)
+    assert code == 0, err
+    assert not hosts.check_shared(url, "small", UNITS, HOSTS)
