@@ -50,6 +50,12 @@ def fit_efficiency(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, fa
     network fraction (hardware_catalog/fabrics.yaml)."""
     measured = frame["tokens_per_sec_per_gpu"].to_numpy()
     idx = covered(groups, rows)
+    # a row without a measured throughput has no residual: say which, rather than let scipy
+    # stop at "Residuals are not finite in the initial point" (the selection is the bug)
+    unmeasured = idx[~(measured[idx] > 0)]
+    if unmeasured.size:
+        raise ValueError(f"{family} fit: rows without tokens_per_sec_per_gpu selected: "
+                         f"{frame['case_id'].to_numpy()[unmeasured].tolist()}")
     weight = source_weights(frame, idx)
     fam_groups = [g for g in groups if g.cluster.gpu.family == family
                   and np.isin(g.index, idx).any()]
