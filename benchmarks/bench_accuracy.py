@@ -21,7 +21,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tcf_search.calibration.accuracy import report  # noqa: E402
+from tcf_search.calibration.accuracy import predict_calibration, report  # noqa: E402
 from tcf_search.calibration.dataset import (  # noqa: E402
     find_measured_csv,
     load_groups,
@@ -43,6 +43,9 @@ BARS = {
     "pick_vs_best_mean": (">=", 0.95), "megatron-sc21_mape": ("<=", 0.15),
     "llm-foundry_mape": ("<=", 0.15), "dgxc_median_ape": ("<=", 0.10),
 }
+
+# issue #34: every multi-node source's tokens/s median APE
+MULTINODE_BAR = ("<=", 0.10)
 
 
 def main() -> int:
@@ -68,8 +71,9 @@ def main() -> int:
            "ranking_check": two_fold_check(frame, pred["tokens_per_s_per_gpu"],
                                            held & tput_rows(frame, pred), half_of(frame))}
     t0 = time.perf_counter()
-    predict_csv(csv, Path("/tmp/tcf_bench_predict.csv"))
+    predicted = predict_csv(csv, Path("/tmp/tcf_bench_predict.csv"))
     out["predict_cli_s"] = time.perf_counter() - t0
+    out["predict_calibration"] = predict_calibration(frame, predicted, held)
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -77,7 +81,8 @@ def main() -> int:
     width = max(len(k) for k in keys) + 2
     print(f"{'figure':<{width}}{'bar':>10}{'held-out':>12}{'all rows':>12}")
     for key in keys:
-        bar = BARS.get(key)
+        bar = BARS.get(key) or (MULTINODE_BAR if key.startswith("multinode/")
+                                and key.endswith("_median_ape") else None)
         bar_s = f"{bar[0]}{bar[1]:g}" if bar else ""
         h, a = out["held_out"].get(key, float("nan")), out["all"].get(key, float("nan"))
         print(f"{key:<{width}}{bar_s:>10}{h:>12.3f}{a:>12.3f}")
@@ -103,6 +108,12 @@ def main() -> int:
     print("two-fold (one half's table on the other half's pairs), P given / share right by bin: "
           + ", ".join(f"{edges[c['bin']]}+ {c['p']:.0%}/{c['right']:.0%}"
                       for c in out["ranking_check"]))
+    pc = out["predict_calibration"]
+    print(f"tcf-search predict's 80% interval holds {pc['interval_within']:.1%} of "
+          f"{pc['interval_rows']} held-out rows that ran; P(OOM) by bin (rows that ran or ran "
+          "out of memory; predicted mean / measured OOM share): " + ", ".join(
+              f"{b['bin']} {b['predicted']:.0%}/{b['measured_oom']:.0%} ({b['rows']} rows)"
+              for b in pc["p_oom_bins"]))
     print(f"model over {len(frame)} rows: {out['eval_s']:.2f} s vectorised; "
           f"tcf-search predict (with knob search): {out['predict_cli_s']:.1f} s")
     return 0

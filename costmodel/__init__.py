@@ -4,7 +4,8 @@ Nothing here reads files, logs, or imports optuna, ortools, typer, yaml or panda
 """
 
 from costmodel.errors import TcfError
-from costmodel.estimate import check_plan, estimate, estimate_batch
+from costmodel.estimate import check_plan, estimate, estimate_batch, plan_placement
+from costmodel.placement import mask_groups
 from costmodel.plan_fields import PLAN_FIELDS, PlanField
 from costmodel.plans import PLAN_KEYS, plans_to_arrays
 from costmodel.result import (
@@ -30,5 +31,6 @@ __all__ = [
     "PLAN_FIELDS", "PLAN_KEYS", "ClusterSpec", "Collective", "ComputeEstimate", "Efficiency",
     "GpuSpec", "MemoryEstimate", "MemoryModel", "MemoryTerms", "ModelSpec", "Plan", "PlanField",
     "SpecError", "StageMemory", "StepEstimate", "TcfError", "Training", "check_plan", "estimate",
-    "estimate_batch", "memory_terms", "memory_terms_batch", "plans_to_arrays",
+    "estimate_batch", "mask_groups", "memory_terms", "memory_terms_batch", "plan_placement",
+    "plans_to_arrays",
 ]

@@ -9,6 +9,8 @@ import numpy as np
 
 from costmodel import comm
 from costmodel.mapping import STAGES
+from costmodel.parallel.mesh import placement_of
+from costmodel.placement import parse_rank_order
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 from costmodel.result import (
     Collective,
@@ -65,7 +67,18 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: Training,
         "time_comm_exposed_s": np.asarray(exposed, dtype=float),
         "time_bubble_s": r.bubble_s,
         "time_optimizer_s": r.optimizer_s,
+        # the groups that cross the network (costmodel.placement.mask_groups reads it)
+        "network_groups_mask": r.placement.network_mask(model.moe_experts > 0),
     }
+
+
+def plan_placement(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
+                   training: Training) -> dict[str, object]:
+    """Where one plan's groups sit and the link of each pipeline hop, as plain data
+    (:meth:`costmodel.placement.Placement.describe`), in the framework's rank order."""
+    at = placement_of(cluster, training, as_plan_arrays(plans_to_arrays([plan])))
+    order = parse_rank_order(training.framework.pp.rank_order)
+    return at.describe(0, model.moe_experts > 0, order)
 
 
 def _scalar(x: np.ndarray) -> float:

@@ -68,14 +68,6 @@ def cost_balanced_split(num_layers: int, pp: int, layer_cost: float, head_cost: 
     return per_rank[0], per_rank[head_rank], loss_rank - head_rank
 
 
-def hop_crosses_domain(rank: np.ndarray, stride: np.ndarray, domain: int) -> np.ndarray:
-    """Whether pipeline rank ``rank``'s send to rank + 1 leaves its NVLink domain: the two sit
-    ``stride`` (tp x cp x dp) global ranks apart, at rank x stride and (rank + 1) x stride, in
-    domains of ``domain`` consecutive ranks. Stages closer than a domain cross only where a
-    domain boundary falls between them."""
-    return (rank * stride) // domain != ((rank + 1) * stride) // domain
-
-
 def stage_layers(num_layers: int, p: PlanArrays,
                  head_balance: tuple[float, float] | None = None) -> StageLayers:
     """Layers held by the first, a middle and the last pipeline stage (floats for averages).
@@ -252,13 +244,6 @@ def inflight_micro_batches(p: PlanArrays, m: np.ndarray, stage: str) -> np.ndarr
     return np.where(p.pp_schedule == 2, m, held)
 
 
-def members_per_domain(size: np.ndarray, stride: np.ndarray, domain: int) -> np.ndarray:
-    """How many members of a group of ``size`` ranks spaced ``stride`` apart share one NVLink
-    domain (node or rack). 1 means every hop crosses the network."""
-    per = np.maximum(domain // np.maximum(stride, 1), 1)
-    return np.minimum(size, per).astype(float)
-
-
 def expert_groups(tp: ArrayLike, cp: ArrayLike, dp: ArrayLike, ep: ArrayLike,
                   given_etp: ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(expert TP, expert DP, the expert TP a plan that gives none gets) over plain columns
@@ -284,8 +269,3 @@ def expert_dp(p: PlanArrays) -> np.ndarray:
     return expert_groups(p.tp, p.cp, p.dp, p.ep, p.expert_tp)[1]
 
 
-def group_strides(p: PlanArrays) -> dict[str, np.ndarray]:
-    """Rank distance between neighbours of each group (tp, cp, dp, pp, ep, expert dp)."""
-    etp = expert_tp(p)  # expert ranks: expert TP fastest, then EP, then expert DP
-    return {"tp": np.ones_like(p.tp), "cp": p.tp, "dp": p.tp * p.cp,
-            "ep": etp, "edp": etp * p.ep, "pp": p.tp * p.cp * p.dp}

@@ -18,7 +18,7 @@ from costmodel import comm
 from costmodel.comm import CollectiveArrays
 from costmodel.compute import LayerTimes
 from costmodel.kernels import BWD_HOST_FACTOR
-from costmodel.mapping import STAGES, StageLayers, hop_crosses_domain
+from costmodel.mapping import STAGES, StageLayers
 from costmodel.mtp import MtpStage, no_mtp
 from costmodel.parallel.mesh import Mesh
 from costmodel.plans import PlanArrays
@@ -85,13 +85,13 @@ def logits_hops(model: ModelSpec, tr: Training, g: Mesh, layers: StageLayers
     """One micro-batch's logits shard (its tokens x vocab / tp) sent one way between pipeline
     ranks: in the activation dtype from the LM head's rank, in fp32 from the cast's. Each is one
     pair of ranks (the head's h to h + 1, the cast's h + 1 to h + 2), on the network only where
-    that pair straddles a domain boundary (:func:`costmodel.mapping.hop_crosses_domain`)."""
+    that pair straddles a domain boundary (:meth:`costmodel.placement.Placement.hop_crosses`)."""
     x = g.tokens * float(model.vocab) / g.tp
     head = g.pp - 1.0 if layers.head_rank is None else layers.head_rank.astype(float)
-    stride, domain = g.tp * g.cp * g.dp, g.link.domain
+    at = g.placement
     return (comm.p2p_time(x * tr.framework.numerics.activation_dtype_bytes,
-                          hop_crosses_domain(head, stride, domain), g.link),
-            comm.p2p_time(x * 4.0, hop_crosses_domain(head + 1.0, stride, domain), g.link))
+                          at.hop_crosses(head), g.link),
+            comm.p2p_time(x * 4.0, at.hop_crosses(head + 1.0), g.link))
 
 
 def stage_times(p: PlanArrays, layers: StageLayers, lt: LayerTimes, comm_fwd_s: np.ndarray,

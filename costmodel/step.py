@@ -14,16 +14,16 @@ import numpy as np
 
 from costmodel.comm import CollectiveArrays, contention_time
 from costmodel.compute import hardware_flops, layer_times
-from costmodel.mapping import STAGES, stage_layers
+from costmodel.mapping import STAGES, StageLayers, stage_layers
 from costmodel.memory import StageBytes, allocator_stall, step_memory
 from costmodel.mtp import mtp_stage
 from costmodel.offload import host_bytes, network_busy_s, offload_copies
 from costmodel.optimizer import grad_accumulation_time, optimizer_time
-from costmodel.parallel.context import context_parallel
+from costmodel.parallel.context import ContextComm, context_parallel
 from costmodel.parallel.data import data_parallel
-from costmodel.parallel.expert import expert_parallel
-from costmodel.parallel.mesh import mesh_of
-from costmodel.parallel.tensor import tensor_parallel
+from costmodel.parallel.expert import ExpertComm, expert_parallel
+from costmodel.parallel.mesh import Mesh, mesh_of
+from costmodel.parallel.tensor import TensorComm, tensor_parallel
 from costmodel.params import model_flops_per_token
 from costmodel.pipeline import (
     bubble_time,
@@ -32,6 +32,7 @@ from costmodel.pipeline import (
     shared_embedding_sync,
     stage_times,
 )
+from costmodel.placement import Placement
 from costmodel.plans import PlanArrays
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 
@@ -55,6 +56,7 @@ class StepArrays:
     step_time_s: np.ndarray
     tokens_per_step: int
     num_gpus: int
+    placement: Placement
 
     @property
     def peak_stage(self) -> np.ndarray:
@@ -65,6 +67,26 @@ class StepArrays:
     def peak_part(self, part: str) -> np.ndarray:
         vals = np.stack([getattr(self.stages[s], part) for s in STAGES])
         return np.take_along_axis(vals, self.peak_stage[None, :], axis=0)[0]
+
+
+def nic_busy_of(g: Mesh, layers: StageLayers, tensor: TensorComm,
+                context: ContextComm, expert: ExpertComm, p2p: CollectiveArrays
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Seconds each GPU's NIC streams the other groups' traffic during one micro-batch's
+    forward and backward of the largest stage: the per-layer TP, CP and EP collectives of the
+    groups that cross the network (what of them is on the critical path: the overlapped
+    rest stays inside the NVLink domain in practice) and the pipeline's one send and receive
+    where a hop leaves the domain."""
+    n = layers.largest
+    on = {name: (g.placement.span(name).crosses_network).astype(float)
+          for name in ("tp", "cp", "ep")}
+    hop = np.where(g.pp_crosses_network & (g.pp > 1),
+                   p2p.time_s / np.maximum(2.0 * g.micro_batches * g.vpp, 1.0), 0.0)
+    fwd = n * (on["tp"] * tensor.layer_exposed_s + on["cp"] * context.exposed_fwd_s
+               + on["ep"] * expert.average_layer_s) + hop
+    bwd = n * (on["tp"] * tensor.layer_exposed_s + on["cp"] * context.exposed_bwd_s
+               + on["ep"] * expert.average_bwd_s) + hop
+    return fwd, bwd
 
 
 def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays) -> StepArrays:
@@ -92,7 +114,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     bubble = bubble_time(per_mb, g, layers)
     p2p = point_to_point(model, tr, g, layers, lt)
     tied = shared_embedding_sync(model, tr, g, co.embed_params)
-    grads, params = data_parallel(tr, g, co, layers, lt)
+    grads, params = data_parallel(tr, g, co, layers, lt,
+                                  nic_busy_of(g, layers, tensor, context, expert, p2p))
     optimizer_s = (optimizer_time(co, layers, p, cluster, tr)
                    + grad_accumulation_time(co, layers, m, p, cluster, tr))
 
@@ -128,4 +151,5 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
         contention_s=contention, stall_s=stall, host_bytes=host_bytes(co, p, m),
         optimizer_s=optimizer_s, bubble_s=bubble, gemm_efficiency=lt.gemm_efficiency,
         collectives=collectives, step_time_s=step, tokens_per_step=tokens, num_gpus=n_gpus,
+        placement=g.placement,
     )

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from costmodel.placement import mask_groups
 from costmodel.result import GIB
 
 SECONDS_PER_DAY = 86400.0
@@ -52,6 +53,8 @@ def metrics_from_batch(out: dict[str, np.ndarray], i: int, *, num_gpus: int,
         m[f"mem_{k}_gib"] = float(out[f"mem_{k}_bytes"][i]) / GIB
     m["fits"] = bool(m["memory_headroom_gib"] >= 0)
     m["dominant_challenge"] = dominant_challenge(m)
+    if "network_groups_mask" in out:  # the groups that cross the network, e.g. "dp,pp"
+        m["network_groups"] = ",".join(mask_groups(int(out["network_groups_mask"][i])))
     if token_budget:
         days = token_budget / (m["tokens_per_s_per_gpu"] * num_gpus) / SECONDS_PER_DAY
         m["time_to_train_days"] = days

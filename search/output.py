@@ -198,9 +198,9 @@ def render(result: StudyResult, console: Console) -> None:
     degrees = "×".join("etp" if k == "expert_tp" else k for k in knobs)
     columns = ["#", degrees, "zero", "mbs", "recomp", "sp", "stages",
                *(name for name, _, _ in shown), "tok/s/GPU", "80% interval", "P(OOM)", "MFU",
-               "step s", "mem GiB", "bound by"]
+               "step s", "mem GiB", "bound by", "net"]
     for col in columns:
-        table.add_column(col, justify="left" if col in ("recomp", "stages", "bound by")
+        table.add_column(col, justify="left" if col in ("recomp", "stages", "bound by", "net")
                          else "right", no_wrap=True)
     for r, p in zip(result.top, plans, strict=True):
         m = r.predicted
@@ -211,7 +211,7 @@ def render(result: StudyResult, console: Console) -> None:
             f"{m['tokens_per_s_per_gpu']:,.0f}", _interval_label(m),
             f"{m['p_oom']:.0%}" if "p_oom" in m else "", f"{m['mfu']:.1%}",
             f"{m['step_time_s']:.2f}", f"{m['peak_mem_gib']:.1f}/{m['usable_mem_gib']:.1f}",
-            m["dominant_challenge"])
+            m["dominant_challenge"], m.get("network_groups") or "-")
     console.print(table)
     if line := ranking_line(result.ranking):
         console.print(line, markup=False, soft_wrap=True)

@@ -12,9 +12,10 @@ import pytest
 from costmodel_helpers import training_for
 
 from costmodel import ClusterSpec, ModelSpec, Plan, comm, estimate
-from costmodel.mapping import hop_crosses_domain, stage_layers
+from costmodel.mapping import stage_layers
 from costmodel.parallel.mesh import mesh_of
 from costmodel.pipeline import logits_hops
+from costmodel.placement import ORDER_DIMS, place
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 
 GB = 1e9
@@ -77,14 +78,17 @@ def test_pipeline_activations_across_nodes_pay_the_p2p_price(h100, llama8b: Mode
 ])
 def test_a_hop_crosses_where_a_domain_boundary_falls_between(rank: int, stride: int,
                                                               crosses: bool) -> None:
-    assert bool(hop_crosses_domain(np.array([rank]), np.array([stride]), 8)[0]) is crosses
+    one = np.ones(1)
+    at = place(ORDER_DIMS, {d: one for d in ORDER_DIMS} | {"tp": one * stride, "pp": one * 64},
+               {d: one for d in ORDER_DIMS}, 8, 8)
+    assert bool(at.hop_crosses(np.array([float(rank)]))[0]) is crosses
 
 
 def test_the_logits_hop_prices_its_own_pair_of_ranks(h100) -> None:
     """nanotron's 8B at pp 32, dp 4 (stride 4 < a node of 8): the head on rank 29 sends its
     logits to rank 30 (global 116 -> 120, across nodes), the cast's rank passes fp32 logits on
-    to rank 31 (120 -> 124, the same node). The stage-wide rule (stride >= node) says neither
-    crosses."""
+    to rank 31 (120 -> 124, the same node). Two stages share each node, so 15 of the
+    pipeline's 31 hops leave it: the stage-to-stage sends run at the network's pace."""
     model = ModelSpec(name="8b", layers=32, hidden=4096, ffn_hidden=14336, heads=32,
                       kv_heads=32, vocab=131072)
     cluster = _cluster(h100, 128)
@@ -95,7 +99,7 @@ def test_the_logits_hop_prices_its_own_pair_of_ranks(h100) -> None:
     assert layers.head_rank is not None and layers.loss_ranks is not None
     assert (layers.head_rank[0], layers.loss_ranks[0]) == (29, 2)
     g = mesh_of(cluster, tr, p)
-    assert not g.pp_crosses_network[0]
+    assert g.pp_crosses_network[0] and g.placement.pp_network_hops[0] == 15
     act, fp32 = logits_hops(model, tr, g, layers)
     x = 4096 * 131072.0
     link = g.link

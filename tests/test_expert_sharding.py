@@ -7,11 +7,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from costmodel_helpers import training_for
 
 from costmodel import ClusterSpec, ModelSpec, Plan, estimate
-from costmodel.mapping import expert_dp, expert_tp, group_strides
+from costmodel.mapping import expert_dp, expert_tp
+from costmodel.placement import ORDER_DIMS, place
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 from search.inputs.specs import build_specs
 from search.inputs.study import load_study
@@ -40,8 +42,15 @@ def test_expert_ranks_fill_the_stage(tp: int, cp: int, dp: int, ep: int, etp: in
     assert e_tp * ep * e_dp == tp * cp * dp
     if etp:
         assert e_tp == etp
-    strides = group_strides(p)
-    assert int(strides["ep"][0]) == e_tp and int(strides["edp"][0]) == e_tp * ep
+    # Megatron's order on the expert grid: EP neighbours e_tp ranks apart, expert-DP e_tp x ep
+    # apart, so a block of e_tp x ep ranks holds a whole EP group and one expert-DP member
+    one = np.ones(1)
+    at = place(ORDER_DIMS, {"tp": one * tp, "cp": one * cp, "ep": one, "dp": one * dp,
+                            "pp": one},
+               {"tp": one * e_tp, "cp": one, "ep": one * ep, "dp": one * e_dp, "pp": one},
+               e_tp * ep, e_tp * ep)
+    assert at.span("ep").per_domain[0] == ep and at.span("edp").per_domain[0] == 1
+    assert at.span("etp").per_domain[0] == e_tp
 
 
 def _states(est) -> float:

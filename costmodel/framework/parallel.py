@@ -9,6 +9,7 @@ from typing import Literal
 
 from costmodel.errors import SpecError, require_positive
 from costmodel.framework.checks import PP_SCHEDULES, ZERO_STAGES, as_subset, check_choices
+from costmodel.placement import parse_rank_order
 
 GradSync = Literal["micro_batch", "step"]
 
@@ -132,9 +133,14 @@ class Pipeline:
     pp_tp_step_overhead_s: float
     """Extra seconds per TP ring step when a pipeline engine interleaves p2p with TP collectives
     on one stream across the network (nanotron's eager PP engine; 0 for separate streams)."""
+    rank_order: str
+    """How the framework lays its parallel dimensions over the global ranks, fastest-varying
+    first (Megatron-Core's ``order``, ``"tp-cp-ep-dp-pp"``): which groups share an NVLink domain
+    and which pipeline hops leave it (``costmodel.placement``)."""
 
     def __post_init__(self) -> None:
         as_subset(self, "pp_schedules", PP_SCHEDULES)
+        parse_rank_order(self.rank_order, "training.rank_order")
 
 
 

@@ -57,18 +57,24 @@ def _param_bytes(tr: Training) -> float:
 
 
 def data_parallel(tr: Training, g: Mesh, co: MemoryCoefficients, layers: StageLayers,
-                  lt: LayerTimes
+                  lt: LayerTimes, nic_busy: tuple[np.ndarray, np.ndarray] | None = None
                   ) -> tuple[tuple[CollectiveArrays, ...], tuple[CollectiveArrays, ...]]:
     """The gradient reductions and the parameter all-gathers of one step, time and exposed:
-    the dense parameters' over dp x cp, the routed experts' over the expert-DP group."""
+    the dense parameters' over dp x cp, the routed experts' over the expert-DP group.
+    ``nic_busy``: seconds each GPU's NIC streams other groups' traffic during one micro-batch's
+    forward and backward of the largest stage (:func:`nic_busy_of`). Where the data-parallel
+    group crosses the network too, its collectives share the NIC with that traffic, so they
+    hide only behind the rest of the window: priced where they overlap, not on average."""
     p, m, v, pp, z = g.plan, g.micro_batches, g.vpp, g.pp, g.plan.zero_stage
     dense, experts = largest_stage_params(co, layers)
     passes = _one_pass(tr, g, co, dense, experts)
     grad_rs = passes["grad"][0] + passes["grad"][1]
     param_ag = passes["param"][0] + passes["param"][1]
     n_big = layers.largest
-    fwd_window = n_big * lt.fwd_s
-    bwd_window = n_big * lt.bwd_s
+    busy_fwd, busy_bwd = nic_busy if nic_busy is not None else (0.0, 0.0)
+    on_nic = g.k_dp < g.dp * g.cp
+    fwd_window = np.maximum(n_big * lt.fwd_s - np.where(on_nic, busy_fwd, 0.0), 0.0)
+    bwd_window = np.maximum(n_big * lt.bwd_s - np.where(on_nic, busy_bwd, 0.0), 0.0)
     # Interleaved 1F1B finishes a stage's chunks one after another: the deepest chunk's last
     # backward comes (v-1) groups of p chunk-backwards before the end, so its gradients reduce
     # while the other chunks still compute (each chunk reduces on its own, as Megatron-LM's

@@ -9,13 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.comm import Link, link_of
-from costmodel.mapping import (
-    expert_dp,
-    expert_tp,
-    group_strides,
-    members_per_domain,
-    micro_batches,
-)
+from costmodel.mapping import expert_groups, micro_batches
+from costmodel.placement import Placement, parse_rank_order, place
 from costmodel.plans import PlanArrays
 from costmodel.specs import ClusterSpec, Training
 
@@ -39,28 +34,36 @@ class Mesh:
     k_ep: np.ndarray
     k_dp: np.ndarray
     k_edp: np.ndarray
-    pp_crosses_network: np.ndarray  # stages are tp * cp * dp ranks apart (pp is outermost)
+    pp_crosses_network: np.ndarray  # some hop between consecutive stages leaves the domain
+    placement: Placement
     link: Link
     micro_batches: np.ndarray  # per DP rank per optimizer step
     tokens: np.ndarray  # of one micro-batch on one GPU
     synchronous: bool  # nothing overlaps (see GpuSpec.synchronous)
 
 
+def placement_of(cluster: ClusterSpec, tr: Training, p: PlanArrays) -> Placement:
+    """Where the plans' ranks sit on the cluster, in the framework's rank order
+    (:mod:`costmodel.placement`): the dense grid tp, cp, dp, pp; the expert grid expert TP, EP,
+    expert DP over the same ranks of each stage (:func:`costmodel.mapping.expert_groups`)."""
+    etp, edp, _ = expert_groups(p.tp, p.cp, p.dp, p.ep, p.expert_tp)
+    one = np.ones_like(p.tp)
+    dense = {"tp": p.tp, "cp": p.cp, "ep": one, "dp": p.dp, "pp": p.pp}
+    expert = {"tp": etp, "cp": one, "ep": p.ep, "dp": edp, "pp": p.pp}
+    order = parse_rank_order(tr.framework.pp.rank_order, "training.rank_order")
+    return place(order, dense, expert, cluster.nvlink_domain, cluster.gpus_per_node)
+
+
 def mesh_of(cluster: ClusterSpec, tr: Training, p: PlanArrays) -> Mesh:
     tp, pp, cp, dp, ep, v = (x.astype(float) for x in (p.tp, p.pp, p.cp, p.dp, p.ep, p.vpp))
-    strides = group_strides(p)
-    D = cluster.nvlink_domain
+    at = placement_of(cluster, tr, p)
+    k = {g: at.span(g).per_domain for g in ("tp", "etp", "cp", "ep", "dpcp", "edp")}
     return Mesh(
-        plan=p, tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, vpp=v, edp=expert_dp(p).astype(float),
-        k_tp=members_per_domain(p.tp, strides["tp"], D),
-        k_etp=members_per_domain(expert_tp(p), strides["tp"], D),
-        k_cp=members_per_domain(p.cp, strides["cp"], D),
-        k_ep=members_per_domain(p.ep, strides["ep"], D),
-        # gradients reduce over dp x cp together: cp varies fastest after tp, so that group's
-        # neighbours are tp ranks apart (the dp group alone is tp * cp apart)
-        k_dp=members_per_domain(p.dp * p.cp, strides["cp"], D),
-        k_edp=members_per_domain(expert_dp(p), strides["edp"], D),
-        pp_crosses_network=(p.tp * p.cp * p.dp) >= D,
+        plan=p, tp=tp, pp=pp, cp=cp, dp=dp, ep=ep, vpp=v, edp=at.span("edp").size,
+        k_tp=k["tp"], k_etp=k["etp"], k_cp=k["cp"], k_ep=k["ep"],
+        # gradients reduce over dp x cp together
+        k_dp=k["dpcp"], k_edp=k["edp"],
+        pp_crosses_network=at.pp_crosses_network, placement=at,
         link=link_of(cluster),
         micro_batches=micro_batches(tr.global_batch, p),
         tokens=p.micro_batch * float(tr.seq_len) / cp,

@@ -221,6 +221,9 @@ class TrainingSection(_Section):
     # what recompute=selective recomputes under a Megatron-Core profile (--recompute-modules;
     # costmodel/recompute_modules.py): the profile's ["core_attn"] unless given
     recompute_modules: list[str] | None = None
+    # how the framework lays tp, cp, ep, dp and pp over the ranks, fastest first (Megatron-Core's
+    # --use-tp-pp-dp-mapping: "tp-cp-ep-pp-dp"); the profile's unless given
+    rank_order: str | None = None
 
     @field_validator("framework")
     @classmethod

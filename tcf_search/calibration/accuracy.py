@@ -65,6 +65,20 @@ def dgxc_figures(f: pd.DataFrame, tok: pd.Series) -> dict[str, Any]:
     return out
 
 
+def multinode_figures(f: pd.DataFrame, tok: pd.Series) -> dict[str, Any]:
+    """Tokens/s errors of every source on its runs over more than one node (issue #34's bar:
+    the network terms are what these rows test); the Playbook's as in :func:`throughput_rows`."""
+    rows = (f["status"].eq("ok") & tok.notna() & f["tokens_per_sec_per_gpu"].notna()
+            & (f["num_gpus"] > f["gpus_per_node"].fillna(8)))
+    rows &= ~f["source"].eq("playbook") | throughput_rows(f)
+    out: dict[str, Any] = {}
+    for src, idx in f[rows].groupby("source").groups.items():
+        e = _ape(tok[idx], f.loc[idx, "tokens_per_sec_per_gpu"])
+        out[f"multinode/{src}_median_ape"] = float(e.median())
+        out[f"multinode/{src}_rows"] = int(e.size)
+    return out
+
+
 def report(frame: pd.DataFrame, pred: dict[str, np.ndarray],
            mask: pd.Series | None = None) -> dict[str, Any]:
     """Figures on the rows of ``mask`` (default all). ``pred`` holds estimate_batch columns
@@ -114,6 +128,7 @@ def report(frame: pd.DataFrame, pred: dict[str, np.ndarray],
     out["pick_vs_best_min"] = float(np.min(picks)) if picks else float("nan")
 
     out.update(dgxc_figures(f, tok))
+    out.update(multinode_figures(f, tok))
     for src in ("megatron-sc21", "llm-foundry"):
         rows = f["source"].eq(src) & f["status"].eq("ok") & tok.notna()
         if rows.any():
@@ -124,3 +139,36 @@ def report(frame: pd.DataFrame, pred: dict[str, np.ndarray],
             # frameworks the memory fit never saw
             out[f"{src}_predicted_fit"] = float((fits_b[rows]).mean())
     return out
+
+
+P_OOM_BINS = (0.0, 0.1, 0.3, 0.7, 0.9, 1.0)
+
+
+def predict_calibration(frame: pd.DataFrame, predicted: pd.DataFrame,
+                        held: pd.Series) -> dict[str, Any]:
+    """What ``tcf-search predict`` wrote, checked against what ran (issue #41): the share of the
+    held-out rows that ran whose tokens/s fall in ``[pred_tokens_per_sec_lo,
+    pred_tokens_per_sec_hi]``, and P(OOM) in bins against the share of runs in each bin that ran
+    out of memory (every row that ran or ran out: status ok or oom)."""
+    def num(col: str) -> pd.Series:  # rows predict could not handle hold no number
+        return pd.to_numeric(predicted[col], errors="coerce")
+
+    lo, hi = num("pred_tokens_per_sec_lo"), num("pred_tokens_per_sec_hi")
+    tok = frame["tokens_per_sec_per_gpu"]
+    ran = frame["status"].eq("ok") & tok.notna() & lo.notna() & held
+    inside = (tok >= lo) & (tok <= hi)
+    out: dict[str, Any] = {"interval_rows": int(ran.sum()),
+                           "interval_within": float(inside[ran].mean()) if ran.any() else
+                           float("nan")}
+    p = num("pred_p_oom")
+    judged = frame["status"].isin(["ok", "oom"]) & p.notna()
+    bins = []
+    for a, b in zip(P_OOM_BINS[:-1], P_OOM_BINS[1:], strict=True):
+        in_bin = judged & (p >= a) & ((p < b) if b < 1.0 else (p <= b))
+        bins.append({"bin": f"{a:.0%}-{b:.0%}", "rows": int(in_bin.sum()),
+                     "predicted": float(p[in_bin].mean()) if in_bin.any() else float("nan"),
+                     "measured_oom": (float(frame.loc[in_bin, "status"].eq("oom").mean())
+                                      if in_bin.any() else float("nan"))})
+    out["p_oom_bins"] = bins
+    return out
+

@@ -31,6 +31,7 @@ from costmodel.mapping import chunk_split_exists, stage_counts
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import Plan, SpecError
 from search import candidates as placement_candidates
+from search import plan_regime, uncertainty_metrics
 from search.inputs import (
     KNOBS,
     MIB,
@@ -57,6 +58,9 @@ OUTPUT_COLUMNS = (
     "pred_mem_activations_gib", "pred_mem_buffers_gib", "pred_time_compute_s",
     "pred_time_comm_exposed_s", "pred_time_bubble_s", "pred_time_optimizer_s",
     "pred_time_stall_s",
+    # the 80% interval on tokens/s, the residuals that bound it and P(OOM): what explain and the
+    # run table show for the same plan (search.uncertainty_metrics)
+    "pred_tokens_per_sec_lo", "pred_tokens_per_sec_hi", "pred_interval_regime", "pred_p_oom",
 )
 CHOICE_COLUMNS = tuple(f"pred_choice_{k}" for k in KNOBS)
 
@@ -150,6 +154,14 @@ def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray]) -> di
         "pred_time_optimizer_s": res["time_optimizer_s"][j],
         "pred_time_stall_s": res["time_stall_s"][j],  # in pred_time_compute_s
     }
+    u = uncertainty_metrics(
+        {"tokens_per_s_per_gpu": float(res["tokens_per_s_per_gpu"][j]),
+         "peak_mem_gib": float(res["peak_mem_bytes"][j]) / GIB,
+         "usable_mem_gib": float(res["usable_bytes"][j]) / GIB},
+        plan_regime(case.model, case.cluster, case.training, case.framework))
+    values.update({"pred_tokens_per_sec_lo": u["tokens_per_s_interval"][0],
+                   "pred_tokens_per_sec_hi": u["tokens_per_s_interval"][1],
+                   "pred_interval_regime": u["interval_regime"], "pred_p_oom": u["p_oom"]})
     out: dict[str, object] = {k: round(float(v), 6) if not isinstance(v, str) else v
                               for k, v in values.items()}
     counts = stage_counts(case.model.layers, chosen.pp, chosen.first_stage_layers,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from costmodel import Plan, StepEstimate, Training, estimate
+from costmodel import Plan, StepEstimate, Training, estimate, plan_placement
 from costmodel.recompute_modules import mask_modules
 from hardware_catalog.frameworks import is_megatron_core
 from search import (
@@ -188,7 +188,8 @@ def explain(subject: Subject) -> dict[str, Any]:
                      "selective_recomputes": selective_label(s.training, plan)},
         "plan": plan_dict(plan), "plan_text": format_plan(plan),
         "memory": _memory(e), "compute": {**_compute(e), **_stall(e, s.training)},
-        "communication": _communication(e),
+        "communication": {**_communication(e),
+                          "placement": plan_placement(s.model, s.cluster, plan, s.training)},
         "step": {"step_time_s": e.step_time_s, "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
                  "tokens_per_step": e.tokens_per_step, "breakdown": breakdown},
         "uncertainty": uncertainty_metrics(

@@ -100,6 +100,23 @@ def _communication(doc: dict[str, Any], con: Console) -> None:
         t.add_row(c["name"], c["group"], str(c["group_size"]), c["tier"], _bytes(c["bytes"]),
                   f"{c['time_s']:.2f}", f"{c['exposed_s']:.2f}", f"{c['hidden_s']:.2f}")
     con.print(t)
+    if "placement" in k:
+        _placement(k["placement"], con)
+
+
+def _placement(at: dict[str, Any], con: Console) -> None:
+    """Where each group sits (the framework's rank order) and every pipeline hop's link."""
+    con.print(f"   placement ({at['rank_order']}, NVLink domains of {at['nvlink_domain']} GPUs, "
+              f"nodes of {at['gpus_per_node']}): " + "; ".join(
+                  f"{g['group']} {g['size']} = {g['per_domain']}/domain x {g['domains']} "
+                  f"domain{'s' if g['domains'] > 1 else ''} on {g['nodes']} "
+                  f"node{'s' if g['nodes'] > 1 else ''}" + (" (network)" if g["network"] else "")
+                  for g in at["groups"]) or "   placement: one GPU")
+    if at["pp_hops"]:
+        con.print("   pipeline hops: " + ", ".join(
+            f"{h['from_stage']}→{h['to_stage']} {h['link']}" for h in at["pp_hops"])
+            + (" (a step runs at its slowest hop's pace)"
+               if any(h["link"] == "network" for h in at["pp_hops"]) else ""))
 
 
 def _numerics(v: dict[str, Any], con: Console) -> None:

@@ -15,6 +15,7 @@ from search.inputs import PlanFile
 
 from . import rules
 from .options import ExportOptions
+from .rules import TP_PP_DP_ORDER
 from .shell import Group, command, script, torchrun_head
 from .view import LaunchView, facts_of, virtual_stage_layers
 
@@ -68,6 +69,8 @@ def data_parallel_args(f: LaunchView, pf: PlanFile) -> list[Group]:
             out.append(("--overlap-param-gather",))
     if fw.tp.tp_comm_overlap:
         out.append(("--tp-comm-overlap",))
+    if fw.pp.rank_order == TP_PP_DP_ORDER:  # dp outermost (megatron/training/initialize.py)
+        out.append(("--use-tp-pp-dp-mapping",))
     return out
 
 

@@ -345,6 +345,33 @@ ACCELERATE: tuple[AnyRule, ...] = COMMON + HF_MODEL + (
          "accelerate/utils/dataclasses.py FullyShardedDataParallelPlugin"),
 )
 
+# the rank order every launcher lays out (tp fastest, pp outermost; frameworks.yaml cites each),
+# and Megatron-LM's alternative, --use-tp-pp-dp-mapping (megatron/training/initialize.py)
+DEFAULT_ORDER, TP_PP_DP_ORDER = "tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp"
+
+
+def _order_rule(allowed: tuple[str, ...], source: str) -> Rule:
+    return Rule(lambda f: f.rank_order in allowed,
+                "the launcher lays out its ranks as " + " or ".join(allowed)
+                + " (fastest first), but got rank_order={rank_order}", source)
+
+
+ORDER_RULES: dict[str, Rule] = {
+    "megatron": _order_rule((DEFAULT_ORDER, TP_PP_DP_ORDER), "megatron/training/initialize.py"),
+    "nemo": _order_rule((DEFAULT_ORDER,), "megatron/core/parallel_state.py (NeMo's default)"),
+    "deepspeed": _order_rule((DEFAULT_ORDER,), "deepspeed/runtime/pipe/topology.py"),
+    "torchtitan": _order_rule((DEFAULT_ORDER,), "torchtitan/distributed/parallel_dims.py"),
+    "nanotron": _order_rule((DEFAULT_ORDER,), "src/nanotron/parallel/context.py"),
+    "accelerate": _order_rule((DEFAULT_ORDER,), "accelerate/parallelism_config.py"),
+}
+
+MEGATRON += (ORDER_RULES["megatron"],)
+NEMO += (ORDER_RULES["nemo"],)
+DEEPSPEED += (ORDER_RULES["deepspeed"],)
+TORCHTITAN += (ORDER_RULES["torchtitan"],)
+NANOTRON += (ORDER_RULES["nanotron"],)
+ACCELERATE += (ORDER_RULES["accelerate"],)
+
 RULES: dict[str, tuple[AnyRule, ...]] = {
     "megatron": MEGATRON,
     "nemo": NEMO,

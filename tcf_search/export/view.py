@@ -60,6 +60,7 @@ class LaunchView:
     optimizer: str
     tied: bool
     tp_comm_overlap: bool
+    rank_order: str  # how the ranks are laid out, fastest first (costmodel.placement)
     world: int
     num_gpus: int
     gpus_per_node: int
@@ -146,6 +147,7 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
         bf16_grads=t.precision in ("bf16", "fp8") and fw.numerics.grad_dtype_bytes == 2,
         fp8_param_gather=t.precision == "fp8" and fw.numerics.fp8_param_gather,
         optimizer=t.optimizer, tied=m.tied_embeddings, tp_comm_overlap=fw.tp.tp_comm_overlap,
+        rank_order=fw.pp.rank_order,
         world=p.world_size, num_gpus=pf.num_gpus, gpus_per_node=pf.gpus_per_node,
         nodes=max(1, pf.num_gpus // pf.gpus_per_node), nproc_per_node=nproc,
         stage_layers=stages, middle_layers=middle_layers, middle_stages=middle_stages,
