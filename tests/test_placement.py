@@ -394,6 +394,12 @@ def test_the_run_table_and_metrics_name_the_groups_on_the_network(tmp_path: Path
     got = {(p["plan"]["pp"], p["plan"]["dp"]): p["predicted"]["network_groups"]
            for p in doc["top"]}
     assert got == {(4, 4): "pp", (1, 16): "dp"}
+    # the HTML report's table carries the same column
+    code, _, err = cli("report", str(tmp_path / "out"), "-o", str(tmp_path / "r.html"))
+    assert code == 0, err
+    page = (tmp_path / "r.html").read_text()
+    assert "<th class=l>net</th>" in page
+    assert "<td class=l>pp</td>" in page and "<td class=l>dp</td>" in page
 
 
 def test_explain_shows_the_placement_and_every_hop(tmp_path: Path) -> None:

@@ -38,7 +38,8 @@ CAPTIONS = {
 TOP_COLUMNS = ("tp", "pp", "dp", "cp", "ep", "vpp", "zero_stage", "micro_batch", "recompute",
                "sequence_parallel")
 TOP_HEAD = Html("<th>tok/s/GPU</th><th>80% interval</th><th>P(OOM)</th><th>MFU</th>"
-                "<th>step s</th><th>mem GiB</th><th class=l>bound by</th>")
+                "<th>step s</th><th>mem GiB</th><th class=l>bound by</th>"
+                "<th class=l>net</th>")
 
 
 def _top_table(data: ResultData) -> Html:
@@ -51,10 +52,11 @@ def _top_table(data: ResultData) -> Html:
         band = html("{:,.0f}–{:,.0f}", *lo_hi) if lo_hi else ""
         p_oom = html("{:.0%}", m.p_oom) if m.p_oom is not None else ""
         rows.append(html("<tr><td>{}</td>{}<td>{:,.0f}</td><td>{}</td><td>{}</td><td>{:.1%}</td>"
-                         "<td>{:.2f}</td><td>{:.1f}/{:.1f}</td><td class=l>{}</td></tr>",
+                         "<td>{:.2f}</td><td>{:.1f}/{:.1f}</td><td class=l>{}</td>"
+                         "<td class=l>{}</td></tr>",
                          r.rank, cells, m.tokens_per_s_per_gpu, band, p_oom, m.mfu,
                          m.step_time_s, m.peak_mem_gib, m.usable_mem_gib,
-                         m.dominant_challenge))
+                         m.dominant_challenge, m.network_groups or "-"))
     return html("<table><tr>{}{}</tr>{}</table>", head, TOP_HEAD, join(rows))
 
 

@@ -126,6 +126,7 @@ class Predicted(_Doc):
     peak_mem_gib: Quantity
     usable_mem_gib: Signed  # below 0 where the framework's reserve exceeds the GPU's memory
     dominant_challenge: Name
+    network_groups: Name = ""  # the groups that cross the network, e.g. "dp,pp"
     tokens_per_s_interval: tuple[Quantity, Quantity] | None = None
     p_oom: Share | None = None
     mem_weights_gib: Quantity = 0.0
