@@ -79,3 +79,21 @@ def test_megatron_exports_refuse_megatron_fsdp_with_pp(fmt: str, zero: int) -> N
     text = refusal(fmt, with_plan(pf, zero_stage=zero))
     assert "framework_zero" in text and "zero_stages_pp=[0, 1]" in text and "pp=2" in text
     assert "--use-megatron-fsdp" not in text
+
+
+# -- 3. FSDP2 has no optimizer-only sharding: ZeRO-1 without a pipeline is refused alike ---------
+
+@pytest.mark.parametrize("fmt", ["accelerate", "torchtitan"])
+def test_fsdp2_launchers_refuse_zero1_by_one_rule(fmt: str) -> None:
+    pf = load_plan_file(PLANS / "fsdp8b.yaml")  # dp 8 at ZeRO-3: both export it
+    render(fmt, pf)
+    text = refusal(fmt, with_plan(pf, zero_stage=1))
+    assert "framework_zero: " in text and "zero_stages=[0, 2, 3]" in text
+    # ZeRO-2 is FSDP2 kept gathered to backward, which is what Accelerate writes for it
+    config = render("accelerate", with_plan(pf, zero_stage=2))["accelerate.yaml"]
+    assert "fsdp_reshard_after_forward: false" in config
+
+
+def test_accelerate_profile_is_the_search_s_too() -> None:
+    assert verdict("accelerate", Plan(tp=1, pp=1, dp=48, zero_stage=1)) == ["framework_zero"]
+    assert verdict("accelerate", Plan(tp=1, pp=1, dp=48, zero_stage=2)) == []
