@@ -91,7 +91,7 @@ def test_run_table_and_flag_override(finished: tuple[Path, Path, dict], tmp_path
     "tp=2,pp=2,mbs=1,recompute=selective,zero=1",
     "tp=1,pp=4,vpp=2,mbs=1,recompute=full,zero=1",
     "tp=8,pp=1,mbs=2,recompute=none,zero=0,sp=true",
-    "tp=1,pp=2,cp=2,mbs=1,recompute=none,zero=3",
+    "tp=2,pp=1,cp=2,mbs=1,recompute=none,zero=3",  # Megatron-FSDP: no pp (frameworks.yaml)
 ], 2)))
 def test_the_gain_split_adds_up_to_the_total(a: str, b: str) -> None:
     specs = build_specs(load_study(EIGHT_B))

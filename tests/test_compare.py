@@ -28,9 +28,9 @@ def run(*args: str) -> tuple[int, str, str]:
     return got.exit_code, got.stdout, got.stderr
 
 
-def rows(*techniques: str) -> dict[str, dict[str, Any]]:
+def rows(*techniques: str, base: str = BASE) -> dict[str, dict[str, Any]]:
     args = [a for t in techniques for a in ("--with", t)]
-    code, out, err = run("--base", BASE, *args, "--json")
+    code, out, err = run("--base", base, *args, "--json")
     assert code == 0, err
     return {r["technique"]: r for r in json.loads(out)["techniques"]}
 
@@ -60,7 +60,8 @@ def test_world_size_is_kept_and_said() -> None:
 
 
 def test_zero3_shards_weights_and_adds_gathers() -> None:
-    r = rows("zero=3")["zero=3"]
+    # Megatron-FSDP has no pipeline axis in megatron-core 0.16 (frameworks.yaml zero_stages_pp)
+    r = rows("zero=3", base=BASE.replace("pp=2", "pp=1"))["zero=3"]
     assert rel(r, "mem_weights_gib") < -0.5 and rel(r, "comm_gib") > 0
 
 

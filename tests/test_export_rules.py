@@ -97,7 +97,9 @@ def test_megatron_torch_fsdp2_needs_pp1_and_ep1() -> None:
     assert "not supported with pipeline parallelism" in refusal("megatron", pp, torch_fsdp)
     ep = with_plan(example("moe_ep"), zero_stage=3)
     assert "not supported with expert parallelism" in refusal("megatron", ep, torch_fsdp)
-    render("megatron", pp)  # Megatron-FSDP (the default) has no such restriction encoded
+    # Megatron-FSDP (the default) has no pipeline axis in megatron-core 0.16 either: the
+    # profile's zero_stages_pp (test_launcher_support)
+    assert "framework_zero: " in refusal("megatron", pp)
 
 
 def test_megatron_has_no_gpipe_and_moe_tp_needs_sequence_parallel() -> None:

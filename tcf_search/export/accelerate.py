@@ -1,8 +1,10 @@
 """Hugging Face Accelerate: an FSDP2 config with the ND-parallel ``parallelism_config`` (data
 replicate/shard, TP, CP), plus ``accelerate launch`` on every node.
 
-ZeRO maps to FSDP2 as in ``accelerate/commands/launch.py``: 3 reshards after forward, 1/2 keep
-parameters gathered (``fsdp_reshard_after_forward: false``); 0 is plain multi-GPU DDP. The config
+ZeRO maps to FSDP2 as in ``accelerate/commands/launch.py``: 3 reshards after forward, 2 keeps
+parameters gathered (``fsdp_reshard_after_forward: false``); 0 is plain multi-GPU DDP. FSDP2 has
+no optimizer-only sharding, so ZeRO-1 is refused by the table's ``framework_zero`` (the
+``accelerate`` profile's ``zero_stages``, as torchtitan's). The config
 has no model: the searched one is written beside it as a Hugging Face config.json (``hf_model``),
 whose folder the script gets as ``--model_config``.
 """
