@@ -8,6 +8,8 @@ broken rule raises ``ValueError``, which :func:`search.inputs.study.parse_study`
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
@@ -44,6 +46,30 @@ def _not_bool(value: Any) -> Any:
 
 
 Int = Annotated[int, Strict()]
+
+
+_EXPONENT = re.compile(r"[+]?\d+(\.\d*)?[eE][+-]?\d+")
+
+
+def _whole_number(value: Any) -> Any:
+    """A count written as a float (``4e6``, ``4.0e6``; YAML 1.1 reads ``4e6`` as text) is taken
+    when it is a whole number; ``4.5e6`` is refused with the rule."""
+    if isinstance(value, bool) or isinstance(value, int):
+        return value
+    number: float | None = None
+    if isinstance(value, float):
+        number = value
+    elif isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+        number = float(value)
+    if number is None:
+        return value
+    if not math.isfinite(number) or number != int(number):
+        raise ValueError(f"must be a whole number (got {value!r})")
+    return int(number)
+
+
+# a count that may be written in scientific notation (4e6 tokens)
+WholeInt = Annotated[int, Strict(), BeforeValidator(_whole_number)]
 Float = Annotated[float, BeforeValidator(_not_bool)]
 Bool = Annotated[bool, Strict()]
 Auto = Literal["auto"]
@@ -200,7 +226,7 @@ class ModelSection(_Section):
 class TrainingSection(_Section):
     seq_len: Int = Field(gt=0)
     global_batch: Int | None = Field(default=None, gt=0)  # sequences
-    global_batch_tokens: Int | None = Field(default=None, gt=0)
+    global_batch_tokens: WholeInt | None = Field(default=None, gt=0)
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     optimizer: Literal["adam", "sgd"] = "adam"
     # tokens, for time-to-train and GPU-hours
@@ -244,8 +270,11 @@ class TrainingSection(_Section):
         if (self.global_batch is None) == (self.global_batch_tokens is None):
             raise ValueError("give exactly one of global_batch (sequences) or global_batch_tokens")
         if self.global_batch_tokens is not None and self.global_batch_tokens % self.seq_len:
+            below = self.global_batch_tokens // self.seq_len * self.seq_len
+            nearest = ", ".join(f"{n:,}" for n in (below, below + self.seq_len) if n > 0)
             raise ValueError(f"global_batch_tokens % seq_len == 0 must hold "
-                             f"(got {self.global_batch_tokens} and {self.seq_len})")
+                             f"(got {self.global_batch_tokens} and {self.seq_len}; nearest "
+                             f"whole batches: {nearest})")
         return self
 
     @property
