@@ -8,8 +8,6 @@ broken rule raises ``ValueError``, which :func:`search.inputs.study.parse_study`
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal
@@ -28,6 +26,7 @@ from costmodel.recompute_modules import MODELLED, module_set
 from hardware_catalog import load_fabrics
 from hardware_catalog.frameworks import EXPORT_FORMATS, frameworks
 from search.inputs.presets import preset_names
+from search.inputs.yamlinput import whole_number
 
 # the quantile levels of the residual tables (search/uncertainty.py): 5%, 10%, ..., 95%; a
 # study's objective.risk lies within them
@@ -46,30 +45,8 @@ def _not_bool(value: Any) -> Any:
 
 
 Int = Annotated[int, Strict()]
-
-
-_EXPONENT = re.compile(r"[+]?\d+(\.\d*)?[eE][+-]?\d+")
-
-
-def _whole_number(value: Any) -> Any:
-    """A count written as a float (``4e6``, ``4.0e6``; YAML 1.1 reads ``4e6`` as text) is taken
-    when it is a whole number; ``4.5e6`` is refused with the rule."""
-    if isinstance(value, bool) or isinstance(value, int):
-        return value
-    number: float | None = None
-    if isinstance(value, float):
-        number = value
-    elif isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
-        number = float(value)
-    if number is None:
-        return value
-    if not math.isfinite(number) or number != int(number):
-        raise ValueError(f"must be a whole number (got {value!r})")
-    return int(number)
-
-
 # a count that may be written in scientific notation (4e6 tokens)
-WholeInt = Annotated[int, Strict(), BeforeValidator(_whole_number)]
+WholeInt = Annotated[int, Strict(), BeforeValidator(whole_number)]
 Float = Annotated[float, BeforeValidator(_not_bool)]
 Bool = Annotated[bool, Strict()]
 Auto = Literal["auto"]
