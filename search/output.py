@@ -229,7 +229,7 @@ def render(result: StudyResult, console: Console) -> None:
                       f"{reach if reach is not None else 'more than ' + str(result.trials)} "
                       f"trials")
     for note in result.notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {note}", markup=False, soft_wrap=True)
     for line in (result.baseline or {}).get("lines", []):
         console.print(line, markup=False, soft_wrap=True)
     console.print(f"results in {result.output_dir}")
