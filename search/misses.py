@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel import estimate
+from costmodel import SpecError, estimate
 from costmodel.result import GIB
 from search.inputs.specs import Specs
 from search.placement import STAGE_NAMES, stages_of
@@ -41,22 +41,40 @@ def nearest_misses(stage: MemoryStage, specs: Specs, headroom_gib: float,
                               stage_bytes(t, s, n[s], np.where(full, n[s], 0)), 0.0)
                      for s in STAGE_NAMES])
     ratio = need.max(axis=0) / (t.usable - headroom_gib * GIB)
-    return [_explain(stage, specs, int(bad[j]), headroom_gib)
-            for j in np.argsort(ratio, kind="stable")[:count]]
+    out: list[dict[str, Any]] = []
+    for j in np.argsort(ratio, kind="stable"):
+        if (miss := _explain(stage, specs, int(bad[j]), headroom_gib)) is not None:
+            out.append(miss)
+        if len(out) == count:
+            break
+    return out
 
 
 def _present(stage: str, pp: np.ndarray) -> np.ndarray:
     return np.asarray([stage in stages_of(int(p)) for p in pp])
 
 
-def _explain(stage: MemoryStage, specs: Specs, i: int, headroom_gib: float) -> dict[str, Any]:
+def _explain(stage: MemoryStage, specs: Specs, i: int, headroom_gib: float
+             ) -> dict[str, Any] | None:
+    """The layout's miss on its most even split, or None where no such plan is valid (its
+    chunks are launchable only on a split the CP-SAT stage would have chosen)."""
     row = {a: int(stage.cols[a][i]) for a in AXES}
     L, pp = specs.model.layers, row["pp"]
     n = {k: int(v[0]) for k, v in balanced(L, np.asarray([pp]), np.asarray([row["vpp"]])).items()}
     uneven = pp > 1 and not (n["first"] == n["last"] == n["middle"] and L % pp == 0)
-    plan = plan_from_row({**row, "first_stage_layers": n["first"] if uneven else 0,
-                          "last_stage_layers": n["last"] if uneven else 0})
-    est = estimate(specs.model, specs.cluster, plan, specs.training)
+    est = None
+    # the even split first; where its chunks are not launchable (126 layers on pp 2 with vpp 5:
+    # 63 a stage), the same layers pinned, which a framework with uneven chunks builds
+    for pinned in dict.fromkeys((uneven, pp > 1)):
+        plan = plan_from_row({**row, "first_stage_layers": n["first"] if pinned else 0,
+                              "last_stage_layers": n["last"] if pinned else 0})
+        try:
+            est = estimate(specs.model, specs.cluster, plan, specs.training)
+            break
+        except SpecError:
+            continue
+    if est is None:
+        return None
     peak = est.memory.peak
     usable = est.memory.usable_bytes / GIB - headroom_gib
     parts = {"activations": peak.activations_bytes, "weights": peak.weights_bytes,

@@ -123,7 +123,12 @@ def _no_layout(result: StudyResult, console: Console) -> None:
     """Why nothing ranks: the nearest misses in memory or, where no layout is even valid (none
     reaches the memory stage, so none is near), the rules that left none."""
     if result.near_misses:
-        console.print("[bold red]no feasible layout[/bold red]; nearest misses:")
+        near = result.near_misses[0]
+        over = near["needs_gib"] - near["usable_gib"]
+        console.print(f"[bold red]no feasible layout[/bold red]: no layout fits in memory; the "
+                      f"closest needs {near['needs_gib']:,.1f} GiB on its {near['stage']} stage, "
+                      f"{over:,.1f} GiB over the {near['usable_gib']:,.1f} GiB usable; nearest "
+                      f"misses:", soft_wrap=True)
         for miss in result.near_misses:
             plan = ", ".join(f"{k}={v}" for k, v in miss["plan"].items())
             console.print(f"  {plan}: {escape(miss['reason'])}")
@@ -224,7 +229,7 @@ def render(result: StudyResult, console: Console) -> None:
                       f"{reach if reach is not None else 'more than ' + str(result.trials)} "
                       f"trials")
     for note in result.notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {note}", markup=False, soft_wrap=True)
     for line in (result.baseline or {}).get("lines", []):
         console.print(line, markup=False, soft_wrap=True)
     console.print(f"results in {result.output_dir}")

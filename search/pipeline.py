@@ -17,6 +17,7 @@ import optuna
 
 from costmodel import Plan
 from search import optimize as opt
+from search.alternatives import batch_note, cp_note
 from search.baseline import baseline_doc, baseline_of
 from search.evaluate import Evaluation, Evaluator, Exhaustive
 from search.inputs.files import output_folder
@@ -69,6 +70,11 @@ def run_study(study: Study, options: RunOptions, *, export: ExportHook | None = 
     top = rank(ev, ostudy, exhaustive, study.search.top_k)
     result = summarize(study, ev, layouts, top, ostudy, exhaustive, search_info,
                        elapsed_s=time.perf_counter() - started, out_dir=options.out_dir)
+    found = float(top[0].predicted["tokens_per_s_per_gpu"]) if top else None
+    left_out = [n for n in (cp_note(study, specs, found),
+                            batch_note(study, specs, layouts, found)) if n]
+    if left_out:
+        result = dataclasses.replace(result, notes=[*result.notes, *left_out])
     if base is not None:
         result = dataclasses.replace(result, baseline=baseline_doc(
             specs, base[0], base[1], space=space, best=top[0].plan if top else None))

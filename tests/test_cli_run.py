@@ -194,3 +194,23 @@ def test_export_section_runs_the_export_hook(tmp_path: Path,
     code, _, err = run(capsys, str(study), "-o", str(tmp_path / "out"), "-q")
     assert code == 0, err
     assert any((tmp_path / "out" / "launch").rglob("*")), "the export wrote launcher files"
+
+
+def test_nothing_fits_names_the_closest_not_a_rule(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    # issue #38: 405B on 8 A100-40GB: the nearest misses included tp=4, pp=2, vpp=5, whose most
+    # even split (63 + 63 layers) makes no 5 chunks; explaining it raised the vpp_layers rule
+    # (exit 2) instead of saying that nothing fits and by how much
+    study = tmp_path / "405b.yaml"
+    study.write_text("name: big\nmodel: {preset: llama3.1-405b}\n"
+                     "training: {seq_len: 8192, global_batch: 64}\n"
+                     "cluster: {gpu: a100-sxm-40gb, gpus: 8}\n")
+    code, out, err = run(capsys, str(study), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    head = next(line for line in out.splitlines() if "no feasible layout" in line)
+    assert "no layout fits in memory; the closest needs " in head
+    assert "GiB over the 34.1 GiB usable" in head and "layers % (pp * vpp)" not in out
+    code, out, _ = run(capsys, str(study), "-o", str(tmp_path / "out2"), "--json")
+    misses = json.loads(out)["near_misses"]
+    assert len(misses) == 5 and any(m["plan"]["vpp"] > 1 for m in misses)
+    assert all(m["needs_gib"] > m["usable_gib"] for m in misses)

@@ -233,3 +233,25 @@ def test_hf_config_path_is_relative_to_the_study(tmp_path: Path) -> None:
     study.write_text(GOOD.replace("{preset: llama3-8b}", "{hf_config: m/config.json}"))
     assert build_specs(load_study(study)).model.layers == 2
 
+
+
+@pytest.mark.parametrize("written", ["4e6", "4.0e+6", "4000000.0", "4_000_000"])
+def test_global_batch_tokens_in_scientific_notation(written: str) -> None:
+    """Issue #38: ``4e6`` tokens (read by YAML 1.1 as text, ``4.0e+6`` as a float) is a whole
+    number of tokens: 4,000,000 = 1,000 sequences of 4,000."""
+    text = GOOD.replace("seq_len: 8192", "seq_len: 4000").replace(
+        "global_batch: 256", f"global_batch_tokens: {written}")
+    assert build_specs(parse_study(text)).training.global_batch == 1000
+
+
+@pytest.mark.parametrize("written, expected", [
+    ("4096.5", "training.global_batch_tokens: must be a whole number (got 4096.5)"),
+    ("4.5e6", "training: global_batch_tokens % seq_len == 0 must hold (got 4500000 and 8192; "
+              "nearest whole batches: 4,497,408, 4,505,600)"),
+    ("4e-3", "training.global_batch_tokens: must be a whole number"),
+])
+def test_global_batch_tokens_not_whole_is_refused(written: str, expected: str) -> None:
+    with pytest.raises(StudyError) as err:
+        parse_study(GOOD.replace("global_batch: 256", f"global_batch_tokens: {written}"))
+    assert str(err.value).startswith(expected), str(err.value)
+    assert "\n" not in str(err.value)

@@ -26,6 +26,7 @@ from costmodel.recompute_modules import MODELLED, module_set
 from hardware_catalog import load_fabrics
 from hardware_catalog.frameworks import EXPORT_FORMATS, frameworks
 from search.inputs.presets import preset_names
+from search.inputs.yamlinput import whole_number
 
 # the quantile levels of the residual tables (search/uncertainty.py): 5%, 10%, ..., 95%; a
 # study's objective.risk lies within them
@@ -44,6 +45,8 @@ def _not_bool(value: Any) -> Any:
 
 
 Int = Annotated[int, Strict()]
+# a count that may be written in scientific notation (4e6 tokens)
+WholeInt = Annotated[int, Strict(), BeforeValidator(whole_number)]
 Float = Annotated[float, BeforeValidator(_not_bool)]
 Bool = Annotated[bool, Strict()]
 Auto = Literal["auto"]
@@ -200,7 +203,7 @@ class ModelSection(_Section):
 class TrainingSection(_Section):
     seq_len: Int = Field(gt=0)
     global_batch: Int | None = Field(default=None, gt=0)  # sequences
-    global_batch_tokens: Int | None = Field(default=None, gt=0)
+    global_batch_tokens: WholeInt | None = Field(default=None, gt=0)
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     optimizer: Literal["adam", "sgd"] = "adam"
     # tokens, for time-to-train and GPU-hours
@@ -244,8 +247,11 @@ class TrainingSection(_Section):
         if (self.global_batch is None) == (self.global_batch_tokens is None):
             raise ValueError("give exactly one of global_batch (sequences) or global_batch_tokens")
         if self.global_batch_tokens is not None and self.global_batch_tokens % self.seq_len:
+            below = self.global_batch_tokens // self.seq_len * self.seq_len
+            nearest = ", ".join(f"{n:,}" for n in (below, below + self.seq_len) if n > 0)
             raise ValueError(f"global_batch_tokens % seq_len == 0 must hold "
-                             f"(got {self.global_batch_tokens} and {self.seq_len})")
+                             f"(got {self.global_batch_tokens} and {self.seq_len}; nearest "
+                             f"whole batches: {nearest})")
         return self
 
     @property

@@ -6,6 +6,7 @@ framework profile. Commands receive these specs; they never rebuild them."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,8 +23,11 @@ from hardware_catalog.frameworks import (
 )
 from search.inputs.hf_config import HfConfigError, load_hf_config
 from search.inputs.planfile import PlanFile, PlanFileError
+from search.inputs.plausible import model_shape, override_warnings
 from search.inputs.presets import get_preset
 from search.inputs.study import MAX_LAYERS, ClusterSection, Study, StudyError
+
+LOG = logging.getLogger("tcf_search")
 
 
 def build_model(study: Study) -> ModelSpec:
@@ -163,6 +167,11 @@ def build_specs(study: Study) -> Specs:
     except SpecError as exc:
         raise StudyError(f"study: {exc}") from None
     model = build_model(study)
+    source = next(k for k in ("preset", "architecture", "hf_config")
+                  if getattr(study.model, k) is not None)
+    for line in (model_shape(model, t.framework, f"model.{source}")
+                 + override_warnings(study.cluster.overrides)):
+        LOG.warning("warning: %s", line)
     if t.recompute_modules is not None:
         _check_modules(model, training, t.framework)
     if (searched := study.search_space.recompute_modules) is not None:

@@ -13,6 +13,8 @@ characters, and never the whole of a large value (``reprlib`` with bounds).
 
 from __future__ import annotations
 
+import math
+import re
 import reprlib
 from itertools import islice
 from typing import Any
@@ -129,3 +131,24 @@ def shown(value: Any, limit: int = 60) -> str:
     value is abbreviated before it is written out, so the cost never grows with its size."""
     text = repr(value) if _small(value) else _BOUNDED.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_EXPONENT = re.compile(r"[+]?\d+(\.\d*)?[eE][+-]?\d+")
+
+
+def whole_number(value: Any) -> Any:
+    """A count written as a float (``4e6``, ``4.0e6``; YAML 1.1 reads ``4e6`` as text) is taken
+    when it is a whole number; ``4096.5`` is refused with the rule (pydantic's lax int would
+    accept neither the text nor, from a float, say which rule)."""
+    if isinstance(value, bool) or isinstance(value, int):
+        return value
+    number: float | None = None
+    if isinstance(value, float):
+        number = value
+    elif isinstance(value, str) and _EXPONENT.fullmatch(value.strip()):
+        number = float(value)
+    if number is None:
+        return value
+    if not math.isfinite(number) or number != int(number):
+        raise ValueError(f"must be a whole number (got {value!r})")
+    return int(number)
