@@ -172,8 +172,11 @@ def layout_heatmap(data: ResultData) -> Figure | None:
         return None
     tps = sorted({c.tp for c in cells})
     pps = sorted({c.pp for c in cells})
-    best: dict[tuple[int, int], float] = {}
-    for trial in _complete(data.trials):
+    # each cell's own best plan (search.pipeline.cells); older results: the best trial there
+    best: dict[tuple[int, int], float] = {
+        (c.tp, c.pp): c.best_tokens_per_s_per_gpu for c in cells
+        if c.best_tokens_per_s_per_gpu is not None}
+    for trial in [] if best else _complete(data.trials):
         if trial.tp is None or trial.pp is None or trial.tokens_per_s_per_gpu is None:
             continue
         key = (trial.tp, trial.pp)
