@@ -32,10 +32,12 @@ UNTRIED_COLOUR = "#f2f2f2"
 
 def plan_label(plan: PlanRow) -> str:
     rec = {"none": "", "selective": " sel", "full": " full"}[plan.recompute]
-    extra = "".join(f" {k}{getattr(plan, k)}" for k in ("cp", "ep", "vpp")
-                    if getattr(plan, k) > 1)
-    return (f"tp{plan.tp} pp{plan.pp} dp{plan.dp}{extra}\n"
-            f"mbs{plan.micro_batch} z{plan.zero_stage}{rec}")
+    extra = " ".join(f"{k}{getattr(plan, k)}" for k in ("ep", "vpp") if getattr(plan, k) > 1)
+    cp = f" cp{plan.cp}" if plan.cp > 1 else ""
+    # short lines: one long line per plan overlapped its neighbours' (issue #38)
+    lines = [f"tp{plan.tp} pp{plan.pp}", f"dp{plan.dp}{cp}", extra,
+             f"mbs{plan.micro_batch} z{plan.zero_stage}{rec}"]
+    return "\n".join(x for x in lines if x)
 
 
 def _top_labels(data: ResultData) -> list[str]:
