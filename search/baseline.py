@@ -36,6 +36,7 @@ from search.prune import memory_stage
 from search.space import AXES, SearchSpace, exclusions, plan_columns, plan_from_row
 
 GIB = 2**30
+SEARCHED_BEST = "the best"  # the label of versus() when the plan is the search's best
 COMPUTE_PARTS = ("compute", "bubble", "optimizer", "other")  # the compute challenge's time
 
 
@@ -103,7 +104,7 @@ def _memory_line(b: dict[str, Any], p: dict[str, Any], changes: list[str]) -> st
     return f"{head}; {verb} {', '.join(changes)}"
 
 
-def versus(specs: Specs, base: Plan, plan: Plan, label: str = "the best") -> dict[str, Any]:
+def versus(specs: Specs, base: Plan, plan: Plan, label: str = SEARCHED_BEST) -> dict[str, Any]:
     """``plan`` against the baseline ``base``: both plans' figures and the gain in tokens/s
     split by challenge (the parts add up to the total; see the module docstring)."""
     b = figures(estimate(specs.model, specs.cluster, base, specs.training), specs.headroom_gib)
@@ -146,9 +147,11 @@ def searched_layout(specs: Specs, space: SearchSpace, plan: Plan) -> dict[str, A
 
 
 def baseline_doc(specs: Specs, plan: Plan, origin: str, *, space: SearchSpace | None = None,
-                 best: Plan | None = None, label: str = "the best") -> dict[str, Any]:
+                 best: Plan | None = None, label: str = SEARCHED_BEST) -> dict[str, Any]:
     """The baseline's document: its plan, where it came from, whether the space holds it (and
-    what excludes it), its figures, and ``best`` against it; ``lines`` says it in words."""
+    what excludes it), its figures, and ``best`` against it; ``lines`` says it in words.
+    ``label`` names ``best``: :data:`SEARCHED_BEST` only when it is the search's best plan
+    (else e.g. "the base", "this plan"), which alone lets the lines speak of the search."""
     e = estimate(specs.model, specs.cluster, plan, specs.training)
     doc: dict[str, Any] = {"plan": plan_dict(plan), "plan_text": format_plan(plan),
                            "origin": origin, "figures": figures(e, specs.headroom_gib)}
@@ -157,7 +160,8 @@ def baseline_doc(specs: Specs, plan: Plan, origin: str, *, space: SearchSpace | 
         doc["in_space"] = not doc["excluded_by"]
     if best is not None:
         doc["versus"] = versus(specs, plan, best, label)
-        if space is not None and doc["in_space"] and doc["versus"]["gain"]["total"] < -5e-4:
+        if (space is not None and doc["in_space"] and label == SEARCHED_BEST
+                and doc["versus"]["gain"]["total"] < -5e-4):
             doc["searched"] = searched_layout(specs, space, plan)
     doc["lines"] = baseline_lines(doc, specs.headroom_gib)
     return doc
@@ -182,10 +186,25 @@ def baseline_lines(doc: dict[str, Any], headroom_gib: float = 0.0) -> list[str]:
     v = doc.get("versus")
     if v is not None:
         lines.append(f"  {v['summary']}")
-        if v["gain"]["total"] < -5e-4 and doc.get("in_space") and f["within_headroom"]:
-            lines.append(f"  the baseline beats the search's best, though the space holds it: "
-                         f"{_why_beaten(doc.get('searched', {}), f['tokens_per_s_per_gpu'])}")
+        if v["gain"]["total"] < -5e-4:
+            lines += _beaten_lines(doc, v)
     return lines
+
+
+def _beaten_lines(doc: dict[str, Any], v: dict[str, Any]) -> list[str]:
+    """What it means that the baseline beats the plan set beside it. Only the search's best
+    (``label`` "the best") says anything about the search: a plan the user chose (compare's
+    ``--base``, explain of another rank) beaten by the baseline is the user's plan losing."""
+    f, label = doc["figures"], v["label"]
+    faster = f"{-v['gain']['total'] / (1 + v['gain']['total']):+.1%}"
+    if label != SEARCHED_BEST:
+        return [f"  the baseline beats {label} ({f['tokens_per_s_per_gpu']:,.0f} vs "
+                f"{v['figures']['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, {faster}); "
+                f"{label} is not the search's best, so this says nothing of the search"]
+    if doc.get("in_space") and f["within_headroom"]:
+        return [f"  the baseline beats the search's best, though the space holds it: "
+                f"{_why_beaten(doc.get('searched', {}), f['tokens_per_s_per_gpu'])}"]
+    return []
 
 
 def _why_beaten(searched: dict[str, Any] | None, tps: float) -> str:

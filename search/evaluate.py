@@ -36,6 +36,8 @@ from search.storage import SearchError
 from search.uncertainty import interval, p_oom, plan_regime, uncertainty_metrics
 
 OUTER_AXES = ("tp", "pp", "cp", "ep")
+# the most feasible layouts judged all at once for the heat map's cells (~1 s per 25,000)
+CELL_JUDGE_MAX = 200_000
 # what the memory stage decides beyond the axes: the split, the layers recomputed, offloaded
 PLACED = ("first_stage_layers", "last_stage_layers", "recompute_layers", "cpu_offload_layers")
 # How much one ordinal step along an axis costs when repairing a sample: parallel degrees first.
@@ -214,6 +216,25 @@ class Evaluator:
                              if name == "tokens_per_s" and "tokens_per_s_at_risk" in m
                              else m[OBJECTIVES[name][0]]) for name in self.metric_names)
         return Evaluation(unit=unit, plan=plan, metrics=m, values=values, candidates=candidates)
+
+    def cell_best(self) -> dict[tuple[int, int], tuple[float, Plan]]:
+        """Per (tp, pp): the best plan of the cell by the primary objective, every feasible
+        layout placed and judged as ``exhaustive`` does (the heat map's cells: the best plan
+        there, not the best trial the sampler happened to take); its tokens/s per GPU. Empty
+        past :data:`CELL_JUDGE_MAX` feasible layouts (the report then reads the trials)."""
+        if not 0 < len(self.feasible) <= CELL_JUDGE_MAX:
+            return {}
+        cols, out = self._judge_many(self.feasible)
+        tps = np.asarray(out["tokens_per_s_per_gpu"], dtype=float)
+        keys = (*AXES, *PLACED)
+        best: dict[tuple[int, int], tuple[float, Plan]] = {}
+        seen: set[tuple[int, int]] = set()
+        for k in self._rank(out).tolist():  # best first: the first of each cell is its best
+            cell = (int(cols["tp"][k]), int(cols["pp"][k]))
+            if cell not in seen:
+                seen.add(cell)
+                best[cell] = (float(tps[k]), plan_from_row({a: int(cols[a][k]) for a in keys}))
+        return best
 
     def exhaustive(self, top_k: int) -> Exhaustive:
         """Every feasible layout placed (vectorised twin of the CP-SAT model) and judged."""

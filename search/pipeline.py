@@ -22,6 +22,7 @@ from search.baseline import baseline_doc, baseline_of
 from search.evaluate import Evaluation, Evaluator, Exhaustive
 from search.inputs.files import output_folder
 from search.inputs.planfile import plan_dict
+from search.inputs.planspec import format_plan
 from search.inputs.presets import APPROXIMATIONS
 from search.inputs.specs import Specs, build_specs
 from search.inputs.study import ExportSection, Study
@@ -100,7 +101,7 @@ def summarize(study: Study, ev: Evaluator, layouts: Layouts, top: list[RankedPla
         pruned_by={**layouts.pruned_by, "memory": int((~stage.feasible).sum())},
         rules={r.name: r.text for r in stage.space.rules},
         near_misses=nearest_misses(stage, specs, headroom) if not top else [],
-        cells=cells(layouts, stage.feasible, top),
+        cells=cells(layouts, stage.feasible, top, ev.cell_best()),
         top=top, trials=opt.completed(ostudy) if ostudy else 0, search=search_info,
         placement={"cpsat_solves": stage.solves,
                    "uneven_in_top": sum(bool(p.plan.first_stage_layers) for p in top),
@@ -275,8 +276,13 @@ def optimum(ev: Evaluator, ex: Exhaustive, ostudy: optuna.Study | None) -> dict[
             "optuna_best": found, "regret": regret, "trials_to_99pct": reach}
 
 
-def cells(layouts: Layouts, feasible: np.ndarray, top: list[RankedPlan]) -> list[dict[str, Any]]:
-    """Per (tp, pp): valid and feasible layouts, what pruned the rest, the best plan found."""
+def cells(layouts: Layouts, feasible: np.ndarray, top: list[RankedPlan],
+          cell_best: dict[tuple[int, int], tuple[float, Plan]] | None = None
+          ) -> list[dict[str, Any]]:
+    """Per (tp, pp): valid and feasible layouts, what pruned the rest, the best plan found in
+    the top, and (``cell_best``: ``Evaluator.cell_best``) the cell's own best plan and its
+    tokens/s per GPU, which the heat map shows."""
+    cell_best = cell_best or {}
     tp, pp = layouts.columns["tp"], layouts.columns["pp"]
     keys = set(layouts.cell_pruned) | set(zip(tp.tolist(), pp.tolist(), strict=True))
     best: dict[tuple[int, int], float] = {}
@@ -292,6 +298,9 @@ def cells(layouts: Layouts, feasible: np.ndarray, top: list[RankedPlan]) -> list
         out.append({"tp": t, "pp": p, "valid": int(sel.sum()),
                     "feasible": int((sel & feasible).sum()), "pruned_by": pruned,
                     "best_in_top": best.get((t, p))})
+        if (t, p) in cell_best:
+            tps, plan = cell_best[(t, p)]
+            out[-1].update(best_tokens_per_s_per_gpu=tps, best_plan=format_plan(plan))
     return out
 
 

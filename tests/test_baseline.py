@@ -147,6 +147,27 @@ def test_a_baseline_that_does_not_fit_is_said(capsys: pytest.CaptureFixture[str]
     assert "the baseline does not fit in memory" in b["versus"]["summary"]
 
 
+SEVENTY_B = ROOT / "studies" / "llama3-70b-h100x1024.yaml"
+
+
+def test_compare_base_beaten_by_the_baseline_speaks_of_the_base_not_the_search(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # issue #38: the study baseline (tp=4,pp=4,cp=2,vpp=5) beats the user's --base, not the
+    # search's best; the old line said the search had not converged
+    code, out, err = run(capsys, "compare", str(SEVENTY_B), "--base",
+                         "tp=8,pp=4,mbs=1,zero=1,sp=true", "--with", "recompute=full",
+                         "--with", "pp=8", "--json")
+    assert code == 0, err
+    b = json.loads(out)["baseline"]
+    assert b["in_space"] and b["versus"]["gain"]["total"] < 0  # the baseline is faster
+    text = " ".join(b["lines"])
+    assert "search's best" not in text.replace("is not the search's best", "")
+    assert "not converged" not in text and "searched" not in b
+    line = next(x for x in b["lines"] if "beats" in x)
+    assert line.strip().startswith("the baseline beats the base (")
+    assert f"{b['figures']['tokens_per_s_per_gpu']:,.0f} vs " in line
+
+
 def test_explain_of_the_best_compare_and_report(finished: tuple[Path, Path, dict],
                                                tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:

@@ -19,6 +19,7 @@ th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right} th{backgrou
 td.l,th.l{text-align:left} figure{margin:12px 0} figure img{max-width:100%;height:auto}
 figcaption{font-size:12px;color:#555} .note{background:#fff6e0;padding:6px 10px;font-size:13px}
 pre.explain{background:#fafafa;border:1px solid #eee;padding:10px;overflow-x:auto}
+table{max-width:100%} td.plan{text-align:left;overflow-wrap:anywhere;max-width:420px}
 """)
 
 CAPTIONS = {
@@ -79,9 +80,13 @@ def _baseline_table(data: ResultData) -> Html:
     b = data.baseline
     assert b is not None
     v = b.versus
-    head = html("<tr><th class=l></th><th>baseline {}</th>{}</tr>", b.plan_text,
-                html("<th>{} {}</th>", v.label, v.plan_text) if v else "")
-    rows = [html("<tr><td class=l>{}</td><td>{}</td>{}</tr>", label,
+    # short headers, the plans in a row of their own that wraps: a plan string as a column
+    # header set the table wider than the page (issue #38)
+    head = html("<tr><th class=l></th><th>baseline</th>{}</tr>",
+                html("<th>{}</th>", v.label) if v else "")
+    rows = [html("<tr><td class=l>plan</td><td class=plan>{}</td>{}</tr>", b.plan_text,
+                 html("<td class=plan>{}</td>", v.plan_text) if v else "")]
+    rows += [html("<tr><td class=l>{}</td><td>{}</td>{}</tr>", label,
                  _figure(b.figures, key, fmt),
                  html("<td>{}</td>", _figure(v.figures, key, fmt)) if v else "")
             for label, key, fmt in BASELINE_ROWS]

@@ -32,10 +32,12 @@ UNTRIED_COLOUR = "#f2f2f2"
 
 def plan_label(plan: PlanRow) -> str:
     rec = {"none": "", "selective": " sel", "full": " full"}[plan.recompute]
-    extra = "".join(f" {k}{getattr(plan, k)}" for k in ("cp", "ep", "vpp")
-                    if getattr(plan, k) > 1)
-    return (f"tp{plan.tp} pp{plan.pp} dp{plan.dp}{extra}\n"
-            f"mbs{plan.micro_batch} z{plan.zero_stage}{rec}")
+    extra = " ".join(f"{k}{getattr(plan, k)}" for k in ("ep", "vpp") if getattr(plan, k) > 1)
+    cp = f" cp{plan.cp}" if plan.cp > 1 else ""
+    # short lines: one long line per plan overlapped its neighbours' (issue #38)
+    lines = [f"tp{plan.tp} pp{plan.pp}", f"dp{plan.dp}{cp}", extra,
+             f"mbs{plan.micro_batch} z{plan.zero_stage}{rec}"]
+    return "\n".join(x for x in lines if x)
 
 
 def _top_labels(data: ResultData) -> list[str]:
@@ -172,8 +174,11 @@ def layout_heatmap(data: ResultData) -> Figure | None:
         return None
     tps = sorted({c.tp for c in cells})
     pps = sorted({c.pp for c in cells})
-    best: dict[tuple[int, int], float] = {}
-    for trial in _complete(data.trials):
+    # each cell's own best plan (search.pipeline.cells); older results: the best trial there
+    best: dict[tuple[int, int], float] = {
+        (c.tp, c.pp): c.best_tokens_per_s_per_gpu for c in cells
+        if c.best_tokens_per_s_per_gpu is not None}
+    for trial in [] if best else _complete(data.trials):
         if trial.tp is None or trial.pp is None or trial.tokens_per_s_per_gpu is None:
             continue
         key = (trial.tp, trial.pp)

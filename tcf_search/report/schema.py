@@ -201,6 +201,9 @@ class Cell(_Doc):
     feasible: Count
     pruned_by: dict[Name, Count] = {}
     best_in_top: Quantity | None = None
+    # the cell's own best plan, every feasible layout judged (absent in older results)
+    best_tokens_per_s_per_gpu: Quantity | None = None
+    best_plan: Text | None = None
 
 
 class Cluster(_Doc):
