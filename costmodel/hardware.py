@@ -103,7 +103,8 @@ class GpuSpec:
     family: str = ""  # calibration family: ampere, hopper, blackwell, ada, cdna3
     peak_flops_bf16: float
     peak_flops_fp16: float
-    peak_flops_fp8: float
+    # 0: no FP8 tensor cores (A100): the GPU does not offer fp8 (``precisions``)
+    peak_flops_fp8: float = 0.0
     hbm_bytes: float
     hbm_bw_bytes_per_s: float
     intra_node_bw_bytes_per_s: float
@@ -124,7 +125,7 @@ class GpuSpec:
 
     def __post_init__(self) -> None:
         require_positive(f"gpu[{self.id}]", peak_flops_bf16=self.peak_flops_bf16,
-                  peak_flops_fp16=self.peak_flops_fp16, peak_flops_fp8=self.peak_flops_fp8,
+                  peak_flops_fp16=self.peak_flops_fp16,
                   hbm_bytes=self.hbm_bytes, hbm_bw_bytes_per_s=self.hbm_bw_bytes_per_s,
                   intra_node_bw_bytes_per_s=self.intra_node_bw_bytes_per_s,
                   intra_node_domain_size=self.intra_node_domain_size,
@@ -135,8 +136,8 @@ class GpuSpec:
             if not isinstance(getattr(self, key), str):
                 raise SpecError(f"gpu.{key} must be text, but got {getattr(self, key)!r}")
         # reserve >= hbm is legal (then nothing fits); a host link of 0: none catalogued
-        for key in ("memory_reserve_bytes", "host_link_bw_bytes_per_s", "host_memory_bytes",
-                    "host_link_network_share"):
+        for key in ("peak_flops_fp8", "memory_reserve_bytes", "host_link_bw_bytes_per_s",
+                    "host_memory_bytes", "host_link_network_share"):
             value = getattr(self, key)
             if (not isinstance(value, numbers.Real) or isinstance(value, bool)
                     or not 0 <= float(value) < 1e30):
@@ -146,7 +147,20 @@ class GpuSpec:
             raise SpecError(f"gpu[{self.id}].host_link_network_share must be in [0, 1], but got "
                             f"host_link_network_share={self.host_link_network_share!r}")
 
+    @property
+    def precisions(self) -> tuple[str, ...]:
+        """The training precisions the GPU's tensor cores offer: fp8 only where the catalog
+        gives an FP8 peak (Transformer Engine refuses FP8 below SM 8.9, so A100 has none)."""
+        return ("bf16", "fp16") + (("fp8",) if self.peak_flops_fp8 > 0 else ())
+
+    def check_precision(self, precision: str) -> None:
+        """One line naming the GPU, the precision asked and those it offers, where it lacks it."""
+        if precision not in self.precisions:
+            raise SpecError(f"training.precision: {self.id} has no {precision} tensor cores "
+                            f"(it offers {', '.join(self.precisions)}), but got {precision!r}")
+
     def peak_flops(self, precision: str) -> float:
+        self.check_precision(precision)
         return {"bf16": self.peak_flops_bf16, "fp16": self.peak_flops_fp16,
                 "fp8": self.peak_flops_fp8}[precision]
 

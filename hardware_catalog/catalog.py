@@ -37,8 +37,9 @@ NUMERIC_FIELDS: tuple[str, ...] = tuple(
 )
 _INT_FIELDS = frozenset({"intra_node_domain_size"})
 # what a SKU may leave out: the host link and host memory (0: nothing offloads to the host)
+# and an FP8 peak (absent: no FP8 tensor cores, as on A100; GpuSpec.precisions)
 OPTIONAL_FIELDS = frozenset({"host_link_bw_bytes_per_s", "host_memory_bytes",
-                             "host_link_network_share"})
+                             "host_link_network_share", "peak_flops_fp8"})
 _ENTRY_KEYS = frozenset({"value", "value_gib", "source", "note"})
 EFFICIENCY_FIELDS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(Efficiency) if f.name != "source"

@@ -97,3 +97,42 @@ def test_fsdp2_launchers_refuse_zero1_by_one_rule(fmt: str) -> None:
 def test_accelerate_profile_is_the_search_s_too() -> None:
     assert verdict("accelerate", Plan(tp=1, pp=1, dp=48, zero_stage=1)) == ["framework_zero"]
     assert verdict("accelerate", Plan(tp=1, pp=1, dp=48, zero_stage=2)) == []
+
+
+# --- precisions a GPU offers (issue #38) -------------------------------------------------------
+
+def test_a100_offers_no_fp8_and_hopper_does() -> None:
+    from hardware_catalog import get_gpu
+
+    assert get_gpu("a100-sxm-80gb").precisions == ("bf16", "fp16")
+    assert get_gpu("a100-sxm-40gb").precisions == ("bf16", "fp16")
+    for sku in ("h100-sxm-80gb", "h200-sxm-141gb", "b200-180gb", "gb200-nvl72", "l40s", "mi300x"):
+        assert "fp8" in get_gpu(sku).precisions, sku
+
+
+def test_fp8_on_a100_is_one_error_line(tmp_path) -> None:
+    from clirunner import cli, one_line_error
+
+    study = tmp_path / "a100fp8.yaml"
+    study.write_text("model: {preset: llama3-8b}\n"
+                     "training: {seq_len: 4096, global_batch: 64, precision: fp8}\n"
+                     "cluster: {gpu: a100-sxm-80gb, nodes: 2}\n")
+    code, _, err = cli("run", str(study), "-o", str(tmp_path / "out"))
+    one_line_error(code, err, "training.precision", "a100-sxm-80gb", "fp8", "bf16, fp16")
+
+
+def test_predict_refuses_fp8_on_a100_in_pred_error(tmp_path) -> None:
+    import pandas as pd
+
+    from tcf_search.calibration.predict import predict_csv
+
+    src = tmp_path / "rows.csv"
+    src.write_text(
+        "case_id,model_name,layers,hidden,ffn_hidden,heads,kv_heads,vocab,seq_len,ffn_type,"
+        "tied_embeddings,gpu,gpus_per_node,num_gpus,tp,pp,vpp,cp,ep,dp,zero_stage,micro_batch,"
+        "global_batch,recompute,sequence_parallel,precision,framework\n"
+        "a,l,32,4096,14336,32,8,128256,4096,swiglu,false,a100-sxm-80gb,8,16,1,1,1,1,1,16,1,1,64,"
+        "none,false,fp8,megatron\n")
+    row = predict_csv(src, tmp_path / "out.csv").iloc[0]
+    assert "precision: a100-sxm-80gb has no fp8 tensor cores" in row["pred_error"]
+    assert pd.isna(row["pred_tokens_per_sec_per_gpu"])

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from costmodel.errors import TcfError
+from costmodel.errors import SpecError, TcfError
 from costmodel.mapping import counted_split
 from costmodel.mla import MLA_FIELDS, MlaError, MlaSpec
 from costmodel.plan_fields import PLAN_FIELDS, PLAN_KEYS, PlanField
@@ -198,6 +198,10 @@ def case_from_row(row: Mapping[str, object]) -> Case:
         raise CaseError(f"fabric: {e}") from None
     framework = resolve_framework(_cell(row, "framework"), _cell(row, "source"))
     precision = _cell(row, "precision") or "bf16"
+    try:
+        gpu.check_precision(precision)
+    except SpecError as e:
+        raise CaseError(f"precision: {str(e).removeprefix('training.precision: ')}") from None
     # what the framework's recipes, and the release the row names, ran where a cell is empty
     defaults = row_defaults(framework, precision, _cell(row, "source"),
                             _cell(row, "source_detail"))

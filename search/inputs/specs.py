@@ -164,6 +164,7 @@ def build_specs(study: Study) -> Specs:
                                  compile=bool(t.compile), switches=switches)
         cluster = cluster_spec(build_gpu(study.cluster), study.cluster.num_gpus,
                                study.cluster.gpus_per_node, study.cluster.fabric or "")
+        cluster.gpu.check_precision(training.precision)
     except SpecError as exc:
         raise StudyError(f"study: {exc}") from None
     model = build_model(study)
@@ -230,4 +231,8 @@ def plan_file_specs(pf: PlanFile, gpu: GpuSpec | None = None) -> Specs:
         cluster = cluster_spec(gpu, pf.num_gpus, pf.gpus_per_node, pf.fabric)
     except CatalogError as exc:
         raise PlanFileError(f"cluster.fabric: {exc}") from None
+    try:
+        gpu.check_precision(pf.training.precision)
+    except SpecError as exc:
+        raise PlanFileError(str(exc)) from None
     return Specs(model=pf.model, cluster=cluster, training=pf.training, framework=pf.framework)
