@@ -246,11 +246,15 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
             f"override cannot change a config's class), but the model has mla="
             f"{pf.model.mla} and the recipe is {recipe}"])
     o = overrides(pf, f, options) | graph_overrides(pf)
+    # the overlap runs only at TP > 1 with SP (NeMo's callback turns it off elsewhere)
+    overlap = pf.training.framework.tp.tp_comm_overlap and f.tp > 1 and f.sp
     if has_comm_overlap:
-        o["comm_overlap.tp_comm_overlap"] = pf.training.framework.tp.tp_comm_overlap
-    elif pf.training.framework.tp.tp_comm_overlap:
+        o["comm_overlap.tp_comm_overlap"] = overlap
+    elif overlap:
         raise ExportRefused("nemo", [f"recipe {recipe} has no comm_overlap section, so "
-                                     "tp_comm_overlap=true cannot be set by an override"])
+                                     "tp_comm_overlap=true cannot be set by an override (a "
+                                     "study with training.tp_comm_overlap: false plans it "
+                                     "without the overlap)"])
     groups: list[Group] = [("--recipe", recipe)]
     groups += [(f"{k}={_value(v)}",) for k, v in o.items()]
     body = command([*torchrun_head(f, options.master_port), options.nemo_script], groups)

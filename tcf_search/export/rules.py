@@ -112,10 +112,14 @@ MEGATRON_ROPE: tuple[AnyRule, ...] = (
 
 # MoE under TP without sequence parallelism is the table's moe_tp_sp (COMMON, the profile's
 # moe_tp_sequence_parallel switch)
+# NeMo's MegatronCommOverlapCallback switches the overlap off itself where SP is off or TP < 2
+# (nemo/lightning/pytorch/callbacks/megatron_comm_overlap.py): Megatron-LM's flag refuses it
+TP_OVERLAP_NEEDS_SP = Rule(
+    lambda f: not f.tp_comm_overlap or f.sp,
+    "--tp-comm-overlap requires sequence parallelism, but got sequence_parallel={sp}",
+    "megatron/training/arguments.py validate_args")
 MEGATRON: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
-    Rule(lambda f: not f.tp_comm_overlap or f.sp,
-         "--tp-comm-overlap requires sequence parallelism, but got sequence_parallel={sp}",
-         "megatron/training/arguments.py validate_args"),
+    TP_OVERLAP_NEEDS_SP,
     Rule(lambda f: not (f.zero == 2 and f.fsdp_impl == "torch"),
          "--use-torch-fsdp2 always shards parameters (ZeRO-3); Megatron has no torch-FSDP "
          "ZeRO-2, but got zero_stage=2 with fsdp_impl=torch (use fsdp_impl=megatron)",
@@ -146,7 +150,8 @@ MEGATRON: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
 
 # Megatron-Bridge (NeMo) builds the same Megatron-Core configs, so it inherits the same checks,
 # except that YaRN's correction range is a field of the DeepSeek provider (nemo.latent_overrides)
-NEMO: tuple[AnyRule, ...] = tuple(r for r in MEGATRON if r is not MEGATRON_ROPE[1]) + (
+NEMO: tuple[AnyRule, ...] = tuple(r for r in MEGATRON
+                                  if r is not MEGATRON_ROPE[1] and r is not TP_OVERLAP_NEEDS_SP) + (
     Rule(lambda f: _scaling(f.model) != "yarn" or f.model.mla is not None,
          "YaRN is MLA's rope_type (the DeepSeek providers), but the model has no latent "
          "attention", "megatron/core/transformer/transformer_config.py MLATransformerConfig"),
