@@ -78,7 +78,7 @@ def test_host_memory_bounds_what_may_be_offloaded() -> None:
 
 
 @pytest.mark.parametrize(("plan", "framework", "gpu"), [
-    (_plan(10, pp=2, dp=32), "megatron", "gb200-nvl72"),  # no pipeline parallelism
+    (_plan(10, pp=2, dp=32, zero_stage=1), "megatron", "gb200-nvl72"),  # no pipeline parallelism
     (_plan(10, recompute="full"), "megatron", "gb200-nvl72"),  # no recompute
     (_plan(10, recompute="selective"), "megatron", "gb200-nvl72"),
     (_plan(80), "megatron", "gb200-nvl72"),  # fewer than num_layers

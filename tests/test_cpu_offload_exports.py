@@ -34,7 +34,10 @@ def offload_plan(framework: str = "megatron", n: int = N, **plan: Any) -> PlanFi
     fields: dict[str, Any] = {"tp": 2, "pp": 1, "dp": 4, "zero_stage": 1,
                                  "sequence_parallel": True, "recompute": "none",
                                  "cpu_offload_layers": n, **plan}
-    return plan_file("llama3.1-8b", Plan(**fields), 8, 64, framework=framework)
+    pf = plan_file("llama3.1-8b", Plan(**fields), 8, 64, framework=framework)
+    if framework == "nemo":  # the 8B recipe has no comm_overlap section: NeMo's TP overlap off
+        pf = dataclasses.replace(pf, training=pf.training.with_switches(tp_comm_overlap=False))
+    return pf
 
 
 @pytest.fixture(scope="module")
@@ -95,10 +98,7 @@ def test_megatron_refuses_offloading_beside_cuda_graphs() -> None:
 
 
 def test_nemo_overrides_carry_offloading() -> None:
-    # the 8B recipe has no comm_overlap section: NeMo's TP overlap (its profile's default) off
-    pf = offload_plan(framework="nemo")
-    pf = dataclasses.replace(pf, training=pf.training.with_switches(tp_comm_overlap=False))
-    files = render("nemo", pf)
+    files = render("nemo", offload_plan(framework="nemo"))
     o = nemo_overrides(files)
     assert {k: o[k] for k in o if k.startswith("model.cpu_offloading")} == {
         "model.cpu_offloading": "true", "model.cpu_offloading_num_layers": str(N),
@@ -122,7 +122,9 @@ def test_no_offload_no_flag() -> None:
 @pytest.mark.parametrize("fmt", ["deepspeed", "accelerate", "nanotron"])
 def test_launchers_without_offloading_refuse_naming_the_field(fmt: str) -> None:
     """A plan each format exports without offloading is refused with it, for that one reason."""
-    plain = {"tp": 1, "dp": 8, "sequence_parallel": False}
+    # Accelerate's FSDP2 has no optimizer-only sharding (ZeRO-1): its plain plan shards all
+    plain = {"tp": 1, "dp": 8, "sequence_parallel": False,
+             "zero_stage": 3 if fmt == "accelerate" else 1}
     pf = offload_plan(fmt if fmt != "accelerate" else "megatron", n=0, **plain)
     if fmt == "nanotron":  # nanotron's Llama never reads rope_scaling (rules.NANOTRON)
         pf = dataclasses.replace(pf, model=dataclasses.replace(pf.model, rope_scaling=None))

@@ -399,7 +399,7 @@ def test_the_run_table_and_metrics_name_the_groups_on_the_network(tmp_path: Path
     assert code == 0, err
     page = (tmp_path / "r.html").read_text()
     assert "<th class=l>net</th>" in page
-    assert "<td class=l>pp</td>" in page and "<td class=l>dp</td>" in page
+    assert "<td class=l>pp</td>" in page and "<td class=l>dp</td>" in page  # one group each
 
 
 def test_explain_shows_the_placement_and_every_hop(tmp_path: Path) -> None:

@@ -7,10 +7,10 @@ import logging
 from pathlib import Path
 
 import pytest
+from clirunner import main
 
 from search.inputs.specs import build_specs
 from search.inputs.study import StudyError, parse_study
-from tests.clirunner import main
 
 STUDY = """
 model: {preset: llama3-8b}

@@ -13,6 +13,7 @@ result folder, and a storage URL never shows its password.
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import pytest
@@ -110,7 +111,8 @@ def test_a_password_in_the_url_query_stays_out_of_the_result(tmp_path: Path) -> 
     if (why := postgres_missing()) is not None:
         pytest.skip(why)
     study = tmp_path / "small.yaml"
-    study.write_text(SMALL)
+    # a study of its own in the shared database: another checkout's "small" may be there
+    study.write_text(SMALL.replace("name: small", f"name: small-{uuid.uuid4().hex[:12]}"))
     url = f"{PG_URL}{'&' if '?' in PG_URL else '?'}password=s3cr3t-pw"  # trust: not checked
     out = tmp_path / "o"
     code, _, err = cli("run", str(study), "-o", str(out), "-q", "--storage", url,

@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from tests.clirunner import main
+from clirunner import main
 
 
 def run_json(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str) -> dict:

@@ -84,6 +84,9 @@ def valid_by_hand(s: SearchSpace, v: dict[str, int]) -> bool:
         # the interleaved schedule's groups of pp micro-batches (generic profile: on)
         vpp == 1 or not sw.microbatch_groups
         or (f.global_batch // (v["micro_batch"] * dp)) % pp == 0,
+        # the ZeRO stages the framework runs (generic profile: Megatron-FSDP's ZeRO-2/3 not
+        # beside a pipeline)
+        v["zero_stage"] in (f.zero_stages_pp if pp > 1 else f.zero_stages),
         v["zero_stage"] == 0 or dp * cp > 1 or (f.experts > 0 and tp * cp * dp // (
             ep * (v["expert_tp"] or (1 if (dp * cp) % ep else tp))) > 1),
         v["sequence_parallel"] == 0 or tp > 1,

@@ -15,7 +15,7 @@ body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px auto;
 color:#222;padding:0 16px}
 h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;margin-top:28px;border-bottom:1px solid #ddd}
 .sub{color:#666;font-size:13px} table{border-collapse:collapse;font-size:12px;margin:8px 0}
-th,td{padding:3px 8px;border-bottom:1px solid #eee;text-align:right} th{background:#f6f6f6}
+th,td{padding:3px 5px;border-bottom:1px solid #eee;text-align:right} th{background:#f6f6f6}
 td.l,th.l{text-align:left} figure{margin:12px 0} figure img{max-width:100%;height:auto}
 figcaption{font-size:12px;color:#555} .note{background:#fff6e0;padding:6px 10px;font-size:13px}
 pre.explain{background:#fafafa;border:1px solid #eee;padding:10px;overflow-x:auto}
@@ -57,7 +57,7 @@ def _top_table(data: ResultData) -> Html:
                          "<td class=l>{}</td></tr>",
                          r.rank, cells, m.tokens_per_s_per_gpu, band, p_oom, m.mfu,
                          m.step_time_s, m.peak_mem_gib, m.usable_mem_gib,
-                         m.dominant_challenge, m.network_groups or "-"))
+                         m.dominant_challenge, m.network_groups.replace(",", ", ") or "-"))
     return html("<table><tr>{}{}</tr>{}</table>", head, TOP_HEAD, join(rows))
 
 
