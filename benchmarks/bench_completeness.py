@@ -134,7 +134,11 @@ def main() -> int:
                 if best >= 0.99 * figure:
                     passed[src] += 1
                     continue
-                why = lacks(space, plan) or "in the space: the search missed it"
+                room = mine.memory.usable_bytes / 2**30 - specs.headroom_gib
+                peak = mine.memory.peak_bytes / 2**30
+                why = lacks(space, plan) or (
+                    f"none; it needs {peak:.1f} GiB, over the {room:.1f} GiB the study's memory "
+                    "headroom leaves" if peak > room else "none: the search missed it")
                 failures.append(f"{frame.at[i, 'case_id']} ({src}): best {best:,.0f} < "
                                 f"{figure:,.0f} for its layout; outside the space: {why}")
     print(f"{len(keys)} studies from {sum(total.values())} runs that ran, "

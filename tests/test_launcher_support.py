@@ -12,7 +12,7 @@ import pytest
 
 from costmodel import Plan, SpecError, check_plan
 from search.inputs.planfile import PlanFile, load_plan_file
-from search.inputs.specs import build_specs
+from search.inputs.specs import build_specs, training_spec
 from search.inputs.study import parse_study
 from search.space import build_space, violations
 from tcf_search.export import ExportRefused, render
@@ -60,6 +60,9 @@ def refusal(fmt: str, pf: PlanFile) -> str:
 @pytest.mark.parametrize("framework", ["generic", "megatron", "nemo", "megatron-sc21"])
 @pytest.mark.parametrize("zero", [2, 3])
 def test_megatron_fsdp_is_refused_beside_a_pipeline(framework: str, zero: int) -> None:
+    if framework == "nemo" and zero == 2:  # NeMo's ZeRO-2 is its distributed Adam, not FSDP
+        assert verdict(framework, Plan(tp=1, pp=2, dp=24, zero_stage=zero)) == []
+        return
     assert verdict(framework, Plan(tp=1, pp=2, dp=24, zero_stage=zero)) == ["framework_zero"]
     # without a pipeline Megatron-FSDP runs; with one, the distributed optimizer (ZeRO-1) does
     assert verdict(framework, Plan(tp=1, pp=1, dp=48, zero_stage=zero)) == []
@@ -77,8 +80,15 @@ def test_megatron_exports_refuse_megatron_fsdp_with_pp(fmt: str, zero: int) -> N
     pf = load_plan_file(PLANS / "pp8b.yaml")  # tp4 pp2 dp2 at ZeRO-1: exported
     assert "--use-distributed-optimizer" in "".join(render("megatron", pf).values())
     text = refusal(fmt, with_plan(pf, zero_stage=zero))
-    assert "framework_zero" in text and "zero_stages_pp=[0, 1]" in text and "pp=2" in text
-    assert "--use-megatron-fsdp" not in text
+    assert "--use-megatron-fsdp" not in text and "pp=2" in text
+    if fmt == "megatron":
+        assert "framework_zero" in text and "zero_stages_pp=[0, 1]" in text
+    else:  # NeMo's own refusal: the export writes Megatron-FSDP, whatever the profile allows
+        assert "written as Megatron-FSDP, which runs without a pipeline only" in text
+        nemo = dataclasses.replace(pf, training=training_spec(
+            framework="nemo", precision=pf.training.precision, seq_len=pf.training.seq_len,
+            global_batch=pf.training.global_batch))
+        assert "written as Megatron-FSDP" in refusal(fmt, with_plan(nemo, zero_stage=zero))
 
 
 # -- 3. FSDP2 has no optimizer-only sharding: ZeRO-1 without a pipeline is refused alike ---------

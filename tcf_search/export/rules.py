@@ -152,6 +152,12 @@ MEGATRON: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
 # except that YaRN's correction range is a field of the DeepSeek provider (nemo.latent_overrides)
 NEMO: tuple[AnyRule, ...] = tuple(r for r in MEGATRON
                                   if r is not MEGATRON_ROPE[1] and r is not TP_OVERLAP_NEEDS_SP) + (
+    # the nemo profile runs ZeRO-2 beside a pipeline (NeMo 1's distributed Adam); this export
+    # writes Megatron-FSDP for it, whose device mesh has no pipeline axis
+    Rule(lambda f: f.pp == 1 or f.zero < 2,
+         "ZeRO-2/3 is written as Megatron-FSDP, which runs without a pipeline only (its mesh is "
+         "dp_cp x ep x tp), but got zero_stage={zero}, pp={pp}",
+         "megatron/core/distributed/fsdp/mcore_fsdp_adapter.py _get_dp_tp_mesh (core_v0.16.1)"),
     Rule(lambda f: _scaling(f.model) != "yarn" or f.model.mla is not None,
          "YaRN is MLA's rope_type (the DeepSeek providers), but the model has no latent "
          "attention", "megatron/core/transformer/transformer_config.py MLATransformerConfig"),
