@@ -14,6 +14,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from costmodel.plans import PlanArrays
+from costmodel.specs import ModelSpec
 
 STAGES: tuple[str, ...] = ("first", "middle", "last")
 
@@ -57,6 +58,14 @@ def cost_balanced_ranks(num_layers: int, pp: int, layer_cost: float, head_cost: 
         r += int(c > thresholds[r])
     per_rank = np.bincount(ranks[1:num_layers + 1], minlength=pp)
     return tuple(int(n) for n in per_rank), ranks[num_layers + 2], ranks[-1]
+
+
+def head_balance(model: ModelSpec) -> tuple[float, float]:
+    """A decoder layer's and the LM head's compute cost as nanotron's
+    ``get_block_compute_costs`` counts them (4 h^2 + 3 f h; vocab x h), for
+    :func:`cost_balanced_ranks`."""
+    h, f = float(model.hidden), float(model.ffn_hidden)
+    return 4 * h * h + 3 * f * h, float(model.vocab) * h
 
 
 def cost_balanced_split(num_layers: int, pp: int, layer_cost: float, head_cost: float

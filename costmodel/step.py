@@ -14,7 +14,7 @@ import numpy as np
 
 from costmodel.comm import CollectiveArrays, contention_time
 from costmodel.compute import hardware_flops, layer_times
-from costmodel.mapping import STAGES, StageLayers, stage_layers
+from costmodel.mapping import STAGES, StageLayers, head_balance, stage_layers
 from costmodel.memory import StageBytes, allocator_stall, step_memory
 from costmodel.mtp import mtp_stage
 from costmodel.offload import host_bytes, network_busy_s, offload_copies
@@ -95,9 +95,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     that hidden communication slows (its kernels hold SMs), and the allocator's stalls."""
     g = mesh_of(cluster, tr, p)
     m = g.micro_batches
-    h, f = float(model.hidden), float(model.ffn_hidden)
-    balance = ((4 * h * h + 3 * f * h, float(model.vocab) * h) if tr.framework.pp.pp_cost_balance
-               else None)
+    balance = head_balance(model) if tr.framework.pp.pp_cost_balance else None
     layers = stage_layers(model.layers, p, balance)
     co, stages = step_memory(model, cluster, tr, p, layers, m)
     lt = layer_times(model, cluster, tr, p)

@@ -177,3 +177,33 @@ def test_balance_lightens_the_head_stage_and_keeps_every_layer(h100) -> None:
     given = Plan(pp=2, dp=4, micro_batch=1, first_stage_layers=8, last_stage_layers=8)
     assert np.isclose(estimate(model, cluster, given, training_for(
         seq_len=4096, global_batch=32, pp_cost_balance=True)).step_time_s, a.step_time_s)
+
+
+def test_predict_runs_nanotrons_own_placement_where_a_row_gives_no_split(tmp_path) -> None:
+    """A nanotron row with pp > 1 and no split ran nanotron's cost-balanced placement: predict
+    judges that plan (not the fastest of the launchable splits near the even one, as for
+    Megatron) and reports its first and last ranks' layers; the calibration's own path gives
+    the same figure (issue #36's one path)."""
+    from hardware_catalog import get_gpu
+    from search.inputs.specs import training_spec
+    from tcf_search.calibration.predict import predict_csv
+
+    src = tmp_path / "rows.csv"
+    src.write_text(
+        "case_id,model_name,layers,hidden,ffn_hidden,heads,kv_heads,vocab,seq_len,ffn_type,"
+        "tied_embeddings,gpu,gpus_per_node,num_gpus,tp,pp,vpp,cp,ep,dp,zero_stage,micro_batch,"
+        "global_batch,recompute,sequence_parallel,precision,framework\n"
+        "a,n8b,32,4096,14336,32,8,131072,4096,swiglu,false,h100-sxm-80gb,8,16,1,4,1,1,1,4,1,1,"
+        "64,none,false,bf16,nanotron\n")
+    row = predict_csv(src, tmp_path / "out.csv").iloc[0]
+    ranks, _, _ = cost_balanced_ranks(32, 4, 4 * 4096.0**2 + 3 * 14336 * 4096.0, 131072 * 4096.0)
+    assert (row["pred_choice_first_stage_layers"], row["pred_choice_last_stage_layers"]) == (
+        ranks[0], ranks[-1])
+    assert ranks[0] != ranks[-1]  # nanotron's placement, not an even split
+    model = ModelSpec(name="n8b", layers=32, hidden=4096, ffn_hidden=14336, heads=32,
+                      kv_heads=8, vocab=131072)
+    tr = training_spec(framework="nanotron", precision="bf16", seq_len=4096, global_batch=64)
+    est = estimate(model, ClusterSpec(gpu=get_gpu("h100-sxm-80gb"), num_gpus=16),
+                   Plan(tp=1, pp=4, dp=4, zero_stage=1, micro_batch=1), tr)
+    assert row["pred_tokens_per_sec_per_gpu"] == pytest.approx(est.tokens_per_s_per_gpu,
+                                                               rel=1e-5)

@@ -27,7 +27,12 @@ import typer
 
 from costmodel import rules
 from costmodel.estimate import check_plan, estimate_batch
-from costmodel.mapping import chunk_split_exists, stage_counts
+from costmodel.mapping import (
+    chunk_split_exists,
+    cost_balanced_ranks,
+    head_balance,
+    stage_counts,
+)
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import Plan, SpecError
 from search import candidates as placement_candidates
@@ -91,8 +96,10 @@ def candidates(case: Case) -> list[Plan]:
             plan = replace(p, **dict(zip(axes, values, strict=True)))  # type: ignore[arg-type]
         except (SpecError, ValueError):
             continue
-        plans.extend(plan if "first_stage_layers" in given else with_split
-                     for with_split in _splits(plan, m.layers, tr.framework.pp.uneven_chunks))
+        # a framework that places its stages itself (nanotron's cost balance, the LM head
+        # counted: training.framework.pp.pp_cost_balance) runs its own split where none is given
+        own = "first_stage_layers" in given or tr.framework.pp.pp_cost_balance
+        plans.extend([plan] if own else _splits(plan, m.layers, tr.framework.pp.uneven_chunks))
     if not plans:
         return plans
     keep = rules.valid(plans, rules.facts_of(m, case.cluster, tr))  # check_plan, on columns
@@ -164,8 +171,13 @@ def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray]) -> di
                    "pred_interval_regime": u["interval_regime"], "pred_p_oom": u["p_oom"]})
     out: dict[str, object] = {k: round(float(v), 6) if not isinstance(v, str) else v
                               for k, v in values.items()}
-    counts = stage_counts(case.model.layers, chosen.pp, chosen.first_stage_layers,
-                          chosen.last_stage_layers)
+    if (case.training.framework.pp.pp_cost_balance and chosen.pp > 1
+            and "first_stage_layers" not in case.given):  # the framework's own placement
+        counts = cost_balanced_ranks(case.model.layers, chosen.pp,
+                                     *head_balance(case.model))[0]
+    else:
+        counts = stage_counts(case.model.layers, chosen.pp, chosen.first_stage_layers,
+                              chosen.last_stage_layers)
     ends = {"first_stage_layers": counts[0] if counts else chosen.first_stage_layers,
             "last_stage_layers": counts[-1] if counts else chosen.last_stage_layers}
     for knob in KNOBS:
