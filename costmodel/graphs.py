@@ -120,7 +120,7 @@ def host_ops(ops: Mapping[str, np.ndarray | float], order: Sequence[str], impl: 
 
 
 def graphs_allowed(recompute_full: np.ndarray, impl: str, scope: Sequence[str], moe_layers: int,
-                   layers: int, pad_to_capacity: bool, a2a_overlap: bool) -> np.ndarray:
+                   layers: int, pad_to_capacity: bool, a2a_overlap: np.ndarray) -> np.ndarray:
     """What Megatron-Core refuses of CUDA graphs beside a plan and a model (the rule
     ``cuda_graphs`` of costmodel.rules; megatron/core/transformer/transformer_config.py
     __post_init__, core_v0.16.0): full recompute only under a full-iteration graph ("full
@@ -139,6 +139,7 @@ def graphs_allowed(recompute_full: np.ndarray, impl: str, scope: Sequence[str], 
     scopes_ok = ((moe or not names & {"moe", "moe_router", "moe_preprocess"})
                  and ("mlp" not in names or moe_layers < layers))
     static_ok = not moe or pad_to_capacity or not (whole or "moe" in names)
-    overlap_ok = not a2a_overlap or (impl == "transformer_engine" and not names & {"moe", "mlp"})
+    overlap_ok = ~np.asarray(a2a_overlap, dtype=bool) | (impl == "transformer_engine"
+                                                        and not names & {"moe", "mlp"})
     recompute_ok = ~np.asarray(recompute_full, dtype=bool) | ("full_iteration" in names)
-    return recompute_ok & bool(scopes_ok and static_ok and overlap_ok)
+    return recompute_ok & overlap_ok & bool(scopes_ok and static_ok)

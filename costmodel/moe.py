@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from costmodel import dispatch
 from costmodel.attention import rope_elems as rope_width
 from costmodel.graphs import MOE_SEGMENTS, host_ops
 from costmodel.kernels import Kernels, fwd_bwd, gemm_time
@@ -180,19 +181,19 @@ def permute_elements(model: ModelSpec, tr: Training, p: PlanArrays,
     recv = etp * k * tr.framework.moe.moe_load_imbalance  # received copies, per dispatched token
     local = model.moe_experts / p.ep
     sort = np.where((local > 1) & (p.ep * etp > 1), 4.0 * recv, 0.0)  # sort and unsort, r+w
-    own = tr.framework.moe
-    if own.moe_dispatcher == "allgather":  # permute the gathered TP x EP tokens, and back
-        return 2.0 * (etp * p.ep + recv)
-    if own.moe_dispatcher == "flex":  # the dispatch kernel writes the received copies in place
-        return 4.0 * recv
-    if own.moe_permute_fusion:  # read each token once, write its k copies; and back
-        return 2.0 * (1.0 + k) + sort
-    # index_select (read and write k copies); unpermute: weight by probability (read and
-    # write k copies), scatter-add into a zeroed output (read k, write 1, zero 1)
-    return 2.0 * k + (3.0 * k + 2.0) + sort
+    if tr.framework.moe.moe_permute_fusion:  # read each token once, write its k copies; back
+        alltoall = 2.0 * (1.0 + k) + sort
+    else:  # index_select (read and write k copies); unpermute: weight by probability (read and
+        # write k copies), scatter-add into a zeroed output (read k, write 1, zero 1)
+        alltoall = 2.0 * k + (3.0 * k + 2.0) + sort
+    d = dispatch.dispatcher(tr, p)
+    # allgather: permute the gathered TP x EP tokens, and back; flex: the dispatch kernel
+    # writes the received copies in place
+    return np.where(d == dispatch.ALLGATHER, 2.0 * (etp * p.ep + recv),
+                    np.where(d == dispatch.FLEX, 4.0 * recv, alltoall))
 
 
-def host_syncs(tr: Training) -> float:
+def host_syncs(tr: Training, p: PlanArrays) -> np.ndarray:
     """Device-to-host waits per MoE layer forward. Megatron-Core's alltoall dispatcher copies
     the splits and tokens per expert to the host and waits before the all-to-all
     (token_dispatcher.py MoEAlltoAllTokenDispatcher.preprocess, cuda_sync_point
@@ -201,10 +202,8 @@ def host_syncs(tr: Training) -> float:
     dispatch waits on the host for the received counts (fused_a2a.py FusedDispatch: "the CPU
     will wait for GPU's signal"), HybridEP too unless given num_permuted_tokens (the padded
     capacity). Padding is taken to make flex HybridEP's."""
-    own = tr.framework.moe
-    if own.moe_pad_to_capacity and own.moe_dispatcher in ("alltoall", "flex"):
-        return 0.0
-    return 1.0
+    padded = tr.framework.moe.moe_pad_to_capacity
+    return np.where(padded & (dispatch.dispatcher(tr, p) != dispatch.ALLGATHER), 0.0, 1.0)
 
 
 def sort_ops(model: ModelSpec, tr: Training, p: PlanArrays) -> np.ndarray:
@@ -230,7 +229,7 @@ def host_segments(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     sort = sort_ops(model, tr, p)
     experts = (GEMMS_PER_EXPERT * local + EXPERT_FIXED_OPS
                + (GEMMS_PER_EXPERT * local + FP8_PADDING_OPS if fp8 else 0.0))
-    middle = (host_syncs(tr) * DTOH_OPS + np.where(p.ep > 1, A2A_OPS, 0.0)
+    middle = (host_syncs(tr, p) * DTOH_OPS + np.where(p.ep > 1, A2A_OPS, 0.0)
               + np.where(etp > 1, EXPERT_TP_COLLECTIVES, 0.0) + sort + experts
               + (shared if tr.framework.moe.moe_shared_expert_overlap else 0.0))
     ones = np.ones_like(kn.tokens)
@@ -242,18 +241,19 @@ def host_segments(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
             "postprocess": ((FUSED_PERMUTE_OPS if fused else UNPERMUTE_OPS) + MLP_BDA_OPS) * ones}
 
 
-def sync_stall(tr: Training, routed_s: np.ndarray, permute_s: np.ndarray,
+def sync_stall(tr: Training, p: PlanArrays, routed_s: np.ndarray, permute_s: np.ndarray,
                segments: dict[str, np.ndarray]) -> np.ndarray:
     """GPU idle time per MoE layer forward from the host's waits: the count's round trip and
     the host's issue of the first kernel after it, then what the host's issue of the rest of the
     layer's MoE operations (the collectives, the sort, the expert GEMMs, the unpermute; eager in
     every graph scope that leaves a sync) exceeds their GPU time; the transfers' own time, which
     also lets the host catch up, is left out."""
-    after = segments["experts"] - host_syncs(tr) * DTOH_OPS + segments["postprocess"]
+    syncs = host_syncs(tr, p)
+    after = segments["experts"] - syncs * DTOH_OPS + segments["postprocess"]
     host_post = after * tr.framework.kernels.host_overhead_s
     gpu_post = routed_s + permute_s / 2.0
-    return host_syncs(tr) * (D2H_SYNC_S + tr.framework.kernels.host_overhead_s
-                             + np.maximum(host_post - gpu_post, 0.0))
+    return syncs * (D2H_SYNC_S + tr.framework.kernels.host_overhead_s
+                    + np.maximum(host_post - gpu_post, 0.0))
 
 
 def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
@@ -288,7 +288,7 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     # the experts' GEMMs are not split for TP overlap: their weight gradients cost as forward
     fwd, bwd = fwd_bwd(gemm_s, dense.wgrad_attn_s + moe_s, dense.attention_s, elem_s,
                        elem.overhead_fwd_s, 1.0)
-    fwd = fwd + sync_stall(tr, routed, permute, segments)
+    fwd = fwd + sync_stall(tr, p, routed, permute, segments)
     return MoeLayer(routed_s=routed, permute_s=permute, router_s=router,
                     shared_s=np.broadcast_to(shared, kn.tokens.shape).astype(float),
                     elem_s=elem_s, kernels=kernels,

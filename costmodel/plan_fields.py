@@ -25,9 +25,15 @@ from costmodel.recompute_modules import MODELLED
 Recompute = Literal["none", "selective", "full"]
 PipelineSchedule = Literal["1f1b", "interleaved", "gpipe"]
 RECOMPUTE_MODES: tuple[Recompute, ...] = get_args(Recompute)
+# A plan's own MoE dispatch ("" and "": the training's dispatcher and all-to-all overlap)
+MoeDispatcher = Literal["", "alltoall", "allgather", "flex"]
+MoeOverlap = Literal["", "off", "on"]
+MOE_DISPATCHERS: tuple[MoeDispatcher, ...] = get_args(MoeDispatcher)
+MOE_OVERLAPS: tuple[MoeOverlap, ...] = get_args(MoeOverlap)
 PP_SCHEDULES: tuple[PipelineSchedule, ...] = get_args(PipelineSchedule)
 
-__all__ = ["FIELDS", "PLAN_FIELDS", "PLAN_KEYS", "PP_SCHEDULES", "RECOMPUTE_MODES",
+__all__ = ["FIELDS", "MOE_DISPATCHERS", "MOE_OVERLAPS", "PLAN_FIELDS", "PLAN_KEYS",
+           "PP_SCHEDULES", "RECOMPUTE_MODES",
            "PipelineSchedule", "PlanField", "Recompute", "check_fields", "fields_doc"]
 
 
@@ -120,6 +126,14 @@ PLAN_FIELDS: tuple[PlanField, ...] = (
     PlanField("cpu_offload_layers", int, 0, key="offload",
               doc="Layers whose activations go to host memory (Megatron-Core's "
                   "--cpu-offloading-num-layers; costmodel/offload.py)."),
+    PlanField("moe_dispatcher", str, "", key="dispatch", choices=MOE_DISPATCHERS,
+              doc="The MoE token dispatcher this plan runs (Megatron-Core's "
+                  "--moe-token-dispatcher-type: alltoall, allgather, or flex for DeepEP / "
+                  "HybridEP; \"\" = the training's; rule moe_dispatch)."),
+    PlanField("moe_a2a_overlap", str, "", key="a2a", choices=MOE_OVERLAPS,
+              doc="The EP all-to-all overlapped with another micro-batch's compute "
+                  "(Megatron-Core's --overlap-moe-expert-parallel-comm): on or off; \"\" = the "
+                  "training's (rules moe_dispatch, moe_a2a_overlap)."),
 )
 FIELDS: dict[str, PlanField] = {f.name: f for f in PLAN_FIELDS}
 PLAN_KEYS: tuple[str, ...] = tuple(FIELDS)

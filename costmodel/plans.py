@@ -44,6 +44,8 @@ class PlanArrays:
     # selective modules, a bitmask over costmodel.recompute_modules.MODELLED; 0: the training's
     recompute_modules: np.ndarray
     cpu_offload_layers: np.ndarray  # layers whose activations go to host memory (pp 1 only)
+    moe_dispatcher: np.ndarray  # 0 the training's, 1 alltoall, 2 allgather, 3 flex
+    moe_a2a_overlap: np.ndarray  # 0 the training's, 1 off, 2 on
 
     def __len__(self) -> int:
         return int(self.tp.shape[0])

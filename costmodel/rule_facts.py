@@ -37,7 +37,8 @@ def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
 # mtp, framework_*)
 FRAMEWORK_FACTS = ("moe_max_zero_stage", "moe_tensor_parallel", "multi_token_prediction",
                    "zero_stages", "zero_stages_pp", "recompute_modes", "partial_recompute",
-                   "pp_schedules", "selective_recompute", "cpu_offloading")
+                   "pp_schedules", "selective_recompute", "cpu_offloading", "moe_dispatchers",
+                   "moe_a2a_overlaps")
 
 
 def framework_facts(profile: FrameworkProfile) -> dict[str, Any]:
@@ -50,4 +51,6 @@ def graph_facts(model: ModelSpec, training: Training) -> dict[str, Any]:
             "cuda_graph_impl": training.framework.kernels.cuda_graph_impl,
             "cuda_graph_scope": training.framework.kernels.cuda_graph_scope,
             "moe_pad_to_capacity": training.framework.moe.moe_pad_to_capacity,
-            "moe_a2a_overlap": training.framework.moe.moe_a2a_overlap}
+            "moe_a2a_overlap": training.framework.moe.moe_a2a_overlap,
+            "moe_dispatcher": training.framework.moe.moe_dispatcher,
+            "moe_shared_expert_overlap": training.framework.moe.moe_shared_expert_overlap}

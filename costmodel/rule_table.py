@@ -88,7 +88,14 @@ class Facts:
     cuda_graph_impl: str = "none"
     cuda_graph_scope: tuple[str, ...] = ()
     moe_pad_to_capacity: bool = False
+    # the training's MoE dispatch (rules moe_dispatch, moe_flex, moe_a2a_overlap, cuda_graphs),
+    # and what the framework's launcher offers a plan (its profile's moe_dispatchers,
+    # moe_a2a_overlaps)
+    moe_dispatcher: str = "alltoall"
     moe_a2a_overlap: bool = False
+    moe_shared_expert_overlap: bool = False
+    moe_dispatchers: tuple[str, ...] = ()
+    moe_a2a_overlaps: tuple[bool, ...] = ()
     # multi-token prediction depths, and whether the framework builds them
     # (its profile's ``multi_token_prediction``)
     mtp_layers: int = 0

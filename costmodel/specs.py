@@ -29,6 +29,8 @@ from costmodel.plan_fields import (
     PLAN_FIELDS,
     SCHEDULE_CODES,
     SCHEDULE_NAMES,
+    MoeDispatcher,
+    MoeOverlap,
     PipelineSchedule,
     Recompute,
     check_fields,
@@ -158,6 +160,8 @@ class Plan:
     expert_tp: int = 0
     recompute_modules: tuple[str, ...] = ()
     cpu_offload_layers: int = 0
+    moe_dispatcher: MoeDispatcher = ""
+    moe_a2a_overlap: MoeOverlap = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute_modules", plan_modules(self.recompute_modules))

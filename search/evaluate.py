@@ -26,20 +26,25 @@ from typing import Any
 import numpy as np
 
 from costmodel import Plan, estimate_batch, plans_to_arrays
+from costmodel.rules import RULES
 from search.inputs.specs import Specs
 from search.inputs.study import Study
 from search.objectives import OBJECTIVES, metrics_from_batch, objective_vector
 from search.placement import plan_fields
 from search.prune import MemoryStage, plan_arrays
-from search.space import AXES, DERIVED, decode, plan_from_row
+from search.space import AXES, DERIVED, SearchSpace, decode, plan_from_row
 from search.storage import SearchError
 from search.uncertainty import interval, p_oom, plan_regime, uncertainty_metrics
 
 OUTER_AXES = ("tp", "pp", "cp", "ep")
 # the most feasible layouts judged all at once for the heat map's cells (~1 s per 25,000)
 CELL_JUDGE_MAX = 200_000
-# what the memory stage decides beyond the axes: the split, the layers recomputed, offloaded
-PLACED = ("first_stage_layers", "last_stage_layers", "recompute_layers", "cpu_offload_layers")
+# what is decided per layout beyond the axes: the split, the layers recomputed, offloaded (the
+# memory stage), and the MoE dispatch (the fastest of the space's options the rules allow)
+PLACED = ("first_stage_layers", "last_stage_layers", "recompute_layers", "cpu_offload_layers",
+          "moe_dispatcher", "moe_a2a_overlap")
+# the rules that read the MoE dispatch, checked per option on placed plans
+DISPATCH_RULES = tuple(r for r in RULES if {"moe_dispatcher", "moe_a2a_overlap"} & set(r.reads))
 # How much one ordinal step along an axis costs when repairing a sample: parallel degrees first.
 REPAIR_WEIGHTS = {"tp": 8, "pp": 8, "cp": 8, "ep": 8, "micro_batch": 4, "recompute": 4,
                   "vpp": 2, "zero_stage": 2, "sequence_parallel": 1, "pp_schedule": 1}
@@ -62,7 +67,26 @@ def placements(stage: MemoryStage, idx: np.ndarray) -> tuple[dict[str, np.ndarra
     cols.update(plan_fields(stage.space.facts.layers, cols["pp"], cols["recompute"] == 2, rows,
                             cols["vpp"]))
     cols["cpu_offload_layers"] = stage.offloaded(idx[at])
-    return cols, at
+    return with_dispatch(stage.space, cols, at)
+
+
+def with_dispatch(space: SearchSpace, cols: dict[str, np.ndarray],
+                  at: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Each placed plan under each MoE dispatch option of the space that the rules allow it
+    (``DISPATCH_RULES``; the enumeration kept a layout only if one does), and the layout of
+    each row."""
+    parts, ats = [], []
+    for d, o in space.dispatch:
+        opt = {**cols, "moe_dispatcher": np.full_like(cols["tp"], d),
+               "moe_a2a_overlap": np.full_like(cols["tp"], o)}
+        ok = np.ones(len(at), dtype=bool)
+        for r in DISPATCH_RULES:
+            ok &= np.asarray(r.holds(opt, space.facts), dtype=bool)
+        parts.append({k: v[ok] for k, v in opt.items()})
+        ats.append(at[ok])
+    if len(parts) == 1:
+        return parts[0], ats[0]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, np.concatenate(ats)
 
 
 @dataclass(frozen=True, slots=True)

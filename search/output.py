@@ -92,6 +92,13 @@ _MODULE_LABELS = {"core_attn": "attn", "moe_act": "moe_act", "layernorm": "norm"
                   "mla_up_proj": "mla_up", "mlp": "mlp"}
 
 
+def _dispatch_label(plan: dict[str, Any]) -> str:
+    """The plan's own MoE dispatch: its dispatcher ("=" the training's) and ``+a2a`` where it
+    overlaps the all-to-all (``-a2a`` where it turns the training's overlap off)."""
+    overlap = {"on": "+a2a", "off": "-a2a"}.get(plan.get("moe_a2a_overlap", ""), "")
+    return (plan.get("moe_dispatcher") or "=") + overlap
+
+
 def _recompute_label(plan: dict[str, Any]) -> str:
     """What the plan does with its activations: recompute (``full×N``: N layers a stage), and
     ``offload×N``: N layers' kept in host memory (rule cpu_offload: beside no recompute)."""
@@ -201,18 +208,23 @@ def render(result: StudyResult, console: Console) -> None:
                                             result.objective.get("second"))
              if m in OBJECTIVE_COLUMNS]  # what was optimised, first among the metrics
     degrees = "×".join("etp" if k == "expert_tp" else k for k in knobs)
+    # the MoE dispatch: shown when a plan runs one of its own
+    dispatch = any(p.get("moe_dispatcher") or p.get("moe_a2a_overlap") for p in plans)
     columns = ["#", degrees, "zero", "mbs", "recomp", "sp", "stages",
+               *(["dispatch"] if dispatch else []),
                *(name for name, _, _ in shown), "tok/s/GPU", "80% interval", "P(OOM)", "MFU",
                "step s", "mem GiB", "bound by", "net"]
     for col in columns:
-        table.add_column(col, justify="left" if col in ("recomp", "stages", "bound by", "net")
+        table.add_column(col, justify="left" if col in ("recomp", "stages", "dispatch",
+                                                        "bound by", "net")
                          else "right", no_wrap=True)
     for r, p in zip(result.top, plans, strict=True):
         m = r.predicted
         table.add_row(
             str(r.rank), "×".join(str(p[k]) for k in knobs), str(p["zero_stage"]),
             str(p["micro_batch"]), _recompute_label(p), "y" if p["sequence_parallel"] else "-",
-            _stages_label(p), *(fmt.format(m[key]) for _, key, fmt in shown),
+            _stages_label(p), *([_dispatch_label(p)] if dispatch else []),
+            *(fmt.format(m[key]) for _, key, fmt in shown),
             f"{m['tokens_per_s_per_gpu']:,.0f}", _interval_label(m),
             f"{m['p_oom']:.0%}" if "p_oom" in m else "", f"{m['mfu']:.1%}",
             f"{m['step_time_s']:.2f}", f"{m['peak_mem_gib']:.1f}/{m['usable_mem_gib']:.1f}",

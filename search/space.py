@@ -25,10 +25,16 @@ from typing import Any
 import numpy as np
 
 from costmodel import rules
-from costmodel.plan_fields import PLAN_FIELDS, RECOMPUTE_CODES, SCHEDULE_NAMES
+from costmodel.plan_fields import (
+    MOE_DISPATCHERS,
+    MOE_OVERLAPS,
+    PLAN_FIELDS,
+    RECOMPUTE_CODES,
+    SCHEDULE_NAMES,
+)
 from costmodel.recompute_modules import mask_modules, module_mask
 from costmodel.rules import Facts, Switches
-from costmodel.specs import Plan
+from costmodel.specs import Plan, Training
 from costmodel.terms import freeing_modules
 from search.inputs.specs import Specs
 from search.inputs.study import Study
@@ -40,6 +46,8 @@ AXES: tuple[str, ...] = ("tp", "pp", "cp", "dp", "ep", "expert_tp", "vpp", "micr
                          "zero_stage", "sequence_parallel", "recompute", "pp_schedule",
                          "recompute_modules")
 DERIVED = "dp"  # dp = num_gpus / (tp * pp * cp), restricted by its domain
+# the plan's own MoE dispatch (0: the training's), a training switch where the study gives it
+MOE_AXES = ("moe_dispatcher", "moe_a2a_overlap")
 RECOMPUTE_NAMES = {v: k for k, v in RECOMPUTE_CODES.items()}
 # The axis holds 1f1b and gpipe (the cost model's codes); vpp > 1 makes a plan interleaved.
 SCHEDULE_CODES = {"1f1b": 0, "gpipe": 2}
@@ -63,6 +71,9 @@ class SearchSpace:
     facts: Facts
     partial_recompute: bool
     cpu_offload: bool = False  # single-stage layouts may offload activations (search.prune)
+    # the MoE dispatch options (moe_dispatcher, moe_a2a_overlap codes; (0, 0) the training's)
+    # each layout is judged under, the fastest the rules allow kept (search.evaluate)
+    dispatch: tuple[tuple[int, int], ...] = ((0, 0),)
     rules: tuple[Rule, ...] = field(default=())
 
     @property
@@ -102,12 +113,36 @@ def _auto_domains(specs: Specs) -> dict[str, tuple[int, ...]]:
     }
 
 
+def dispatch_options(study: Study, specs: Specs) -> tuple[tuple[int, int], ...]:
+    """The MoE dispatch each layout is judged under (plan codes; 0 the training's): the
+    searched dispatchers and overlaps (search_space.moe_dispatcher, moe_a2a_overlap: auto,
+    every one the framework's launcher offers), none but the training's where the study's
+    training section fixes it or the model has no MoE layers."""
+    t, own = specs.training, specs.training.framework.moe
+    offered = {"moe_dispatcher": own.moe_dispatchers, "moe_a2a_overlap": own.moe_a2a_overlaps}
+    domains = []
+    for axis in MOE_AXES:
+        given = getattr(study.search_space, axis)
+        if not specs.model.is_moe or getattr(study.training, axis) is not None:
+            given = ()
+        domains.append(_encode(axis, offered[axis] if given == "auto" else given, t))
+    return tuple(itertools.product(*domains))
+
+
 def _subsets(names: tuple[str, ...]) -> list[tuple[str, ...]]:
     return [s for k in range(1, len(names) + 1) for s in itertools.combinations(names, k)]
 
 
-def _encode(axis: str, values: tuple[object, ...], training_modules: tuple[str, ...] = ()
-            ) -> tuple[int, ...]:
+def _encode(axis: str, values: tuple[object, ...], training: Training) -> tuple[int, ...]:
+    own = training.framework
+    if axis == "moe_dispatcher":  # the training's own, always searched, is written 0
+        return tuple(sorted({0, *(0 if v == own.moe.moe_dispatcher
+                                  else MOE_DISPATCHERS.index(str(v)) for v in values)}))
+    if axis == "moe_a2a_overlap":
+        return tuple(sorted({0, *(0 if bool(v) == own.moe.moe_a2a_overlap
+                                  else MOE_OVERLAPS.index("on" if v else "off")
+                                  for v in values)}))
+    training_modules = own.activations.recompute_modules
     if axis == "recompute":
         return tuple(RECOMPUTE_CODES[str(v)] for v in values)
     if axis == "pp_schedule":
@@ -129,14 +164,14 @@ def build_space(study: Study, specs: Specs) -> SearchSpace:
         if given is None:  # recompute_modules unsearched: every plan the training's set
             given = ((),)
         domains[axis] = auto[axis] if given == "auto" else tuple(sorted(set(_encode(
-            axis, given, specs.training.framework.activations.recompute_modules))))
+            axis, given, specs.training))))
     sw = specs.switches
     facts = rules.facts_of(specs.model, specs.cluster, specs.training,
                            dataclasses.replace(sw, split_later=sw.uneven_pipeline))
     # a partial recompute count only where both the study and the framework allow one
     space = SearchSpace(domains=domains, facts=facts,
                         partial_recompute=section.partial_recompute and facts.partial_recompute,
-                        cpu_offload=section.cpu_offload)
+                        cpu_offload=section.cpu_offload, dispatch=dispatch_options(study, specs))
     return dataclasses.replace(space, rules=make_rules(space))
 
 
@@ -146,17 +181,25 @@ def space_facts(s: SearchSpace) -> rules.Facts:
     return s.facts
 
 
-def _on_axes(rule: rules.Rule, f: rules.Facts) -> Rule:
+def _on_axes(rule: rules.Rule, f: rules.Facts,
+             dispatch: tuple[tuple[int, int], ...] = ((0, 0),)) -> Rule:
     """A table rule over the search's axes: the columns that are not axes (the first/last
-    stage layers the CP-SAT stage places later) read 0, an even split."""
+    stage layers the CP-SAT stage places later) read 0, an even split; a layout keeps a rule on
+    the MoE dispatch if one of the ``dispatch`` options it will be judged under keeps it."""
     reads = tuple(a for a in rule.reads if a in AXES)
-    unplaced = [k for k in rule.reads if k not in AXES]
+    unplaced = [k for k in rule.reads if k not in AXES and k not in MOE_AXES]
     known = f.values()
     shown = ", ".join(f"{k}={known[k]}" for k in rule.facts)
+    options = dispatch if set(rule.reads) & set(MOE_AXES) else ((0, 0),)
 
     def holds(c: Mapping[str, np.ndarray]) -> np.ndarray:
-        zeros = np.zeros_like(c[reads[0]])
-        return rule.holds({**c, **{k: zeros for k in unplaced}}, f)
+        zeros = np.zeros_like(c[reads[0] if reads else AXES[0]])
+        ok = np.zeros(zeros.shape, dtype=bool)
+        for d, o in options:
+            ok |= np.asarray(rule.holds({**c, **{k: zeros for k in unplaced},
+                                         "moe_dispatcher": zeros + d,
+                                         "moe_a2a_overlap": zeros + o}, f), dtype=bool)
+        return ok
 
     return Rule(rule.name, reads, f"{rule.text} ({shown})" if shown else rule.text, holds)
 
@@ -167,12 +210,13 @@ def make_rules(s: SearchSpace) -> tuple[Rule, ...]:
     binds the axes they read (table order among rules bound together)."""
     f = space_facts(s)
     dp_ok = np.asarray(s.domains[DERIVED])
-    view = [_on_axes(r, f) for r in rules.RULES
+    view = [_on_axes(r, f, s.dispatch) for r in rules.RULES
             if r.name != "recompute_modules" or s.domains["recompute_modules"] != (0,)]
     at = view.index(next(r for r in view if r.name == "world_size")) + 1
     view.insert(at, Rule("dp_domain", ("dp",), f"dp in {list(s.domains[DERIVED])}",
                          lambda c: np.isin(c["dp"], dp_ok)))
-    return tuple(sorted(view, key=lambda r: max(AXES.index(a) for a in r.reads)))
+    # a rule on the dispatch alone (moe_dispatch) binds with the first axis
+    return tuple(sorted(view, key=lambda r: max((AXES.index(a) for a in r.reads), default=0)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -249,6 +293,10 @@ def decode(axis: str, code: int) -> Any:
         return bool(code)
     if axis == "recompute_modules":  # one categorical value per set
         return "+".join(mask_modules(code)) or "training"
+    if axis == "moe_dispatcher":
+        return MOE_DISPATCHERS[code] or "training"
+    if axis == "moe_a2a_overlap":
+        return MOE_OVERLAPS[code] or "training"
     return int(code)
 
 
@@ -288,6 +336,15 @@ def exclusions(space: SearchSpace, plan: Plan) -> list[dict[str, Any]]:
     for r in rules.broken(plan, f):
         out.append({"kind": "rule", "name": r.name, "rule": r.text,
                     "text": f"rule {r.message(cols, f)}"})
+    own = rules.plan_columns(plan)
+    if (own["moe_dispatcher"], own["moe_a2a_overlap"]) not in space.dispatch:
+        shown = sorted({decode(a, v) for d in space.dispatch
+                        for a, v in zip(MOE_AXES, d, strict=True)})
+        out.append({"kind": "switch", "name": "moe_dispatch",
+                    "text": f"dispatch={plan.moe_dispatcher or 'training'}, "
+                            f"a2a={plan.moe_a2a_overlap or 'training'} is not among the MoE "
+                            f"dispatch the search judges (search_space.moe_dispatcher, "
+                            f"moe_a2a_overlap, or the study's training section): {shown}"})
     if plan.recompute_layers and not space.partial_recompute and space.facts.partial_recompute:
         out.append({"kind": "switch", "name": "partial_recompute",
                     "text": f"search_space.partial_recompute is false, so the search recomputes "

@@ -114,7 +114,7 @@ def run_cmd(
         from search import render
 
         # A pipe gets the full table rather than one cut to 80 columns.
-        render(result, Console() if sys.stdout.isatty() else Console(width=160))
+        render(result, Console() if sys.stdout.isatty() else Console(width=180))
 
 
 def _export_hook(out_dir: Path, section: Any) -> Any:

@@ -47,7 +47,7 @@ PLANS = {
     "pipeline": Plan(tp=2, pp=4, dp=3, cp=2, ep=2, vpp=2, zero_stage=1, micro_batch=2,
                      recompute="full", recompute_layers=2, sequence_parallel=True,
                      pp_schedule="interleaved", first_stage_layers=18, last_stage_layers=22,
-                     expert_tp=1),
+                     expert_tp=1, moe_dispatcher="flex", moe_a2a_overlap="on"),
     "modules": Plan(pp=2, dp=4, zero_stage=3, recompute="selective",
                     recompute_modules=("core_attn", "mlp"), pp_schedule="gpipe"),
     "offload": Plan(dp=8, micro_batch=4, cpu_offload_layers=2),

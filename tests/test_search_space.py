@@ -57,8 +57,34 @@ def valid_by_hand(s: SearchSpace, v: dict[str, int]) -> bool:
     tp, pp, cp, ep, vpp = v["tp"], v["pp"], v["cp"], v["ep"], v["vpp"]
     if s.facts.num_gpus % (tp * pp * cp):
         return False
+    dp = s.facts.num_gpus // (tp * pp * cp)
+    # the MoE dispatch is decided per layout: it stays if one of the space's options runs
+    return base_valid(s, v, tp, pp, cp, ep, vpp, dp) and any(
+        dispatch_valid(s, v, tp, cp, ep, vpp, pp, dp, d, o) for d, o in s.dispatch)
+
+
+def dispatch_valid(s: SearchSpace, v: dict[str, int], tp: int, cp: int, ep: int, vpp: int,
+                   pp: int, dp: int, d: int, o: int) -> bool:
+    """A plan's own MoE dispatch (0: the training's): one the launcher offers, not the
+    training's; flex named needs ep x expert TP > 1; the all-to-all overlap needs EP, the
+    alltoall or flex dispatcher, no full recompute, and vpp > 1 under pp."""
+    f = s.facts
+    disp = ("", "alltoall", "allgather", "flex")[d] or f.moe_dispatcher
+    overlap = f.moe_a2a_overlap if o == 0 else o == 2
+    return all([
+        d == 0 or (f.experts > 0 and disp != f.moe_dispatcher and disp in f.moe_dispatchers),
+        o == 0 or (f.experts > 0 and overlap != f.moe_a2a_overlap
+                   and overlap in f.moe_a2a_overlaps),
+        disp != "flex" or d == 0 or ep * (
+            v["expert_tp"] or (1 if (dp * cp) % ep else tp)) > 1,
+        not overlap or (ep > 1 and disp in ("alltoall", "flex") and v["recompute"] != 2
+                        and (pp == 1 or vpp > 1) and f.mtp_layers == 0),
+    ])
+
+
+def base_valid(s: SearchSpace, v: dict[str, int], tp: int, pp: int, cp: int, ep: int, vpp: int,
+               dp: int) -> bool:
     f, sw = s.facts, s.switches
-    dp = f.num_gpus // (tp * pp * cp)
     return all([
         f.heads % tp == 0 and (f.kv_heads % tp == 0 or tp % f.kv_heads == 0),
         not sw.tp_in_node or f.nvlink_domain % tp == 0,

@@ -177,6 +177,12 @@ class Moe:
     """``--moe-shared-expert-overlap`` (alltoall dispatcher): the shared experts' MLP runs on a
     side stream during the dispatch and combine all-to-alls
     (``megatron/core/transformer/moe/README.md``)."""
+    moe_dispatchers: tuple[str, ...]
+    """The dispatchers a plan may run besides the training's (plan field ``moe_dispatcher``;
+    rule ``moe_dispatch``): those the framework's launcher takes as a switch."""
+    moe_a2a_overlaps: tuple[bool, ...]
+    """The all-to-all overlap settings a plan may run besides the training's (plan field
+    ``moe_a2a_overlap``)."""
     moe_load_imbalance: float
     """The busiest EP rank's routed tokens over the mean (>= 1): 1 under force-balanced routing
     (``--moe-router-force-load-balancing``) or capacity padding
@@ -189,6 +195,13 @@ class Moe:
 
     def __post_init__(self) -> None:
         check_choices(moe_dispatcher=(self.moe_dispatcher, ("alltoall", "allgather", "flex")))
+        for name, known in (("moe_dispatchers", ("alltoall", "allgather", "flex")),
+                            ("moe_a2a_overlaps", (False, True))):
+            value = tuple(getattr(self, name))
+            object.__setattr__(self, name, value)
+            if not set(value) <= set(known):
+                raise SpecError(f"training.{name} must be a subset of {list(known)}, but got "
+                                f"{list(value)!r}")
         if not self.moe_load_imbalance >= 1.0:
             raise SpecError("training.moe_load_imbalance must be >= 1 (busiest rank / mean), "
                             f"but got {self.moe_load_imbalance!r}")

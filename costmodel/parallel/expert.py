@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from costmodel import comm
+from costmodel import comm, dispatch
 from costmodel.comm import CollectiveArrays
 from costmodel.compute import LayerTimes
 from costmodel.mapping import expert_tp
@@ -106,26 +106,27 @@ def _dispatch_s(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
     """One way (dispatch, or combine) of one MoE layer's forward, on the busiest rank."""
     etp = expert_tp(g.plan).astype(float)
     n, k = g.ep, g.k_ep
-    # the TP x EP group's tokens, a ring each way
-    if tr.framework.moe.moe_dispatcher == "allgather":
-        size = n * etp
-        x = x_tok / max(model.moe_topk, 1) * size
-        return comm.gather_time(x, size, np.minimum(size, float(cluster.nvlink_domain)), g.link)
-    if tr.framework.moe.moe_dispatcher == "flex":  # one copy per destination rank, per remote node
-        # (each expert-TP shard of an expert is a destination rank; the shards share a node)
-        per_copy = x_tok / max(model.moe_topk, 1)
-        nodes = np.maximum(n / k, 1.0)
-        ranks = groups_hit(n, model.moe_experts, model.moe_topk) * etp
-        remote = groups_hit(nodes, model.moe_experts, model.moe_topk) * (nodes - 1) / nodes
-        t = _all_to_all(per_copy * ranks * (n - 1) / n, per_copy * remote, g, cluster,
-                        flex=True)
-    else:
-        t = _all_to_all(x_tok * (k - 1) / n, x_tok * (n - k) / n, g, cluster)
-        # expert TP: the expert-TP ranks all-gather what they received and reduce-scatter the
-        # results, over the expert-TP group's links (Megatron-Core's
-        # --expert-tensor-parallel-size: tp by default, 1 where EP folds, any size under folding)
-        t = t + np.where(etp > 1, comm.gather_time(x_tok * etp, etp, g.k_etp, g.link), 0.0)
-    return t * tr.framework.moe.moe_load_imbalance
+    d = dispatch.dispatcher(tr, g.plan)
+    # allgather: the TP x EP group's tokens, a ring each way
+    size = n * etp
+    gathered = comm.gather_time(x_tok / max(model.moe_topk, 1) * size, size,
+                                np.minimum(size, float(cluster.nvlink_domain)), g.link)
+    # flex: one copy per destination rank, per remote node (each expert-TP shard of an expert
+    # is a destination rank; the shards share a node)
+    per_copy = x_tok / max(model.moe_topk, 1)
+    nodes = np.maximum(n / k, 1.0)
+    ranks = groups_hit(n, model.moe_experts, model.moe_topk) * etp
+    remote = groups_hit(nodes, model.moe_experts, model.moe_topk) * (nodes - 1) / nodes
+    fused = _all_to_all(per_copy * ranks * (n - 1) / n, per_copy * remote, g, cluster, flex=True)
+    # alltoall: every copy to its EP rank; under expert TP the expert-TP ranks all-gather what
+    # they received and reduce-scatter the results, over the expert-TP group's links
+    # (Megatron-Core's --expert-tensor-parallel-size: tp by default, 1 where EP folds, any size
+    # under folding)
+    nccl = (_all_to_all(x_tok * (k - 1) / n, x_tok * (n - k) / n, g, cluster)
+            + np.where(etp > 1, comm.gather_time(x_tok * etp, etp, g.k_etp, g.link), 0.0))
+    t = np.where(d == dispatch.FLEX, fused, nccl)
+    # the allgather dispatcher has no busiest rank to wait on: every rank gathers everything
+    return np.where(d == dispatch.ALLGATHER, gathered, t * tr.framework.moe.moe_load_imbalance)
 
 
 def unpaired_share(g: Mesh) -> np.ndarray:
@@ -152,23 +153,23 @@ def expert_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mes
              * tr.framework.numerics.activation_dtype_bytes)
     moe_on = 1.0 if model.is_moe else 0.0
     layer_fwd = 2.0 * _dispatch_s(model, cluster, tr, g, x_tok) * moe_on
-    if tr.framework.moe.moe_a2a_overlap and not g.synchronous:
-        # a forward's exchange behind another micro-batch's backward, and the other way round;
-        # the chunk steps the combined 1F1B schedule runs alone show all of theirs
-        paired = np.maximum(2.0 * layer_fwd - (lt.fwd_moe_s + lt.bwd_moe_s), 0.0) / 2.0
-        alone = unpaired_share(g)
-        shown = (1.0 - alone) * paired + alone * layer_fwd
-        fwd_s, bwd_s = shown, shown
-    elif (tr.framework.moe.moe_shared_expert_overlap
-          and tr.framework.moe.moe_dispatcher == "alltoall"
-          and not g.synchronous):
-        # the shared experts' MLP behind the exchange (its backward: twice the forward's GEMMs)
-        fwd_s = np.maximum(layer_fwd - lt.shared_expert_fwd_s, 0.0)
-        bwd_s = np.maximum(layer_fwd - 2.0 * lt.shared_expert_fwd_s, 0.0)
-    else:
-        fwd_s, bwd_s = layer_fwd, layer_fwd
+    d = dispatch.dispatcher(tr, g.plan)
+    # overlapped: a forward's exchange behind another micro-batch's backward, and the other
+    # way round; the chunk steps the combined 1F1B schedule runs alone show all of theirs
+    paired = np.maximum(2.0 * layer_fwd - (lt.fwd_moe_s + lt.bwd_moe_s), 0.0) / 2.0
+    alone = unpaired_share(g)
+    shown = (1.0 - alone) * paired + alone * layer_fwd
+    # the alltoall dispatcher with the shared experts' MLP behind the exchange (its backward:
+    # twice the forward's GEMMs)
+    shared = (tr.framework.moe.moe_shared_expert_overlap & (d == dispatch.ALLTOALL)
+              & (not g.synchronous))
+    fwd_s = np.where(shared, np.maximum(layer_fwd - lt.shared_expert_fwd_s, 0.0), layer_fwd)
+    bwd_s = np.where(shared, np.maximum(layer_fwd - 2.0 * lt.shared_expert_fwd_s, 0.0),
+                     layer_fwd)
+    overlap = dispatch.a2a_overlap(tr, g.plan) & (not g.synchronous)
+    fwd_s, bwd_s = np.where(overlap, shown, fwd_s), np.where(overlap, shown, bwd_s)
+    # the collective's name: a batch of plans all on the allgather dispatcher gathers
+    op = "all_gather" if bool(np.all(d == dispatch.ALLGATHER)) else "all_to_all"
     return ExpertComm(token_bytes=x_tok, moe_fraction=model.moe_layers / model.layers,
                       moe_on=moe_on, layer_fwd_s=layer_fwd, exposed_fwd_s=fwd_s,
-                      exposed_bwd_s=bwd_s,
-                      op=("all_gather" if tr.framework.moe.moe_dispatcher == "allgather"
-                          else "all_to_all"))
+                      exposed_bwd_s=bwd_s, op=op)

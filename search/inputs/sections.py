@@ -93,6 +93,8 @@ RecomputeAxis = Annotated[Auto | tuple[str, ...],
                           BeforeValidator(_domain(("none", "selective", "full"), str))]
 BoolAxis = Annotated[Auto | tuple[bool, ...], BeforeValidator(_domain((False, True), bool))]
 ScheduleAxis = Annotated[Auto | tuple[str, ...], BeforeValidator(_domain(("1f1b", "gpipe"), str))]
+DispatcherAxis = Annotated[Auto | tuple[str, ...],
+                           BeforeValidator(_domain(("alltoall", "allgather", "flex"), str))]
 
 
 def _module_sets(raw: Any) -> Any:
@@ -227,6 +229,17 @@ class TrainingSection(_Section):
     # how the framework lays tp, cp, ep, dp and pp over the ranks, fastest first (Megatron-Core's
     # --use-tp-pp-dp-mapping: "tp-cp-ep-pp-dp"); the profile's unless given
     rank_order: str | None = None
+    # MoE dispatch as Megatron-Core runs it (costmodel/moe.py, costmodel/parallel/expert.py):
+    # --moe-token-dispatcher-type (flex: DeepEP / HybridEP), --overlap-moe-expert-parallel-comm,
+    # --moe-permute-fusion, --moe-router-fusion, --moe-shared-expert-overlap, and token drop
+    # with padding (--moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity); the
+    # profile's unless given. A given dispatcher or overlap is not searched.
+    moe_dispatcher: Literal["alltoall", "allgather", "flex"] | None = None
+    moe_a2a_overlap: Bool | None = None
+    moe_permute_fusion: Bool | None = None
+    moe_router_fusion: Bool | None = None
+    moe_shared_expert_overlap: Bool | None = None
+    moe_pad_to_capacity: Bool | None = None
 
     @field_validator("framework")
     @classmethod
@@ -321,6 +334,11 @@ class SearchSpaceSection(_Section):
     # Megatron-Core's selective modules per plan (--recompute-modules): null, the training's set
     # for every plan; auto, every set of the modules that free memory on the model
     recompute_modules: ModulesAxis = None
+    # the MoE dispatch per plan (Megatron-Core's --moe-token-dispatcher-type and
+    # --overlap-moe-expert-parallel-comm): auto, every one the framework's launcher offers,
+    # unless the study's training section fixes it
+    moe_dispatcher: DispatcherAxis = "auto"
+    moe_a2a_overlap: BoolAxis = "auto"
     uneven_pipeline: Bool = True  # CP-SAT may give the first/last stage other layer counts
     partial_recompute: Bool = True  # CP-SAT picks how many layers per stage are recomputed
     # a single stage without recompute offloads the fewest layers' activations that fit to host

@@ -149,11 +149,19 @@ def training_spec(*, framework: str, precision: str, seq_len: int, global_batch:
                     framework=framework_profile(framework, precision, given))
 
 
+# Megatron-Core's MoE dispatch switches a study may give (training.<name>)
+MOE_SWITCHES = ("moe_dispatcher", "moe_a2a_overlap", "moe_permute_fusion", "moe_router_fusion",
+                "moe_shared_expert_overlap", "moe_pad_to_capacity")
+MEGATRON_FLAGS = {"moe_dispatcher": "--moe-token-dispatcher-type",
+                  "moe_a2a_overlap": "--overlap-moe-expert-parallel-comm",
+                  "moe_pad_to_capacity": "--moe-pad-expert-input-to-capacity"}
+
+
 def build_specs(study: Study) -> Specs:
     t = study.training
     switches: dict[str, Any] = {k: getattr(t, k) for k in (
         "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "flash_attention",
-        "fp8_param_gather", "rank_order") if getattr(t, k) is not None}
+        "fp8_param_gather", "rank_order", *MOE_SWITCHES) if getattr(t, k) is not None}
     if t.grad_reduce_in_bf16 is not None:
         switches["grad_dtype_bytes"] = 2 if t.grad_reduce_in_bf16 else 4
     if t.recompute_modules is not None:
@@ -178,10 +186,10 @@ def build_specs(study: Study) -> Specs:
     if (searched := study.search_space.recompute_modules) is not None:
         _check_modules(model, training, t.framework, "search_space.recompute_modules",
                        () if searched == "auto" else searched)
-    for field in ("grad_reduce_in_bf16", "fp8_param_gather"):
+    for field in ("grad_reduce_in_bf16", "fp8_param_gather", *MOE_SWITCHES):
         if getattr(t, field) is not None and not is_megatron_core(t.framework):
             raise StudyError(f"training.{field}: " + _not_megatron_core(
-                f"--{field.replace('_', '-')}", t.framework))
+                MEGATRON_FLAGS.get(field, f"--{field.replace('_', '-')}"), t.framework))
     o = study.objective
     headroom = (o.memory_headroom_gib if o.memory_headroom_gib is not None
                 else o.memory_headroom_fraction * cluster.gpu.usable_bytes / 2**30)

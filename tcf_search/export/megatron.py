@@ -196,9 +196,33 @@ def model_args(pf: PlanFile) -> list[Group]:
             out.append(("--moe-layer-freq",
                         f"([0]*{m.moe_dense_layers}+[1]*{m.moe_layers})"))
         out += router_args(m)
-        out.append(("--moe-grouped-gemm", "--moe-token-dispatcher-type", "alltoall"))
+        out.append(("--moe-grouped-gemm",))
     if m.mtp_layers:  # multi-token prediction (megatron/training/arguments.py _add_mtp_args)
         out.append(("--mtp-num-layers", m.mtp_layers))
+    return out
+
+
+def moe_dispatch_args(pf: PlanFile, f: LaunchView) -> list[Group]:
+    """The MoE dispatch the plan was priced with (megatron/core/transformer/transformer_config.py,
+    core_v0.16.0, whose fields the launcher takes as flags): --moe-token-dispatcher-type (the
+    CLI's default is allgather, so it is always said), flex with DeepEP, the backend the model's
+    flex prices (--moe-flex-dispatcher-backend, its default, said), the EP all-to-all overlap
+    (--overlap-moe-expert-parallel-comm; without --delay-wgrad-compute, which the model does not
+    price), and the training's fusions and shared-expert overlap."""
+    if not pf.model.is_moe:
+        return []
+    moe = pf.training.framework.moe
+    out: list[Group] = [("--moe-token-dispatcher-type", f.moe_dispatcher)]
+    if f.moe_dispatcher == "flex":
+        out.append(("--moe-flex-dispatcher-backend", "deepep"))
+    if f.moe_a2a_overlap:
+        out.append(("--overlap-moe-expert-parallel-comm",))
+    for on, flag in ((moe.moe_permute_fusion, "--moe-permute-fusion"),
+                     (moe.moe_router_fusion, "--moe-router-fusion"),
+                     (moe.moe_shared_expert_overlap and pf.model.moe_shared_experts
+                      and not f.moe_a2a_overlap, "--moe-shared-expert-overlap")):
+        if on:
+            out.append((flag,))
     return out
 
 
@@ -298,6 +322,7 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
         precision_args(f.precision),
         *weight_and_grad_dtype_args(f),
         *model_args(pf),
+        *moe_dispatch_args(pf, f),
         *cuda_graph_args(pf, f),
         ("--optimizer", pf.training.optimizer, "--lr", options.lr, "--min-lr", options.lr / 10,
          "--lr-decay-style", "cosine", "--train-iters", options.train_iters),
@@ -306,7 +331,11 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
         ("--save", f"checkpoints/{run}", "--save-interval", options.train_iters),
         ("--log-interval", 10),
     ]
-    # Megatron asserts this for TP/CP before Blackwell; FSDP modes assert the opposite.
-    env = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (f.tp > 1 or f.cp > 1) and f.zero < 2 else {}
+    # Megatron asserts this for TP/CP before Blackwell; FSDP modes assert the opposite; the EP
+    # all-to-all overlap wants more connections and only warns beside TP/CP (arguments.py,
+    # core_v0.16.0: "you can set CUDA_DEVICE_MAX_CONNECTIONS to 1 or 32"), so it gets 32
+    env = ({"CUDA_DEVICE_MAX_CONNECTIONS": "32"} if f.moe_a2a_overlap and f.zero < 2
+           else {"CUDA_DEVICE_MAX_CONNECTIONS": "1"} if (f.tp > 1 or f.cp > 1) and f.zero < 2
+           else {})
     body = command([*torchrun_head(f, options.master_port), options.megatron_script], groups)
     return {FILENAME: script("megatron", pf, body, env, f.version)}

@@ -220,6 +220,24 @@ def graph_overrides(pf: PlanFile) -> dict[str, object]:
     return o
 
 
+def moe_dispatch_overrides(pf: PlanFile, f: LaunchView) -> dict[str, object]:
+    """The MoE dispatch the plan was priced with, as the model config's fields (Megatron-Core's
+    TransformerConfig, which the recipe's provider is): the dispatcher (flex with DeepEP, the
+    backend the model's flex prices), the fusions and the shared-expert overlap."""
+    if not pf.model.is_moe:
+        return {}
+    moe = pf.training.framework.moe
+    o: dict[str, object] = {"model.moe_token_dispatcher_type": f.moe_dispatcher,
+                            "model.moe_permute_fusion": moe.moe_permute_fusion,
+                            "model.moe_router_fusion": moe.moe_router_fusion}
+    if f.moe_dispatcher == "flex":
+        o["model.moe_flex_dispatcher_backend"] = "deepep"
+    if pf.model.moe_shared_experts:
+        o["model.moe_shared_expert_overlap"] = (moe.moe_shared_expert_overlap
+                                                and not f.moe_a2a_overlap)
+    return o
+
+
 def recipe_of(pf: PlanFile, options: ExportOptions) -> tuple[str, bool]:
     """The recipe and whether it has a comm_overlap section; refuses a model without one."""
     if options.nemo_recipe:
@@ -245,9 +263,17 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
             f"latent attention is built by a DeepSeek recipe's MLATransformerConfig (an "
             f"override cannot change a config's class), but the model has mla="
             f"{pf.model.mla} and the recipe is {recipe}"])
-    o = overrides(pf, f, options) | graph_overrides(pf)
+    o = overrides(pf, f, options) | graph_overrides(pf) | moe_dispatch_overrides(pf, f)
     # the overlap runs only at TP > 1 with SP (NeMo's callback turns it off elsewhere)
     overlap = pf.training.framework.tp.tp_comm_overlap and f.tp > 1 and f.sp
+    if f.moe_a2a_overlap and pf.model.is_moe:
+        # CommOverlapConfig.overlap_moe_expert_parallel_comm, which it copies to the model
+        # config (src/megatron/bridge/training/comm_overlap.py, v0.2.2)
+        if not has_comm_overlap:
+            raise ExportRefused("nemo", [f"recipe {recipe} has no comm_overlap section, so the "
+                                         "EP all-to-all overlap the plan was priced with "
+                                         "cannot be set by an override"])
+        o["comm_overlap.overlap_moe_expert_parallel_comm"] = True
     if has_comm_overlap:
         o["comm_overlap.tp_comm_overlap"] = overlap
     elif overlap:

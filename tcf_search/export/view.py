@@ -60,6 +60,9 @@ class LaunchView:
     optimizer: str
     tied: bool
     tp_comm_overlap: bool
+    # the MoE dispatch run: the plan's own, else the training's (costmodel.dispatch)
+    moe_dispatcher: str  # alltoall | allgather | flex
+    moe_a2a_overlap: bool  # the EP all-to-all overlapped with another micro-batch's compute
     rank_order: str  # how the ranks are laid out, fastest first (costmodel.placement)
     world: int
     num_gpus: int
@@ -147,6 +150,9 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
         bf16_grads=t.precision in ("bf16", "fp8") and fw.numerics.grad_dtype_bytes == 2,
         fp8_param_gather=t.precision == "fp8" and fw.numerics.fp8_param_gather,
         optimizer=t.optimizer, tied=m.tied_embeddings, tp_comm_overlap=fw.tp.tp_comm_overlap,
+        moe_dispatcher=p.moe_dispatcher or fw.moe.moe_dispatcher,
+        moe_a2a_overlap=(fw.moe.moe_a2a_overlap if not p.moe_a2a_overlap
+                         else p.moe_a2a_overlap == "on"),
         rank_order=fw.pp.rank_order,
         world=p.world_size, num_gpus=pf.num_gpus, gpus_per_node=pf.gpus_per_node,
         nodes=max(1, pf.num_gpus // pf.gpus_per_node), nproc_per_node=nproc,

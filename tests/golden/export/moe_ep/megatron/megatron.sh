@@ -25,7 +25,8 @@ torchrun --nnodes 8 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --master-ad
     --swiglu \
     --untie-embeddings-and-output-weights \
     --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 14336 \
-    --moe-grouped-gemm --moe-token-dispatcher-type alltoall \
+    --moe-grouped-gemm \
+    --moe-token-dispatcher-type alltoall \
     --optimizer adam --lr 0.0003 --min-lr 3e-05 --lr-decay-style cosine --train-iters 1000 \
     --mock-data --tokenizer-type NullTokenizer --vocab-size 32000 \
     --save checkpoints/mixtral-ep --save-interval 1000 \
