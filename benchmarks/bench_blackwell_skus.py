@@ -51,7 +51,7 @@ def tokens(row: tuple, gpu: GpuSpec, per_node: int) -> float:
     training = training_spec(
         framework="megatron", precision="fp8", seq_len=seq, global_batch=batch,
         switches={**MEGATRON_FP8_RECIPE, **recipe_switches(preset, tp),
-                  **moe_switches(release, system, model.is_moe),
+                  **moe_switches(release, system, model.is_moe, preset),
                   **graph_switches(release, system, preset)})
     cluster = ClusterSpec(gpu=gpu, num_gpus=gpus, gpus_per_node=per_node,
                           fabric="infiniband", network_bw_fraction=fabric_fraction("infiniband"))

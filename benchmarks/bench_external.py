@@ -82,13 +82,16 @@ from bridge_recipes import (  # noqa: E402
     DAGGER,
     MEGATRON_FP8_RECIPE,
     RECIPE_OFFLOAD,
+    bridge_facts,
     graph_switches,
     moe_label,
     moe_switches,
+    plan_facts,
     recipe_recompute,
     recipe_switches,
     recompute_modes,
     recompute_switches,
+    training_facts,
 )
 from long_sequence import long_sequence_table  # noqa: E402
 from published_runs import (  # noqa: E402
@@ -195,15 +198,25 @@ def megatron_bridge_table() -> tuple[list[float], list[float]]:
                                  global_batch=batch,
                                  switches={**MEGATRON_FP8_RECIPE,
                                            **recipe_switches(preset, tp, (release, system)),
-                                           **moe_switches(release, system, model.is_moe),
-                                           **recompute_switches(preset, system),
-                                           **graphs})
+                                           **moe_switches(release, system, model.is_moe,
+                                                          preset),
+                                           **recompute_switches(preset, system, release),
+                                           **graphs,
+                                           # the rest of what frameworks.yaml lists for the row
+                                           **training_facts(bridge_facts(release, system,
+                                                                         preset) or {})})
         head = f"{release:<10}{system:<11}{preset:<17}{gpus:>5}{published:>11,.0f}"
         try:
             cluster = ClusterSpec(gpu=get_gpu(gpu_id), num_gpus=gpus, gpus_per_node=per_node,
                                   fabric="infiniband",
                                   network_bw_fraction=fabric_fraction("infiniband"))
+            # the release's plan fields where frameworks.yaml lists the row (its split, a
+            # partial full recompute), else the recipe layouts of BRIDGE_EDGES
+            facts = plan_facts(release, system, preset)
             first, last = BRIDGE_EDGES.get((preset, pp), (0, 0))
+            first = int(facts.pop("first_stage_layers", first))  # type: ignore[call-overload]
+            last = int(facts.pop("last_stage_layers", last))  # type: ignore[call-overload]
+            facts.pop("recompute_modules", None)  # a Training switch here (recompute_switches)
             modes, refused = {}, SpecError("no recompute mode")
             offloaded = RECIPE_OFFLOAD.get((preset, system), 0)
             for rec in ("none",) if offloaded else recompute_modes(release, graphs, preset,
@@ -211,7 +224,8 @@ def megatron_bridge_table() -> tuple[list[float], list[float]]:
                 plan = Plan(tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp), ep=ep, vpp=vp,
                             micro_batch=mb, zero_stage=3 if fsdp else 1, recompute=rec,
                             sequence_parallel=tp > 1, first_stage_layers=first,
-                            last_stage_layers=last, cpu_offload_layers=offloaded)
+                            last_stage_layers=last, cpu_offload_layers=offloaded,
+                            **facts)  # type: ignore[arg-type]
                 try:  # a mode the training's graphs refuse (full recompute) is not a choice
                     modes[rec] = estimate(model, cluster, plan, training)
                 except SpecError as e:
@@ -234,7 +248,7 @@ def megatron_bridge_table() -> tuple[list[float], list[float]]:
         if model.is_moe and (release, system, preset) not in BRIDGE_REGRESSIONS:
             clean.append(err)
         fits = "" if est.memory.fits else " *"
-        recipe = f" ({recipe_recompute(preset, system)})" if model.is_moe else ""
+        recipe = f" ({recipe_recompute(preset, system, release)})" if model.is_moe else ""
         scope = ",".join(training.framework.kernels.cuda_graph_scope) or "layer"
         graph = f"  graphs {training.framework.kernels.cuda_graph_impl}:{scope}" if graphs else ""
         moe = f"  {moe_label(release, system, preset, training)}" if model.is_moe else ""

@@ -24,9 +24,13 @@ PROFILES_FILE = Path(__file__).with_name("frameworks.yaml")
 
 
 PRECISIONS = ("bf16", "fp16", "fp8")
-# a measured row's release: "<owner>/<repo>@<commit> <workload>/<file>" in its source_detail
-# (the commit's first 8 hex digits and the workload's folder key ``release_switches``)
+# a measured row's release, by the two forms its source_detail takes (release_key):
+# a launch script's "<owner>/<repo>@<commit> <workload>/<file>" (the commit's first 8 hex digits
+# and the workload's folder), or a performance table's "... section <release> <system>"
+# (Megatron-Bridge's summary: the container release and the DGX system; the row's model then
+# names the recipe)
 RELEASE_KEY = re.compile(r"@([0-9a-f]{8})[0-9a-f]* ([\w.-]+)/")
+SECTION_KEY = re.compile(r"\bsection (\S+) (\S+)\s*$")
 
 # The launchers a plan exports to (``tcf_search.export`` renders each; a test holds the two
 # equal), so that a study's ``export.formats`` is checked before the search runs.
@@ -92,19 +96,42 @@ def _at_precision(settings: Mapping[str, object], precision: str) -> dict[str, o
     return out
 
 
+def release_key(detail: str, model: str = "") -> str:
+    """The ``release_switches`` key of a measured row's release ('' where its source_detail
+    names none): "<commit8> <workload>" for a launch script at a commit, "<release> <system>
+    <model>" for a performance table's section, the model as the row's ``model_name`` cell
+    without its parenthesis, lower case, words joined by "-" ("Qwen3_30B_a3B" is
+    "qwen3-30b-a3b", "DeepSeekV3 (w/ MTP)" is "deepseekv3")."""
+    match = RELEASE_KEY.search(detail)
+    if match:
+        return f"{match[1]} {match[2]}"
+    match = SECTION_KEY.search(detail.strip())
+    if not match:
+        return ""
+    name = re.sub(r"\(.*?\)", "", model).strip().lower()
+    return f"{match[1]} {match[2]} {re.sub(r'[^a-z0-9.]+', '-', name).strip('-')}"
+
+
+def release_switches(source: str, detail: str, model: str = "",
+                     precision: str = "bf16") -> dict[str, object]:
+    """What the release a measured row names ran (``release_switches`` in frameworks.yaml,
+    under the row's ``source``, at :func:`release_key`), at ``precision``: Training switches and
+    plan fields; {} for a release not listed."""
+    releases = (load_profiles().get("release_switches") or {}).get(source.strip().lower(), {})
+    key = release_key(detail, model)
+    return _at_precision(releases.get(key, {}) if key else {}, precision)
+
+
 def row_defaults(framework: str, precision: str = "bf16", source: str = "",
-                 detail: str = "") -> dict[str, object]:
+                 detail: str = "", model: str = "") -> dict[str, object]:
     """What a measured row ran where its cells are silent (plan knobs and Training switches):
     ``framework``'s published recipes (``row_defaults`` in frameworks.yaml), then what the
-    release its ``source_detail`` names ran (``release_switches``: the source's
-    ``<commit> <workload>`` key), each at ``precision``."""
+    release its ``source_detail`` (and, for a table's section, its ``model_name``) names ran
+    (:func:`release_switches`), each at ``precision``."""
     profiles = load_profiles()
-    settings = dict((profiles.get("row_defaults") or {}).get(resolve_framework(framework), {}))
-    match = RELEASE_KEY.search(detail)
-    releases = (profiles.get("release_switches") or {}).get(source.strip().lower(), {})
-    if match:
-        settings.update(releases.get(f"{match[1]} {match[2]}", {}))
-    return _at_precision(settings, precision)
+    settings = _at_precision(
+        (profiles.get("row_defaults") or {}).get(resolve_framework(framework), {}), precision)
+    return {**settings, **release_switches(source, detail, model, precision)}
 
 
 def megatron_core_profiles() -> list[str]:

@@ -14,7 +14,7 @@ from costmodel import ClusterSpec, Plan
 from costmodel.compute import _loss_s, layer_times
 from costmodel.kernels import gemm_time, kernels_of
 from costmodel.plans import PLAN_KEYS, as_plan_arrays, plans_to_arrays
-from hardware_catalog.frameworks import RELEASE_KEY, load_profiles, row_defaults
+from hardware_catalog.frameworks import RELEASE_KEY, load_profiles, release_key, row_defaults
 from search.inputs.specs import training_spec
 from tcf_search.calibration.dataset import find_measured_csv
 
@@ -80,7 +80,12 @@ def test_release_switches_are_training_switches() -> None:
     fields = set(switch_names()) | set(PLAN_KEYS)
     for source, releases in load_profiles()["release_switches"].items():
         for key, switches in releases.items():
-            assert RELEASE_KEY.search(f"x@{key.split()[0]} {key.split()[1]}/f"), (source, key)
+            # a key a row's source_detail (and model_name) reaches: a launch script at a commit
+            # ("<commit8> <workload>"), or a table's section ("<release> <system> <model>")
+            parts = key.split()
+            detail = (f"x@{parts[0]} {parts[1]}/f" if len(parts) == 2 else
+                      f"x section {parts[0]} {parts[1]}")
+            assert release_key(detail, " ".join(parts[2:])) == key, (source, key)
             for name in switches:
                 base = name.rsplit("_", 1)[0] if name.endswith(("_fp8", "_bf16")) else name
                 assert base in fields, (key, name)

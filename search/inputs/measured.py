@@ -13,7 +13,7 @@ from costmodel.mla import MLA_FIELDS, MlaError, MlaSpec
 from costmodel.plan_fields import PLAN_FIELDS, PLAN_KEYS, PlanField
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
 from hardware_catalog import CatalogError, get_gpu
-from hardware_catalog.frameworks import resolve_framework, row_defaults
+from hardware_catalog.frameworks import release_switches, resolve_framework, row_defaults
 from search.inputs.specs import cluster_spec, training_spec
 
 __all__ = ["Case", "CaseError", "case_from_row", "presumed_split", "row_plan"]
@@ -162,10 +162,12 @@ def row_plan(row: Mapping[str, object], layers: int,
     """The plan a row's cells give, a cell per field of ``costmodel.plan_fields``; an empty cell
     holds ``defaults`` (what the row's framework and release ran), else the field's default.
     Sequence parallelism is on by default where tp > 1 and never at tp 1; the split is
-    :func:`row_split`'s."""
+    :func:`row_split`'s where the row gives one, else the defaults' (a release's layout)."""
     tp, pp = _int(row, "tp", 1), _int(row, "pp", 1)
-    first, last = row_split(row, layers, pp)
     defaults = {"sequence_parallel": tp > 1, **(defaults or {})}
+    first, last = (row_split(row, layers, pp) if any(_cell(row, k) for k in SPLIT_COLUMNS) else
+                   (int(defaults.get("first_stage_layers", 0)),  # type: ignore[call-overload]
+                    int(defaults.get("last_stage_layers", 0))))  # type: ignore[call-overload]
     split = {"first_stage_layers": first, "last_stage_layers": last}
     values = {f.name: split[f.name] if f.name in split else
               _field(row, f, defaults.get(f.name, f.default)) for f in PLAN_FIELDS}
@@ -203,15 +205,17 @@ def case_from_row(row: Mapping[str, object]) -> Case:
     except SpecError as e:
         raise CaseError(f"precision: {str(e).removeprefix('training.precision: ')}") from None
     # what the framework's recipes, and the release the row names, ran where a cell is empty
-    defaults = row_defaults(framework, precision, _cell(row, "source"),
-                            _cell(row, "source_detail"))
+    source, detail, name = _cell(row, "source"), _cell(row, "source_detail"), model.name
+    defaults = row_defaults(framework, precision, source, detail, name)
     # plan fields a framework's recipes or a row's release set (row_defaults, release_switches
     # in frameworks.yaml); the rest are Training's
     knobs = {k: defaults.pop(k) for k in PLAN_KEYS if k in defaults}
     training = training_spec(framework=framework, precision=precision,
                              seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
                              compile=_bool(row, "compile"), switches=defaults)
-    given = {k for k in KNOBS if _cell(row, k)}
+    # a knob the row's release ran (its recompute, its split) is given as a cell is: predict
+    # does not search it; the framework's row_defaults only fill the plan
+    given = {k for k in KNOBS if _cell(row, k) or k in release_switches(source, detail, name)}
     if any(_cell(row, k) for k in SPLIT_COLUMNS):
         given |= {"first_stage_layers", "last_stage_layers"}
     plan = row_plan(row, model.layers, knobs)

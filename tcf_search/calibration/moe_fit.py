@@ -48,9 +48,9 @@ def moe_rows(frame: pd.DataFrame) -> pd.Series:
 
     The other MoE rows of the measured file are left out, as this stage cannot price them:
     ``megatron-bridge`` (DeepSeek-V3, Qwen3, GPT-OSS: fine-grained experts, whose step their
-    releases' dispatcher and fusion switches set; frameworks.yaml ``release_switches`` has none
-    for the source, so the rows run the profile's, and 25.11's Qwen3-30B is a known regression,
-    Megatron-Bridge #1998: its H100 rows sit -45% to +99% off at the prior, so they would steer
+    releases' dispatcher and fusion switches set, frameworks.yaml ``release_switches``; terms
+    they run are not priced (HybridEP's and DeepEP's SM budget), and 25.11's Qwen3-30B is a
+    known regression, Megatron-Bridge #1998, 1.9-2.8x over at the prior, so they would steer
     the all-to-all ratio, not measure it) and ``mcore-moe`` (Mixtral 8x7B dropless: MFU only,
     no tokens/s to take a residual of, and dropless routing is not the balanced run that
     ``moe_load_imbalance`` 1 prices)."""

@@ -1,0 +1,136 @@
+"""Megatron-Bridge's performance-summary rows run what their release ran: frameworks.yaml
+``release_switches: megatron-bridge``, keyed by the row's section (release, system) and its
+model, reaches a row through the measured-row path (``row_defaults``, ``case_from_row``), a knob
+the release names is not searched by ``predict``, and the benchmarks' recipe tables
+(``benchmarks/bridge_recipes.py``) read the same facts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from hardware_catalog.frameworks import load_profiles, release_key, row_defaults
+from search.inputs.measured import case_from_row
+from tcf_search.calibration.predict import candidates
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+DETAIL = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md @067f987d "
+          "section {release} {system}")
+# a few rows in the measured file's schema (made up here, not read from the shared file): the
+# published layouts, the architecture columns a row carries
+DSV3 = {"model_name": "DeepSeekV3", "layers": 61, "hidden": 7168, "ffn_hidden": 2048,
+        "heads": 128, "vocab": 129280, "seq_len": 4096, "moe_experts": 256, "moe_topk": 8,
+        "moe_ffn_hidden": 2048, "moe_shared_experts": 1, "q_lora_rank": 1536,
+        "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "gpu": "b200-180gb", "num_gpus": 256, "tp": 1, "pp": 8, "vpp": 2, "cp": 1, "ep": 32,
+        "dp": 32, "zero_stage": 1, "micro_batch": 1, "global_batch": 4096, "precision": "fp8"}
+QWEN235 = {"model_name": "Qwen3_235B_a22B", "layers": 94, "hidden": 4096, "ffn_hidden": 1536,
+           "heads": 64, "kv_heads": 4, "vocab": 151936, "seq_len": 4096, "moe_experts": 128,
+           "moe_topk": 8, "moe_ffn_hidden": 1536, "gpu": "h100-sxm-80gb", "num_gpus": 256,
+           "tp": 2, "pp": 8, "vpp": 4, "cp": 1, "ep": 32, "dp": 16, "zero_stage": 1,
+           "micro_batch": 1, "global_batch": 2048, "precision": "fp8"}
+LLAMA8 = {"model_name": "LLAMA3_8B", "layers": 32, "hidden": 4096, "ffn_hidden": 14336,
+          "heads": 32, "kv_heads": 8, "vocab": 128256, "seq_len": 8192, "gpu": "h100-sxm-80gb",
+          "num_gpus": 8, "tp": 1, "pp": 1, "cp": 1, "dp": 8, "zero_stage": 3, "micro_batch": 1,
+          "global_batch": 128, "precision": "fp8"}
+
+
+def bridge_row(base: dict[str, object], release: str, system: str) -> dict[str, object]:
+    return {**base, "framework": "nemo", "source": "megatron-bridge",
+            "source_detail": DETAIL.format(release=release, system=system)}
+
+
+@pytest.mark.parametrize(("detail", "model", "key"), [
+    ("x section 26.04.01 DGX-B200", "DeepSeekV3", "26.04.01 DGX-B200 deepseekv3"),
+    ("x section 25.11 DGX-B200", "DeepSeekV3 (w/ MTP)", "25.11 DGX-B200 deepseekv3"),
+    ("x section 25.11 DGX-H100", "Qwen3_30B_a3B", "25.11 DGX-H100 qwen3-30b-a3b"),
+    ("x section 25.11 DGX-H100", "LLAMA3.1_405B", "25.11 DGX-H100 llama3.1-405b"),
+    ("x section 26.04.01 DGX-H100", "GPT OSS 120B", "26.04.01 DGX-H100 gpt-oss-120b"),
+    ("NVIDIA/dgxc-benchmarking@8f5cbb37aa grok1/README.md (v25.02)", "Grok", "8f5cbb37 grok1"),
+    ("a paper, table 3", "x", ""),
+])
+def test_release_key(detail: str, model: str, key: str) -> None:
+    assert release_key(detail, model) == key
+
+
+def test_deepseek_v3_on_b200_runs_its_2604_recipe() -> None:
+    """DEEPSEEK_V3_PRETRAIN_CONFIG_B200_FP8_MX_V2: DeepEP with the A2A overlap, TE graphs of
+    attention and the router, recompute of mla_up_proj and mlp, the recipe's layout (8 layers
+    on the first rank, 5 on the last), bf16 gradients and Adam moments; predict searches none
+    of the knobs the release names."""
+    case = case_from_row(bridge_row(DSV3, "26.04.01", "DGX-B200"))
+    fw, plan = case.training.framework, case.plan
+    assert fw.moe.moe_dispatcher == "flex" and fw.moe.moe_a2a_overlap
+    assert not fw.moe.moe_shared_expert_overlap and fw.moe.moe_load_imbalance == 1.0
+    assert fw.moe.moe_permute_fusion and fw.moe.moe_router_fusion
+    assert fw.kernels.cuda_graph_impl == "transformer_engine"
+    assert set(fw.kernels.cuda_graph_scope) == {"attn", "moe_router", "moe_preprocess"}
+    assert fw.numerics.grad_dtype_bytes == 2 and fw.numerics.optimizer_state_bytes == 2
+    assert fw.numerics.fp8_param_gather  # the nemo profile's at fp8, as the mx preset's
+    assert plan.recompute == "selective" and plan.recompute_modules == ("mla_up_proj", "mlp")
+    assert (plan.first_stage_layers, plan.last_stage_layers) == (8, 5)
+    assert {"recompute", "first_stage_layers", "last_stage_layers"} <= case.given
+    plans = candidates(case)
+    assert plans and {(p.recompute, p.first_stage_layers, p.last_stage_layers)
+                      for p in plans} == {("selective", 8, 5)}
+
+
+def test_a_release_differs_by_model_and_release() -> None:
+    """25.11's Qwen3-235B on H100 overlaps the all-to-all without TP overlap; 25.11's DeepSeek-V3
+    on B200 (the model_name's "(w/ MTP)" dropped from the key) runs alltoall with the shared
+    expert overlapped, and its 16-stage layout; Llama 3 8B on H100 recomputes 5 whole layers."""
+    qwen = case_from_row(bridge_row(QWEN235, "25.11", "DGX-H100")).training.framework
+    assert qwen.moe.moe_dispatcher == "alltoall" and qwen.moe.moe_a2a_overlap
+    assert qwen.tp.tp_comm_overlap is False  # the nemo profile's is on
+    ds = case_from_row(bridge_row({**DSV3, "model_name": "DeepSeekV3 (w/ MTP)", "pp": 16,
+                                   "vpp": 1, "ep": 8, "global_batch": 2048},
+                                  "25.11", "DGX-B200"))
+    assert ds.training.framework.moe.moe_dispatcher == "alltoall"
+    assert ds.training.framework.moe.moe_shared_expert_overlap
+    assert ds.plan.recompute_modules == ("mla_up_proj",)
+    assert (ds.plan.first_stage_layers, ds.plan.last_stage_layers) == (4, 1)
+    llama = case_from_row(bridge_row(LLAMA8, "25.11", "DGX-H100"))
+    assert (llama.plan.recompute, llama.plan.recompute_layers) == ("full", 5)
+    assert llama.training.framework.numerics.grad_dtype_bytes == 2
+
+
+def test_a_row_s_cells_win_and_an_unlisted_release_runs_the_profile() -> None:
+    """A cell the row gives beats its release (the split, the recompute mode); a release the
+    yaml does not list gets the nemo profile's switches alone."""
+    row = {**bridge_row(DSV3, "26.04.01", "DGX-B200"), "first_stage_layers": 7,
+           "last_stage_layers": 7, "recompute": "full"}
+    case = case_from_row(row)
+    assert (case.plan.first_stage_layers, case.plan.last_stage_layers) == (7, 7)
+    assert case.plan.recompute == "full"
+    other = case_from_row(bridge_row(DSV3, "26.99", "DGX-B200"))
+    fw = other.training.framework
+    assert fw.moe.moe_dispatcher == "alltoall" and not fw.moe.moe_a2a_overlap
+    assert fw.numerics.grad_dtype_bytes == 4 and "recompute" not in other.given
+    assert row_defaults("nemo", "fp8", "megatron-bridge", DETAIL.format(
+        release="26.99", system="DGX-B200"), "DeepSeekV3") == {"zero_stage": 1}
+
+
+def test_bridge_recipes_read_the_yaml() -> None:
+    """The benchmarks' recipe tables give a listed row exactly the yaml's switches, and hold no
+    table entry of their own for a (release, system) the yaml lists: a fact is written once."""
+    sys.path.insert(0, str(BENCH))
+    import bridge_recipes as br
+
+    listed = load_profiles()["release_switches"]["megatron-bridge"]
+    for key, facts in listed.items():
+        release, system, model = key.split()
+        preset = next((p for p, name in br.TABLE_MODELS.items()
+                       if release_key("section x y", name).endswith(" " + model)), None)
+        assert preset is not None, key
+        got = br.bridge_facts(release, system, preset)
+        assert got is not None
+        moe = {k: v for k, v in facts.items() if k.startswith("moe_")}
+        assert br.moe_switches(release, system, True, preset) == moe
+        graphs = {k: v for k, v in facts.items() if k.startswith("cuda_graph_")}
+        assert br.graph_switches(release, system, preset) == graphs
+        if "recompute" in facts:
+            assert br.recompute_modes(release, {}, preset, system) == (facts["recompute"],)
+        assert (release, system) not in br.MOE_RECIPES
+        assert (release, system, preset) not in br.GRAPH_RECIPES
