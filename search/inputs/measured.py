@@ -175,6 +175,10 @@ def row_plan(row: Mapping[str, object], layers: int,
     return Plan(**values)  # type: ignore[arg-type]
 
 
+# plan fields that are also a training's switches: a release's value is the training's
+TRAINING_OWN = frozenset({"moe_dispatcher", "moe_a2a_overlap"})
+
+
 def case_from_row(row: Mapping[str, object]) -> Case:
     mla = row_mla(row)
     heads = _int(row, "heads")
@@ -208,8 +212,9 @@ def case_from_row(row: Mapping[str, object]) -> Case:
     source, detail, name = _cell(row, "source"), _cell(row, "source_detail"), model.name
     defaults = row_defaults(framework, precision, source, detail, name)
     # plan fields a framework's recipes or a row's release set (row_defaults, release_switches
-    # in frameworks.yaml); the rest are Training's
-    knobs = {k: defaults.pop(k) for k in PLAN_KEYS if k in defaults}
+    # in frameworks.yaml); the rest are Training's, the MoE dispatch too (a release's switch,
+    # which a plan of its own may override)
+    knobs = {k: defaults.pop(k) for k in PLAN_KEYS if k in defaults and k not in TRAINING_OWN}
     training = training_spec(framework=framework, precision=precision,
                              seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
                              compile=_bool(row, "compile"), switches=defaults)
