@@ -126,7 +126,8 @@ def dispatch_options(study: Study, specs: Specs) -> tuple[tuple[int, int], ...]:
         if not specs.model.is_moe or getattr(study.training, axis) is not None:
             given = ()
         domains.append(_encode(axis, offered[axis] if given == "auto" else given, t))
-    return tuple(itertools.product(*domains))
+    dispatchers, overlaps = domains
+    return tuple((d, o) for d in dispatchers for o in overlaps)
 
 
 def _subsets(names: tuple[str, ...]) -> list[tuple[str, ...]]:

@@ -38,8 +38,11 @@ class PlanSpecError(TcfError):
 def _value(key: str, raw: str) -> Any:
     text, kind = raw.strip().lower(), FIELDS[key].type
     if kind is str:
+        if text == "training" and "" in FIELDS[key].choices:  # a MoE dispatch: the training's
+            return ""
         if text not in CHOICES[key]:
-            raise PlanSpecError(f"plan: {key} must be one of {', '.join(CHOICES[key])}, "
+            shown = [c or "training" for c in CHOICES[key]]
+            raise PlanSpecError(f"plan: {key} must be one of {', '.join(shown)}, "
                                 f"but got {raw!r}")
         return text
     if kind is bool:

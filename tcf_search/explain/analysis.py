@@ -36,6 +36,17 @@ FLOP_CONVENTION = (
 MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "buffers", "overhead")
 
 
+def moe_dispatch(training: Training, plan: Plan) -> dict[str, Any]:
+    """The MoE dispatch the plan runs: its own (plan fields moe_dispatcher, moe_a2a_overlap)
+    or the training's, and which of the two it is."""
+    own = training.framework.moe
+    return {"dispatcher": plan.moe_dispatcher or own.moe_dispatcher,
+            "a2a_overlap": (plan.moe_a2a_overlap == "on" if plan.moe_a2a_overlap
+                            else own.moe_a2a_overlap),
+            "plan_own": bool(plan.moe_dispatcher or plan.moe_a2a_overlap),
+            "training": {"dispatcher": own.moe_dispatcher, "a2a_overlap": own.moe_a2a_overlap}}
+
+
 def _memory(e: StepEstimate) -> dict[str, Any]:
     usable = e.memory.usable_bytes
     stages = []
@@ -189,7 +200,9 @@ def explain(subject: Subject) -> dict[str, Any]:
         "plan": plan_dict(plan), "plan_text": format_plan(plan),
         "memory": _memory(e), "compute": {**_compute(e), **_stall(e, s.training)},
         "communication": {**_communication(e),
-                          "placement": plan_placement(s.model, s.cluster, plan, s.training)},
+                          "placement": plan_placement(s.model, s.cluster, plan, s.training),
+                          **({"moe_dispatch": moe_dispatch(s.training, plan)}
+                             if s.model.is_moe else {})},
         "step": {"step_time_s": e.step_time_s, "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
                  "tokens_per_step": e.tokens_per_step, "breakdown": breakdown},
         "uncertainty": uncertainty_metrics(

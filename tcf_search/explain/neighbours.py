@@ -57,6 +57,11 @@ def candidate_changes(plan: Plan, specs: Specs,
         out += [{knob: v} for v in _scaled(getattr(plan, knob), up=n)]
     if specs.model.is_moe:
         out += [{"ep": v} for v in _scaled(plan.ep, up=specs.model.moe_experts)]
+        # the MoE dispatch: each other dispatcher, the overlap turned the other way (those the
+        # launcher does not offer are dropped by the rules)
+        out += [{"moe_dispatcher": d} for d in ("", "alltoall", "allgather", "flex")
+                if d != plan.moe_dispatcher]
+        out += [{"moe_a2a_overlap": o} for o in ("", "off", "on") if o != plan.moe_a2a_overlap]
     out += [{"micro_batch": v} for v in _scaled(plan.micro_batch)]
     out += [{"zero_stage": z} for z in range(4) if z != plan.zero_stage]
     out += [{"recompute": r} for r in ("none", "selective", "full") if r != plan.recompute]
@@ -89,6 +94,8 @@ def _shown(value: Any) -> str:
     """A value as the plan syntax writes it (a module set joined by '+', () the training's)."""
     if isinstance(value, tuple):
         return "+".join(value) or "training"
+    if value == "":  # a MoE dispatch field: the training's
+        return "training"
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 

@@ -102,6 +102,19 @@ def _communication(doc: dict[str, Any], con: Console) -> None:
     con.print(t)
     if "placement" in k:
         _placement(k["placement"], con)
+    if d := k.get("moe_dispatch"):
+        t = d["training"]
+        con.print(f"   MoE dispatch: {DISPATCHERS[d['dispatcher']]}, the EP all-to-all "
+                  + ("overlapped with another micro-batch's compute" if d["a2a_overlap"]
+                     else "not overlapped")
+                  + (f" (the plan's own; the training's: {t['dispatcher']}, "
+                     f"{'overlapped' if t['a2a_overlap'] else 'not overlapped'})"
+                     if d["plan_own"] else " (the training's)"))
+
+
+DISPATCHERS = {"alltoall": "alltoall (NCCL all-to-all of every routed copy)",
+               "allgather": "allgather (every token gathered over TP x EP)",
+               "flex": "flex (DeepEP: a token once per destination rank and remote node)"}
 
 
 def _placement(at: dict[str, Any], con: Console) -> None:

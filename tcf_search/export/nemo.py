@@ -267,13 +267,11 @@ def render(pf: PlanFile, options: ExportOptions) -> dict[str, str]:
     # the overlap runs only at TP > 1 with SP (NeMo's callback turns it off elsewhere)
     overlap = pf.training.framework.tp.tp_comm_overlap and f.tp > 1 and f.sp
     if f.moe_a2a_overlap and pf.model.is_moe:
-        # CommOverlapConfig.overlap_moe_expert_parallel_comm, which it copies to the model
-        # config (src/megatron/bridge/training/comm_overlap.py, v0.2.2)
-        if not has_comm_overlap:
-            raise ExportRefused("nemo", [f"recipe {recipe} has no comm_overlap section, so the "
-                                         "EP all-to-all overlap the plan was priced with "
-                                         "cannot be set by an override"])
-        o["comm_overlap.overlap_moe_expert_parallel_comm"] = True
+        # a recipe with a comm_overlap section sets the model's switch from its
+        # CommOverlapConfig, False unless told (src/megatron/bridge/training/comm_overlap.py,
+        # v0.2.2 _get_model_comm_overlap_cfgs); without one the model config's own field runs
+        key = "comm_overlap" if has_comm_overlap else "model"
+        o[f"{key}.overlap_moe_expert_parallel_comm"] = True
     if has_comm_overlap:
         o["comm_overlap.tp_comm_overlap"] = overlap
     elif overlap:
