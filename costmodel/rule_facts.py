@@ -46,11 +46,14 @@ def framework_facts(profile: FrameworkProfile) -> dict[str, Any]:
 
 
 def graph_facts(model: ModelSpec, training: Training) -> dict[str, Any]:
-    """The fields of :class:`Facts` that ``costmodel.graphs.graphs_allowed`` reads."""
+    """The fields of :class:`Facts` the training's switches give: what
+    ``costmodel.graphs.graphs_allowed`` reads, the MoE dispatch and the optimizer's precision."""
     return {"moe_layers": model.moe_layers,
             "cuda_graph_impl": training.framework.kernels.cuda_graph_impl,
             "cuda_graph_scope": training.framework.kernels.cuda_graph_scope,
             "moe_pad_to_capacity": training.framework.moe.moe_pad_to_capacity,
             "moe_a2a_overlap": training.framework.moe.moe_a2a_overlap,
+            "low_precision_moments": (training.framework.numerics.master_weights
+                                      and training.framework.numerics.optimizer_state_bytes < 4),
             "moe_dispatcher": training.framework.moe.moe_dispatcher,
             "moe_shared_expert_overlap": training.framework.moe.moe_shared_expert_overlap}

@@ -96,6 +96,9 @@ class Facts:
     moe_shared_expert_overlap: bool = False
     moe_dispatchers: tuple[str, ...] = ()
     moe_a2a_overlaps: tuple[bool, ...] = ()
+    # Adam's moments below fp32 beside fp32 master weights: Megatron-Core's precision-aware
+    # optimizer, which only its distributed optimizer runs (rule precision_aware_optimizer)
+    low_precision_moments: bool = False
     # multi-token prediction depths, and whether the framework builds them
     # (its profile's ``multi_token_prediction``)
     mtp_layers: int = 0

@@ -276,6 +276,12 @@ RULES: tuple[Rule, ...] = (
          "vpp > 1, not moe_shared_expert_overlap, and mtp_layers == 0 or 1 with pp > 1 "
          "(Megatron-Core's --overlap-moe-expert-parallel-comm)",
          _overlap),
+    # megatron/core/optimizer/optimizer_config.py (core_v0.16.0): "--use-precision-aware-optimizer
+    # only supported with distributed optimizer"
+    Rule("precision_aware_optimizer", ("zero_stage",), ("low_precision_moments",),
+         "zero_stage >= 1 (the distributed optimizer or Megatron-FSDP), unless not "
+         "low_precision_moments (Adam's moments below fp32 beside fp32 master weights)",
+         lambda c, f: (c["zero_stage"] >= 1) | (not f.low_precision_moments)),
     Rule("moe_zero", ("zero_stage",), ("experts", "moe_max_zero_stage"),
          "experts == 0 or zero_stage <= moe_max_zero_stage (the ZeRO stages the framework runs "
          "with MoE layers)",

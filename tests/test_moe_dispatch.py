@@ -203,3 +203,29 @@ def test_a_launcher_without_the_switch_refuses_a_plan_naming_it() -> None:
     from tcf_search.export import ExportRefused
     with pytest.raises(ExportRefused, match="moe_dispatch"):
         render("torchtitan", dispatch_plan("torchtitan"))
+
+
+# --- Adam's moments in bf16 (Megatron-Core's precision-aware optimizer) ----------------------
+
+
+def test_bf16_moments_halve_the_optimizer_states_and_need_the_distributed_optimizer() -> None:
+    _, fp32 = specs_of()
+    _, bf16 = specs_of(", adam_moments_in_bf16: true")
+    plan = dataclasses.replace(CROSS, zero_stage=1)
+    a = estimate(fp32.model, fp32.cluster, plan, fp32.training).memory.stages[0]
+    b = estimate(bf16.model, bf16.cluster, plan, bf16.training).memory.stages[0]
+    # fp32 master (4 bytes) and two moments (8 bytes, then 4) per sharded parameter
+    assert b.optimizer_bytes == pytest.approx(a.optimizer_bytes * 8 / 12, rel=1e-9)
+    # optimizer_config.py: "--use-precision-aware-optimizer only supported with distributed
+    # optimizer"
+    with pytest.raises(SpecError, match="^precision_aware_optimizer: "):
+        check_plan(bf16.model, bf16.cluster, dataclasses.replace(plan, zero_stage=0),
+                   bf16.training, bf16.switches)
+    pf = dataclasses.replace(dispatch_plan(), training=bf16.training)
+    flags = launcher_flags(render("megatron", pf)["megatron.sh"], "pretrain_gpt.py")
+    assert flags["--use-precision-aware-optimizer"] is True
+    assert (flags["--exp-avg-dtype"], flags["--exp-avg-sq-dtype"]) == ("bf16", "bf16")
+    study = parse_study(STUDY.replace("framework: megatron", "framework: torchtitan")
+                        % (", adam_moments_in_bf16: true", ""), name="dispatch")
+    with pytest.raises(StudyError, match=r"^training\.adam_moments_in_bf16: "):
+        build_specs(study)

@@ -63,16 +63,17 @@ class PlanFile:
 
 
 def plan_dict(plan: Plan) -> dict[str, Any]:
-    """A plan's fields (``costmodel.plan_fields``), a set of names as a list and only where the
-    plan names some (the selective modules: else the training's), so a file without them reads
-    as before."""
+    """A plan's fields (``costmodel.plan_fields``), a set of names as a list; a field whose
+    empty value stands for the training's (the selective modules, the MoE dispatch) only where
+    the plan names its own, so a file without them reads as before."""
     out: dict[str, Any] = {}
     for f in PLAN_FIELDS:
         value = getattr(plan, f.name)
-        if f.type is not tuple:
+        if f.type is tuple:
+            if value:
+                out[f.name] = list(value)
+        elif value != "" or "" not in f.choices:
             out[f.name] = value
-        elif value:
-            out[f.name] = list(value)
     return out
 
 

@@ -221,6 +221,10 @@ class TrainingSection(_Section):
     # reduced in bf16 instead of fp32 (--grad-reduce-in-bf16)
     fp8_param_gather: Bool | None = None
     grad_reduce_in_bf16: Bool | None = None
+    # Adam's moments held in bf16 (Megatron-LM --use-precision-aware-optimizer --exp-avg-dtype
+    # bf16 --exp-avg-sq-dtype bf16; the fp32 master weights stay), as Megatron-Bridge's
+    # DeepSeek-V3 recipes run
+    adam_moments_in_bf16: Bool | None = None
     # torch.compile: fuses the norms, RoPE and activation functions a framework runs eagerly
     compile: Bool | None = None
     # what recompute=selective recomputes under a Megatron-Core profile (--recompute-modules;

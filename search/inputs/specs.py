@@ -154,7 +154,8 @@ MOE_SWITCHES = ("moe_dispatcher", "moe_a2a_overlap", "moe_permute_fusion", "moe_
                 "moe_shared_expert_overlap", "moe_pad_to_capacity")
 MEGATRON_FLAGS = {"moe_dispatcher": "--moe-token-dispatcher-type",
                   "moe_a2a_overlap": "--overlap-moe-expert-parallel-comm",
-                  "moe_pad_to_capacity": "--moe-pad-expert-input-to-capacity"}
+                  "moe_pad_to_capacity": "--moe-pad-expert-input-to-capacity",
+                  "adam_moments_in_bf16": "--use-precision-aware-optimizer"}
 
 
 def build_specs(study: Study) -> Specs:
@@ -164,6 +165,8 @@ def build_specs(study: Study) -> Specs:
         "fp8_param_gather", "rank_order", *MOE_SWITCHES) if getattr(t, k) is not None}
     if t.grad_reduce_in_bf16 is not None:
         switches["grad_dtype_bytes"] = 2 if t.grad_reduce_in_bf16 else 4
+    if t.adam_moments_in_bf16 is not None:
+        switches["optimizer_state_bytes"] = 2 if t.adam_moments_in_bf16 else 4
     if t.recompute_modules is not None:
         switches["recompute_modules"] = tuple(t.recompute_modules)
     try:
@@ -186,7 +189,12 @@ def build_specs(study: Study) -> Specs:
     if (searched := study.search_space.recompute_modules) is not None:
         _check_modules(model, training, t.framework, "search_space.recompute_modules",
                        () if searched == "auto" else searched)
-    for field in ("grad_reduce_in_bf16", "fp8_param_gather", *MOE_SWITCHES):
+    if t.adam_moments_in_bf16 and t.optimizer != "adam":
+        raise StudyError(f"training.adam_moments_in_bf16: Megatron-Core's precision-aware "
+                         f"optimizer is Adam's (optimizer_config.py), but got optimizer "
+                         f"{t.optimizer!r}")
+    for field in ("grad_reduce_in_bf16", "fp8_param_gather", "adam_moments_in_bf16",
+                  *MOE_SWITCHES):
         if getattr(t, field) is not None and not is_megatron_core(t.framework):
             raise StudyError(f"training.{field}: " + _not_megatron_core(
                 MEGATRON_FLAGS.get(field, f"--{field.replace('_', '-')}"), t.framework))

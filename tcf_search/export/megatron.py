@@ -306,6 +306,9 @@ def weight_and_grad_dtype_args(f: LaunchView) -> list[Group]:
         out.append(("--fp8-param-gather",))
     if f.bf16_grads:
         out.append(("--grad-reduce-in-bf16",))
+    if f.bf16_moments:  # megatron/training/arguments.py _add_training_args, core_v0.16.0
+        out.append(("--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16",
+                    "--exp-avg-sq-dtype", "bf16"))
     return out
 
 

@@ -171,6 +171,14 @@ NEMO: tuple[AnyRule, ...] = tuple(r for r in MEGATRON
          "(--grad-reduce-in-bf16)",
          "src/megatron/bridge/training/mixed_precision.py bf16_mixed, "
          "MixedPrecisionConfig.setup; config.py runtime_config_update"),
+    # the precision-aware optimizer's dtypes are torch.dtype fields of the recipe's
+    # OptimizerConfig (its DeepSeek-V3 recipes set them in Python), which a command-line
+    # override cannot give
+    Rule(lambda f: not f.bf16_moments,
+         "Adam's moments in bf16 (training.adam_moments_in_bf16) are torch.dtype fields of "
+         "Megatron-Core's OptimizerConfig (exp_avg_dtype, exp_avg_sq_dtype), which run_recipe's "
+         "overrides cannot write: export megatron (--use-precision-aware-optimizer)",
+         "megatron/core/optimizer/optimizer_config.py (core_v0.16.0)"),
     Rule(lambda f: f.precision != "fp8" or f.fp8_param_gather,
          "Megatron-Bridge's fp8 preset (bf16_with_fp8_delayed_scaling_mixed) gathers fp8 weights "
          "(fp8_param_gather=True), which run_recipe overrides cannot change, but the study "

@@ -57,6 +57,9 @@ class LaunchView:
     # --grad-reduce-in-bf16; Megatron-Core's grad_reduce_in_fp32=False), not the fp32 default
     bf16_grads: bool
     fp8_param_gather: bool  # fp8 training holding and all-gathering fp8 weights only
+    # Adam's moments in bf16 beside fp32 master weights (Megatron-Core's precision-aware
+    # optimizer: --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16)
+    bf16_moments: bool
     optimizer: str
     tied: bool
     tp_comm_overlap: bool
@@ -149,6 +152,7 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
         sp=p.sequence_parallel, schedule=p.schedule, precision=t.precision,
         bf16_grads=t.precision in ("bf16", "fp8") and fw.numerics.grad_dtype_bytes == 2,
         fp8_param_gather=t.precision == "fp8" and fw.numerics.fp8_param_gather,
+        bf16_moments=fw.numerics.master_weights and fw.numerics.optimizer_state_bytes == 2,
         optimizer=t.optimizer, tied=m.tied_embeddings, tp_comm_overlap=fw.tp.tp_comm_overlap,
         moe_dispatcher=p.moe_dispatcher or fw.moe.moe_dispatcher,
         moe_a2a_overlap=(fw.moe.moe_a2a_overlap if not p.moe_a2a_overlap
