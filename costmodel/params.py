@@ -39,7 +39,11 @@ def moe_mlp_params(m: ModelSpec) -> int:
 
 
 def norm_params(m: ModelSpec) -> int:
-    return 2 * m.hidden
+    """A layer's vectors beside its matrices: the two norms' weights, QK-norm's two of one
+    head's width (Qwen3's q_norm and k_norm, RMSNorm(head_dim)) and one learnable sink per head
+    (gpt-oss's ``sinks``)."""
+    qk = 2 * qk_dim(m) if m.qk_norm else 0
+    return 2 * m.hidden + qk + (m.heads if m.attention_sinks else 0)
 
 
 def embedding_params(m: ModelSpec) -> int:

@@ -90,6 +90,11 @@ def _llama3_fixed(m: ModelSpec) -> bool:
                          s.original_max_position_embeddings) == (1.0, 4.0, 8192)
 
 
+def _plain_llama_attention(m: ModelSpec) -> bool:
+    """Llama 3's attention: full causal on every layer, no QK-norm, no sinks."""
+    return not (m.qk_norm or m.window or m.attention_sinks)
+
+
 def _scaling(m: ModelSpec) -> str:
     return m.rope_scaling.kind if m.rope_scaling else "none"
 
@@ -146,6 +151,11 @@ MEGATRON: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
          "cuda_graph_impl={rule_facts.cuda_graph_impl}",
          "megatron/core/transformer/transformer_config.py __post_init__ (core_v0.16.1)"),
     *MEGATRON_ROPE,
+    Rule(lambda f: not f.model.attention_chunk,
+         "Megatron-Core has no chunked attention (a query seeing only its own chunk, Llama 4's "
+         "attention_chunk_size), only sliding windows (window_size, window_attn_skip_freq), but "
+         "the model has attention_chunk={model.attention_chunk}",
+         "megatron/core/transformer/transformer_config.py (core_v0.16.1; d98e8a6)"),
 )
 
 # Megatron-Bridge (NeMo) builds the same Megatron-Core configs, so it inherits the same checks,
@@ -183,11 +193,15 @@ NEMO: tuple[AnyRule, ...] = tuple(r for r in MEGATRON
 HF_MODEL: tuple[AnyRule, ...] = (
     Rule(lambda f: hf_model.family(f.model) is not None,
          "the model goes beside the config as a Hugging Face config.json, and no Hugging Face "
-         "family written here (llama, qwen2, mistral, mixtral, deepseek_v3, gpt2) builds "
-         "norm={model.norm}, position_embedding={model.position_embedding}, bias={model.bias}, "
-         "ffn_type={model.ffn_type}, experts={model.moe_experts} (shared "
-         "{model.moe_shared_experts}, dense layers {model.moe_dense_layers}), "
-         "mla={model.mla}, rope_scaling={model.rope_scaling}, router={model.moe_router}",
+         "family written here (llama, qwen2, qwen3, qwen3_moe, mistral, mixtral, deepseek_v3, "
+         "gpt_oss, llama4_text, gpt2) builds norm={model.norm}, position_embedding="
+         "{model.position_embedding}, bias={model.bias}, ffn_type={model.ffn_type}, "
+         "experts={model.moe_experts} (shared {model.moe_shared_experts}, dense layers "
+         "{model.moe_dense_layers}, MoE every {model.moe_layer_freq}), mla={model.mla}, "
+         "rope_scaling={model.rope_scaling}, router={model.moe_router}, qk_norm="
+         "{model.qk_norm}, sliding_window={model.sliding_window}, attention_chunk="
+         "{model.attention_chunk}, window_skip_freq={model.window_skip_freq}, "
+         "attention_sinks={model.attention_sinks}",
          "transformers/models/*/configuration_*.py"),
 )
 
@@ -236,6 +250,13 @@ TITAN_LLAMA: tuple[AnyRule, ...] = (
     Rule(lambda f: not f.model.is_moe,
          "torchtitan's Llama 3 model is dense, but the model has {model.moe_experts} experts "
          "(its MoE modules are other models' code)", "torchtitan/models/llama3/__init__.py"),
+    Rule(lambda f: _plain_llama_attention(f.model),
+         "torchtitan's Llama 3 attention is causal over the whole sequence on every layer, "
+         "without QK-norm or sinks (its qwen3 and gpt_oss models have them, and are not "
+         "exported), but the model has qk_norm={model.qk_norm}, sliding_window="
+         "{model.sliding_window}, attention_chunk={model.attention_chunk}, attention_sinks="
+         "{model.attention_sinks}", "torchtitan/models/llama3/__init__.py; "
+         "torchtitan/models/common/attention.py qk_norm (b5bcd76)"),
     Rule(lambda f: f.model.d_head * f.model.heads == f.model.hidden,
          "torchtitan's Llama 3 attention takes head_dim = dim // n_heads, but the model has "
          "head_dim={model.d_head}, hidden={model.hidden}, heads={model.heads}",
@@ -291,6 +312,11 @@ TORCHTITAN: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + TITAN_LLAMA + (
 )
 
 NANOTRON: tuple[AnyRule, ...] = COMMON + (
+    Rule(lambda f: _plain_llama_attention(f.model),
+         "nanotron's Llama attention is causal over the whole sequence on every layer, without "
+         "QK-norm or sinks, but the model has qk_norm={model.qk_norm}, sliding_window="
+         "{model.sliding_window}, attention_chunk={model.attention_chunk}, attention_sinks="
+         "{model.attention_sinks}", "nanotron/models/llama.py"),
     Rule(lambda f: f.model.mla is None,
          "nanotron's LlamaConfig has no latent attention, but the model has mla={model.mla}",
          "nanotron/config/models_config.py"),
