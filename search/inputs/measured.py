@@ -189,6 +189,12 @@ def case_from_row(row: Mapping[str, object]) -> Case:
         mla=mla, head_dim=mla.v_head_dim if mla else 0,
         bias=_cell(row, "bias") or "none",  # type: ignore[arg-type]
         sliding_window=_int(row, "sliding_window", 0),
+        # optional model-feature columns (README: "Optional model columns"); empty = off
+        moe_dense_layers=_int(row, "dense_layers", 0),
+        moe_layer_freq=_int(row, "moe_layer_freq", 1),
+        attention_chunk=_int(row, "attention_chunk", 0),
+        window_skip_freq=_int(row, "window_skip_freq", 0),
+        attention_sinks=_bool(row, "attention_sinks"), qk_norm=_bool(row, "qk_norm"),
     )
     gpu = get_gpu(_cell(row, "gpu"))
     try:

@@ -33,6 +33,10 @@ RECIPES: dict[str, tuple[str, bool]] = {
     "gpt3-175b": ("gpt3_175b_pretrain_config", True),
     "qwen3-30b-a3b": ("qwen3_30b_a3b_pretrain_config", False),
     "qwen3-235b-a22b": ("qwen3_235b_a22b_pretrain_config", False),
+    # gpt-oss's provider from its Hugging Face config (sinks, windows, clamped SwiGLU); no
+    # comm_overlap section (src/megatron/bridge/recipes/gpt_oss/gpt_oss.py, v0.5.1)
+    "gpt-oss-20b": ("gpt_oss_20b_pretrain_config", False),
+    "gpt-oss-120b": ("gpt_oss_120b_pretrain_config", False),
 }
 # Any other GELU model starts from the GPT-3 recipe (no download) with every size overridden; a
 # recipe's activation_func is a callable, which Hydra overrides cannot change.
