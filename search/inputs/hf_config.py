@@ -59,7 +59,10 @@ def _layer_style(cfg: dict[str, Any]) -> dict[str, Any]:
     if "n_embd" in cfg:
         return {"norm": "layernorm", "position_embedding": "learned", "bias": "all"}
     qkv = bool(cfg.get("attention_bias")) or cfg.get("model_type") in QKV_BIAS_TYPES
-    return {"rope_base": float(cfg.get("rope_theta", 10000.0)), "bias": "qkv" if qkv else "none"}
+    # gpt-oss: attention_bias on q, k, v and o, and its experts and router always biased
+    every = qkv and cfg.get("model_type") in ALL_BIAS_TYPES
+    return {"rope_base": float(cfg.get("rope_theta", 10000.0)),
+            "bias": "all" if every else "qkv" if qkv else "none"}
 
 
 def _rope_scaling(cfg: dict[str, Any]) -> tuple[RopeScaling | None, list[str]]:
@@ -103,12 +106,27 @@ def _moe_fields(cfg: dict[str, Any], layers: int, ffn: int) -> dict[str, Any]:
     # every Nth layer MoE, layer i iff (i + 1) % N == 0: Llama 4's interleave_moe_layer_step
     # (transformers' Llama4TextConfig moe_layers), Qwen MoE's decoder_sparse_step
     freq = _int(cfg, "interleave_moe_layer_step", "decoder_sparse_step", default=1) or 1
+    listed = cfg.get("moe_layers")  # Llama 4's explicit indices win over the step
+    if isinstance(listed, list) and all(isinstance(i, int) for i in listed):
+        dense_layers, freq = _moe_pattern(set(listed), layers, (dense_layers, freq))
     fields = {"moe_experts": experts, "moe_topk": topk, "moe_ffn_hidden": expert_ffn,
               "moe_shared_experts": shared, "moe_dense_layers": min(dense_layers, layers),
               "moe_layer_freq": min(freq, layers), "moe_router": _router(cfg)}
     if llama4:  # Llama4Router: a sigmoid over the top-k logits
         fields["moe_router"] = MoeRouter(score="sigmoid")
     return fields
+
+
+def _moe_pattern(listed: set[int], layers: int, given: tuple[int, int]) -> tuple[int, int]:
+    """The leading dense layers and the step of ModelSpec's MoE pattern that give exactly the
+    listed MoE layers; ``given`` where none does, which is named as not modelled."""
+    for k in range(min(listed, default=layers) + 1):  # no dense layer after the first MoE one
+        for n in range(1, layers + 1):
+            if {i for i in range(k, layers) if (i + 1) % n == 0} == listed:
+                return k, n
+    LOG.warning("config.json: not modelled: moe_layers %s (no leading-dense-then-every-Nth "
+                "pattern; modelled as %d dense layers, then every %d)", sorted(listed), *given)
+    return given
 
 
 def _router(cfg: dict[str, Any]) -> MoeRouter | None:
@@ -133,6 +151,8 @@ QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")  # transformers' Qwen2Attention: q, k, v
 # elements)
 QK_NORM_TYPES = ("qwen3", "qwen3_moe", "olmo2")
 SINK_TYPES = ("gpt_oss",)  # transformers' GptOssAttention: a learnable sink per head
+ALL_BIAS_TYPES = ("gpt_oss",)  # GptOssAttention (o_proj too) and GptOssExperts' biases
+LLAMA4_TYPES = ("llama4", "llama4_text")
 
 
 def _mla(cfg: dict[str, Any]) -> MlaSpec | None:
@@ -168,6 +188,11 @@ def _attention_pattern(cfg: dict[str, Any], layers: int) -> tuple[dict[str, Any]
     chunk = _int(cfg, "attention_chunk_size", default=0)
     kinds = cfg.get("layer_types")
     rope = cfg.get("no_rope_layers")
+    if cfg.get("model_type") in LLAMA4_TYPES and not (isinstance(rope, list) and rope):
+        # Llama4TextConfig's default: a NoPE (and full-attention) layer every
+        # no_rope_layer_interval layers (transformers' configuration_llama4.py)
+        every = _int(cfg, "no_rope_layer_interval", default=4) or 4
+        rope = [int((i + 1) % every != 0) for i in range(layers)]
     notes = []
     if isinstance(rope, list) and len(rope) == layers and not all(rope):
         notes.append(f"no_rope_layers: RoPE skipped on {rope.count(0)} of {layers} layers "
@@ -203,7 +228,8 @@ def _not_modelled(cfg: dict[str, Any]) -> list[str]:
         out.append("use_qk_norm=true (Llama 4's L2 norm of q and k)")
     if cfg.get("mlp_bias"):
         out.append("mlp_bias=true")
-    if cfg.get("attention_bias") and "o_proj_bias" not in cfg:
+    if (cfg.get("attention_bias") and "o_proj_bias" not in cfg
+            and cfg.get("model_type") not in ALL_BIAS_TYPES):
         out.append("attention_bias=true on the output projection (q, k, v biases modelled)")
     return out
 

@@ -186,7 +186,7 @@ def case_from_row(row: Mapping[str, object]) -> Case:
         moe_experts=_int(row, "moe_experts", 0), moe_topk=_int(row, "moe_topk", 0),
         moe_ffn_hidden=_int(row, "moe_ffn_hidden", 0),
         moe_shared_experts=_int(row, "moe_shared_experts", 0),
-        mla=mla, head_dim=mla.v_head_dim if mla else 0,
+        mla=mla, head_dim=mla.v_head_dim if mla else _int(row, "head_dim", 0),
         bias=_cell(row, "bias") or "none",  # type: ignore[arg-type]
         sliding_window=_int(row, "sliding_window", 0),
         # optional model-feature columns (README: "Optional model columns"); empty = off

@@ -97,6 +97,7 @@ def _patterned(kind: str, m: ModelSpec) -> dict[str, Any]:
         return {"intermediate_size": m.expert_ffn_hidden, "intermediate_size_mlp": m.ffn_hidden,
                 "num_local_experts": m.moe_experts, "num_experts_per_tok": m.moe_topk,
                 "moe_layers": [i for i, moe in enumerate(m.moe_pattern) if moe],
+                "interleave_moe_layer_step": m.moe_layer_freq,
                 "attention_chunk_size": m.attention_chunk or None, "use_qk_norm": False,
                 "no_rope_layers": [1] * m.layers,
                 "layer_types": ["chunked_attention" if w else "full_attention"
