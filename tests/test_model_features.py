@@ -332,6 +332,9 @@ def test_launchers_without_the_feature_refuse_it_by_name() -> None:
             render("torchtitan", _simple(model, "torchtitan"))
         with pytest.raises(ExportRefused, match="without QK-norm or sinks"):
             render("nanotron", _simple(model, "nanotron"))
+    sinks = dataclasses.replace(_simple("gpt-oss-20b"), plan=Plan(tp=1, cp=2, dp=4, zero_stage=1))
+    with pytest.raises(ExportRefused, match="cp_comm_type a2a"):
+        render("megatron", sinks)
     # Megatron writes what torchtitan refuses
     assert "--qk-layernorm" in render("megatron", _simple(qk))["megatron.sh"]
 
