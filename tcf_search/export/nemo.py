@@ -34,7 +34,7 @@ RECIPES: dict[str, tuple[str, bool]] = {
     "qwen3-30b-a3b": ("qwen3_30b_a3b_pretrain_config", False),
     "qwen3-235b-a22b": ("qwen3_235b_a22b_pretrain_config", False),
     # gpt-oss's provider from its Hugging Face config (sinks, windows, clamped SwiGLU); no
-    # comm_overlap section (src/megatron/bridge/recipes/gpt_oss/gpt_oss.py, v0.5.1)
+    # comm_overlap section (src/megatron/bridge/recipes/gpt_oss/gpt_oss.py, v0.3.1 and v0.5.1)
     "gpt-oss-20b": ("gpt_oss_20b_pretrain_config", False),
     "gpt-oss-120b": ("gpt_oss_120b_pretrain_config", False),
 }
