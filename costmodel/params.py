@@ -83,7 +83,7 @@ def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
 def last_layer_matmul_params(m: ModelSpec) -> int:
     """Weights one token multiplies in the last layer (a MoE layer's top-k and shared experts
     and its router, as ``active_params`` counts them)."""
-    if m.moe_layers:
+    if m.moe_pattern[-1]:
         mlp = (m.moe_topk + m.moe_shared_experts) * expert_params(m) + m.hidden * m.moe_experts
     else:
         mlp = dense_mlp_params(m)
