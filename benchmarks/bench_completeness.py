@@ -52,13 +52,16 @@ def study_text(case) -> str:
         "layers": m.layers, "hidden": m.hidden, "ffn_hidden": m.ffn_hidden, "heads": m.heads,
         "kv_heads": m.kv_heads, "vocab": m.vocab, "ffn_type": m.ffn_type,
         "tied_embeddings": m.tied_embeddings, "bias": m.bias,
-        "sliding_window": m.sliding_window}
+        "sliding_window": m.sliding_window, "attention_chunk": m.attention_chunk,
+        "window_skip_freq": m.window_skip_freq, "attention_sinks": m.attention_sinks,
+        "qk_norm": m.qk_norm}
     if m.head_dim:
         arch["head_dim"] = m.head_dim
     if m.moe_experts:
         arch["moe"] = {"experts": m.moe_experts, "topk": m.moe_topk,
                        "ffn_hidden": m.moe_ffn_hidden or m.ffn_hidden,
-                       "shared_experts": m.moe_shared_experts}
+                       "shared_experts": m.moe_shared_experts,
+                       "dense_layers": m.moe_dense_layers, "layer_freq": m.moe_layer_freq}
     if m.mla is not None:
         arch["mla"] = {k: getattr(m.mla, k) for k in m.mla.__dataclass_fields__}
     doc = {"model": {"name": m.name, "architecture": arch},

@@ -69,17 +69,34 @@ def rope_elems(m: ModelSpec) -> int:
     return (m.heads + m.kv_heads) * m.d_head
 
 
+def _windowed_fraction(m: ModelSpec) -> float:
+    return m.windowed_layers / m.layers
+
+
 def causal_keys(m: ModelSpec, seq_len: int) -> float:
-    """Keys a query attends to on average under a causal mask: s/2, or with a sliding window
-    of w < s tokens (Mistral 7B, gpt-oss's windowed layers) query i sees min(i + 1, w) keys,
-    w - w^2 / (2s) on average."""
-    s, w = float(seq_len), float(m.sliding_window)
-    if w <= 0 or w >= s:
-        return s / 2.0
-    return w - w * w / (2.0 * s)
+    """Keys a query attends to on average under a causal mask, averaged over the layers (each
+    kind of layer at its own count; attention time and FLOPs are linear in it): s/2 on a full
+    layer; under a sliding window of w < s tokens (Mistral 7B, gpt-oss's windowed layers) query
+    i sees min(i + 1, w) keys, w - w^2 / (2s) on average; under chunked attention (Llama 4's
+    attention_chunk_size c) query i sees the i mod c + 1 keys of its own chunk, (q c^2 + r^2) /
+    (2s) on average for s = q c + r."""
+    s, full = float(seq_len), seq_len / 2.0
+    if not m.windowed_layers:
+        return full
+    if m.sliding_window:
+        w = float(m.sliding_window)
+        windowed = full if w >= s else w - w * w / (2.0 * s)
+    else:
+        q, r = divmod(seq_len, m.attention_chunk)
+        windowed = (q * float(m.attention_chunk) ** 2 + float(r) ** 2) / (2.0 * s)
+    f = _windowed_fraction(m)
+    return f * windowed + (1.0 - f) * full
 
 
 def score_keys(m: ModelSpec, seq_len: int) -> float:
-    """Keys per query in the model-FLOPs convention (no causal halving): s, or the window."""
-    w = m.sliding_window
-    return float(min(seq_len, w) if w > 0 else seq_len)
+    """Keys per query in the model-FLOPs convention (no causal halving), averaged over the
+    layers: s on a full layer, min(s, window) on a windowed or chunked one."""
+    if not m.windowed_layers:
+        return float(seq_len)
+    f = _windowed_fraction(m)
+    return f * float(min(seq_len, m.window)) + (1.0 - f) * float(seq_len)

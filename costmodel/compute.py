@@ -67,6 +67,7 @@ FUSED_SWIGLU_BWD_PER_F, FUSED_GELU_BWD_PER_F = 5.0, 3.0
 # kernels per layer forward when eager: 7 per norm, 4 per RoPE'd tensor, 2 for SwiGLU, plus the
 # GEMMs, attention and residual adds
 EAGER_FWD_KERNELS_PER_LAYER = 34.0
+EAGER_KERNELS_PER_NORM = 7.0
 # The LM head's loss, in HBM bytes per logit element (forward, backward). "fused": the logits
 # read once (the activation's bytes) into an fp32 softmax written once (4 + 4), and the same back.
 # "eager_fp32", nanotron (src/nanotron/models/llama.py: the cast_to_fp32 block's x.float() after
@@ -133,30 +134,38 @@ class LayerTimes:
 def _elementwise(model: ModelSpec, tr: Training, kn: Kernels) -> _Elementwise:
     """Per token, in elements: two norms (read+write) and two residual adds (2 reads + 1 write)
     act on the full width unless sequence parallel shards them; RoPE and the activation function
-    act on TP-sharded tensors."""
+    act on TP-sharded tensors. QK-norm (Qwen3's q_norm and k_norm; Megatron-Core's
+    q_layernorm / k_layernorm, two norm kernels, megatron/core/transformer/attention.py at
+    d98e8a6) normalises every query and key head, sharded with the heads; it is counted with
+    the norms (``replicated``), which the MoE layer reuses."""
     h, f = model.hidden, model.ffn_hidden
     gated = model.ffn_type == "swiglu"
     if tr.framework.kernels.fused_elementwise:
         norm_elems, rope_elems, act_per_f = 2.0, 2.0, 3.0 if gated else 2.0
         norm_bwd, rope_bwd = FUSED_NORM_BWD_ELEMS, FUSED_ROPE_BWD_ELEMS
         act_bwd_per_f = FUSED_SWIGLU_BWD_PER_F if gated else FUSED_GELU_BWD_PER_F
-        kernels_fwd = FWD_KERNELS_PER_LAYER
+        kernels_fwd, kernels_per_norm = FWD_KERNELS_PER_LAYER, 1.0
     else:  # eager composites: several passes each (see EAGER_*), backward twice those
         norm_elems, rope_elems = EAGER_NORM_ELEMS, EAGER_ROPE_ELEMS
         act_per_f = EAGER_SWIGLU_ELEMS if gated else 2.0
         norm_bwd, rope_bwd, act_bwd_per_f = 2 * norm_elems, 2 * rope_elems, 2 * act_per_f
-        kernels_fwd = EAGER_FWD_KERNELS_PER_LAYER
+        kernels_fwd, kernels_per_norm = EAGER_FWD_KERNELS_PER_LAYER, EAGER_KERNELS_PER_NORM
     shard = np.where(kn.sp, kn.tp, 1.0)
-    replicated = (2.0 * norm_elems + 6.0) * h / shard  # two norms, two residual adds (3 each)
+    qk_width = (model.heads + model.kv_heads) * qk_dim(model) / kn.tp if model.qk_norm else 0.0
+    qk_kernels = 2.0 * kernels_per_norm if model.qk_norm else 0.0
+    # two norms, two residual adds (3 each), and QK-norm's two over the heads
+    replicated = (2.0 * norm_elems + 6.0) * h / shard + norm_elems * qk_width
     act_elems = act_per_f * f
     sharded = (rope_elems * rope_width(model) + act_elems) / kn.tp
-    bwd_elems = ((2.0 * norm_bwd + 6.0) * h / shard
+    bwd_elems = ((2.0 * norm_bwd + 6.0) * h / shard + norm_bwd * qk_width
                  + (rope_bwd * rope_width(model) + act_bwd_per_f * f) / kn.tp)
     per_elem_s = kn.tokens * kn.act / kn.hbm
+    kernels_fwd += qk_kernels
     return _Elementwise(fwd_s=per_elem_s * (replicated + sharded), bwd_s=per_elem_s * bwd_elems,
                         replicated=replicated, rope_elems=rope_elems, act_elems=act_elems,
                         kernels_fwd=kernels_fwd,
-                        overhead_fwd_s=kernels_fwd * kn.cluster.gpu.efficiency.kernel_overhead_s)
+                        overhead_fwd_s=kernels_fwd * kn.cluster.gpu.efficiency.kernel_overhead_s,
+                        qk_norm_kernels_fwd=qk_kernels)
 
 
 def _attention_fwd(model: ModelSpec, tr: Training, kn: Kernels) -> np.ndarray:

@@ -23,16 +23,18 @@ class _Elementwise:
 
     fwd_s: np.ndarray
     bwd_s: np.ndarray
-    replicated: np.ndarray  # elements per token outside the TP regions
+    replicated: np.ndarray  # elements per token of the norms and residual adds (QK-norm's too)
     rope_elems: float
     act_elems: float  # the activation function's elements per token, dense MLP width
     kernels_fwd: float  # kernels per layer forward
     overhead_fwd_s: float  # their launch cost
+    qk_norm_kernels_fwd: float = 0.0  # of kernels_fwd, QK-norm's (attention block's own)
 
     @property
     def attn_kernels_fwd(self) -> float:
         """The attention block's share of them."""
-        return self.kernels_fwd * ATTN_FWD_KERNELS / FWD_KERNELS_PER_LAYER
+        base = self.kernels_fwd - self.qk_norm_kernels_fwd
+        return base * ATTN_FWD_KERNELS / FWD_KERNELS_PER_LAYER + self.qk_norm_kernels_fwd
 
 
 @dataclass(frozen=True, slots=True)

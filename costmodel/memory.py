@@ -198,6 +198,8 @@ def activation_bytes_per_layer(model: ModelSpec, tr: Training,
     # output, and the log-sum-exp
     attention = ((2.0 * M * qkv_act_elems(model) + 2.0 * M * a * v_dim(model)) / tp
                  + 4.0 * M * a / tp)
+    if model.qk_norm:  # QK-norm keeps its input, q and k before the norm (its output is above)
+        attention = attention + 2.0 * M * (a + model.kv_heads) * qk_dim(model) / tp
     # fp16 scores, fp32 softmax output (Korthikanti: 5as/h terms)
     if not tr.framework.attention.flash_attention:
         attention = attention + 5.0 * M * score_keys(model, tr.seq_len) * a / tp

@@ -55,9 +55,8 @@ BLOCK_SAVED_ELEMS = 5.0
 
 
 def mtp_layer_is_moe(model: ModelSpec) -> bool:
-    """The MTP layer is the decoder's last layer's kind; the dense layers lead, so it is a MoE
-    layer in a model with MoE layers."""
-    return model.moe_layers > 0
+    """The MTP layer is the decoder's last layer's kind (``ModelSpec.moe_pattern``)."""
+    return model.moe_pattern[-1]
 
 
 def mtp_params(model: ModelSpec, p: PlanArrays) -> tuple[np.ndarray, np.ndarray]:

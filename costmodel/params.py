@@ -39,7 +39,11 @@ def moe_mlp_params(m: ModelSpec) -> int:
 
 
 def norm_params(m: ModelSpec) -> int:
-    return 2 * m.hidden
+    """A layer's vectors beside its matrices: the two norms' weights, QK-norm's two of one
+    head's width (Qwen3's q_norm and k_norm, RMSNorm(head_dim)) and one learnable sink per head
+    (gpt-oss's ``sinks``)."""
+    qk = 2 * qk_dim(m) if m.qk_norm else 0
+    return 2 * m.hidden + qk + (m.heads if m.attention_sinks else 0)
 
 
 def embedding_params(m: ModelSpec) -> int:
@@ -79,7 +83,7 @@ def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
 def last_layer_matmul_params(m: ModelSpec) -> int:
     """Weights one token multiplies in the last layer (a MoE layer's top-k and shared experts
     and its router, as ``active_params`` counts them)."""
-    if m.moe_layers:
+    if m.moe_pattern[-1]:
         mlp = (m.moe_topk + m.moe_shared_experts) * expert_params(m) + m.hidden * m.moe_experts
     else:
         mlp = dense_mlp_params(m)

@@ -53,7 +53,13 @@ class ModelSpec:
     """A decoder-only transformer. MoE when ``moe_experts > 0``.
 
     ``ffn_hidden`` is the dense MLP width; ``moe_ffn_hidden`` the per-expert width (defaults to
-    ``ffn_hidden``). ``moe_dense_layers`` leading layers stay dense (DeepSeek-V3 keeps 3).
+    ``ffn_hidden``). ``moe_dense_layers`` leading layers stay dense (DeepSeek-V3 keeps 3); after
+    them every ``moe_layer_freq``-th layer is MoE (Llama 4 Maverick: every 2nd).
+
+    Attention per layer: a layer is windowed when ``sliding_window`` (each query sees the last w
+    tokens; gpt-oss, Mistral) or ``attention_chunk`` (each query sees its own chunk of c tokens
+    only; Llama 4) is set, except every ``window_skip_freq``-th layer, which attends to the whole
+    sequence (Megatron-Core's ``window_attn_skip_freq``; 0: every layer windowed).
     """
 
     name: str = "model"
@@ -74,6 +80,11 @@ class ModelSpec:
     moe_router: MoeRouter | None = None  # beyond top-k softmax (no cost; the exports)
     mla: MlaSpec | None = None  # multi-head latent attention (costmodel.attention)
     sliding_window: int = 0  # tokens each query attends to at most (0: the whole sequence)
+    attention_chunk: int = 0  # chunked attention: a query sees its own chunk only (Llama 4)
+    window_skip_freq: int = 0  # every Nth layer full attention (0: every layer windowed)
+    attention_sinks: bool = False  # a learnable softmax offset per head (gpt-oss's sinks)
+    qk_norm: bool = False  # RMSNorm over each head's query and key (Qwen3, OLMo 2)
+    moe_layer_freq: int = 1  # after the dense layers, layer i is MoE iff (i + 1) % freq == 0
     norm: Norm = "rmsnorm"  # norm .. bias: see costmodel/layer_style.py
     position_embedding: PositionEmbedding = "rope"
     rope_base: float = 10000.0  # RoPE theta; unused with learned positions
@@ -98,7 +109,7 @@ class ModelSpec:
                             f"got head_dim={self.head_dim}, hidden={self.hidden}, "
                             f"heads={self.heads}")
         for name in ("moe_experts", "moe_topk", "moe_shared_experts", "moe_ffn_hidden",
-                     "sliding_window", "mtp_layers"):
+                     "sliding_window", "attention_chunk", "window_skip_freq", "mtp_layers"):
             if getattr(self, name) < 0:
                 raise SpecError(f"model.{name} must be >= 0, but got {getattr(self, name)}")
         if self.moe_experts and not 0 < self.moe_topk <= self.moe_experts:
@@ -112,6 +123,21 @@ class ModelSpec:
             raise SpecError("model.rope_scaling needs position_embedding rope")
         if not 0 <= (n := self.moe_dense_layers) <= self.layers:
             raise SpecError(f"model.moe_dense_layers must be in 0..layers, but got {n}")
+        if not 1 <= self.moe_layer_freq <= self.layers:
+            raise SpecError(f"model.moe_layer_freq must be in 1..layers={self.layers}, but got "
+                            f"{self.moe_layer_freq}")
+        if self.sliding_window and self.attention_chunk:
+            raise SpecError(f"model.sliding_window and model.attention_chunk exclude each other "
+                            f"(a layer is windowed or chunked), but got sliding_window="
+                            f"{self.sliding_window}, attention_chunk={self.attention_chunk}")
+        if self.window_skip_freq and (self.window_skip_freq < 2 or not self.window):
+            raise SpecError(f"model.window_skip_freq must be 0 or >= 2 beside a sliding_window "
+                            f"or attention_chunk (every Nth layer full attention), but got "
+                            f"window_skip_freq={self.window_skip_freq}, sliding_window="
+                            f"{self.sliding_window}, attention_chunk={self.attention_chunk}")
+        if self.qk_norm and self.mla is not None:
+            raise SpecError("model.qk_norm normalises grouped-query heads; latent attention "
+                            "(mla) normalises its latents already")
 
     @property
     def is_moe(self) -> bool:
@@ -131,8 +157,33 @@ class ModelSpec:
         return self.moe_ffn_hidden or self.ffn_hidden
 
     @property
+    def moe_pattern(self) -> tuple[bool, ...]:
+        """Whether each layer is MoE: none of a dense model, none of the leading dense layers,
+        then every ``moe_layer_freq``-th (Hugging Face Llama 4's ``moe_layers``:
+        range(step - 1, layers, step))."""
+        k, n = self.moe_dense_layers, self.moe_layer_freq
+        return tuple(self.is_moe and i >= k and (i + 1) % n == 0 for i in range(self.layers))
+
+    @property
     def moe_layers(self) -> int:
-        return self.layers - self.moe_dense_layers if self.is_moe else 0
+        return sum(self.moe_pattern)
+
+    @property
+    def window(self) -> int:
+        """The window of a windowed layer: ``sliding_window`` or ``attention_chunk`` (0: none)."""
+        return self.sliding_window or self.attention_chunk
+
+    @property
+    def window_pattern(self) -> tuple[bool, ...]:
+        """Whether each layer is windowed (Megatron-Core's is_layer_window_attention,
+        megatron/core/transformer/utils.py at d98e8a6: 1-based layer number % freq != 0)."""
+        n = self.window_skip_freq
+        return tuple(bool(self.window) and (not n or (i + 1) % n != 0)
+                     for i in range(self.layers))
+
+    @property
+    def windowed_layers(self) -> int:
+        return sum(self.window_pattern)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -90,13 +90,16 @@ def test_hf_fields_are_read_or_named(tmp_path: Path, caplog: pytest.LogCaptureFi
     assert qwen.qkv_bias and qwen.sliding_window == 0
     mistral = load_hf_config(_write(tmp_path, {**BASE, "sliding_window": 4096}))
     assert mistral.sliding_window == 4096 and not mistral.qkv_bias
+    # gpt-oss's alternation is every 2nd layer full (tests/test_model_features.py); a pattern
+    # no every-Nth rule gives is named and priced as full attention
     with caplog.at_level(logging.WARNING, logger="tcf_search"):
-        oss = load_hf_config(_write(tmp_path, {
+        odd = load_hf_config(_write(tmp_path, {
             **BASE, "sliding_window": 128, "attention_bias": True,
-            "layer_types": ["sliding_attention", "full_attention"] * 2}))
-    assert oss.sliding_window == 0 and oss.qkv_bias
+            "layer_types": ["sliding_attention", "full_attention", "full_attention",
+                            "sliding_attention"]}))
+    assert odd.sliding_window == 0 and odd.windowed_layers == 0 and odd.qkv_bias
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 1 and "sliding_window=128 on 2 of 4 layers" in lines[0]
+    assert len(lines) == 1 and "windowed on 2 of 4 layers in no every-Nth pattern" in lines[0]
     assert "output projection" in lines[0]
 
 

@@ -4,8 +4,12 @@ Covers the decoder families the presets come from: Llama/Mistral, Mixtral, Qwen2
 MoE), DeepSeek-V2/V3 and Kimi K2 (multi-head latent attention: ``kv_lora_rank`` and friends,
 transformers' ``DeepseekV3Config``), GPT-2-style configs. QKV biases (Qwen2's
 ``Qwen2Attention`` always has them; ``attention_bias`` elsewhere) and a sliding window
-(``sliding_window``, off where ``use_sliding_window`` is false) are read. A key that changes the
-cost and is not modelled is named in one warning line (logger ``tcf_search``).
+(``sliding_window``, off where ``use_sliding_window`` is false), per-layer attention
+(``layer_types``; Llama 4's ``attention_chunk_size`` and ``no_rope_layers``), QK-norm (Qwen3,
+OLMo 2), gpt-oss's attention sinks and the MoE layers' pattern (``first_k_dense_replace``,
+``interleave_moe_layer_step``, ``decoder_sparse_step``) are read; Llama 4's language model from
+its ``text_config``. A key that changes the cost and is not modelled is named in one warning line
+(logger ``tcf_search``).
 """
 
 from __future__ import annotations
@@ -55,7 +59,10 @@ def _layer_style(cfg: dict[str, Any]) -> dict[str, Any]:
     if "n_embd" in cfg:
         return {"norm": "layernorm", "position_embedding": "learned", "bias": "all"}
     qkv = bool(cfg.get("attention_bias")) or cfg.get("model_type") in QKV_BIAS_TYPES
-    return {"rope_base": float(cfg.get("rope_theta", 10000.0)), "bias": "qkv" if qkv else "none"}
+    # gpt-oss: attention_bias on q, k, v and o, and its experts and router always biased
+    every = qkv and cfg.get("model_type") in ALL_BIAS_TYPES
+    return {"rope_base": float(cfg.get("rope_theta", 10000.0)),
+            "bias": "all" if every else "qkv" if qkv else "none"}
 
 
 def _rope_scaling(cfg: dict[str, Any]) -> tuple[RopeScaling | None, list[str]]:
@@ -82,9 +89,13 @@ def _moe_fields(cfg: dict[str, Any], layers: int, ffn: int) -> dict[str, Any]:
     experts = _int(cfg, "num_local_experts", "n_routed_experts", "num_experts", default=0)
     if experts == 0:
         return {}
-    topk = _int(cfg, "num_experts_per_tok", default=2)
-    expert_ffn = _int(cfg, "moe_intermediate_size", default=ffn)
-    shared = _int(cfg, "n_shared_experts", default=0)
+    topk = _int(cfg, "num_experts_per_tok", "experts_per_token", default=2)
+    # Llama 4: intermediate_size is the experts' width, intermediate_size_mlp the dense layers'
+    llama4 = "intermediate_size_mlp" in cfg
+    widths = ("moe_intermediate_size", "intermediate_size") if llama4 else (
+        "moe_intermediate_size",)
+    expert_ffn = _int(cfg, *widths, default=ffn)
+    shared = _int(cfg, "n_shared_experts", default=1 if llama4 else 0)  # Llama4TextMoe's
     if shared == 0 and cfg.get("shared_expert_intermediate_size"):
         # Qwen2-MoE: one shared expert of its own width, counted in routed-expert widths.
         shared = max(1, round(_int(cfg, "shared_expert_intermediate_size") / expert_ffn))
@@ -92,9 +103,30 @@ def _moe_fields(cfg: dict[str, Any], layers: int, ffn: int) -> dict[str, Any]:
     mlp_only = cfg.get("mlp_only_layers") or []
     if isinstance(mlp_only, list) and mlp_only:
         dense_layers = max(dense_layers, len(mlp_only))
-    return {"moe_experts": experts, "moe_topk": topk, "moe_ffn_hidden": expert_ffn,
-            "moe_shared_experts": shared, "moe_dense_layers": min(dense_layers, layers),
-            "moe_router": _router(cfg)}
+    # every Nth layer MoE, layer i iff (i + 1) % N == 0: Llama 4's interleave_moe_layer_step
+    # (transformers' Llama4TextConfig moe_layers), Qwen MoE's decoder_sparse_step
+    freq = _int(cfg, "interleave_moe_layer_step", "decoder_sparse_step", default=1) or 1
+    listed = cfg.get("moe_layers")  # Llama 4's explicit indices win over the step
+    if isinstance(listed, list) and all(isinstance(i, int) for i in listed):
+        dense_layers, freq = _moe_pattern(set(listed), layers, (dense_layers, freq))
+    fields = {"moe_experts": experts, "moe_topk": topk, "moe_ffn_hidden": expert_ffn,
+              "moe_shared_experts": shared, "moe_dense_layers": min(dense_layers, layers),
+              "moe_layer_freq": min(freq, layers), "moe_router": _router(cfg)}
+    if llama4:  # Llama4Router: a sigmoid over the top-k logits
+        fields["moe_router"] = MoeRouter(score="sigmoid")
+    return fields
+
+
+def _moe_pattern(listed: set[int], layers: int, given: tuple[int, int]) -> tuple[int, int]:
+    """The leading dense layers and the step of ModelSpec's MoE pattern that give exactly the
+    listed MoE layers; ``given`` where none does, which is named as not modelled."""
+    for k in range(min(listed, default=layers) + 1):  # no dense layer after the first MoE one
+        for n in range(1, layers + 1):
+            if {i for i in range(k, layers) if (i + 1) % n == 0} == listed:
+                return k, n
+    LOG.warning("config.json: not modelled: moe_layers %s (no leading-dense-then-every-Nth "
+                "pattern; modelled as %d dense layers, then every %d)", sorted(listed), *given)
+    return given
 
 
 def _router(cfg: dict[str, Any]) -> MoeRouter | None:
@@ -114,6 +146,13 @@ def _router(cfg: dict[str, Any]) -> MoeRouter | None:
 
 LOG = logging.getLogger("tcf_search")
 QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")  # transformers' Qwen2Attention: q, k, v with bias
+# model types whose attention always normalises q and k (transformers' Qwen3Attention,
+# Qwen3MoeAttention: q_norm, k_norm over head_dim; Olmo2Attention: over all heads, the same
+# elements)
+QK_NORM_TYPES = ("qwen3", "qwen3_moe", "olmo2")
+SINK_TYPES = ("gpt_oss",)  # transformers' GptOssAttention: a learnable sink per head
+ALL_BIAS_TYPES = ("gpt_oss",)  # GptOssAttention (o_proj too) and GptOssExperts' biases
+LLAMA4_TYPES = ("llama4", "llama4_text")
 
 
 def _mla(cfg: dict[str, Any]) -> MlaSpec | None:
@@ -126,35 +165,83 @@ def _mla(cfg: dict[str, Any]) -> MlaSpec | None:
                    v_head_dim=_int(cfg, "v_head_dim"))
 
 
-def _window(cfg: dict[str, Any], layers: int) -> tuple[int, list[str]]:
-    """The sliding window every layer uses, and what of it is not modelled."""
-    w = cfg.get("sliding_window")
-    if not isinstance(w, int) or isinstance(w, bool) or w <= 0 or (
-            cfg.get("use_sliding_window") is False):
-        return 0, []
+def _skip_freq(windowed: list[bool]) -> int | None:
+    """Megatron-Core's window_attn_skip_freq for a per-layer pattern (every Nth layer full, the
+    rest windowed): 0 for all windowed, None where no N gives the pattern."""
+    layers = len(windowed)
+    for n in [0, *range(2, layers + 1)]:
+        if windowed == [not n or (i + 1) % n != 0 for i in range(layers)]:
+            return n
+    return None
+
+
+def _attention_pattern(cfg: dict[str, Any], layers: int) -> tuple[dict[str, Any], list[str]]:
+    """Which layers are windowed and by what (ModelSpec's sliding_window / attention_chunk /
+    window_skip_freq): ``layer_types`` (sliding_attention, chunked_attention, full_attention;
+    gpt-oss, recent Llama 4 configs), else Llama 4's ``no_rope_layers`` (a RoPE layer is a
+    chunked one: transformers' Llama4TextAttention), else ``sliding_window`` on every layer
+    (off where ``use_sliding_window`` is false); and what of it is not modelled."""
+    w = _int(cfg, "sliding_window", default=0) if not isinstance(
+        cfg.get("sliding_window"), bool) else 0
+    if cfg.get("use_sliding_window") is False:
+        w = 0
+    chunk = _int(cfg, "attention_chunk_size", default=0)
     kinds = cfg.get("layer_types")
-    if isinstance(kinds, list) and kinds and any(k != "sliding_attention" for k in kinds):
-        windowed = sum(k == "sliding_attention" for k in kinds)
-        return 0, [f"sliding_window={w} on {windowed} of {layers} layers (layer_types; every "
-                   f"layer modelled with full attention)"]
-    return w, []
+    rope = cfg.get("no_rope_layers")
+    if cfg.get("model_type") in LLAMA4_TYPES and not (isinstance(rope, list) and rope):
+        # Llama4TextConfig's default: a NoPE (and full-attention) layer every
+        # no_rope_layer_interval layers (transformers' configuration_llama4.py)
+        every = _int(cfg, "no_rope_layer_interval", default=4) or 4
+        rope = [int((i + 1) % every != 0) for i in range(layers)]
+    notes = []
+    if isinstance(rope, list) and len(rope) == layers and not all(rope):
+        notes.append(f"no_rope_layers: RoPE skipped on {rope.count(0)} of {layers} layers "
+                     f"(priced with RoPE on every layer)")
+    if not (isinstance(kinds, list) and len(kinds) == layers):
+        kinds = None
+        if chunk > 0 and isinstance(rope, list) and len(rope) == layers:
+            kinds = ["chunked_attention" if r else "full_attention" for r in rope]
+    if kinds is None:
+        if chunk > 0:
+            return {"attention_chunk": chunk}, notes
+        return ({"sliding_window": w} if w > 0 else {}), notes
+    windowed = [k in ("sliding_attention", "chunked_attention") for k in kinds]
+    fields: dict[str, Any] = {}
+    if any(k == "sliding_attention" for k in kinds) and w > 0:
+        fields["sliding_window"] = w
+    if any(k == "chunked_attention" for k in kinds) and chunk > 0:
+        fields["attention_chunk"] = chunk
+    freq = _skip_freq(windowed)
+    if not any(windowed):
+        return {}, notes
+    if len(fields) != 1 or freq is None:
+        notes.append(f"layer_types {sorted(set(kinds))} windowed on {sum(windowed)} of "
+                     f"{layers} layers in no every-Nth pattern (sliding_window={w}, "
+                     f"attention_chunk_size={chunk}; every layer modelled with full attention)")
+        return {}, notes
+    return fields | {"window_skip_freq": freq}, notes
 
 
 def _not_modelled(cfg: dict[str, Any]) -> list[str]:
     out = []
+    if cfg.get("use_qk_norm"):  # Llama 4's weightless L2 norm (Megatron-Core's qk_l2_norm)
+        out.append("use_qk_norm=true (Llama 4's L2 norm of q and k)")
     if cfg.get("mlp_bias"):
         out.append("mlp_bias=true")
-    if cfg.get("attention_bias") and "o_proj_bias" not in cfg:
+    if (cfg.get("attention_bias") and "o_proj_bias" not in cfg
+            and cfg.get("model_type") not in ALL_BIAS_TYPES):
         out.append("attention_bias=true on the output projection (q, k, v biases modelled)")
     return out
 
 
 def model_from_hf_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
     """The ModelSpec of one parsed ``config.json`` mapping."""
+    if isinstance(cfg.get("text_config"), dict):  # Llama 4: the language model is nested
+        cfg = {**cfg["text_config"], "_name_or_path": cfg.get("_name_or_path")}
     layers = _int(cfg, "num_hidden_layers", "n_layer")
     hidden = _int(cfg, "hidden_size", "n_embd")
     heads = _int(cfg, "num_attention_heads", "n_head")
-    ffn = _int(cfg, "intermediate_size", "n_inner", default=4 * hidden)
+    ffn = _int(cfg, "intermediate_size_mlp", "intermediate_size", "n_inner", default=4 * hidden)
     kv_heads = _int(cfg, "num_key_value_heads", default=heads)
     head_dim = _int(cfg, "head_dim", default=0)
     if heads <= 0:
@@ -165,7 +252,7 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
         raise HfConfigError(f"config.json: {exc}") from None
     if mla is not None:  # MLA: every head has its own (up-projected) key and value
         kv_heads, head_dim = heads, mla.v_head_dim
-    window, skipped = _window(cfg, layers)
+    attention, skipped = _attention_pattern(cfg, layers)
     rope_scaling, unscaled = _rope_scaling(cfg)
     skipped += unscaled + _not_modelled(cfg)
     if skipped:
@@ -175,7 +262,9 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
         "kv_heads": kv_heads, "head_dim": head_dim,
         "vocab": _int(cfg, "vocab_size"), "ffn_type": _ffn_type(cfg),
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", "n_embd" in cfg)),
-        "mla": mla, "sliding_window": window,
+        "mla": mla, **attention,
+        "qk_norm": cfg.get("model_type") in QK_NORM_TYPES,
+        "attention_sinks": cfg.get("model_type") in SINK_TYPES,
         # DeepSeek-V3's multi-token prediction modules (costmodel.mtp)
         "mtp_layers": _int(cfg, "num_nextn_predict_layers", default=0),
         **_layer_style(cfg),

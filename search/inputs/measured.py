@@ -192,9 +192,15 @@ def case_from_row(row: Mapping[str, object]) -> Case:
         moe_experts=_int(row, "moe_experts", 0), moe_topk=_int(row, "moe_topk", 0),
         moe_ffn_hidden=_int(row, "moe_ffn_hidden", 0),
         moe_shared_experts=_int(row, "moe_shared_experts", 0),
-        mla=mla, head_dim=mla.v_head_dim if mla else 0,
+        mla=mla, head_dim=mla.v_head_dim if mla else _int(row, "head_dim", 0),
         bias=_cell(row, "bias") or "none",  # type: ignore[arg-type]
         sliding_window=_int(row, "sliding_window", 0),
+        # optional model-feature columns (README: "Optional model columns"); empty = off
+        moe_dense_layers=_int(row, "dense_layers", 0),
+        moe_layer_freq=_int(row, "moe_layer_freq", 1),
+        attention_chunk=_int(row, "attention_chunk", 0),
+        window_skip_freq=_int(row, "window_skip_freq", 0),
+        attention_sinks=_bool(row, "attention_sinks"), qk_norm=_bool(row, "qk_norm"),
     )
     gpu = get_gpu(_cell(row, "gpu"))
     try:

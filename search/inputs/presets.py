@@ -12,6 +12,7 @@ from costmodel.layer_style import (
     DEEPSEEK_V3_ROUTER,
     KIMI_K2_ROUTER,
     LLAMA31_ROPE_SCALING,
+    MoeRouter,
 )
 from costmodel.mla import MlaSpec
 from costmodel.specs import ModelSpec
@@ -72,20 +73,58 @@ PRESETS: dict[str, ModelSpec] = {
                          moe_ffn_hidden=2048, moe_shared_experts=1, moe_dense_layers=1,
                          mla=DEEPSEEK_V3_MLA, moe_router=KIMI_K2_ROUTER),
     # Qwen3 MoE (Qwen team, 2025): GQA with 4 KV heads of 128 dims, 128 experts, top-8, no
-    # shared expert, every layer MoE; rope_theta 1e6, no QKV bias (attention_bias: false).
+    # shared expert, every layer MoE; rope_theta 1e6, no QKV bias (attention_bias: false);
+    # QK-norm on every layer (transformers' Qwen3MoeAttention: q_norm, k_norm over head_dim).
     "qwen3-30b-a3b": ModelSpec(name="qwen3-30b-a3b", layers=48, hidden=2048, ffn_hidden=6144,
                                heads=32, kv_heads=4, head_dim=128, vocab=151936,
                                moe_experts=128, moe_topk=8, moe_ffn_hidden=768,
-                               rope_base=1.0e6),
+                               rope_base=1.0e6, qk_norm=True),
     "qwen3-235b-a22b": ModelSpec(name="qwen3-235b-a22b", layers=94, hidden=4096,
                                  ffn_hidden=12288, heads=64, kv_heads=4, head_dim=128,
                                  vocab=151936, moe_experts=128, moe_topk=8,
-                                 moe_ffn_hidden=1536, rope_base=1.0e6),
+                                 moe_ffn_hidden=1536, rope_base=1.0e6, qk_norm=True),
+    # gpt-oss (OpenAI, 2025; config.json of openai/gpt-oss-120b and -20b): 36 / 24 layers of
+    # width 2,880, 64 query heads of 64 dims and 8 KV heads, every layer MoE with 128 / 32
+    # experts of width 2,880 (intermediate_size), top-4 (num_experts_per_tok), softmax over the
+    # top-k; layer_types alternate sliding_attention (sliding_window 128) and full_attention,
+    # starting windowed (window_skip_freq 2, as Megatron-Bridge's GPT-OSS bridge sets
+    # window_attn_skip_freq = 2); learnable attention sinks per head; biases on the attention
+    # and expert linears (attention_bias: true); vocab 201,088, untied; rope_theta 150000.
+    # Published: 116.8B / 20.9B total, 5.1B / 3.6B active (model card; the input embedding,
+    # a lookup, not counted active).
+    "gpt-oss-120b": ModelSpec(name="gpt-oss-120b", layers=36, hidden=2880, ffn_hidden=2880,
+                              heads=64, kv_heads=8, head_dim=64, vocab=201088,
+                              moe_experts=128, moe_topk=4, moe_ffn_hidden=2880,
+                              sliding_window=128, window_skip_freq=2, attention_sinks=True,
+                              bias="all", rope_base=150000.0),
+    "gpt-oss-20b": ModelSpec(name="gpt-oss-20b", layers=24, hidden=2880, ffn_hidden=2880,
+                             heads=64, kv_heads=8, head_dim=64, vocab=201088,
+                             moe_experts=32, moe_topk=4, moe_ffn_hidden=2880,
+                             sliding_window=128, window_skip_freq=2, attention_sinks=True,
+                             bias="all", rope_base=150000.0),
+    # Llama 4 Maverick (Meta, 2025; config.json text_config of
+    # meta-llama/Llama-4-Maverick-17B-128E): 48 layers of width 5,120, 40 heads of 128 dims, 8
+    # KV heads; interleave_moe_layer_step 2 (layers 1, 3, ... MoE: 128 experts of width 8,192
+    # (intermediate_size), top-1 with sigmoid scores, and one shared expert of the same width;
+    # the other layers dense of width 16,384, intermediate_size_mlp); attention_chunk_size
+    # 8192 on 3 of every 4 layers, the 4th full attention without RoPE (no_rope_layers);
+    # vocab 202,048, untied; rope_theta 500000. Published: 400B total, 17B active.
+    "llama4-maverick": ModelSpec(name="llama4-maverick", layers=48, hidden=5120,
+                                 ffn_hidden=16384, heads=40, kv_heads=8, head_dim=128,
+                                 vocab=202048, moe_experts=128, moe_topk=1,
+                                 moe_ffn_hidden=8192, moe_shared_experts=1, moe_layer_freq=2,
+                                 moe_router=MoeRouter(score="sigmoid"), attention_chunk=8192,
+                                 window_skip_freq=4, rope_base=500000.0),
     # A few-million-parameter Llama for real runs on CPU (tiny-cpu study): 4 layers of width
     # 256, 8 heads of 32 dims, 4 KV heads, so TP=2/4 and PP=2/4 all divide it. ~5.0M params.
     "tiny": ModelSpec(name="tiny", layers=4, hidden=256, ffn_hidden=768, heads=8, kv_heads=4,
                       vocab=4096),
 }
+
+GPT_OSS_APPROXIMATION = (
+    "RoPE unscaled here: the release scales it by YaRN (factor 32 over 4,096 positions), which "
+    "has no cost and which Megatron-LM 0.16's flags give only beside latent attention. The "
+    "experts' clamped SwiGLU (swiglu_limit 7.0) is priced and exported as plain SwiGLU.")
 
 APPROXIMATIONS: dict[str, str] = {
     "deepseek-v3": "The multi-token-prediction module (14B, one layer) runs on the last "
@@ -93,6 +132,11 @@ APPROXIMATIONS: dict[str, str] = {
     "kimi-k2": "The multi-token-prediction module is left out. RoPE as written here (base "
                "10000, no scaling): the releases' config.json files differ in rope_theta and "
                "YaRN factor, so none is carried.",
+    "gpt-oss-120b": GPT_OSS_APPROXIMATION,
+    "gpt-oss-20b": GPT_OSS_APPROXIMATION,
+    "llama4-maverick": "The full-attention layers skip RoPE (no_rope_layers), priced and "
+                       "exported as RoPE on every layer (an elementwise pass: no other cost). "
+                       "Megatron-LM has no chunked attention: its export is refused.",
 }
 
 

@@ -128,7 +128,8 @@ class Moe(_Section):
     topk: Int = Field(gt=0)
     ffn_hidden: Int = Field(default=0, ge=0)  # 0: the dense ffn_hidden
     shared_experts: Int = Field(default=0, ge=0)
-    dense_layers: Int = Field(default=0, ge=0)
+    dense_layers: Int = Field(default=0, ge=0)  # leading dense layers (DeepSeek-V3: 3)
+    layer_freq: Int = Field(default=1, ge=1)  # then every Nth layer MoE (Llama 4 Maverick: 2)
     router: MoeRouterSection | None = None
 
 
@@ -175,6 +176,10 @@ class Architecture(_Section):
     moe: Moe | None = None
     mla: Mla | None = None
     sliding_window: Int = Field(default=0, ge=0)  # 0: attend to the whole sequence
+    attention_chunk: Int = Field(default=0, ge=0)  # Llama 4's chunked attention (tokens)
+    window_skip_freq: Int = Field(default=0, ge=0)  # every Nth layer full (0: all windowed)
+    attention_sinks: Bool = False  # a learnable softmax offset per head (gpt-oss)
+    qk_norm: Bool = False  # RMSNorm over each query and key head (Qwen3)
     mtp_layers: Int = Field(default=0, ge=0)  # multi-token prediction depths (costmodel.mtp)
 
 

@@ -57,10 +57,13 @@ def build_model(study: Study) -> ModelSpec:
                 moe_ffn_hidden=moe.ffn_hidden if moe else 0,
                 moe_shared_experts=moe.shared_experts if moe else 0,
                 moe_dense_layers=moe.dense_layers if moe else 0,
+                moe_layer_freq=moe.layer_freq if moe else 1,
                 moe_router=(MoeRouter(**moe.router.model_dump()) if moe and moe.router
                             else None),
                 mla=MlaSpec(**arch.mla.model_dump()) if arch.mla else None,
-                sliding_window=arch.sliding_window, mtp_layers=arch.mtp_layers)
+                sliding_window=arch.sliding_window, attention_chunk=arch.attention_chunk,
+                window_skip_freq=arch.window_skip_freq, attention_sinks=arch.attention_sinks,
+                qk_norm=arch.qk_norm, mtp_layers=arch.mtp_layers)
     except HfConfigError as exc:
         raise StudyError(f"model.hf_config: {exc}") from None
     except SpecError as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from costmodel import Plan, StepEstimate, Training, estimate, plan_placement
+from costmodel import ModelSpec, Plan, StepEstimate, Training, estimate, plan_placement
 from costmodel.recompute_modules import mask_modules
 from hardware_catalog.frameworks import is_megatron_core
 from search import (
@@ -192,6 +192,7 @@ def explain(subject: Subject) -> dict[str, Any]:
                   "none improves it — every one-knob neighbour breaks the memory limit")
     return {
         "study": subject.name, "origin": subject.origin, "model": s.model.name,
+        "model_features": model_features(s.model),
         "cluster": {"gpu": s.cluster.gpu.id, "num_gpus": s.cluster.num_gpus,
                     "gpus_per_node": s.cluster.gpus_per_node},
         "training": {"seq_len": s.training.seq_len, "global_batch": s.training.global_batch,
@@ -231,3 +232,23 @@ def with_baseline(doc: dict[str, Any], subject: Subject, flag: str | None) -> di
     label = "the best" if subject.origin.startswith("rank 1 ") else "this plan"
     return {**doc, "baseline": baseline_doc(s, *base, space=space, best=subject.plan,
                                             label=label)}
+
+
+def model_features(m: ModelSpec) -> str:
+    """What the model's layers differ by, as priced: QK-norm, windowed or chunked attention on
+    which layers, sinks, and which layers are MoE ("" for a uniform model)."""
+    out = []
+    if m.qk_norm:
+        out.append("QK-norm")
+    if m.window:
+        kind = (f"sliding window {m.sliding_window}" if m.sliding_window
+                else f"chunked attention {m.attention_chunk}")
+        every = f", 1 in {m.window_skip_freq} full" if m.window_skip_freq else ""
+        out.append(f"{kind} on {m.windowed_layers} of {m.layers} layers{every}")
+    if m.attention_sinks:
+        out.append("attention sinks")
+    if m.is_moe and m.moe_layers < m.layers:
+        dense = f", first {m.moe_dense_layers} dense" if m.moe_dense_layers else ""
+        every = f", 1 in {m.moe_layer_freq}" if m.moe_layer_freq > 1 else ""
+        out.append(f"MoE on {m.moe_layers} of {m.layers} layers{dense}{every}")
+    return "; ".join(out)

@@ -177,8 +177,10 @@ def render(raw: dict[str, Any], con: Console) -> None:
     the lines printed as they are (``markup=False``) read the document itself."""
     doc = _markup_safe(raw)
     c = doc["cluster"]
-    con.print(f"[bold]{doc['study']}[/bold]: {doc['model']} on {c['num_gpus']}× {c['gpu']}, "
-              f"seq {doc['training']['seq_len']}, batch {doc['training']['global_batch']}")
+    features = f" ({doc['model_features']})" if doc.get("model_features") else ""
+    con.print(f"[bold]{doc['study']}[/bold]: {doc['model']}{features} on {c['num_gpus']}× "
+              f"{c['gpu']}, seq {doc['training']['seq_len']}, batch "
+              f"{doc['training']['global_batch']}")
     con.print(f"plan [bold]{doc['plan_text']}[/bold] ({doc['origin']})")
     if raw.get("calibration"):
         con.print(raw["calibration"]["line"], markup=False)

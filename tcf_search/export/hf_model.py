@@ -22,11 +22,47 @@ from .literals import json_text
 FILENAME = "config.json"
 
 
+def _plain_attention(m: ModelSpec) -> bool:
+    """Attention the older families build: no QK-norm, no sinks, no chunks, the same on every
+    layer; and every layer MoE after the leading dense ones."""
+    return not (m.qk_norm or m.attention_sinks or m.attention_chunk or m.window_skip_freq
+                or m.moe_layer_freq > 1)
+
+
+def _patterned_family(m: ModelSpec) -> str | None:
+    """The families of per-layer patterns (transformers 5's configuration files):
+    gpt_oss (``layer_types`` of sliding and full attention, a sink per head, biases on every
+    linear, every layer MoE by top-k softmax), llama4_text (``layer_types`` of chunked and full
+    attention, ``moe_layers`` by index, one shared expert, sigmoid router), qwen3 and qwen3_moe
+    (QK-norm; ``mlp_only_layers`` and ``decoder_sparse_step`` for the dense layers)."""
+    router = m.moe_router
+    if m.attention_sinks:
+        ok = (m.is_moe and m.bias == "all" and not m.qk_norm and not m.attention_chunk
+              and not (m.moe_shared_experts or m.moe_dense_layers or m.moe_layer_freq > 1)
+              and router is None and m.rope_scaling is None)
+        return "gpt_oss" if ok else None
+    if m.attention_chunk or (m.is_moe and m.moe_router == MoeRouter(score="sigmoid")):
+        ok = (m.is_moe and m.bias == "none" and not m.qk_norm and not m.sliding_window
+              and m.moe_shared_experts == 1 and router == MoeRouter(score="sigmoid"))
+        return "llama4_text" if ok else None
+    if m.qk_norm and not (m.sliding_window or m.window_skip_freq):
+        if not m.is_moe:
+            return "qwen3" if m.bias == "none" and m.moe_layer_freq == 1 else None
+        ok = m.bias == "none" and not m.moe_shared_experts and router is None
+        return "qwen3_moe" if ok else None
+    return None
+
+
 def family(m: ModelSpec) -> str | None:
     """The Hugging Face model family that builds ``m``, or None."""
     llama_parts = (m.norm == "rmsnorm" and m.position_embedding == "rope"
                    and m.ffn_type == "swiglu")
     router = m.moe_router
+    if not _plain_attention(m) or router == MoeRouter(score="sigmoid"):
+        if not llama_parts or m.mla is not None or (m.rope_scaling
+                                                     and m.rope_scaling.kind == "yarn"):
+            return None
+        return _patterned_family(m)
     if m.mla is not None:  # transformers' DeepseekV3 routes with sigmoid scores
         ok = (llama_parts and m.bias == "none" and m.is_moe and not m.sliding_window
               and router is not None and router.score == "sigmoid")
@@ -46,6 +82,32 @@ def family(m: ModelSpec) -> str | None:
     if m.bias == "qkv":  # Qwen2Config has no head_dim: hidden / heads
         return "qwen2" if m.d_head * m.heads == m.hidden else None
     return "llama"
+
+
+def _patterned(kind: str, m: ModelSpec) -> dict[str, Any]:
+    """The keys of the per-layer families (``_patterned_family``)."""
+    windowed = m.window_pattern
+    if kind == "gpt_oss":
+        return {"intermediate_size": m.expert_ffn_hidden, "num_local_experts": m.moe_experts,
+                "num_experts_per_tok": m.moe_topk, "attention_bias": True,
+                "sliding_window": m.sliding_window or None,
+                "layer_types": ["sliding_attention" if w else "full_attention"
+                                for w in windowed]}
+    if kind == "llama4_text":  # RoPE on every layer, as priced (no NoPE layers)
+        return {"intermediate_size": m.expert_ffn_hidden, "intermediate_size_mlp": m.ffn_hidden,
+                "num_local_experts": m.moe_experts, "num_experts_per_tok": m.moe_topk,
+                "moe_layers": [i for i, moe in enumerate(m.moe_pattern) if moe],
+                "interleave_moe_layer_step": m.moe_layer_freq,
+                "attention_chunk_size": m.attention_chunk or None, "use_qk_norm": False,
+                "no_rope_layers": [1] * m.layers,
+                "layer_types": ["chunked_attention" if w else "full_attention"
+                                for w in windowed]}
+    if kind == "qwen3_moe":
+        return {"moe_intermediate_size": m.expert_ffn_hidden, "num_experts": m.moe_experts,
+                "num_experts_per_tok": m.moe_topk, "norm_topk_prob": True,
+                "decoder_sparse_step": m.moe_layer_freq,
+                "mlp_only_layers": list(range(m.moe_dense_layers))}
+    return {}
 
 
 def _rope(m: ModelSpec) -> dict[str, Any]:
@@ -91,6 +153,7 @@ def config(m: ModelSpec, seq_len: int) -> dict[str, Any]:
                 "num_experts_per_tok": m.moe_topk}
     if kind == "mistral":
         out["sliding_window"] = m.sliding_window
+    out |= _patterned(kind, m)
     if kind == "deepseek_v3" and m.mla is not None:
         a = m.mla
         out |= {"q_lora_rank": a.q_lora_rank or None, "kv_lora_rank": a.kv_lora_rank,
@@ -107,7 +170,10 @@ def config(m: ModelSpec, seq_len: int) -> dict[str, Any]:
                     "topk_method": "noaux_tc" if r.expert_bias else "greedy"}
     out["architectures"] = [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                              "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
-                             "deepseek_v3": "DeepseekV3ForCausalLM"}[kind]]
+                             "deepseek_v3": "DeepseekV3ForCausalLM",
+                             "gpt_oss": "GptOssForCausalLM", "llama4_text": "Llama4ForCausalLM",
+                             "qwen3": "Qwen3ForCausalLM",
+                             "qwen3_moe": "Qwen3MoeForCausalLM"}[kind]]
     return out
 
 

@@ -8,6 +8,7 @@ Megatron's own data-parallel modes: 1 = distributed optimizer, 2/3 = Megatron-FS
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from costmodel.specs import ModelSpec
@@ -170,6 +171,57 @@ def router_args(m: ModelSpec) -> list[Group]:
     return out
 
 
+def layer_pattern(flags: Sequence[bool]) -> str:
+    """A per-layer 0/1 pattern as the list expression Megatron-LM's ``moe_freq_type`` evaluates
+    (megatron/training/arguments.py ``_eval_pattern``: digits, brackets, ``+`` and ``*`` only):
+    runs (``[0]*3+[1]*58``), or a repeated unit where that is shorter (``([0]*1+[1]*1)*24``)."""
+    bits = [int(b) for b in flags]
+
+    def runs(xs: list[int]) -> str:
+        out, i = [], 0
+        while i < len(xs):
+            j = i
+            while j < len(xs) and xs[j] == xs[i]:
+                j += 1
+            out.append(f"[{xs[i]}]*{j - i}")
+            i = j
+        return "+".join(out)
+
+    def periodic(xs: list[int]) -> str:
+        for p in range(2, len(xs) // 2 + 1):
+            unit, reps = xs[:p], len(xs) // p
+            if unit * reps + unit[:len(xs) % p] == xs:
+                tail = xs[p * reps:]
+                return f"({runs(unit)})*{reps}" + (f"+{runs(tail)}" if tail else "")
+        return runs(xs)
+
+    lead = next((i for i, b in enumerate(bits) if b), len(bits))
+    options = [runs(bits), periodic(bits)]
+    if 0 < lead < len(bits):
+        options.append(f"{runs(bits[:lead])}+{periodic(bits[lead:])}")
+    return min(options, key=len)
+
+
+def attention_args(m: ModelSpec) -> list[Group]:
+    """QK-norm, the sliding window and its per-layer pattern, and attention sinks, as
+    TransformerConfig fields (megatron/core/transformer/transformer_config.py at d98e8a6 and in
+    megatron-core 0.16.1: qk_layernorm; window_size (left, right), a query seeing w tokens at
+    (w - 1, 0) as Megatron-Bridge's GPT-OSS bridge writes it, src/megatron/bridge/models/gpt_oss/
+    gpt_oss_bridge.py at 067f987; window_attn_skip_freq, every Nth layer full attention,
+    megatron/core/transformer/utils.py is_layer_window_attention; softmax_type learnable, a
+    sink per head). Chunked attention has no field: the rules refuse it."""
+    out: list[Group] = []
+    if m.qk_norm:
+        out.append(("--qk-layernorm",))
+    if m.sliding_window:
+        out.append(("--window-size", f"{m.sliding_window - 1},0"))
+        if m.window_skip_freq:
+            out.append(("--window-attn-skip-freq", m.window_skip_freq))
+    if m.attention_sinks:
+        out.append(("--softmax-type", "learnable"))
+    return out
+
+
 def model_args(pf: PlanFile) -> list[Group]:
     m, t = pf.model, pf.training
     out: list[Group] = [
@@ -181,7 +233,7 @@ def model_args(pf: PlanFile) -> list[Group]:
     if m.head_dim:
         out.append(("--kv-channels", m.head_dim))
     out.append(("--seq-length", t.seq_len, "--max-position-embeddings", t.seq_len))
-    out += layer_style_args(m) + mla_args(m) + rope_scaling_args(m)
+    out += layer_style_args(m) + mla_args(m) + rope_scaling_args(m) + attention_args(m)
     if m.ffn_type == "swiglu":
         out.append(("--swiglu",))
     if not m.tied_embeddings:
@@ -192,9 +244,8 @@ def model_args(pf: PlanFile) -> list[Group]:
         if m.moe_shared_experts:
             out.append(("--moe-shared-expert-intermediate-size",
                         m.moe_shared_experts * m.expert_ffn_hidden))
-        if m.moe_dense_layers:
-            out.append(("--moe-layer-freq",
-                        f"([0]*{m.moe_dense_layers}+[1]*{m.moe_layers})"))
+        if m.moe_layers < m.layers:  # layer by layer, as the cost model places them
+            out.append(("--moe-layer-freq", f"({layer_pattern(m.moe_pattern)})"))
         out += router_args(m)
         out.append(("--moe-grouped-gemm",))
     if m.mtp_layers:  # multi-token prediction (megatron/training/arguments.py _add_mtp_args)

@@ -9,7 +9,7 @@ from costmodel.layer_style import MoeRouter
 from search.inputs import PlanFile
 
 from . import rules
-from .megatron import PAD_CAPACITY_FACTOR, split_args
+from .megatron import PAD_CAPACITY_FACTOR, layer_pattern, split_args
 from .options import ExportOptions, ExportRefused
 from .shell import Group, command, script, torchrun_head
 from .view import LaunchView, facts_of
@@ -33,6 +33,10 @@ RECIPES: dict[str, tuple[str, bool]] = {
     "gpt3-175b": ("gpt3_175b_pretrain_config", True),
     "qwen3-30b-a3b": ("qwen3_30b_a3b_pretrain_config", False),
     "qwen3-235b-a22b": ("qwen3_235b_a22b_pretrain_config", False),
+    # gpt-oss's provider from its Hugging Face config (sinks, windows, clamped SwiGLU); no
+    # comm_overlap section (src/megatron/bridge/recipes/gpt_oss/gpt_oss.py, v0.3.1 and v0.5.1)
+    "gpt-oss-20b": ("gpt_oss_20b_pretrain_config", False),
+    "gpt-oss-120b": ("gpt_oss_120b_pretrain_config", False),
 }
 # Any other GELU model starts from the GPT-3 recipe (no download) with every size overridden; a
 # recipe's activation_func is a callable, which Hydra overrides cannot change.
@@ -122,6 +126,15 @@ def _model(pf: PlanFile) -> dict[str, object]:
           "model.gated_linear_unit": m.ffn_type == "swiglu", "tokenizer.vocab_size": m.vocab}
     if m.position_embedding == "rope":
         o["model.rotary_base"] = int(m.rope_base)
+    # TransformerConfig's attention fields, as megatron.attention_args writes them
+    if m.qk_norm:
+        o["model.qk_layernorm"] = True
+    if m.sliding_window:
+        o["model.window_size"] = f"[{m.sliding_window - 1},0]"
+        if m.window_skip_freq:
+            o["model.window_attn_skip_freq"] = m.window_skip_freq
+    if m.attention_sinks:
+        o["model.softmax_type"] = "learnable"
     return o
 
 
@@ -135,8 +148,8 @@ def _experts(pf: PlanFile) -> dict[str, object]:
     if m.moe_shared_experts:
         o["model.moe_shared_expert_intermediate_size"] = (
             m.moe_shared_experts * m.expert_ffn_hidden)
-    if m.moe_dense_layers:
-        o["model.moe_layer_freq"] = f"[0]*{m.moe_dense_layers}+[1]*{m.moe_layers}"
+    if m.moe_layers < m.layers:  # megatron.layer_pattern
+        o["model.moe_layer_freq"] = layer_pattern(m.moe_pattern)
     # the searched router, whatever the recipe's provider has (megatron.router_args)
     r = m.moe_router or MoeRouter()
     return o | {"model.moe_router_score_function": r.score,

@@ -5,60 +5,24 @@ cost model's own validity table (``costmodel.rules``); the rest are each launche
 predicates read the flat ``LaunchView`` view; the reasons are ``str.format`` templates over the same
 names, so a refusal quotes the values that broke it. Sources name the launcher file whose check
 the rule mirrors (read in the launchers' current releases; no launcher code is copied here).
+A rule's type and the check are ``rule_base``'s; the rules on the model's architecture are
+``model_rules``'.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-
-import numpy as np
 
 from costmodel import rules as costmodel_rules
 from costmodel.layer_style import LLAMA31_ROPE_SCALING
 from costmodel.specs import ModelSpec
 
 from . import hf_model
-from .options import ExportRefused
+from .model_rules import MEGATRON_ATTENTION, MEGATRON_ROPE, llama_attention, scaling
+from .rule_base import AnyRule as AnyRule
+from .rule_base import Rule as Rule
+from .rule_base import Shared as Shared
+from .rule_base import broken as broken
+from .rule_base import check as check
 from .view import LaunchView
-
-
-@dataclass(frozen=True, slots=True)
-class Rule:
-    holds: Callable[[LaunchView], bool]
-    reason: str
-    source: str
-
-    def describe(self, f: LaunchView) -> str:
-        return self.reason.format(**f.values())
-
-
-@dataclass(frozen=True, slots=True)
-class Shared:
-    """A rule of the cost model's validity table (``costmodel.rules``), read on the plan."""
-
-    rule: costmodel_rules.Rule
-    source: str = "costmodel/rules.py (the validity table the search and predict read)"
-
-    def holds(self, f: LaunchView) -> bool:
-        return bool(np.asarray(self.rule.holds(f.plan_columns, f.rule_facts)).reshape(-1)[0])
-
-    def describe(self, f: LaunchView) -> str:
-        return self.rule.message(f.plan_columns, f.rule_facts)
-
-
-AnyRule = Rule | Shared
-
-
-def broken(rules: Sequence[AnyRule], f: LaunchView) -> list[str]:
-    return [r.describe(f) for r in rules if not r.holds(f)]
-
-
-def check(fmt: str, rules: Sequence[AnyRule], f: LaunchView) -> None:
-    reasons = broken(rules, f)
-    if reasons:
-        raise ExportRefused(fmt, reasons)
-
 
 # Every launcher: the cost model's validity table (with the exporters' switches, see
 # layout.EXPORT_SWITCHES), and launching whole nodes.
@@ -74,40 +38,6 @@ PIPELINE_SPLIT: tuple[AnyRule, ...] = (
          "layers must split evenly over the pipeline stages (after the pinned first/last "
          "stages), but got layers={layers}, first={first}, last={last}, pp={pp}",
          "megatron/core/transformer/transformer_config.py (uneven PP)"),
-)
-
-def _yarn_fixed(m: ModelSpec) -> bool:
-    """YaRN's correction range at MLATransformerConfig's defaults (4096, beta 32 and 1), which
-    Megatron-LM 0.16 has no flags for."""
-    s = m.rope_scaling
-    return s is None or (s.original_max_position_embeddings, s.beta_fast, s.beta_slow) == (
-        4096, 32.0, 1.0)
-
-
-def _llama3_fixed(m: ModelSpec) -> bool:
-    s = m.rope_scaling
-    return s is None or (s.low_freq_factor, s.high_freq_factor,
-                         s.original_max_position_embeddings) == (1.0, 4.0, 8192)
-
-
-def _scaling(m: ModelSpec) -> str:
-    return m.rope_scaling.kind if m.rope_scaling else "none"
-
-
-# RoPE scaling and latent attention as Megatron-LM 0.16 takes them (megatron.rope_scaling_args)
-MEGATRON_ROPE: tuple[AnyRule, ...] = (
-    Rule(lambda f: _scaling(f.model) != "llama3" or (f.model.mla is None
-                                                     and _llama3_fixed(f.model)),
-         "--use-rope-scaling applies Llama 3.1's scaling with low_freq_factor 1, "
-         "high_freq_factor 4 and 8192 original positions (only the factor is a flag), to "
-         "non-MLA attention, but the model has {model.rope_scaling}",
-         "megatron/core/models/common/embeddings/rotary_pos_embedding.py _apply_scaling"),
-    Rule(lambda f: _scaling(f.model) != "yarn" or (f.model.mla is not None
-                                                   and _yarn_fixed(f.model)),
-         "YaRN is MLA's rope_type, with original_max_position_embeddings 4096, beta_fast 32 "
-         "and beta_slow 1 (no flags; --position-embedding-type has no yarn in 0.16), but the "
-         "model has mla={model.mla}, rope_scaling={model.rope_scaling}",
-         "megatron/core/transformer/transformer_config.py MLATransformerConfig"),
 )
 
 # MoE under TP without sequence parallelism is the table's moe_tp_sp (COMMON, the profile's
@@ -146,6 +76,7 @@ MEGATRON: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + (
          "cuda_graph_impl={rule_facts.cuda_graph_impl}",
          "megatron/core/transformer/transformer_config.py __post_init__ (core_v0.16.1)"),
     *MEGATRON_ROPE,
+    *MEGATRON_ATTENTION,
 )
 
 # Megatron-Bridge (NeMo) builds the same Megatron-Core configs, so it inherits the same checks,
@@ -158,7 +89,7 @@ NEMO: tuple[AnyRule, ...] = tuple(r for r in MEGATRON
          "ZeRO-2/3 is written as Megatron-FSDP, which runs without a pipeline only (its mesh is "
          "dp_cp x ep x tp), but got zero_stage={zero}, pp={pp}",
          "megatron/core/distributed/fsdp/mcore_fsdp_adapter.py _get_dp_tp_mesh (core_v0.16.1)"),
-    Rule(lambda f: _scaling(f.model) != "yarn" or f.model.mla is not None,
+    Rule(lambda f: scaling(f.model) != "yarn" or f.model.mla is not None,
          "YaRN is MLA's rope_type (the DeepSeek providers), but the model has no latent "
          "attention", "megatron/core/transformer/transformer_config.py MLATransformerConfig"),
     # run_recipe names a mixed-precision preset (mixed_precision=bf16_mixed, ...), resolved
@@ -191,11 +122,15 @@ NEMO: tuple[AnyRule, ...] = tuple(r for r in MEGATRON
 HF_MODEL: tuple[AnyRule, ...] = (
     Rule(lambda f: hf_model.family(f.model) is not None,
          "the model goes beside the config as a Hugging Face config.json, and no Hugging Face "
-         "family written here (llama, qwen2, mistral, mixtral, deepseek_v3, gpt2) builds "
-         "norm={model.norm}, position_embedding={model.position_embedding}, bias={model.bias}, "
-         "ffn_type={model.ffn_type}, experts={model.moe_experts} (shared "
-         "{model.moe_shared_experts}, dense layers {model.moe_dense_layers}), "
-         "mla={model.mla}, rope_scaling={model.rope_scaling}, router={model.moe_router}",
+         "family written here (llama, qwen2, qwen3, qwen3_moe, mistral, mixtral, deepseek_v3, "
+         "gpt_oss, llama4_text, gpt2) builds norm={model.norm}, position_embedding="
+         "{model.position_embedding}, bias={model.bias}, ffn_type={model.ffn_type}, "
+         "experts={model.moe_experts} (shared {model.moe_shared_experts}, dense layers "
+         "{model.moe_dense_layers}, MoE every {model.moe_layer_freq}), mla={model.mla}, "
+         "rope_scaling={model.rope_scaling}, router={model.moe_router}, qk_norm="
+         "{model.qk_norm}, sliding_window={model.sliding_window}, attention_chunk="
+         "{model.attention_chunk}, window_skip_freq={model.window_skip_freq}, "
+         "attention_sinks={model.attention_sinks}",
          "transformers/models/*/configuration_*.py"),
 )
 
@@ -233,7 +168,7 @@ TITAN_LLAMA: tuple[AnyRule, ...] = (
          "this export builds torchtitan's Llama 3 parts, which have no latent attention, but "
          "the model has mla={model.mla} (torchtitan's own deepseek_v3 model is not exported)",
          "torchtitan/models/llama3/__init__.py; torchtitan/models/deepseek_v3"),
-    Rule(lambda f: _scaling(f.model) != "yarn",
+    Rule(lambda f: scaling(f.model) != "yarn",
          "torchtitan's ComplexRoPE has no YaRN mscale, but the model has {model.rope_scaling}",
          "torchtitan/models/common/rope.py"),
     Rule(lambda f: f.model.norm == "rmsnorm" and f.model.position_embedding == "rope"
@@ -244,6 +179,9 @@ TITAN_LLAMA: tuple[AnyRule, ...] = (
     Rule(lambda f: not f.model.is_moe,
          "torchtitan's Llama 3 model is dense, but the model has {model.moe_experts} experts "
          "(its MoE modules are other models' code)", "torchtitan/models/llama3/__init__.py"),
+    llama_attention("torchtitan's Llama 3", "torchtitan/models/llama3/__init__.py; "
+                    "torchtitan/models/common/attention.py qk_norm (b5bcd76)",
+                    " (its qwen3 and gpt_oss models have them, and are not exported)"),
     Rule(lambda f: f.model.d_head * f.model.heads == f.model.hidden,
          "torchtitan's Llama 3 attention takes head_dim = dim // n_heads, but the model has "
          "head_dim={model.d_head}, hidden={model.hidden}, heads={model.heads}",
@@ -299,6 +237,7 @@ TORCHTITAN: tuple[AnyRule, ...] = COMMON + PIPELINE_SPLIT + TITAN_LLAMA + (
 )
 
 NANOTRON: tuple[AnyRule, ...] = COMMON + (
+    llama_attention("nanotron's Llama", "nanotron/models/llama.py"),
     Rule(lambda f: f.model.mla is None,
          "nanotron's LlamaConfig has no latent attention, but the model has mla={model.mla}",
          "nanotron/config/models_config.py"),
