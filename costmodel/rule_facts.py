@@ -27,6 +27,7 @@ def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
                  global_batch=training.global_batch, num_gpus=cluster.num_gpus,
                  nvlink_domain=cluster.nvlink_domain, switches=switches,
                  mtp_layers=model.mtp_layers, mla=model.mla is not None,
+                 expert_bias=model.is_moe and model.bias == "all",
                  host_link=cluster.gpu.host_link_bw_bytes_per_s > 0
                  and cluster.gpu.host_memory_bytes > 0,
                  **framework_facts(training.framework),

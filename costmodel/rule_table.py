@@ -96,6 +96,9 @@ class Facts:
     moe_shared_expert_overlap: bool = False
     moe_dispatchers: tuple[str, ...] = ()
     moe_a2a_overlaps: tuple[bool, ...] = ()
+    # MoE experts with biases (bias "all" on a MoE model), which Megatron-Core trains only at
+    # expert TP 1 (rule moe_bias)
+    expert_bias: bool = False
     # Adam's moments below fp32 beside fp32 master weights: Megatron-Core's precision-aware
     # optimizer, which only its distributed optimizer runs (rule precision_aware_optimizer)
     low_precision_moments: bool = False

@@ -16,16 +16,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from costmodel.dispatch import a2a_overlap_rule, dispatch_rule, dispatched_overlap, flex_rule
 from costmodel.errors import SpecError
 from costmodel.graphs import graphs_allowed
 from costmodel.mapping import chunk_split_exists, expert_groups, launchable_chunks, rank_split
-from costmodel.plan_fields import (
-    MOE_DISPATCHERS,
-    MOE_OVERLAPS,
-    PLAN_KEYS,
-    RECOMPUTE_CODES,
-    SCHEDULE_CODES,
-)
+from costmodel.plan_fields import PLAN_KEYS, RECOMPUTE_CODES, SCHEDULE_CODES
 from costmodel.recompute_modules import BITS, MLA_UP_PROJ, MOE_ACT
 from costmodel.rule_facts import facts_of
 from costmodel.rule_table import (
@@ -94,59 +89,6 @@ def _expert_tp(c: Columns, f: Facts) -> np.ndarray:
     derived = expert_groups(c["tp"], c["cp"], c["dp"], ep, 0)[2]
     canonical = (not f.switches.canonical) | (etp != derived)
     return (etp == 0) | (fills & canonical)
-
-
-ALLTOALL, FLEX = MOE_DISPATCHERS.index("alltoall"), MOE_DISPATCHERS.index("flex")
-OFF, ON = MOE_OVERLAPS.index("off"), MOE_OVERLAPS.index("on")
-
-
-def _dispatcher(c: Columns, f: Facts) -> np.ndarray:
-    """The dispatcher each plan runs: its own, or the training's (code 0)."""
-    return np.where(c["moe_dispatcher"] == 0, MOE_DISPATCHERS.index(f.moe_dispatcher),
-                    c["moe_dispatcher"])
-
-
-def _a2a_overlap(c: Columns, f: Facts) -> np.ndarray:
-    """Whether each plan overlaps its EP all-to-all: its own switch, or the training's."""
-    return np.where(c["moe_a2a_overlap"] == 0, f.moe_a2a_overlap, c["moe_a2a_overlap"] == ON)
-
-
-def _moe_dispatch(c: Columns, f: Facts) -> np.ndarray:
-    """A plan names a dispatcher or an overlap only on a MoE model, only one the framework's
-    launcher offers (its profile's ``moe_dispatchers``, ``moe_a2a_overlaps``), and in a
-    canonical space only one that differs from the training's (the same plan is written "")."""
-    d, o = c["moe_dispatcher"], c["moe_a2a_overlap"]
-    offered_d = np.isin(d, [MOE_DISPATCHERS.index(x) for x in f.moe_dispatchers])
-    offered_o = np.isin(o, [ON if x else OFF for x in f.moe_a2a_overlaps])
-    own_d, own_o = MOE_DISPATCHERS.index(f.moe_dispatcher), ON if f.moe_a2a_overlap else OFF
-    canonical = (not f.switches.canonical) | ((d != own_d) & (o != own_o))
-    return ((d == 0) | ((f.experts > 0) & offered_d & ((d != own_d) | canonical))) & (
-        (o == 0) | ((f.experts > 0) & offered_o & ((o != own_o) | canonical)))
-
-
-def _flex(c: Columns, f: Facts) -> np.ndarray:
-    """Megatron-Core's flex dispatcher (megatron/core/transformer/moe/token_dispatcher.py
-    MoEFlexTokenDispatcher, core_v0.16.0: "DeepEP dispatcher requires TPxEP > 1", its TP the
-    experts'; transformer_config.py: the deepep backend, its default, refuses
-    moe_pad_expert_input_to_capacity). A training whose own dispatcher is flex (NeMo
-    AutoModel's DeepEP) dispatches nothing at ep x expert TP 1, so only a plan naming flex must
-    have ranks to dispatch to."""
-    etp = expert_groups(c["tp"], c["cp"], c["dp"], c["ep"], c["expert_tp"])[2]
-    named = c["moe_dispatcher"] == FLEX
-    flex = _dispatcher(c, f) == FLEX
-    return (~named | (c["ep"] * etp > 1)) & (~flex | (not f.moe_pad_to_capacity))
-
-
-def _overlap(c: Columns, f: Facts) -> np.ndarray:
-    """Megatron-Core's --overlap-moe-expert-parallel-comm (transformer_config.py __post_init__,
-    core_v0.16.0): expert parallelism, the alltoall or flex dispatcher, no full recompute, the
-    interleaved schedule where pp > 1, not with --moe-shared-expert-overlap, and at most one
-    MTP layer, which needs pp > 1."""
-    d = _dispatcher(c, f)
-    ok = ((c["ep"] > 1) & ((d == ALLTOALL) | (d == FLEX)) & (c["recompute"] != FULL)
-          & ((c["pp"] == 1) | (c["vpp"] > 1)) & (not f.moe_shared_expert_overlap)
-          & ((f.mtp_layers == 0) | ((f.mtp_layers == 1) & (c["pp"] > 1))))
-    return ~_a2a_overlap(c, f) | ok
 
 
 def _zero_shards(c: Columns, f: Facts) -> np.ndarray:
@@ -261,13 +203,13 @@ RULES: tuple[Rule, ...] = (
          "moe_dispatcher and moe_a2a_overlap are the training's (\"\"), or experts > 0 and the "
          "framework's launcher offers them (in moe_dispatchers, moe_a2a_overlaps; in a canonical "
          "space other than the training's moe_dispatcher, moe_a2a_overlap)",
-         _moe_dispatch),
+         dispatch_rule),
     Rule("moe_flex", ("moe_dispatcher", "ep", "expert_tp", "tp", "dp", "cp"),
          ("moe_dispatcher", "moe_pad_to_capacity"),
          "the dispatcher run (the plan's, else the training's moe_dispatcher) is not flex, or "
          "not moe_pad_to_capacity, and a plan naming flex has ep * expert TP > 1 "
          "(Megatron-Core's flex dispatcher)",
-         _flex),
+         flex_rule),
     Rule("moe_a2a_overlap", ("moe_a2a_overlap", "moe_dispatcher", "ep", "recompute", "pp",
                              "vpp"),
          ("moe_a2a_overlap", "moe_dispatcher", "moe_shared_expert_overlap", "mtp_layers"),
@@ -275,7 +217,14 @@ RULES: tuple[Rule, ...] = (
          "or ep > 1, the dispatcher run is alltoall or flex, recompute != full (2), pp == 1 or "
          "vpp > 1, not moe_shared_expert_overlap, and mtp_layers == 0 or 1 with pp > 1 "
          "(Megatron-Core's --overlap-moe-expert-parallel-comm)",
-         _overlap),
+         a2a_overlap_rule),
+    # megatron/core/transformer/transformer_config.py __post_init__ (core_v0.16.1): "Bias in Moe
+    # is only supported when ETP==1" (gpt-oss's experts have biases)
+    Rule("moe_bias", ("expert_tp", "tp", "cp", "dp", "ep"), ("expert_bias",),
+         "expert TP (given, or derived: tp, or 1 where ep does not divide dp * cp) == 1, "
+         "unless not expert_bias (the experts' linear layers have biases)",
+         lambda c, f: (not f.expert_bias)
+         | (expert_groups(c["tp"], c["cp"], c["dp"], c["ep"], c["expert_tp"])[0] == 1)),
     # megatron/core/optimizer/optimizer_config.py (core_v0.16.0): "--use-precision-aware-optimizer
     # only supported with distributed optimizer"
     Rule("precision_aware_optimizer", ("zero_stage",), ("low_precision_moments",),
@@ -357,7 +306,7 @@ RULES: tuple[Rule, ...] = (
          "or mlp (Megatron-Core's TransformerConfig; costmodel.graphs.graphs_allowed)",
          lambda c, f: graphs_allowed(c["recompute"] == FULL, f.cuda_graph_impl,
                                      f.cuda_graph_scope, f.moe_layers, f.layers,
-                                     f.moe_pad_to_capacity, _a2a_overlap(c, f))),
+                                     f.moe_pad_to_capacity, dispatched_overlap(c, f))),
     Rule("cpu_offload", ("cpu_offload_layers", "pp", "recompute"),
          ("cpu_offloading", "host_link", "layers", "cuda_graph_impl", "cuda_graph_scope"),
          "cpu_offload_layers == 0, or cpu_offloading (the framework offloads activations) and "

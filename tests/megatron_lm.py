@@ -7,10 +7,12 @@ https://github.com/NVIDIA/Megatron-LM && git checkout core_v0.16.1``, the releas
 targets); without it the callers skip, saying so. It runs in a child process: the checkout's
 ``megatron.core`` then shadows the installed one, and Megatron's global arguments stay there.
 
-On a CPU machine three things stand in for a GPU node: the device reports compute capability
+On a CPU machine four things stand in for a GPU node: the device reports compute capability
 9.0 (an H100; validate_args asks for it), ``six`` (imported only by Megatron's BERT and GPT-2
-tokenizers, never used here) is an empty module when absent, and the fused RoPE kernel is off
-when building the config (it needs Transformer Engine, a CUDA build).
+tokenizers, never used here) is an empty module when absent, the fused RoPE kernel is off
+when building the config (it needs Transformer Engine, a CUDA build), and Transformer Engine's
+version and its fused MoE permutation kernels, which the config checks (MoE at fp8,
+--moe-permute-fusion), read as 2.8's (callables never called here).
 """
 
 from __future__ import annotations
@@ -34,10 +36,21 @@ try:
     import six  # noqa: F401
 except ImportError:
     sys.modules["six"] = types.ModuleType("six")
+import megatron.core.utils as U
+from packaging.version import Version
+# Transformer Engine is a CUDA build absent here: the config's version checks (MoE at fp8 asks
+# for TE >= 1.7) read the version the release is run with
+U.get_te_version = lambda: Version("2.8.0")
+# and its fused MoE permutation kernels (--moe-permute-fusion), which the config looks for
+import megatron.core.transformer.moe.moe_utils as M
+for name in ("fused_permute", "fused_permute_with_probs", "fused_sort_chunks_by_index",
+             "fused_sort_chunks_by_index_with_probs", "fused_unpermute"):
+    setattr(M, name, getattr(M, name, None) or (lambda *a, **k: None))
 import megatron.training.arguments as A
 A.get_device_arch_version = lambda: 9
 keys = json.loads(os.environ["TCF_MEGATRON_READ"])
-for words, world, script_env in json.loads(os.environ["TCF_MEGATRON_ARGS"]):
+runs = json.loads(sys.stdin.read())
+for words, world, script_env in runs:
     os.environ.pop("CUDA_DEVICE_MAX_CONNECTIONS", None)
     os.environ.update(script_env, WORLD_SIZE=str(world))
     sys.argv = ["pretrain_gpt.py", *words]
@@ -86,11 +99,11 @@ def megatron_lm_reads_many(runs: list[tuple[str, int]], keys: list[str]
     src = source()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get(
         "PYTHONPATH", "")]), "TCF_MEGATRON_READ": json.dumps(keys), "RANK": "0",
-        "LOCAL_RANK": "0",
-        "TCF_MEGATRON_ARGS": json.dumps([[launcher_words(s), w, script_env(s)]
-                                         for s, w in runs])}
-    run = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True,
-                         text=True, timeout=900, check=False)
+        "LOCAL_RANK": "0"}
+    # the exports' words on stdin: many exports pass the limit of one environment variable
+    words = json.dumps([[launcher_words(s), w, script_env(s)] for s, w in runs])
+    run = subprocess.run([sys.executable, "-c", CHILD], env=env, input=words,
+                         capture_output=True, text=True, timeout=900, check=False)
     lines = [x for x in run.stdout.splitlines() if x.startswith("TCF-RESULT ")]
     assert run.returncode == 0 and len(lines) == len(runs), run.stderr[-3000:]
     return [json.loads(x.removeprefix("TCF-RESULT ")) for x in lines]

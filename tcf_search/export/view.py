@@ -170,7 +170,8 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
                                global_batch=t.global_batch, num_gpus=pf.num_gpus,
                                nvlink_domain=pf.gpus_per_node, switches=format_switches(fmt),
                                mtp_layers=m.mtp_layers, mla=m.mla is not None,
-                               host_link=True, **_moe_switches(fmt),
+                               host_link=True, expert_bias=m.is_moe and m.bias == "all",
+                               **_moe_switches(fmt),
                                **graph_facts(m, t)),
     )
 
