@@ -28,9 +28,14 @@ SPLIT_COLUMNS: tuple[str, ...] = ("first_stage_layers", "last_stage_layers",
 PRESUMED_SPLIT_FRAMEWORKS: tuple[str, ...] = ("megatron", "nemo")
 # The schema gives the interconnect only inside `notes` ("gpu as published: A100 80GB (1600Gbps
 # RoCE)"); words there that name a fabric of hardware_catalog/fabrics.yaml. Selene is NVIDIA's
-# DGX SuperPOD on HDR InfiniBand (Narayanan et al., SC21, sec. 5.1). A `fabric` column wins.
+# DGX SuperPOD on HDR InfiniBand (Narayanan et al., SC21, sec. 5.1). Megatron-Bridge's tables
+# name NVIDIA DGX systems ("DGX-H100", "DGX-B200": docs/performance-summary.md), whose compute
+# fabric is eight single-port 400 Gb/s ConnectX-7 HCAs, built by NVIDIA's DGX SuperPOD reference
+# architectures as a rail-optimised NDR InfiniBand fat tree. A `fabric` column wins.
 FABRIC_WORDS: tuple[tuple[str, str], ...] = (("roce", "roce"), ("infiniband", "infiniband"),
-                                             ("selene", "infiniband"))
+                                             ("selene", "infiniband"),
+                                             ("dgx-h100", "infiniband"),
+                                             ("dgx-b200", "infiniband"))
 
 
 
