@@ -182,6 +182,9 @@ def row_plan(row: Mapping[str, object], layers: int,
 
 # plan fields that are also a training's switches: a release's value is the training's
 TRAINING_OWN = frozenset({"moe_dispatcher", "moe_a2a_overlap"})
+# model fields a release's recipe sets that the schema has no column for (Megatron-Bridge's
+# DeepSeek-V3 recipes build one multi-token prediction layer: mtp_num_layers = 1)
+MODEL_OWN = frozenset({"mtp_layers"})
 
 
 def case_from_row(row: Mapping[str, object]) -> Case:
@@ -220,6 +223,8 @@ def case_from_row(row: Mapping[str, object]) -> Case:
     # in frameworks.yaml); the rest are Training's, the MoE dispatch too (a release's switch,
     # which a plan of its own may override)
     knobs = {k: defaults.pop(k) for k in PLAN_KEYS if k in defaults and k not in TRAINING_OWN}
+    model = replace(model, **{k: int(defaults.pop(k)) for k in MODEL_OWN  # type: ignore[arg-type]
+                              if k in defaults})
     training = training_spec(framework=framework, precision=precision,
                              seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
                              compile=_bool(row, "compile"), switches=defaults)
