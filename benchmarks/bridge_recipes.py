@@ -22,6 +22,7 @@ from published_runs import BRIDGE_REGRESSIONS  # noqa: E402
 from costmodel.plan_fields import PLAN_KEYS  # noqa: E402
 from costmodel.specs import Recompute, Training  # noqa: E402
 from hardware_catalog.frameworks import load_profiles, release_key, release_switches  # noqa: E402
+from search.inputs.measured import MODEL_OWN  # noqa: E402
 from search.inputs.presets import PRESETS  # noqa: E402
 
 SOURCE = "megatron-bridge"
@@ -46,8 +47,9 @@ def bridge_facts(release: str, system: str, preset: str,
 
 
 def training_facts(facts: dict[str, object]) -> dict[str, object]:
-    """The Training switches of :func:`bridge_facts` (its plan fields left out)."""
-    return {k: v for k, v in facts.items() if k not in PLAN_KEYS}
+    """The Training switches of :func:`bridge_facts` (its plan and model fields left out: the
+    preset is the model)."""
+    return {k: v for k, v in facts.items() if k not in PLAN_KEYS and k not in MODEL_OWN}
 
 
 def plan_facts(release: str, system: str, preset: str) -> dict[str, object]:

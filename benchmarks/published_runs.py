@@ -3,6 +3,9 @@ them: each table as its source gives it (layouts, batch, published throughput). 
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 # (label, GPUs, cp, dp, seq_len, sequences per step, published model TFLOP/s per GPU)
 LLAMA3_405B = (
     ("8,192 GPUs, seq 8k", 8192, 1, 64, 8192, 2048, 430.0),
@@ -132,8 +135,16 @@ BRIDGE = (
 # bump) fixed it the record does not say. 26.04 (v0.4.x QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_
 # FP8_CS_V1: HybridEP, EP 16, no A2A overlap) is the 26.04.01 row. The 25.11 GB200 run used
 # HybridEP already and did not regress (23,766 vs 22,775).
-BRIDGE_REGRESSIONS = {("25.11", "DGX-H100", "qwen3-30b-a3b"): "Megatron-Bridge #1998",
-                      ("25.11", "DGX-B200", "qwen3-30b-a3b"): "Megatron-Bridge #1998"}
+#
+# Megatron-Bridge #1705 (Qwen3-235B B200 MXFP8 regression), fixed by PR #1760 (2025-12-17):
+# "MXFP8 step time improved from 20.1s to 16.9s ... Disable moe_a2a_overlap due to CPU overhead
+# ... Disable VP for mxfp8": the 25.11 DGX-B200 row (PP 8 VP 2, A2A overlap, GBS 1024) steps in
+# 20.05 s, the regressed recipe's time.
+#
+# The table is the calibration's (tcf_search/calibration/moe_fit.py), written once there: the
+# MoE fit leaves these rows out.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tcf_search.calibration.moe_fit import BRIDGE_REGRESSIONS  # noqa: E402, F401 (re-exported)
 
 BRIDGE_EDGES = {("llama3.1-405b", 8): (15, 15), ("qwen3-235b-a22b", 8): (11, 11),
                 ("deepseek-v3", 8): (7, 6), ("deepseek-v3", 16): (4, 1),

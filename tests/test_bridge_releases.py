@@ -77,6 +77,25 @@ def test_deepseek_v3_on_b200_runs_its_2604_recipe() -> None:
                       for p in plans} == {("selective", 8, 5)}
 
 
+def test_a_release_s_model_field_builds_the_mtp_layer_and_costs_the_last_stage() -> None:
+    """DeepSeek-V3's recipes build one multi-token prediction layer (mtp_num_layers = 1 at
+    both releases): the release's model field reaches the row's model, which a Qwen3 row's does
+    not, and the MTP layer and its second head and loss land on the last pipeline rank, so the
+    same plan steps slower with it than without (costmodel.mtp)."""
+    from dataclasses import replace
+
+    from costmodel import estimate
+
+    for release in ("26.04.01", "25.11"):
+        assert case_from_row(bridge_row(DSV3, release, "DGX-B200")).model.mtp_layers == 1
+    assert case_from_row(bridge_row(QWEN235, "26.04.01", "DGX-H100")).model.mtp_layers == 0
+    case = case_from_row(bridge_row(DSV3, "26.04.01", "DGX-B200"))
+    without = replace(case.model, mtp_layers=0)
+    step = {m.mtp_layers: estimate(m, case.cluster, case.plan, case.training).step_time_s
+            for m in (case.model, without)}
+    assert step[1] > step[0]
+
+
 def test_a_release_differs_by_model_and_release() -> None:
     """25.11's Qwen3-235B on H100 overlaps the all-to-all without TP overlap; 25.11's DeepSeek-V3
     on B200 (the model_name's "(w/ MTP)" dropped from the key) runs alltoall with the shared

@@ -73,6 +73,12 @@ def test_no_fabric_keeps_the_family_calibration(h100: GpuSpec, llama8b: ModelSpe
     ({"notes": "gpu as published: A100 80GB SXM (Selene); sharding as published: none"},
      "infiniband"),
     ({"notes": "gpu as published: H100 80GB SXM; HFU=55%"}, ""),
+    # NVIDIA DGX systems (Megatron-Bridge's and NeMo's tables): the SuperPOD's InfiniBand
+    ({"notes": "gpu as published: H100 80GB SXM (DGX-H100); zero_stage=1"}, "infiniband"),
+    ({"notes": "gpu as published: B200 180GB (DGX-B200); precision as published: mxfp8"},
+     "infiniband"),
+    ({"notes": "gpu as published: 'H100' (DGX Cloud reference cluster; H100 taken as SXM)"},
+     ""),  # DGX Cloud names no fabric: the family's fitted fraction
     ({"notes": "nothing about the hardware mentions RoCE here"}, ""),  # only the hardware string
     ({"fabric": "infiniband", "notes": "gpu as published: A100 (1600Gbps RoCE)"}, "infiniband"),
     ({}, ""),

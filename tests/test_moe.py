@@ -15,6 +15,7 @@ from costmodel.moe import grouped_expert_time, permute_elements, tokens_per_expe
 from costmodel.parallel.expert import groups_hit
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 from costmodel.specs import GpuSpec
+from hardware_catalog import get_fabric
 
 # fine-grained experts (Qwen3-30B-A3B's shape): 128 experts of width 768, top-8
 FINE = ModelSpec(layers=8, hidden=2048, ffn_hidden=6144, heads=32, kv_heads=4, head_dim=128,
@@ -224,12 +225,14 @@ def test_bridge_regression_rows_are_bridge_moe_rows_and_marked() -> None:
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     from bridge_recipes import DAGGER, moe_label, moe_switches, recipe_switches
-    from published_runs import BRIDGE, BRIDGE_REGRESSIONS
+    from published_runs import BRIDGE, BRIDGE_REGRESSIONS, BRIDGE_SYSTEMS
 
     from search.inputs.presets import PRESETS
 
     moe_rows = {(r[0], r[1], r[2]): r for r in BRIDGE if PRESETS[r[2]].is_moe}
-    assert set(BRIDGE_REGRESSIONS) <= set(moe_rows)
+    # a regression names a Megatron-Bridge MoE release (some are rows of measured_runs.csv
+    # only, as 25.11's DGX-B200 Qwen3-235B)
+    assert all(PRESETS[m].is_moe and s in BRIDGE_SYSTEMS for _, s, m in BRIDGE_REGRESSIONS)
     for (release, system, preset), row in moe_rows.items():
         tr = training_for(seq_len=4096, global_batch=64,
                       **moe_switches(release, system, True))  # type: ignore[arg-type]
@@ -250,6 +253,68 @@ def test_moe_stage_rewrites_only_its_part_of_the_source() -> None:
     twice = with_moe_source(once, "fitted on 8 rows")
     assert once == twice and once.source.count(MOE_MARK) == 1
     assert once.source.startswith("dense fit on 845 rows")
+
+
+def test_moe_fit_rows_are_the_measured_moe_rows_less_the_regressions() -> None:
+    """The MoE stage fits NVIDIA's DGX Cloud and Megatron-Bridge MoE rows that report tokens/s;
+    a row of a release in BRIDGE_REGRESSIONS (matched by its source_detail's section and its
+    model) is set apart, a dense row or another source's MoE row is not a MoE row of the fit."""
+    import pandas as pd
+
+    from tcf_search.calibration.moe_fit import (
+        BRIDGE_REGRESSIONS,
+        moe_group,
+        moe_rows,
+        regression_rows,
+    )
+
+    detail = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md @067f987d "
+              "section {release} {system}")
+
+    def row(source: str, release: str, system: str, model: str, experts: float,
+            tput: float = 1000.0) -> dict:
+        return {"case_id": f"{source}-{release}-{system}-{model}", "source": source,
+                "source_detail": detail.format(release=release, system=system),
+                "model_name": model, "moe_experts": experts, "status": "ok",
+                "tokens_per_sec_per_gpu": tput, "gpu": "h100-sxm-80gb"}
+
+    frame = pd.DataFrame([
+        row("megatron-bridge", "25.11", "DGX-H100", "Qwen3_30B_a3B", 128.0),  # #1998
+        row("megatron-bridge", "25.11", "DGX-B200", "Qwen3_235B_a22B", 128.0),  # #1705
+        row("megatron-bridge", "26.04.01", "DGX-H100", "Qwen3_30B_a3B", 128.0),
+        row("megatron-bridge", "26.04.01", "DGX-H100", "LLAMA3_70B", float("nan")),
+        row("dgxc-benchmarking", "", "", "Grok-1 314B (MoE)", 8.0),
+        row("mcore-moe", "", "", "Mixtral 8x7B (dropless)", 8.0, float("nan")),
+    ])
+    assert regression_rows(frame).tolist() == [True, True, False, False, False, False]
+    assert moe_rows(frame).tolist() == [False, False, True, False, True, False]
+    assert ("25.11", "DGX-B200", "qwen3-235b-a22b") in BRIDGE_REGRESSIONS
+    # a model's releases and variants are one hold-out group per GPU
+    assert moe_group(pd.DataFrame({"model_name": ["DeepSeekV3 (w/ MTP)", "DeepSeekV3"],
+                                   "gpu": ["b200-180gb"] * 2})).nunique() == 1
+
+
+def test_all_to_all_time_follows_the_ratio_and_the_fabric_fraction(h100: GpuSpec) -> None:
+    """NCCL's all-to-all runs at all_to_all_bw_ratio of the ring collectives' bandwidth on each
+    link: across nodes its time is the network bytes over (fabric fraction x ratio x NIC line
+    rate), so halving the ratio doubles the bandwidth term, and the DGX SuperPOD's InfiniBand
+    (0.96) moves the same bytes faster than the family's fitted fraction where that is lower."""
+    plan = Plan(dp=32, ep=32)
+    tr = training_for(seq_len=4096, global_batch=64)
+    fabric = get_fabric("infiniband")
+
+    def a2a_s(ratio: float, fraction: float | None) -> float:
+        gpu = replace(h100, efficiency=replace(h100.efficiency, all_to_all_bw_ratio=ratio))
+        extra = {} if fraction is None else {"network_bw_fraction": fraction}
+        cluster = ClusterSpec(gpu=gpu, num_gpus=32, **extra)  # type: ignore[arg-type]
+        return _a2a(estimate(FINE, cluster, plan, tr)).time_s  # type: ignore[attr-defined]
+
+    lo, hi = a2a_s(0.4, fabric.network_bw_fraction), a2a_s(0.8, fabric.network_bw_fraction)
+    # EP 32 over 4 nodes: 24/32 of each rank's top-k copies cross the NIC, the bandwidth term
+    # dominates, so half the ratio is about twice the time
+    assert lo == pytest.approx(2.0 * hi, rel=0.05)
+    if h100.efficiency.network_bw_fraction < fabric.network_bw_fraction:
+        assert a2a_s(0.8, None) > hi
 
 
 def test_shared_expert_overlap_hides_only_behind_shared_experts(h100: GpuSpec) -> None:

@@ -28,9 +28,14 @@ SPLIT_COLUMNS: tuple[str, ...] = ("first_stage_layers", "last_stage_layers",
 PRESUMED_SPLIT_FRAMEWORKS: tuple[str, ...] = ("megatron", "nemo")
 # The schema gives the interconnect only inside `notes` ("gpu as published: A100 80GB (1600Gbps
 # RoCE)"); words there that name a fabric of hardware_catalog/fabrics.yaml. Selene is NVIDIA's
-# DGX SuperPOD on HDR InfiniBand (Narayanan et al., SC21, sec. 5.1). A `fabric` column wins.
+# DGX SuperPOD on HDR InfiniBand (Narayanan et al., SC21, sec. 5.1). Megatron-Bridge's tables
+# name NVIDIA DGX systems ("DGX-H100", "DGX-B200": docs/performance-summary.md), whose compute
+# fabric is eight single-port 400 Gb/s ConnectX-7 HCAs, built by NVIDIA's DGX SuperPOD reference
+# architectures as a rail-optimised NDR InfiniBand fat tree. A `fabric` column wins.
 FABRIC_WORDS: tuple[tuple[str, str], ...] = (("roce", "roce"), ("infiniband", "infiniband"),
-                                             ("selene", "infiniband"))
+                                             ("selene", "infiniband"),
+                                             ("dgx-h100", "infiniband"),
+                                             ("dgx-b200", "infiniband"))
 
 
 
@@ -177,6 +182,9 @@ def row_plan(row: Mapping[str, object], layers: int,
 
 # plan fields that are also a training's switches: a release's value is the training's
 TRAINING_OWN = frozenset({"moe_dispatcher", "moe_a2a_overlap"})
+# model fields a release's recipe sets that the schema has no column for (Megatron-Bridge's
+# DeepSeek-V3 recipes build one multi-token prediction layer: mtp_num_layers = 1)
+MODEL_OWN = frozenset({"mtp_layers"})
 
 
 def case_from_row(row: Mapping[str, object]) -> Case:
@@ -221,6 +229,8 @@ def case_from_row(row: Mapping[str, object]) -> Case:
     # in frameworks.yaml); the rest are Training's, the MoE dispatch too (a release's switch,
     # which a plan of its own may override)
     knobs = {k: defaults.pop(k) for k in PLAN_KEYS if k in defaults and k not in TRAINING_OWN}
+    model = replace(model, **{k: int(defaults.pop(k)) for k in MODEL_OWN  # type: ignore[arg-type]
+                              if k in defaults})
     training = training_spec(framework=framework, precision=precision,
                              seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
                              compile=_bool(row, "compile"), switches=defaults)
