@@ -42,6 +42,7 @@ from search.inputs.planspec import (
     check,
     format_plan,
     make_plan,
+    own_dispatch_unsaid,
     parse_assignments,
     parse_plan,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "OutputExists", "PlanFile", "PlanFileError", "PlanSpecError", "Specs", "Study", "StudyError",
     "YamlInputError", "build_specs", "case_from_row", "check", "check_target", "format_plan",
     "load_plan_file", "load_study", "load_yaml", "make_plan", "open_atomic", "open_input",
+    "own_dispatch_unsaid",
     "parse_assignments", "parse_plan", "path_component", "plan_dict", "plan_file_specs",
     "presumed_split", "read_input", "shown", "write_atomic",
 ]

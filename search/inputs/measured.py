@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from costmodel.errors import SpecError, TcfError
 from costmodel.mapping import counted_split
@@ -229,8 +230,8 @@ def case_from_row(row: Mapping[str, object]) -> Case:
     # in frameworks.yaml); the rest are Training's, the MoE dispatch too (a release's switch,
     # which a plan of its own may override)
     knobs = {k: defaults.pop(k) for k in PLAN_KEYS if k in defaults and k not in TRAINING_OWN}
-    model = replace(model, **{k: int(defaults.pop(k)) for k in MODEL_OWN  # type: ignore[arg-type]
-                              if k in defaults})
+    own: dict[str, Any] = {k: int(str(defaults.pop(k))) for k in MODEL_OWN if k in defaults}
+    model = replace(model, **own)
     training = training_spec(framework=framework, precision=precision,
                              seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
                              compile=_bool(row, "compile"), switches=defaults)

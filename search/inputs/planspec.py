@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from costmodel import Plan, SpecError, check_plan
+from costmodel import Plan, SpecError, Training, check_plan
 from costmodel.errors import TcfError
 from costmodel.plan_fields import FIELDS, PLAN_FIELDS
 from costmodel.rules import Switches
@@ -97,9 +97,22 @@ def parse_plan(text: str, specs: Specs, switches: Switches | None = None) -> Pla
             raise PlanSpecError(f"plan: tp * pp * cp must divide num_gpus to derive dp, but got "
                                 f"tp * pp * cp = {inner}, num_gpus={n}")
         values["dp"] = n // inner
-    plan = make_plan(values)
+    plan = make_plan(own_dispatch_unsaid(values, specs.training))
     check(plan, specs, switches)
     return plan
+
+
+def own_dispatch_unsaid(values: dict[str, Any], training: Training) -> dict[str, Any]:
+    """The values with a MoE dispatch the training runs anyway written as none of the plan's
+    own (``a2a=off`` under a training without the overlap is that training's plan, which a
+    canonical space holds once)."""
+    own = training.framework.moe
+    out = dict(values)
+    if out.get("moe_dispatcher") == own.moe_dispatcher:
+        out["moe_dispatcher"] = ""
+    if out.get("moe_a2a_overlap") == ("on" if own.moe_a2a_overlap else "off"):
+        out["moe_a2a_overlap"] = ""
+    return out
 
 
 def check(plan: Plan, specs: Specs, switches: Switches | None = None) -> None:

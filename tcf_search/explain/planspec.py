@@ -23,6 +23,7 @@ from search.inputs import (
     check,
     format_plan,
     make_plan,
+    own_dispatch_unsaid,
     parse_assignments,
     parse_plan,
 )
@@ -98,7 +99,7 @@ def apply_change(base: Plan, change: dict[str, Any], specs: Specs) -> tuple[Plan
     name, driven by the rules (``costmodel.rules``) the changed plan breaks: each broken rule
     tries its ``REPAIRS`` in turn, keeping a move when the rule then holds. Returns the plan and
     one note per knob moved; raises :class:`PlanSpecError` when no such repair exists."""
-    values = {**dataclasses.asdict(base), **change}
+    values = own_dispatch_unsaid({**dataclasses.asdict(base), **change}, specs.training)
     notes: list[str] = []
     if values["recompute"] != "full" and "recompute_layers" not in change:
         # not a validity rule: only full recompute reads the count
