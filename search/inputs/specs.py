@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from costmodel.layer_style import MoeRouter, RopeScaling
@@ -21,6 +22,7 @@ from hardware_catalog.frameworks import (
     is_megatron_core,
     megatron_core_profiles,
 )
+from search.inputs import links
 from search.inputs.hf_config import HfConfigError, load_hf_config
 from search.inputs.planfile import PlanFile, PlanFileError
 from search.inputs.plausible import model_shape, override_warnings
@@ -172,6 +174,8 @@ def build_specs(study: Study) -> Specs:
                                  compile=bool(t.compile), switches=switches)
         cluster = cluster_spec(build_gpu(study.cluster), study.cluster.num_gpus,
                                study.cluster.gpus_per_node, study.cluster.fabric or "")
+        if study.cluster.calibration is not None:
+            cluster = links.anchored(cluster, _calibration(study))
         cluster.gpu.check_precision(training.precision)
     except SpecError as exc:
         raise StudyError(f"study: {exc}") from None
@@ -204,6 +208,23 @@ def build_specs(study: Study) -> Specs:
                                           moe_tp_sequence_parallel=(
                                               fw.moe.moe_tp_sequence_parallel),
                                           uneven_chunks=fw.pp.uneven_chunks))
+
+
+def _calibration(study: Study) -> links.ClusterCalibration:
+    path = study.base_dir / str(study.cluster.calibration)
+    try:
+        return links.load(path)
+    except links.CalibrationError as exc:
+        raise StudyError(f"cluster.calibration: {exc}") from None
+
+
+def with_calibration(study: Study, path: Path | None) -> Study:
+    """``study`` anchored on the calibration file ``path`` (``--calibration``, relative to the
+    working folder), in place of its own ``cluster.calibration``; unchanged when None."""
+    if path is None:
+        return study
+    cluster = study.cluster.model_copy(update={"calibration": str(path.resolve())})
+    return study.model_copy(update={"cluster": cluster})
 
 
 def _not_megatron_core(flag: str, framework: str) -> str:
