@@ -1,7 +1,8 @@
 """A cluster's calibration file (``tcf-search calibrate --nccl-tests ... -o my-cluster.yaml``): the
 collective links fitted on its own nccl-tests output, which a study anchors on with
 ``cluster.calibration: my-cluster.yaml`` (a path relative to the study file) or ``--calibration``.
-Written and read here only, so the format is declared once (``LINK_KEYS``, ``render``, ``load``).
+Written and read here only, so the format is declared once (``LINK_KEYS``,
+``calibration_yaml``, ``load_calibration``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class ClusterCalibration:
                 f"({', '.join(self.files)}; {self.date})")
 
 
-def render(cal: ClusterCalibration, fits: list[dict[str, Any]]) -> str:
+def calibration_yaml(cal: ClusterCalibration, fits: list[dict[str, Any]]) -> str:
     """The calibration file's text (YAML through its own writer)."""
     links = {k: float(getattr(cal.links, k)) for k in LINK_KEYS}
     links[RATIO_KEY] = float(cal.all_to_all_bw_ratio)
@@ -63,7 +64,7 @@ def render(cal: ClusterCalibration, fits: list[dict[str, Any]]) -> str:
     return head + yaml.safe_dump(doc, sort_keys=False, width=100)
 
 
-def load(path: Path) -> ClusterCalibration:
+def load_calibration(path: Path) -> ClusterCalibration:
     """The calibration file at ``path``; a :class:`CalibrationError` naming the field if it is
     not one calibrate wrote."""
     where = str(path)

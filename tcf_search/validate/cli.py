@@ -154,8 +154,7 @@ def calibrate_nccl_tests(files: list[Path], output: Path | None, gpu: str | None
     from costmodel.comm import link_of
     from costmodel.specs import ClusterSpec
     from hardware_catalog import get_gpu
-    from search.inputs import write_atomic
-    from search.inputs.links import render
+    from search.inputs import calibration_yaml, write_atomic
     from tcf_search.calibration.nccl_tests import NcclTestsError, fit, read
 
     if not flag or not files:
@@ -168,7 +167,7 @@ def calibrate_nccl_tests(files: list[Path], output: Path | None, gpu: str | None
         prior = link_of(ClusterSpec(gpu=spec, num_gpus=max(t.ranks for t in tests),
                                     gpus_per_node=max(t.per_host for t in tests)))
     result = fit(tests, prior)
-    text = render(result.calibration, result.fits)
+    text = calibration_yaml(result.calibration, result.fits)
     for line in result.lines:
         typer.echo(line)
     if output is None:
