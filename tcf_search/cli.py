@@ -177,12 +177,13 @@ def catalog_list(
 def catalog_show(
     sku: Annotated[str, typer.Argument(help="A catalog SKU id.", show_default=False)],
 ) -> None:
-    """One SKU's numbers, as JSON."""
+    """One SKU's numbers, as JSON, with the source of each (``sources``)."""
     import dataclasses
 
-    from hardware_catalog import get_gpu
+    from hardware_catalog import get_gpu, sources
 
-    typer.echo(json.dumps(dataclasses.asdict(get_gpu(sku)), indent=2))
+    typer.echo(json.dumps({**dataclasses.asdict(get_gpu(sku)), "sources": sources(sku)},
+                          indent=2))
 
 
 # Commands of other areas, one line each.
