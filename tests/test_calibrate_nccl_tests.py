@@ -47,12 +47,13 @@ def test_recovers_the_bandwidths_the_files_were_made_from(fitted: tuple[Path, di
     assert "NVLink: 360.0 GB/s" in stdout or "NVLink: 359.9 GB/s" in stdout
 
 
-def _dp_reduce(folder: Path, study: str, *extra: str) -> tuple[float, dict]:
+def _dp_reduce(folder: Path, study: str, *extra: str, plan: str = PLAN,
+               name: str = "dp_grad_reduce") -> tuple[float, dict]:
     path = folder / f"{study}.yaml"
-    code, out, err = cli("explain", str(path), "--plan", PLAN, "--json", *extra)
+    code, out, err = cli("explain", str(path), "--plan", plan, "--json", *extra)
     assert code == 0, err
     doc = json.loads(out)
-    (dp,) = [c for c in doc["communication"]["collectives"] if c["name"] == "dp_grad_reduce"]
+    (dp,) = [c for c in doc["communication"]["collectives"] if c["name"] == name]
     assert dp["group_size"] == 16 and dp["tier"] == "network"
     return dp["time_s"], doc["calibration"]
 
@@ -85,6 +86,13 @@ def test_an_anchored_study_prices_its_dp_all_reduce_with_them(
     assert again == pytest.approx(anchored) and cal2["anchored"] is not None
     code, out, err = cli("explain", str(folder / "fitted.yaml"), "--plan", PLAN)
     assert code == 0 and "anchored on 4 nccl-tests" in " ".join(out.split()), err
+    # the EP all-to-all over both nodes: the fitted ratio on the fitted links
+    for study in ("fitted", "true"):
+        text = (folder / f"{study}.yaml").read_text().replace("llama3-8b", "qwen3-30b-a3b")
+        (folder / f"moe-{study}.yaml").write_text(text)
+    a2a = {s: _dp_reduce(folder, f"moe-{s}", plan="tp=1,pp=1,ep=16,zero=1",
+                         name="ep_token_all_to_all")[0] for s in ("fitted", "true")}
+    assert a2a["fitted"] == pytest.approx(a2a["true"], rel=0.05)
 
 
 def test_a_lone_host_fits_nvlink_only(tmp_path: Path) -> None:
@@ -175,8 +183,12 @@ def test_a_malformed_file_is_one_line_naming_file_and_line(tmp_path: Path, how: 
     assert not (tmp_path / "c.yaml").exists()
 
 
-def test_no_files_or_no_ranks(tmp_path: Path) -> None:
+def test_no_files_or_no_ranks_or_nothing_priced(tmp_path: Path) -> None:
     one_line_error(*cli("calibrate", "--nccl-tests")[::2], "--nccl-tests")
+    lone = tmp_path / "sendrecv.txt"
+    lone.write_text(nt.output("sendrecv", 1, 8))
+    one_line_error(*cli("calibrate", "--nccl-tests", str(lone))[::2], f"{lone}:1",
+                   "no file measures")
     text = "\n".join(line for line in nt.output("all_reduce", 1, 8).splitlines()
                      if "Rank" not in line)
     path = tmp_path / "all_reduce.txt"

@@ -328,6 +328,10 @@ def fit(tests: Sequence[NcclTest], prior: Link | None = None, today: str | None 
         nvlink_step_latency_s=max(theta[2], 1e-9) if free[2] else 0.0,
         network_step_latency_s=max(theta[3], 1e-9) if free[3] else 0.0,
         p2p_network_bw_bytes_per_s=p2p)
+    if not (links.nvlink_bw_bytes_per_s or links.network_bw_bytes_per_s or ratio or p2p):
+        raise NcclTestsError(f"{tests[0].path}:1: no file measures a link the cost model "
+                             f"prices: give all_reduce/all_gather/reduce_scatter files over one "
+                             f"host and over several, alltoall or sendrecv across hosts")
     devices = sorted({t.device for t in tests})
     cal = ClusterCalibration(links=links, all_to_all_bw_ratio=ratio,
                              files=tuple(t.path.name for t in tests),
