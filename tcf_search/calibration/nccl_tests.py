@@ -54,7 +54,7 @@ MAX_FILE_BYTES = 64 * 2**20
 RINGS = ("all_reduce", "all_gather", "reduce_scatter")
 # longest names first: a file name is searched for them in this order
 COLLECTIVES = ("reduce_scatter", "all_reduce", "all_gather", "alltoall", "sendrecv")
-_RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+Group\s+(\d+)\s+Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+"
+_RANK = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+(\d+)\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+"
                    r"(\d+)\s+\[[^\]]*\]\s*(.*)$")
 _START = re.compile(r"^#\s*Collective test starting:\s*(\S+)")
 
@@ -173,13 +173,12 @@ def parse(path: Path, text: str) -> NcclTest:
 def _row(tokens: list[str], header: list[str], where: str) -> tuple[int, float]:
     """One table row: its size in bytes and the mean of its out-of-place and in-place times."""
     at = [i for i, name in enumerate(header) if name in ("time", "cputime")]
-    if not at or len(tokens) < at[0] + 3:
+    columns = len([name for name in header if name != "timestamp"])
+    if not at or len(tokens) < columns:
         raise NcclTestsError(f"{where}: a row of {len(tokens)} columns under a header of "
-                             f"{len(header)} ({' '.join(header)}): cut short?")
+                             f"{columns} ({' '.join(header)}): cut short?")
     times = []
     for i in at:
-        if i + 2 >= len(tokens) and i != at[0]:
-            break  # a row may omit the in-place half
         try:
             t_us = float(tokens[i])
             float(tokens[i + 1]), float(tokens[i + 2])  # algbw, busbw
@@ -256,6 +255,49 @@ def fit(tests: Sequence[NcclTest], prior: Link | None = None, today: str | None 
     """The cluster's links from its nccl-tests (see the module docstring); ``prior``: the
     catalogued links that stand in for a tier no file measures."""
     rings = [t for t in tests if t.collective in RINGS and t.ranks > 1]
+    theta, free = _fit_rings(rings, tests, prior)
+    link = replace(_ZERO, nvlink_bw=1.0 / theta[0] if theta[0] > 0 else np.inf,
+                   network_bw=1.0 / theta[1] if theta[1] > 0 else np.inf,
+                   nvlink_latency_s=theta[2], network_latency_s=theta[3])
+    fits = [_quality(t, _ring_time(t, t.sizes, link)) for t in rings]
+    a2a = [t for t in tests if t.collective == "alltoall" and t.ranks > 1]
+    ratio = _fit_all_to_all(a2a, link, free[0] or prior is not None,
+                            free[1] or prior is not None)
+    scaled = replace(link, nvlink_bw=link.nvlink_bw * ratio, network_bw=link.network_bw * ratio)
+    fits += [_quality(t, _a2a_time(t, scaled)) for t in a2a]
+    pairs = [t for t in tests if t.collective == "sendrecv" and t.hosts > 1]
+    p2p, p2p_fits = _fit_p2p(pairs)
+    fits += p2p_fits
+    lines = [f"note: {t.path.name}: sendrecv within one host: the cost model prices an NVLink "
+             f"hop at the ring's bandwidth, so it fits nothing"
+             for t in tests if t.collective == "sendrecv" and t.hosts == 1]
+    links = MeasuredLinks(
+        nvlink_bw_bytes_per_s=1.0 / theta[0] if free[0] else 0.0,
+        network_bw_bytes_per_s=1.0 / theta[1] if free[1] else 0.0,
+        # a latency fitted to 0 is still measured (0 in the file means not measured)
+        nvlink_step_latency_s=max(theta[2], 1e-9) if free[2] else 0.0,
+        network_step_latency_s=max(theta[3], 1e-9) if free[3] else 0.0,
+        p2p_network_bw_bytes_per_s=p2p)
+    if not (links.nvlink_bw_bytes_per_s or links.network_bw_bytes_per_s or ratio or p2p):
+        raise NcclTestsError(f"{tests[0].path}:1: no file measures a link the cost model "
+                             f"prices: give all_reduce/all_gather/reduce_scatter files over one "
+                             f"host and over several, alltoall or sendrecv across hosts")
+    cal = ClusterCalibration(links=links, all_to_all_bw_ratio=ratio,
+                             files=tuple(t.path.name for t in tests),
+                             date=today or date.today().isoformat(),
+                             device=", ".join(sorted({t.device for t in tests})))
+    for t, q in zip([*rings, *a2a, *pairs], fits, strict=True):
+        lines.append(f"{t.describe()}: fitted times within {100 * q['rms_error']:.1f}% rms "
+                     f"(worst {100 * q['max_error']:.1f}%)")
+    lines += _summary(links, ratio, prior is not None)
+    return Fit(calibration=cal, fits=fits, lines=lines)
+
+
+def _fit_rings(rings: list[NcclTest], tests: Sequence[NcclTest],
+               prior: Link | None) -> tuple[np.ndarray, list[bool]]:
+    """theta (inverse NVLink and network bandwidths, their ring-step latencies) and which of
+    them the ring files identify: NVLink's from single-host files, the network's from
+    multi-host ones; the others stay at ``prior`` (or 0)."""
     one_host = [t for t in rings if t.hosts == 1]
     many = [t for t in rings if t.hosts > 1]
     free = [bool(one_host), bool(many), bool(one_host), bool(many)]
@@ -268,79 +310,53 @@ def fit(tests: Sequence[NcclTest], prior: Link | None = None, today: str | None 
     base = prior or _ZERO
     theta = np.array([1.0 / base.nvlink_bw, 1.0 / base.network_bw, base.nvlink_latency_s,
                       base.network_latency_s])
-    if rings:
-        a = np.vstack([_design(t) / t.times_s[:, None] for t in rings])
-        b = np.ones(len(a)) - a[:, [not f for f in free]] @ theta[[not f for f in free]]
-        cols = a[:, free]
-        scale = np.maximum(np.linalg.norm(cols, axis=0), 1e-300)
-        solved, _ = nnls(cols / scale, b)
-        theta[free] = solved / scale
-        for i in (0, 1):
-            if free[i] and not theta[i] > 0:
-                raise NcclTestsError(f"{(one_host if i == 0 else many)[0].path}:1: the times do "
-                                     f"not grow with the size: no bandwidth can be fitted")
-    link = replace(_ZERO, nvlink_bw=1.0 / theta[0] if theta[0] > 0 else np.inf,
-                   network_bw=1.0 / theta[1] if theta[1] > 0 else np.inf,
-                   nvlink_latency_s=theta[2], network_latency_s=theta[3])
-    fits, lines = [], []
-    for t in rings:
-        fits.append(_quality(t, _ring_time(t, t.sizes, link)))
-    ratio = 0.0
-    a2a = [t for t in tests if t.collective == "alltoall" and t.ranks > 1]
-    if a2a:
-        tiers = {"network" if t.hosts > 1 else "NVLink" for t in a2a}
-        missing = [tier for tier, ok in (("NVLink", free[0] or prior), ("network",
-                                                                        free[1] or prior))
-                   if tier in tiers and not ok]
-        if missing:
-            raise NcclTestsError(f"{a2a[0].path}:1: the cost model prices an all-to-all as a "
-                                 f"ratio of the ring's {missing[0]} bandwidth: give an all_reduce "
-                                 f"or all_gather file over the same hosts too")
-
-        def loss(log_r: float) -> float:
-            r = float(np.exp(log_r))
-            scaled = replace(link, nvlink_bw=link.nvlink_bw * r, network_bw=link.network_bw * r)
-            return float(sum(np.sum((_a2a_time(t, scaled) / t.times_s - 1.0) ** 2)
-                             for t in a2a))
-        ratio = float(np.exp(minimize_scalar(loss, bounds=(-5.0, 3.0), method="bounded").x))
-        scaled = replace(link, nvlink_bw=link.nvlink_bw * ratio,
-                         network_bw=link.network_bw * ratio)
-        fits += [_quality(t, _a2a_time(t, scaled)) for t in a2a]
-    p2p = 0.0
-    pairs = [t for t in tests if t.collective == "sendrecv" and t.hosts > 1]
-    if pairs:
-        x = np.concatenate([t.sizes for t in pairs])
-        y = np.concatenate([t.times_s for t in pairs])
-        (u, lat), _ = nnls(np.column_stack([x / y, 1.0 / y]), np.ones_like(y))
-        if not u > 0:
-            raise NcclTestsError(f"{pairs[0].path}:1: the times do not grow with the size: no "
+    if not rings:
+        return theta, free
+    fixed = [not f for f in free]
+    a = np.vstack([_design(t) / t.times_s[:, None] for t in rings])
+    b = np.ones(len(a)) - a[:, fixed] @ theta[fixed]
+    cols = a[:, free]
+    scale = np.maximum(np.linalg.norm(cols, axis=0), 1e-300)
+    solved, _ = nnls(cols / scale, b)
+    theta[free] = solved / scale
+    for i, files in ((0, one_host), (1, many)):
+        if free[i] and not theta[i] > 0:
+            raise NcclTestsError(f"{files[0].path}:1: the times do not grow with the size: no "
                                  f"bandwidth can be fitted")
-        p2p = 1.0 / u
-        fits += [_quality(t, t.sizes * u + lat) for t in pairs]
-    for t in tests:
-        if t.collective == "sendrecv" and t.hosts == 1:
-            lines.append(f"note: {t.path.name}: sendrecv within one host: the cost model prices "
-                         f"an NVLink hop at the ring's bandwidth, so it fits nothing")
-    links = MeasuredLinks(
-        nvlink_bw_bytes_per_s=1.0 / theta[0] if free[0] else 0.0,
-        network_bw_bytes_per_s=1.0 / theta[1] if free[1] else 0.0,
-        # a latency fitted to 0 is still measured (0 in the file means not measured)
-        nvlink_step_latency_s=max(theta[2], 1e-9) if free[2] else 0.0,
-        network_step_latency_s=max(theta[3], 1e-9) if free[3] else 0.0,
-        p2p_network_bw_bytes_per_s=p2p)
-    if not (links.nvlink_bw_bytes_per_s or links.network_bw_bytes_per_s or ratio or p2p):
-        raise NcclTestsError(f"{tests[0].path}:1: no file measures a link the cost model "
-                             f"prices: give all_reduce/all_gather/reduce_scatter files over one "
-                             f"host and over several, alltoall or sendrecv across hosts")
-    devices = sorted({t.device for t in tests})
-    cal = ClusterCalibration(links=links, all_to_all_bw_ratio=ratio,
-                             files=tuple(t.path.name for t in tests),
-                             date=today or date.today().isoformat(), device=", ".join(devices))
-    for t, q in zip([*rings, *a2a, *pairs], fits, strict=True):
-        lines.append(f"{t.describe()}: fitted times within {100 * q['rms_error']:.1f}% rms "
-                     f"(worst {100 * q['max_error']:.1f}%)")
-    lines += _summary(links, ratio, prior is not None)
-    return Fit(calibration=cal, fits=fits, lines=lines)
+    return theta, free
+
+
+def _fit_all_to_all(a2a: list[NcclTest], link: Link, nvlink_known: bool,
+                    network_known: bool) -> float:
+    """The all-to-all's bandwidth over the ring's on the same links (0: no file)."""
+    if not a2a:
+        return 0.0
+    for t in a2a:
+        tier, known = (("network", network_known) if t.hosts > 1 else ("NVLink", nvlink_known))
+        if not known:
+            raise NcclTestsError(f"{t.path}:1: the cost model prices an all-to-all as a ratio of "
+                                 f"the ring's {tier} bandwidth: give an all_reduce or all_gather "
+                                 f"file over the same hosts too")
+
+    def loss(log_r: float) -> float:
+        r = float(np.exp(log_r))
+        scaled = replace(link, nvlink_bw=link.nvlink_bw * r, network_bw=link.network_bw * r)
+        return float(sum(np.sum((_a2a_time(t, scaled) / t.times_s - 1.0) ** 2) for t in a2a))
+    return float(np.exp(minimize_scalar(loss, bounds=(-5.0, 3.0), method="bounded").x))
+
+
+def _fit_p2p(pairs: list[NcclTest]) -> tuple[float, list[dict[str, Any]]]:
+    """One send/receive pair's network bandwidth (0: no file), as costmodel.comm.p2p_time
+    prices it: size / bandwidth + a step."""
+    if not pairs:
+        return 0.0, []
+    x = np.concatenate([t.sizes for t in pairs])
+    y = np.concatenate([t.times_s for t in pairs])
+    (u, lat), _ = nnls(np.column_stack([x / y, 1.0 / y]), np.ones_like(y))
+    if not u > 0:
+        raise NcclTestsError(f"{pairs[0].path}:1: the times do not grow with the size: no "
+                             f"bandwidth can be fitted")
+    return 1.0 / u, [_quality(t, t.sizes * u + lat) for t in pairs]
 
 
 def _quality(t: NcclTest, predicted: np.ndarray) -> dict[str, Any]:
