@@ -205,3 +205,21 @@ def test_a_study_on_a_missing_or_foreign_calibration_is_one_line(tmp_path: Path)
     (tmp_path / "nope.yaml").write_text("links: {}\n")
     one_line_error(*cli("explain", str(study), "--plan", PLAN)[::2], "cluster.calibration",
                    "format")
+
+
+def test_a_result_folder_stays_anchored(fitted: tuple[Path, dict, str]) -> None:
+    """run --calibration writes the calibration into its plan files; explain of the folder
+    prices the plan on it again."""
+    folder, _, _ = fitted
+    study = folder / "small.yaml"
+    study.write_text(STUDY % "" + "search: {trials: 10, seed: 0}\n")
+    out = folder / "run"
+    code, _, err = cli("run", str(study), "-o", str(out), "--quiet", "--calibration",
+                       str(folder / "my-cluster.yaml"))
+    assert code == 0, err
+    assert "calibration: " in (out / "best_plan.yaml").read_text()
+    code, text, err = cli("explain", str(out), "--json")
+    assert code == 0, err
+    assert "anchored on 4 nccl-tests" in json.loads(text)["calibration"]["line"]
+    result = json.loads((out / "result.json").read_text())
+    assert "anchored on 4 nccl-tests" in json.dumps(result)
