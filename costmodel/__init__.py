@@ -19,6 +19,7 @@ from costmodel.specs import (
     ClusterSpec,
     Efficiency,
     GpuSpec,
+    MeasuredLinks,
     MemoryModel,
     ModelSpec,
     Plan,
@@ -29,7 +30,8 @@ from costmodel.terms import MemoryTerms, memory_terms, memory_terms_batch
 
 __all__ = [
     "PLAN_FIELDS", "PLAN_KEYS", "ClusterSpec", "Collective", "ComputeEstimate", "Efficiency",
-    "GpuSpec", "MemoryEstimate", "MemoryModel", "MemoryTerms", "ModelSpec", "Plan", "PlanField",
+    "GpuSpec", "MeasuredLinks", "MemoryEstimate", "MemoryModel", "MemoryTerms", "ModelSpec",
+    "Plan", "PlanField",
     "SpecError", "StageMemory", "StepEstimate", "TcfError", "Training", "check_plan", "estimate",
     "estimate_batch", "mask_groups", "memory_terms", "memory_terms_batch", "plan_placement",
     "plans_to_arrays",

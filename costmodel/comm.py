@@ -13,10 +13,11 @@ gradient collectives pay log2(n) steps per bucket (NCCL's tree for large groups)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from costmodel.hardware import MeasuredLinks
 from costmodel.specs import ClusterSpec
 
 
@@ -55,11 +56,24 @@ def link_of(cluster: ClusterSpec) -> Link:
            else cluster.network_bw_fraction)
     step = (g.network_latency_s if cluster.fabric or eff.network_step_latency_s <= 0
             else eff.network_step_latency_s)
-    return Link(nvlink_bw=g.intra_node_bw_bytes_per_s * eff.nvlink_bw_fraction,
+    link = Link(nvlink_bw=g.intra_node_bw_bytes_per_s * eff.nvlink_bw_fraction,
                 network_bw=g.network_bw_bytes_per_s * net,
                 p2p_network_bw=g.network_bw_bytes_per_s * eff.p2p_network_bw_fraction,
                 nvlink_latency_s=g.intra_node_latency_s, network_latency_s=step,
                 call_overhead_s=eff.collective_overhead_s, domain=cluster.nvlink_domain)
+    return link if cluster.links is None else measured(link, cluster.links)
+
+
+def measured(link: Link, m: MeasuredLinks) -> Link:
+    """``link`` with what the cluster's nccl-tests measured in place of the family's figures
+    (a figure of 0 was not measured and keeps the family's)."""
+    def pick(own: float, family: float) -> float:
+        return own if own > 0 else family
+    return replace(link, nvlink_bw=pick(m.nvlink_bw_bytes_per_s, link.nvlink_bw),
+                   network_bw=pick(m.network_bw_bytes_per_s, link.network_bw),
+                   p2p_network_bw=pick(m.p2p_network_bw_bytes_per_s, link.p2p_network_bw),
+                   nvlink_latency_s=pick(m.nvlink_step_latency_s, link.nvlink_latency_s),
+                   network_latency_s=pick(m.network_step_latency_s, link.network_latency_s))
 
 
 def _phases(n: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -176,6 +176,37 @@ class GpuSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MeasuredLinks:
+    """A cluster's own collective links, fitted on its nccl-tests output (``tcf-search calibrate
+    --nccl-tests``) the way :mod:`costmodel.comm` prices a collective; they replace the SKU
+    family's fitted fractions and latencies for that cluster. A bandwidth or latency of 0 was not
+    measured (no file exercised it): the family's value stays.
+
+    nvlink_bw_bytes_per_s / network_bw_bytes_per_s: what a ring collective's NVLink phase and its
+        network phase reach per GPU (bus bandwidth, nccl-tests' convention).
+    nvlink_step_latency_s / network_step_latency_s: what one ring step waits on that link.
+    p2p_network_bw_bytes_per_s: one send/receive pair across the network (sendrecv_perf).
+    source: what they rest on ("3 nccl-tests of this cluster (files), date"), for the reports.
+    """
+
+    nvlink_bw_bytes_per_s: float = 0.0
+    network_bw_bytes_per_s: float = 0.0
+    nvlink_step_latency_s: float = 0.0
+    network_step_latency_s: float = 0.0
+    p2p_network_bw_bytes_per_s: float = 0.0
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for key in ("nvlink_bw_bytes_per_s", "network_bw_bytes_per_s", "nvlink_step_latency_s",
+                    "network_step_latency_s", "p2p_network_bw_bytes_per_s"):
+            value = getattr(self, key)
+            if (not isinstance(value, numbers.Real) or isinstance(value, bool)
+                    or not 0 <= float(value) < 1e30):
+                raise SpecError(f"cluster.calibration.{key} must be a number in [0, 1e30), "
+                                f"but got {key}={value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterSpec:
     gpu: GpuSpec
     num_gpus: int
@@ -185,6 +216,8 @@ class ClusterSpec:
     # network_bw_fraction (a fabric is a property of the cluster, not of the GPU).
     fabric: str = ""
     network_bw_fraction: float | None = None
+    # the cluster's own links, measured (nccl-tests): they override the fractions above
+    links: MeasuredLinks | None = None
 
     def __post_init__(self) -> None:
         require_positive("cluster", num_gpus=self.num_gpus, gpus_per_node=self.gpus_per_node)

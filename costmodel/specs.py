@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from costmodel.errors import SpecError, require_positive
 from costmodel.framework import FrameworkProfile
-from costmodel.hardware import ClusterSpec, Efficiency, GpuSpec
+from costmodel.hardware import ClusterSpec, Efficiency, GpuSpec, MeasuredLinks
 from costmodel.layer_style import (
     Bias,
     MoeRouter,
@@ -44,8 +44,9 @@ Precision = Literal["bf16", "fp16", "fp8"]
 
 PRECISION_CODES: dict[str, int] = {"bf16": 0, "fp16": 1, "fp8": 2}
 
-__all__ = ["ClusterSpec", "Efficiency", "FrameworkProfile", "GpuSpec", "MemoryModel", "ModelSpec",
-           "PipelineSchedule", "Plan", "Recompute", "SpecError", "Training"]
+__all__ = ["ClusterSpec", "Efficiency", "FrameworkProfile", "GpuSpec", "MeasuredLinks",
+           "MemoryModel", "ModelSpec", "PipelineSchedule", "Plan", "Recompute", "SpecError",
+           "Training"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

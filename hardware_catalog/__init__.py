@@ -16,6 +16,7 @@ from hardware_catalog.catalog import (
     list_ids,
     load_calibration,
     load_catalog,
+    sources,
 )
 from hardware_catalog.fabrics import (
     Fabric,
@@ -41,5 +42,6 @@ __all__ = [
     "load_calibration",
     "load_catalog",
     "load_fabrics",
+    "sources",
     "with_overrides",
 ]

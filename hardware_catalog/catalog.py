@@ -200,6 +200,18 @@ def list_ids(directory: Path | str | None = None) -> list[str]:
     return sorted(load_catalog(directory))
 
 
+def sources(sku_id: str, directory: Path | str | None = None) -> dict[str, dict[str, str]]:
+    """Each catalogued number of the SKU with its source (and note), as its file gives them, and
+    where its efficiency comes from: what ``tcf-search catalog show`` cites."""
+    gpu = get_gpu(sku_id, directory)
+    root = CATALOG_DIR if directory is None else Path(directory).resolve()
+    doc = _read_yaml(root / f"{sku_id}.yaml")
+    cited = {field: {k: str(doc[field][k]) for k in ("source", "note") if k in doc[field]}
+             for field in NUMERIC_FIELDS if field in doc}
+    cited["efficiency"] = {"source": gpu.efficiency.source}
+    return cited
+
+
 def get_gpu(sku_id: str, directory: Path | str | None = None) -> GpuSpec:
     """The SKU with exactly this id; ``UnknownSku`` lists the valid ids otherwise."""
     catalog = load_catalog(directory)

@@ -44,7 +44,7 @@ def plan_file(result: StudyResult, specs: Specs, ranked: RankedPlan) -> str:
         gpus_per_node=result.gpus_per_node, fabric=specs.cluster.fabric,
         training=specs.training, plan=ranked.plan,
         rank=ranked.rank, predicted={**ranked.predicted, "source": ranked.source},
-        framework=specs.framework))
+        framework=specs.framework, calibration=specs.calibration))
 
 
 # The files a run keeps in its result folder beside its storage (search.storage.STORAGE_FILE, its

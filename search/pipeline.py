@@ -137,11 +137,14 @@ def priced_by(study: Study, specs: Specs) -> dict[str, Any]:
     """The study numbers that change a trial's values but not the study's fingerprint: part of
     its scoring (``search.rescore``), with the GPU's calibrated efficiency (a refit re-scores a
     study, as a new formula does)."""
+    links = specs.cluster.links
     return {"efficiency": dataclasses.asdict(specs.cluster.gpu.efficiency),
             "fabric": specs.cluster.fabric,
             "network_bw_fraction": specs.cluster.network_bw_fraction,
             "token_budget": study.training.token_budget,
-            "price_per_gpu_hour": study.cluster.price_per_gpu_hour}
+            "price_per_gpu_hour": study.cluster.price_per_gpu_hour,
+            # the cluster's own measured links (cluster.calibration): a re-anchor re-scores
+            **({"links": dataclasses.asdict(links)} if links is not None else {})}
 
 
 def storage_spec(study: Study, options: RunOptions) -> StorageSpec:

@@ -204,7 +204,23 @@ def calibration_status(cluster: ClusterSpec) -> dict[str, Any]:
     # activation offloading's copies: a prior fraction of the catalogued host link, no run
     host = (f"{eff.host_link_bw_fraction:g} of the host link's line rate, a prior, unvalidated "
             "(no measured run offloads)" if cluster.gpu.host_link_bw_bytes_per_s else None)
+    text = f"calibration: {line}; fabric: {fabric or 'not given'} ({fab_src})"
+    links = cluster.links
+    anchored = None
+    if links is not None:
+        anchored = {"source": links.source, "links": {
+            k: getattr(links, k) for k in ("nvlink_bw_bytes_per_s", "network_bw_bytes_per_s",
+                                           "nvlink_step_latency_s", "network_step_latency_s",
+                                           "p2p_network_bw_bytes_per_s")},
+            "all_to_all_bw_ratio": eff.all_to_all_bw_ratio}
+        # the measured links replace the family's and the fabric's network figures
+        text = (f"calibration: {line}; links {links.source} (NVLink "
+                f"{_gbps(links.nvlink_bw_bytes_per_s)}, network "
+                f"{_gbps(links.network_bw_bytes_per_s)} bus bandwidth per GPU)")
     return {"family": family, "efficiency_source": src, "borrowed_from": borrowed or None,
             "validated": validated, "fabric": fabric or None, "fabric_source": fab_src,
-            "host_link_source": host,
-            "line": f"calibration: {line}; fabric: {fabric or 'not given'} ({fab_src})"}
+            "host_link_source": host, "anchored": anchored, "line": text}
+
+
+def _gbps(bw: float) -> str:
+    return f"{bw / 1e9:.1f} GB/s" if bw > 0 else "the family's"

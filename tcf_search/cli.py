@@ -91,12 +91,16 @@ def run_cmd(
     baseline: Annotated[str | None, typer.Option(
         "--baseline", help="Your current plan, e.g. 'tp=4,pp=4,mbs=1,recompute=selective,zero=1'"
                            ", shown beside the best (overrides the study's baseline).")] = None,
+    calibration: Annotated[Path | None, typer.Option(
+        "--calibration", help="Anchor the cluster's links on this calibration file (tcf-search "
+                              "calibrate --nccl-tests -o FILE), in place of "
+                              "cluster.calibration.")] = None,
 ) -> None:
     """Run a study (resumes when the output folder already holds it)."""
     from search import RunOptions, run_study
-    from search.inputs import load_study
+    from search.inputs import load_study, with_calibration
 
-    study = load_study(study_file)
+    study = with_calibration(load_study(study_file), calibration)
     options = RunOptions(out_dir=output or DEFAULT_RUNS_DIR / study_file.stem, trials=trials,
                          workers=workers, storage=storage, exhaustive=exhaustive,
                          baseline=baseline)
@@ -173,12 +177,13 @@ def catalog_list(
 def catalog_show(
     sku: Annotated[str, typer.Argument(help="A catalog SKU id.", show_default=False)],
 ) -> None:
-    """One SKU's numbers, as JSON."""
+    """One SKU's numbers, as JSON, with the source of each (``sources``)."""
     import dataclasses
 
-    from hardware_catalog import get_gpu
+    from hardware_catalog import get_gpu, sources
 
-    typer.echo(json.dumps(dataclasses.asdict(get_gpu(sku)), indent=2))
+    typer.echo(json.dumps({**dataclasses.asdict(get_gpu(sku)), "sources": sources(sku)},
+                          indent=2))
 
 
 # Commands of other areas, one line each.

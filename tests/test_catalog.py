@@ -25,8 +25,9 @@ from hardware_catalog.catalog import NUMERIC_FIELDS, OPTIONAL_FIELDS, UNCALIBRAT
 REQUIRED_IDS = {
     "a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb", "h100-pcie-80gb", "h100-sxm-96gb-500w",
     "h200-sxm-141gb", "b200-180gb", "gb200-nvl72", "mi300x", "mi325x", "l40s",
+    "h800-sxm-80gb", "a800-sxm-40gb", "a800-sxm-80gb",
 }
-WITHOUT_FP8 = {"a100-sxm-40gb", "a100-sxm-80gb"}
+WITHOUT_FP8 = {"a100-sxm-40gb", "a100-sxm-80gb", "a800-sxm-40gb", "a800-sxm-80gb"}
 GIB = 2**30
 IDS = sorted(REQUIRED_IDS)
 

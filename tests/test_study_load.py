@@ -78,7 +78,8 @@ def test_cluster_overrides_reach_the_gpu() -> None:
 
 
 @pytest.mark.parametrize("edit, expected", [
-    (("gpus: 8", "gpus: 8, gpux: 1"), "cluster.gpux: unknown key (valid: fabric, gpu, gpu_spec"),
+    (("gpus: 8", "gpus: 8, gpux: 1"),
+     "cluster.gpux: unknown key (valid: calibration, fabric, gpu, gpu_spec"),
     (("seq_len: 8192", "seq_len: -4"), "training.seq_len: Input should be greater than 0 (got -4)"),
     (("seq_len: 8192", "seq_len: '8192'"), "training.seq_len: Input should be a valid integer"),
     (("seq_len: 8192", "seq_len: true"), "training.seq_len: Input should be a valid integer"),

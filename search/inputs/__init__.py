@@ -23,6 +23,12 @@ from search.inputs.files import (
     read_input,
     write_atomic,
 )
+from search.inputs.links import (
+    CalibrationError,
+    ClusterCalibration,
+    calibration_yaml,
+    load_calibration,
+)
 from search.inputs.measured import KNOBS, Case, CaseError, case_from_row, presumed_split
 from search.inputs.planfile import (
     MAX_PLAN_FILE_BYTES,
@@ -47,17 +53,24 @@ from search.inputs.planspec import (
     parse_plan,
 )
 from search.inputs.sections import LEVELS, MAX_GPUS
-from search.inputs.specs import Specs, build_specs, plan_file_specs
+from search.inputs.specs import (
+    Specs,
+    anchor_specs,
+    build_specs,
+    plan_file_specs,
+    with_calibration,
+)
 from search.inputs.study import Study, StudyError, load_study
 from search.inputs.yamlinput import YamlInputError, load_yaml, shown
 
 __all__ = [
     "ALIASES", "CHOICES", "FALSE", "KNOBS", "LEVELS", "MAX_GPUS", "MAX_PLAN_FILE_BYTES", "MIB",
-    "PLAN_FIELDS", "SHORT", "TRUE", "Case", "CaseError", "InputError", "Output", "OutputError",
-    "OutputExists", "PlanFile", "PlanFileError", "PlanSpecError", "Specs", "Study", "StudyError",
-    "YamlInputError", "build_specs", "case_from_row", "check", "check_target", "format_plan",
-    "load_plan_file", "load_study", "load_yaml", "make_plan", "open_atomic", "open_input",
-    "own_dispatch_unsaid",
-    "parse_assignments", "parse_plan", "path_component", "plan_dict", "plan_file_specs",
-    "presumed_split", "read_input", "shown", "write_atomic",
+    "PLAN_FIELDS", "SHORT", "TRUE", "CalibrationError", "Case", "CaseError", "ClusterCalibration",
+    "InputError", "Output", "OutputError", "OutputExists", "PlanFile", "PlanFileError",
+    "PlanSpecError", "Specs", "Study", "StudyError", "YamlInputError", "anchor_specs",
+    "build_specs", "calibration_yaml", "case_from_row", "check", "check_target", "format_plan",
+    "load_calibration", "load_plan_file", "load_study", "load_yaml", "make_plan", "open_atomic",
+    "open_input", "own_dispatch_unsaid", "parse_assignments", "parse_plan", "path_component",
+    "plan_dict", "plan_file_specs", "presumed_split", "read_input", "shown", "with_calibration",
+    "write_atomic",
 ]

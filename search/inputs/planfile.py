@@ -45,6 +45,7 @@ class PlanFile:
     rank: int = 1
     predicted: dict[str, Any] = field(default_factory=dict)
     framework: str = ""  # the study's training.framework; "" in files written before it
+    calibration: str = ""  # the cluster calibration file its study was anchored on ("": none)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -53,7 +54,8 @@ class PlanFile:
             "rank": self.rank,
             "cluster": {"gpu": self.gpu, "num_gpus": self.num_gpus,
                         "gpus_per_node": self.gpus_per_node,
-                        **({"fabric": self.fabric} if self.fabric else {})},
+                        **({"fabric": self.fabric} if self.fabric else {}),
+                        **({"calibration": self.calibration} if self.calibration else {})},
             "model": dataclasses.asdict(self.model),
             **({"framework": self.framework} if self.framework else {}),
             "training": self.training.to_dict(),
@@ -201,6 +203,7 @@ def parse_plan_file(text: str) -> PlanFile:
         num_gpus=_integer(cluster, "num_gpus", "cluster."),
         gpus_per_node=_integer(cluster, "gpus_per_node", "cluster.", 8),
         fabric=str(cluster.get("fabric") or ""),
+        calibration=str(cluster.get("calibration") or ""),
         model=_build_model(raw["model"]),
         training=_build_training(raw["training"], str(raw.get("framework") or "")),
         plan=_build(Plan, "plan", raw["plan"]),

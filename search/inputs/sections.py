@@ -243,6 +243,9 @@ class ClusterSection(_Section):
     overrides: dict[str, Any] = Field(default_factory=dict)
     gpu_spec: dict[str, Any] | None = None
     price_per_gpu_hour: Float | None = Field(default=None, gt=0, lt=1e30)  # for objective: cost
+    # the cluster's own links fitted on its nccl-tests (tcf-search calibrate --nccl-tests -o
+    # FILE): a path relative to the study file, like model.hf_config (search/inputs/links.py)
+    calibration: str | None = None
 
     @field_validator("fabric")
     @classmethod

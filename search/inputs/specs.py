@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from costmodel.layer_style import MoeRouter, RopeScaling
@@ -21,6 +22,7 @@ from hardware_catalog.frameworks import (
     is_megatron_core,
     megatron_core_profiles,
 )
+from search.inputs import links
 from search.inputs.hf_config import HfConfigError, load_hf_config
 from search.inputs.planfile import PlanFile, PlanFileError
 from search.inputs.plausible import model_shape, override_warnings
@@ -114,6 +116,8 @@ class Specs:
     # plan file, what the cost model prices
     switches: Switches = dataclasses.field(default_factory=Switches)
     framework: str = ""  # the profile's name ("" where not recorded): its residuals' stack
+    # the cluster calibration file its links were measured in ("" = none; an absolute path)
+    calibration: str = ""
 
 
 def search_switches(*, uneven_pipeline: bool, tp_in_node: bool, split_later: bool = False,
@@ -178,6 +182,10 @@ def build_specs(study: Study) -> Specs:
                                  compile=bool(t.compile), switches=switches)
         cluster = cluster_spec(build_gpu(study.cluster), study.cluster.num_gpus,
                                study.cluster.gpus_per_node, study.cluster.fabric or "")
+        calibration = ""
+        if study.cluster.calibration is not None:
+            calibration = str((study.base_dir / study.cluster.calibration).resolve())
+            cluster = links.anchored(cluster, _calibration(study))
         cluster.gpu.check_precision(training.precision)
     except SpecError as exc:
         raise StudyError(f"study: {exc}") from None
@@ -207,7 +215,7 @@ def build_specs(study: Study) -> Specs:
     section = study.search_space
     fw = training.framework
     return Specs(model=model, cluster=cluster, training=training,
-                 headroom_gib=headroom, framework=t.framework,
+                 headroom_gib=headroom, framework=t.framework, calibration=calibration,
                  switches=search_switches(uneven_pipeline=section.uneven_pipeline,
                                           tp_in_node=section.tp_in_node,
                                           recompute_per_chunk=fw.activations.recompute_per_chunk,
@@ -215,6 +223,32 @@ def build_specs(study: Study) -> Specs:
                                           moe_tp_sequence_parallel=(
                                               fw.moe.moe_tp_sequence_parallel),
                                           uneven_chunks=fw.pp.uneven_chunks))
+
+
+def _calibration(study: Study) -> links.ClusterCalibration:
+    path = study.base_dir / str(study.cluster.calibration)
+    try:
+        return links.load_calibration(path)
+    except links.CalibrationError as exc:
+        raise StudyError(f"cluster.calibration: {exc}") from None
+
+
+def anchor_specs(specs: Specs, path: Path | None) -> Specs:
+    """``specs`` with the cluster priced on the calibration file ``path`` (``--calibration``, or
+    a plan file's ``cluster.calibration``); unchanged when None."""
+    if path is None:
+        return specs
+    cluster = links.anchored(specs.cluster, links.load_calibration(path))
+    return dataclasses.replace(specs, cluster=cluster, calibration=str(path.resolve()))
+
+
+def with_calibration(study: Study, path: Path | None) -> Study:
+    """``study`` anchored on the calibration file ``path`` (``--calibration``, relative to the
+    working folder), in place of its own ``cluster.calibration``; unchanged when None."""
+    if path is None:
+        return study
+    cluster = study.cluster.model_copy(update={"calibration": str(path.resolve())})
+    return study.model_copy(update={"cluster": cluster})
 
 
 def _not_megatron_core(flag: str, framework: str) -> str:
@@ -254,4 +288,8 @@ def plan_file_specs(pf: PlanFile, gpu: GpuSpec | None = None) -> Specs:
         gpu.check_precision(pf.training.precision)
     except SpecError as exc:
         raise PlanFileError(str(exc)) from None
-    return Specs(model=pf.model, cluster=cluster, training=pf.training, framework=pf.framework)
+    specs = Specs(model=pf.model, cluster=cluster, training=pf.training, framework=pf.framework)
+    try:
+        return anchor_specs(specs, Path(pf.calibration) if pf.calibration else None)
+    except links.CalibrationError as exc:
+        raise PlanFileError(f"cluster.calibration: {exc}") from None

@@ -33,6 +33,9 @@ def explain_cmd(
     baseline: Annotated[str | None, typer.Option(
         "--baseline", help="Your current plan, shown beside this one with the gain split by "
                            "challenge (overrides the study's baseline).")] = None,
+    calibration: Annotated[Path | None, typer.Option(
+        "--calibration", help="Price the cluster's links on this calibration file (tcf-search "
+                              "calibrate --nccl-tests -o FILE), in place of the study's.")] = None,
 ) -> None:
     """Why a plan is as fast as it is: memory, compute, communication, and the change that
     helps most."""
@@ -41,7 +44,7 @@ def explain_cmd(
     from tcf_search.explain.source import ranking_note, resolve
 
     with user_errors():
-        subject = resolve(target, plan, rank, result)
+        subject = resolve(target, plan, rank, result, calibration)
         if note := ranking_note(subject.folder):
             typer.echo(f"note: {note}", err=True)
         doc = with_baseline(explain(subject), subject, baseline)

@@ -15,12 +15,14 @@ from search.inputs import (
     MIB,
     Specs,
     Study,
+    anchor_specs,
     build_specs,
     load_plan_file,
     load_study,
     load_yaml,
     plan_file_specs,
     read_input,
+    with_calibration,
 )
 from tcf_search.explain.planspec import PlanSpecError, check, parse_plan
 
@@ -76,8 +78,9 @@ def ranked_plan(folder: Path, rank: int | None, specs: Specs, mismatch: str) -> 
 
 
 def resolve(target: Path, plan_text: str | None, rank: int | None,
-            result: Path | None = None) -> Subject:
-    """The subject named on the command line (see the module docstring)."""
+            result: Path | None = None, calibration: Path | None = None) -> Subject:
+    """The subject named on the command line (see the module docstring); ``calibration``: the
+    cluster calibration file to anchor it on (``--calibration``), in place of its own."""
     if plan_text is not None and rank is not None:
         raise SourceError("give --plan or --rank, not both")
     if not target.exists():
@@ -85,7 +88,7 @@ def resolve(target: Path, plan_text: str | None, rank: int | None,
     if target.is_dir() or is_plan_file(target):
         path = ranked_plan_path(target, rank) if target.is_dir() else target
         pf = load_plan_file(path)
-        specs = plan_file_specs(pf)
+        specs = anchor_specs(plan_file_specs(pf), calibration)
         if plan_text is not None:
             return Subject(name=pf.study, specs=specs, plan=parse_plan(plan_text, specs),
                            origin="--plan")
@@ -93,7 +96,7 @@ def resolve(target: Path, plan_text: str | None, rank: int | None,
         return Subject(name=pf.study, specs=specs, plan=pf.plan, origin=f"rank {pf.rank} "
                        f"of {path.parent.parent if target.is_dir() and rank else target}",
                        folder=target if target.is_dir() else None)
-    study = load_study(target)
+    study = with_calibration(load_study(target), calibration)
     specs = build_specs(study)
     if plan_text is not None:
         return Subject(name=study.study_name, specs=specs, plan=parse_plan(plan_text, specs),

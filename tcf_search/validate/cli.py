@@ -93,8 +93,18 @@ def validate_cmd(
 
 
 def calibrate_cmd(
+    files: Annotated[list[Path] | None, typer.Argument(
+        help="With --nccl-tests: the nccl-tests output files.", show_default=False)] = None,
     output: Annotated[Path | None, typer.Option(
-        "-o", "--output", help="Write the catalog entry here [default: print it].")] = None,
+        "-o", "--output", help="Write the catalog entry (with --nccl-tests: the cluster's "
+                               "calibration) here [default: print it].")] = None,
+    nccl_tests: Annotated[bool, typer.Option(
+        "--nccl-tests", help="Fit the cluster's links on the nccl-tests (or rccl-tests) output "
+                             "FILES instead of measuring this machine; a study anchors on the "
+                             "file written with cluster.calibration.")] = False,
+    gpu: Annotated[str | None, typer.Option(
+        "--gpu", help="With --nccl-tests: the catalog SKU whose links stand in for a tier no "
+                      "file measures.")] = None,
     from_result: Annotated[Path | None, typer.Option(
         "--from", help="Refit the efficiency parameters from this folder's validation.csv "
                        "and re-rank its plans.")] = None,
@@ -106,7 +116,11 @@ def calibrate_cmd(
     device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
     quick: Annotated[bool, typer.Option("--quick", help="Fewer shapes and repeats.")] = False,
 ) -> None:
-    """Measure this machine and write a catalog entry; with --from, refit and re-rank."""
+    """Measure this machine and write a catalog entry; with --from, refit and re-rank; with
+    --nccl-tests FILE..., fit the cluster's links on its nccl-tests output."""
+    if nccl_tests or files or gpu is not None:
+        calibrate_nccl_tests(files or [], output, gpu, nccl_tests)
+        return
     require_torch("calibrate")
     from tcf_search.calibration.device import catalog_yaml, measure_machine
     from tcf_search.calibration.refit import refit_from_folder
@@ -131,3 +145,34 @@ def calibrate_cmd(
         typer.echo(f"written: {output} (peak bf16 {entry.gpu.peak_flops_bf16 / 1e9:.1f} GFLOP/s, "
                    f"memory {entry.gpu.hbm_bw_bytes_per_s / GIB:.1f} GiB/s, "
                    f"collective {entry.gpu.intra_node_bw_bytes_per_s / GIB:.2f} GiB/s)")
+
+
+def calibrate_nccl_tests(files: list[Path], output: Path | None, gpu: str | None,
+                         flag: bool) -> None:
+    """``calibrate --nccl-tests FILE... [-o FILE] [--gpu ID]`` (see
+    :mod:`tcf_search.calibration.nccl_tests`); errors are one line, exit 2."""
+    from costmodel.comm import link_of
+    from costmodel.specs import ClusterSpec
+    from hardware_catalog import get_gpu
+    from search.inputs import calibration_yaml, write_atomic
+    from tcf_search.calibration.nccl_tests import NcclTestsError, fit, read
+
+    if not flag or not files:
+        raise NcclTestsError("give --nccl-tests and the files it reads: tcf-search calibrate "
+                             "--nccl-tests all_reduce.txt all_gather.txt ... -o my-cluster.yaml")
+    tests = read(files)
+    prior = None
+    if gpu is not None:
+        spec = get_gpu(gpu)
+        prior = link_of(ClusterSpec(gpu=spec, num_gpus=max(t.ranks for t in tests),
+                                    gpus_per_node=max(t.per_host for t in tests)))
+    result = fit(tests, prior)
+    text = calibration_yaml(result.calibration, result.fits)
+    for line in result.lines:
+        typer.echo(line)
+    if output is None:
+        typer.echo(text)
+        return
+    write_atomic(output, text)
+    typer.echo(f"written: {output} ({result.calibration.anchor}); anchor a study on it with "
+               f"cluster.calibration: {output.name}")
