@@ -88,6 +88,8 @@ def transformer_config_kwargs(flags: dict[str, Any], torch: Any) -> dict[str, An
         "pipeline_model_parallel_layout": flags.get("--pipeline-model-parallel-layout"),
         "context_parallel_size": num("--context-parallel-size") or 1,
         "expert_model_parallel_size": num("--expert-model-parallel-size") or 1,
+        # unset, TransformerConfig takes tp (as Megatron-LM's --expert-tensor-parallel-size)
+        "expert_tensor_parallel_size": num("--expert-tensor-parallel-size"),
         "sequence_parallel": bool(flags.get("--sequence-parallel")),
         "num_layers_in_first_pipeline_stage": num("--decoder-first-pipeline-num-layers"),
         "num_layers_in_last_pipeline_stage": num("--decoder-last-pipeline-num-layers"),
