@@ -27,3 +27,13 @@ def require_positive(owner: str, **values: int | float) -> None:
                 or not 0 < value < limit):
             raise SpecError(f"{owner}.{name} must be a number in (0, 1e30) (integers < 2**53), "
                             f"but got {name}={value!r}")
+
+
+def require_nonnegative(owner: str, **values: object) -> None:
+    """Each value a real number in [0, 1e30): 0 is allowed (a field not catalogued, a figure not
+    measured)."""
+    for name, value in values.items():
+        if (not isinstance(value, numbers.Real) or isinstance(value, bool)
+                or not 0 <= float(value) < 1e30):
+            raise SpecError(f"{owner}.{name} must be a number in [0, 1e30), "
+                            f"but got {name}={value!r}")

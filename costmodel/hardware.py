@@ -4,10 +4,9 @@
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass, field
 
-from costmodel.errors import SpecError, require_positive
+from costmodel.errors import SpecError, require_nonnegative, require_positive
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,13 +135,9 @@ class GpuSpec:
             if not isinstance(getattr(self, key), str):
                 raise SpecError(f"gpu.{key} must be text, but got {getattr(self, key)!r}")
         # reserve >= hbm is legal (then nothing fits); a host link of 0: none catalogued
-        for key in ("peak_flops_fp8", "memory_reserve_bytes", "host_link_bw_bytes_per_s",
-                    "host_memory_bytes", "host_link_network_share"):
-            value = getattr(self, key)
-            if (not isinstance(value, numbers.Real) or isinstance(value, bool)
-                    or not 0 <= float(value) < 1e30):
-                raise SpecError(f"gpu[{self.id}].{key} must be a number in [0, 1e30), "
-                                f"but got {key}={value!r}")
+        require_nonnegative(f"gpu[{self.id}]", **{key: getattr(self, key) for key in (
+            "peak_flops_fp8", "memory_reserve_bytes", "host_link_bw_bytes_per_s",
+            "host_memory_bytes", "host_link_network_share")})
         if self.host_link_network_share > 1:
             raise SpecError(f"gpu[{self.id}].host_link_network_share must be in [0, 1], but got "
                             f"host_link_network_share={self.host_link_network_share!r}")
@@ -197,13 +192,9 @@ class MeasuredLinks:
     source: str = ""
 
     def __post_init__(self) -> None:
-        for key in ("nvlink_bw_bytes_per_s", "network_bw_bytes_per_s", "nvlink_step_latency_s",
-                    "network_step_latency_s", "p2p_network_bw_bytes_per_s"):
-            value = getattr(self, key)
-            if (not isinstance(value, numbers.Real) or isinstance(value, bool)
-                    or not 0 <= float(value) < 1e30):
-                raise SpecError(f"cluster.calibration.{key} must be a number in [0, 1e30), "
-                                f"but got {key}={value!r}")
+        require_nonnegative("cluster.calibration", **{key: getattr(self, key) for key in (
+            "nvlink_bw_bytes_per_s", "network_bw_bytes_per_s", "nvlink_step_latency_s",
+            "network_step_latency_s", "p2p_network_bw_bytes_per_s")})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -75,6 +75,9 @@ def with_dispatch(space: SearchSpace, cols: dict[str, np.ndarray],
     """Each placed plan under each MoE dispatch option of the space that the rules allow it
     (``DISPATCH_RULES``; the enumeration kept a layout only if one does), and the layout of
     each row."""
+    if space.dispatch == ((0, 0),):  # the training's alone: the enumeration kept it valid
+        zeros = np.zeros_like(cols["tp"])
+        return {**cols, "moe_dispatcher": zeros, "moe_a2a_overlap": zeros}, at
     parts, ats = [], []
     for d, o in space.dispatch:
         opt = {**cols, "moe_dispatcher": np.full_like(cols["tp"], d),
@@ -84,8 +87,6 @@ def with_dispatch(space: SearchSpace, cols: dict[str, np.ndarray],
             ok &= np.asarray(r.holds(opt, space.facts), dtype=bool)
         parts.append({k: v[ok] for k, v in opt.items()})
         ats.append(at[ok])
-    if len(parts) == 1:
-        return parts[0], ats[0]
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}, np.concatenate(ats)
 
 

@@ -95,13 +95,18 @@ def test_an_anchored_study_prices_its_dp_all_reduce_with_them(
     assert a2a["fitted"] == pytest.approx(a2a["true"], rel=0.05)
 
 
+def _links(tmp_path: Path, path: Path, *extra: str) -> tuple[dict, str]:
+    """The links ``calibrate --nccl-tests PATH`` fits (and what it prints)."""
+    out = tmp_path / "c.yaml"
+    code, stdout, err = cli("calibrate", "--nccl-tests", str(path), *extra, "-o", str(out))
+    assert code == 0, err
+    return yaml.safe_load(out.read_text())["links"], stdout
+
+
 def test_a_lone_host_fits_nvlink_only(tmp_path: Path) -> None:
     path = tmp_path / "ar.txt"
     path.write_text(nt.output("all_reduce", 1, 8))
-    out = tmp_path / "c.yaml"
-    code, stdout, err = cli("calibrate", "--nccl-tests", str(path), "-o", str(out))
-    assert code == 0, err
-    links = yaml.safe_load(out.read_text())["links"]
+    links, stdout = _links(tmp_path, path)
     assert links["nvlink_bw_bytes_per_s"] == pytest.approx(nt.NV, rel=0.05)
     assert links["network_bw_bytes_per_s"] == 0 and links["network_step_latency_s"] == 0
     assert "network: not measured" in stdout
@@ -112,11 +117,7 @@ def test_many_hosts_alone_need_the_gpus_nvlink(tmp_path: Path) -> None:
     path.write_text(nt.output("all_reduce", 2, 8))
     one_line_error(*cli("calibrate", "--nccl-tests", str(path))[::2], f"{path}:1",
                    "single-host", "--gpu")
-    out = tmp_path / "c.yaml"
-    code, _, err = cli("calibrate", "--nccl-tests", str(path), "--gpu", "h100-sxm-80gb",
-                       "-o", str(out))
-    assert code == 0, err
-    links = yaml.safe_load(out.read_text())["links"]
+    links, _ = _links(tmp_path, path, "--gpu", "h100-sxm-80gb")
     assert links["nvlink_bw_bytes_per_s"] == 0  # the catalog's stood in: not written
     # H100's catalogued NVLink x hopper's fitted fraction is not the files' 360 GB/s, so the
     # network figure absorbs the difference; it is still this cluster's order
@@ -126,10 +127,7 @@ def test_many_hosts_alone_need_the_gpus_nvlink(tmp_path: Path) -> None:
 def test_sendrecv_across_hosts_gives_the_point_to_point_bandwidth(tmp_path: Path) -> None:
     path = tmp_path / "sendrecv_perf.log"
     path.write_text(nt.output("sendrecv", 2, 8))
-    out = tmp_path / "c.yaml"
-    code, _, err = cli("calibrate", "--nccl-tests", str(path), "-o", str(out))
-    assert code == 0, err
-    links = yaml.safe_load(out.read_text())["links"]
+    links, _ = _links(tmp_path, path)
     assert links["p2p_network_bw_bytes_per_s"] == pytest.approx(nt.P2P, rel=0.05)
 
 
