@@ -22,13 +22,15 @@ STAGES: tuple[str, ...] = ("first", "middle", "last")
 @dataclass(frozen=True, slots=True)
 class StageLayers:
     first: np.ndarray
-    middle: np.ndarray
+    middle: np.ndarray  # the most loaded middle rank's (rank 1's: :func:`ranks_of`)
     last: np.ndarray  # the LM head's stage (it may hold no layer: nanotron's cost balance)
     # ranks after the head's that run the fp32 cast of the logits and the loss: 0 (with the
     # head), 1 (both on the next rank) or 2 (the cast, then the loss, each on its own rank;
     # :func:`cost_balanced_ranks`)
     loss_ranks: np.ndarray | None = None
     head_rank: np.ndarray | None = None  # the LM head's pipeline rank where loss_ranks is set
+    # the middle ranks' mean where they differ by a layer (:func:`ranks_of`); None: ``middle``
+    middle_mean: np.ndarray | None = None
 
     def of(self, stage: str) -> np.ndarray:
         return {"first": self.first, "middle": self.middle, "last": self.last}[stage]
@@ -36,6 +38,39 @@ class StageLayers:
     @property
     def largest(self) -> np.ndarray:
         return np.maximum(np.maximum(self.first, self.middle), self.last)
+
+    @property
+    def middle_share(self) -> np.ndarray:
+        """The middle ranks' mean layers over the most loaded one's (1 where they are equal):
+        what the sum over the middle ranks takes of ``pp - 2`` times the most loaded."""
+        if self.middle_mean is None:
+            return np.ones_like(self.middle, dtype=float)
+        return np.where(self.middle > 0, self.middle_mean / np.maximum(self.middle, 1e-30), 1.0)
+
+
+def ranks_of(num_layers: int, pp: ArrayLike, first: ArrayLike, last: ArrayLike
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Layers per pipeline rank as a per-rank layout places them: a pinned first/last rank (> 0)
+    holds its count, and the other ranks share the rest as evenly as whole layers allow, the
+    remainder one layer each on the earliest of them (80 layers on pp 32: ranks 0-15 hold 3,
+    ranks 16-31 hold 2; pinned 2 + 2, the 30 middle ranks 76: 16 of 3, then 14 of 2). Returns
+    (first, the most loaded middle rank, the middle ranks' mean, last, remainder) as integer
+    arrays but the mean; the remainder is 0 exactly where the unpinned ranks hold equal
+    shares. The earliest middle rank, rank 1, holds the most layers and the most micro-batches
+    of the middle ones (:func:`inflight_micro_batches`), so it is the middle stage priced."""
+    pp, first, last = (np.asarray(x, dtype=np.int64) for x in (pp, first, last))
+    f_set, l_set = first > 0, last > 0
+    free = np.maximum(pp - f_set - l_set, 1)
+    rest = num_layers - np.where(f_set, first, 0) - np.where(l_set, last, 0)
+    q, e = np.divmod(rest, free)
+    e = np.where(pp - f_set - l_set > 0, e, 0)
+    n_first = np.where(f_set, first, q + (e > 0))
+    k0 = (~f_set).astype(np.int64)  # the free index of rank 1
+    mids = np.maximum(pp - 2, 1)
+    middle = np.where(pp > 2, q + (e > k0), n_first)
+    mean = np.where(pp > 2, q + np.clip(e - k0, 0, mids) / mids, n_first)
+    n_last = np.where(pp == 1, n_first, np.where(l_set, last, q))
+    return n_first, middle, mean, n_last, e
 
 
 def cost_balanced_ranks(num_layers: int, pp: int, layer_cost: float, head_cost: float
@@ -79,27 +114,19 @@ def cost_balanced_split(num_layers: int, pp: int, layer_cost: float, head_cost: 
 
 def stage_layers(num_layers: int, p: PlanArrays,
                  head_balance: tuple[float, float] | None = None) -> StageLayers:
-    """Layers held by the first, a middle and the last pipeline stage (floats for averages).
-    ``head_balance`` (a layer's and the LM head's compute cost): plans that give no split place
-    their layers by :func:`cost_balanced_split` (nanotron) instead of evenly; the middle stage
-    is then the mean of the other ranks, those after the head's (holding the loss, or nothing)
-    counted with none."""
+    """Layers held by the first, the most loaded middle and the last pipeline stage, by
+    :func:`ranks_of` (pinned ends, the rest as even as whole layers allow, the remainder on the
+    earliest ranks: what a per-rank layout builds, and nanotron's remainder where nothing is
+    pinned), with the middle ranks' mean for sums over them. ``head_balance`` (a layer's and
+    the LM head's compute cost): plans that give no split place their layers by
+    :func:`cost_balanced_split` (nanotron) instead; the middle stage is then the mean of the
+    other ranks, those after the head's (holding the loss, or nothing) counted with none."""
     L, pp = float(num_layers), p.pp.astype(float)
-    given_first, given_last = p.first_stage_layers, p.last_stage_layers
-    f_set, l_set = given_first > 0, given_last > 0
-    # layers left for the stages whose count is not given, split evenly among them
-    free = pp - f_set - l_set
-    rest = (L - given_first - given_last) / np.maximum(free, 1)
-    even = L / pp
-    # with no uneven split given, a count that does not divide (nanotron allows it) gives the
-    # first stages one layer more
-    first = np.where(f_set, given_first, np.where(l_set, rest, np.ceil(even)))
-    last = np.where(l_set, given_last, np.where(f_set, rest, np.floor(even)))
-    last = np.where(pp == 1, first, last)
-    unset_middle = (L - first - last) / np.maximum(pp - 2, 1)
-    middle = np.where(pp > 2, np.where(f_set | l_set, rest, unset_middle), first)
+    first, middle, mean, last, _ = (x.astype(float) for x in ranks_of(
+        num_layers, p.pp, p.first_stage_layers, p.last_stage_layers))
     if head_balance is None:
-        return StageLayers(first=first, middle=middle, last=last)
+        return StageLayers(first=first, middle=middle, last=last, middle_mean=mean)
+    f_set, l_set = p.first_stage_layers > 0, p.last_stage_layers > 0
     unset = (p.pp > 1) & ~f_set & ~l_set
     split = {int(k): (*cost_balanced_split(num_layers, int(k), *head_balance),
                       cost_balanced_ranks(num_layers, int(k), *head_balance)[1])
@@ -108,44 +135,57 @@ def stage_layers(num_layers: int, p: PlanArrays,
         np.asarray([split.get(int(k), (0, 0, 0, 0))[i] for k in p.pp]) for i in range(4))
     first = np.where(unset, bal_first, first)
     last = np.where(unset, bal_last, last)
-    middle = np.where(unset, np.where(pp > 2, (L - first - last) / np.maximum(pp - 2, 1), first),
-                      middle)
+    balanced = np.where(pp > 2, (L - first - last) / np.maximum(pp - 2, 1), first)
+    middle = np.where(unset, balanced, middle)
     return StageLayers(first=first, middle=middle, last=last,
                        loss_ranks=np.where(unset, loss_ranks, 0),
-                       head_rank=np.where(unset, head_rank, pp - 1))
+                       head_rank=np.where(unset, head_rank, pp - 1),
+                       middle_mean=np.where(unset, balanced, mean))
 
 
-def rank_split(num_layers: int, pp: np.ndarray, first: np.ndarray, last: np.ndarray
-               ) -> tuple[StageLayers, np.ndarray]:
-    """Layers on the first, each middle and the last pipeline rank as a launcher places them
-    (Megatron-LM's uneven pipeline): a pinned first/last stage (> 0) holds its count and the
-    other ranks share the rest evenly; nothing pinned is an even split. Integer arrays, and
-    whether the split is whole (every rank >= 1 layer, the shares equal and integral). A
-    middle of 0 means there is no middle rank. The cost model's own averages for splits that
-    are not whole (nanotron's remainder on the first stages) are :func:`stage_layers`."""
-    pp, first, last = (np.asarray(x, dtype=np.int64) for x in (pp, first, last))
+def rank_split(num_layers: int, pp: ArrayLike, first: ArrayLike, last: ArrayLike,
+               near_even: ArrayLike = False) -> tuple[StageLayers, np.ndarray]:
+    """Layers on the first, the most loaded middle and the last pipeline rank as a launcher
+    places them (:func:`ranks_of`), integer arrays, and whether the split is whole: every rank
+    holds >= 1 layer, and the ranks whose count is not pinned hold equal shares (Megatron-LM's
+    uneven pipeline, megatron/core/transformer/transformer_config.py ``__post_init__``) or,
+    with ``near_even`` (the launcher takes a per-rank layout: Megatron-Core's
+    ``--pipeline-model-parallel-layout``, torchtitan's per-stage module lists), shares that
+    differ by one layer. A middle of 0 means there is no middle rank."""
+    pp = np.asarray(pp, dtype=np.int64)
+    first, last = (np.asarray(x, dtype=np.int64) for x in (first, last))
+    n_first, middle, mean, n_last, e = ranks_of(num_layers, pp, first, last)
     f_set, l_set = first > 0, last > 0
     free = pp - f_set - l_set
     rest = num_layers - np.where(f_set, first, 0) - np.where(l_set, last, 0)
-    share = rest // np.maximum(free, 1)
-    whole = np.where(free > 0, (rest > 0) & (rest % np.maximum(free, 1) == 0), rest == 0)
+    shares = (e == 0) | np.asarray(near_even, dtype=bool)
+    whole = np.where(free > 0, (rest >= free) & shares, rest == 0)
     whole &= (pp > 1) | ~(f_set | l_set)
-    n_first = np.where(f_set, first, share)
-    n_last = np.where(pp == 1, n_first, np.where(l_set, last, share))
-    middle = np.where(pp > 2, share, 0)
-    return StageLayers(first=n_first, middle=middle, last=n_last), whole
+    middle = np.where(pp > 2, middle, 0)
+    return StageLayers(first=n_first, middle=middle, last=n_last,
+                       middle_mean=np.where(pp > 2, mean, 0.0)), whole
 
 
-def stage_counts(num_layers: int, pp: int, first: int, last: int) -> tuple[int, ...]:
-    """Layers per pipeline rank, in rank order, by :func:`rank_split`; () when not whole."""
+def stage_counts(num_layers: int, pp: int, first: int, last: int,
+                 near_even: bool = False) -> tuple[int, ...]:
+    """Layers per pipeline rank, in rank order, by :func:`ranks_of`; () when not whole
+    (:func:`rank_split`)."""
     one = np.asarray([pp])
-    split, whole = rank_split(num_layers, one, np.asarray([first]), np.asarray([last]))
+    _, whole = rank_split(num_layers, one, np.asarray([first]), np.asarray([last]), near_even)
     if not bool(whole[0]):
         return ()
     if pp == 1:
         return (num_layers,)
-    ends = int(split.first[0]), int(split.last[0])
-    return (ends[0], *[int(split.middle[0])] * (pp - 2), ends[1])
+    n_first, _, _, n_last, _ = ranks_of(num_layers, one, np.asarray([first]), np.asarray([last]))
+    f_set, l_set = first > 0, last > 0
+    free = pp - int(f_set) - int(l_set)
+    share, extra = divmod(num_layers - max(first, 0) * f_set - max(last, 0) * l_set, max(free, 1))
+    shared = iter(share + int(k < extra) for k in range(free))
+    ranks = [first if f_set else next(shared)]
+    ranks += [next(shared) for _ in range(pp - 2)]
+    ranks.append(last if l_set else next(shared))
+    assert ranks[0] == int(n_first[0]) and ranks[-1] == int(n_last[0])
+    return tuple(ranks)
 
 
 def chunk_counts(rank_layers: tuple[int, ...], vpp: int) -> tuple[int, ...]:
@@ -198,16 +238,17 @@ def launchable_chunks(num_layers: int, pp: ArrayLike, vpp: ArrayLike, first: Arr
     Any other split needs ``--pipeline-model-parallel-layout`` (see ``Switches.uneven_chunks``).
     """
     pp, vpp, first, last = (np.asarray(x, dtype=np.int64) for x in (pp, vpp, first, last))
-    split, _ = rank_split(num_layers, pp, first, last)
-    nf, nm, nl = split.first, split.middle, split.last
+    nf, nm, _, nl, e = ranks_of(num_layers, pp, first, last)
     v = np.maximum(vpp, 1)
-    flags = (nf % v == 0) & (nl % v == 0) & ((pp <= 2) | (nm % v == 0))
+    # Megatron's flags split the unpinned ranks' layers evenly: shares differing by a layer
+    # need the explicit layout
+    flags = (e == 0) & (nf % v == 0) & (nl % v == 0) & ((pp <= 2) | (nm % v == 0))
     hi, lo = np.maximum(nf, nl), np.minimum(nf, nl)
     # c: the units a rank holds; the middle ranks' layers, or with pp == 2 the larger end (or
     # one more when both ends give a layer to the embedding and the loss)
     counted_mid = (nm % v == 0) & (nf <= nm) & (nf >= nm - 1) & (nl <= nm) & (nl >= nm - 1)
     counted_two = (((hi % v == 0) & (lo >= hi - 1)) | ((nf == nl) & ((nf + 1) % v == 0)))
-    counted = np.where(pp > 2, counted_mid, counted_two)
+    counted = (e == 0) & np.where(pp > 2, counted_mid, counted_two)
     pinned = (first > 0) | (last > 0)
     even = num_layers % np.maximum(pp * v, 1) == 0
     return (vpp <= 1) | np.where(pinned, flags | counted, even)

@@ -159,9 +159,11 @@ def bubble_time(stages: StageTimes, g: Mesh, layers: StageLayers) -> np.ndarray:
     pp = g.pp
     total = stages.total_s
     share = {st: chunk_share(layers, g.vpp, st) for st in STAGES}
-    # the loss's own ranks (counted among the middle ones, with no layer) add their time
+    # the loss's own ranks (counted among the middle ones, with no layer) add their time; the
+    # middle ranks a layer apart take the mean's share of the most loaded one's time
     all_stages = (total["first"] * share["first"] + total["last"] * share["last"]
                   + np.maximum(pp - 2, 0) * total["middle"] * share["middle"]
+                  * layers.middle_share
                   + stages.end_extra_s / g.vpp)
     slowest = stages.at_slowest({st: total[st] * share[st] for st in STAGES})
     return np.where(pp > 1, np.maximum(all_stages - slowest, 0.0), 0.0)

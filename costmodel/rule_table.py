@@ -32,8 +32,10 @@ class Switches:
         (Megatron-LM's ``--decoder-first/last-pipeline-num-layers``), and, with neither pinned,
         a layer count that pp does not divide goes to the first stages (nanotron); off, layers
         must split evenly. The search's study switch: the CP-SAT stage places the ends later.
-    uneven_chunks: with pinned first/last stages, any split makes vpp chunks (torchtitan's
-        per-stage module lists, Megatron-LM's ``--pipeline-model-parallel-layout``). Off: only
+    uneven_chunks: the launcher takes an explicit per-rank, per-chunk layout (torchtitan's
+        per-stage module lists, Megatron-LM's ``--pipeline-model-parallel-layout``): with
+        pinned first/last stages, any split makes vpp chunks, and the other ranks may hold
+        shares a layer apart (:func:`costmodel.mapping.ranks_of`). Off: only
         the splits Megatron-LM's first/last stage flags or its ``account_for_*_in_pipeline_split``
         switches build (:func:`costmodel.mapping.launchable_chunks`). An even split (nothing
         pinned) needs ``layers % (pp * vpp) == 0`` either way, as

@@ -47,11 +47,14 @@ FULL, SELECTIVE = RECOMPUTE_CODES["full"], RECOMPUTE_CODES["selective"]
 def _pipeline_split(c: Columns, f: Facts) -> np.ndarray:
     """Megatron-LM's uneven pipeline (megatron/core/transformer/transformer_config.py,
     ``__post_init__``, "Uneven PP"): pinned stages hold >= 1 layer and the rest split evenly
-    over the other stages, which all hold >= 1 (or there are none and nothing is left)."""
+    over the other stages, which all hold >= 1 (or there are none and nothing is left); where
+    the framework takes a per-rank layout (``uneven_chunks``: Megatron-Core's
+    ``--pipeline-model-parallel-layout``), the rest may split into shares a layer apart
+    (:func:`costmodel.mapping.ranks_of`)."""
     pp, first, last = c["pp"], c["first_stage_layers"], c["last_stage_layers"]
     pinned = (first > 0) | (last > 0)
     unpinned_ok = (pp <= f.layers) & ((f.layers % pp == 0) | f.switches.uneven_pipeline)
-    _, whole = rank_split(f.layers, pp, first, last)
+    _, whole = rank_split(f.layers, pp, first, last, f.switches.uneven_chunks)
     return np.where(pinned, (pp > 1) & f.switches.uneven_pipeline & whole, unpinned_ok)
 
 
@@ -164,9 +167,10 @@ RULES: tuple[Rule, ...] = (
          "not tp_in_node or nvlink_domain % tp == 0 (TP inside one NVLink domain)",
          lambda c, f: (f.nvlink_domain % c["tp"] == 0) | (not f.switches.tp_in_node)),
     Rule("pp_layers", ("pp", "first_stage_layers", "last_stage_layers"),
-         ("layers", "uneven_pipeline"),
+         ("layers", "uneven_pipeline", "uneven_chunks"),
          "pp <= layers, layers % pp == 0 unless uneven_pipeline, and pinned first/last stages "
-         "(uneven_pipeline) leave the other stages an equal whole number >= 1 of layers",
+         "(uneven_pipeline) leave the other stages an equal whole number >= 1 of layers (shares "
+         "a layer apart under uneven_chunks, a per-rank layout)",
          _pipeline_split),
     Rule("vpp_layers", ("vpp", "pp", "first_stage_layers", "last_stage_layers"),
          ("layers", "uneven_chunks"),

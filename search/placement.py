@@ -7,7 +7,12 @@ recomputed layers with which the stage fits holding n layers (``> n`` when it ca
   (Megatron's uneven first/last pipeline stages; all equal when ``shift`` is off), which with
   ``vpp`` > 1 chunks must be a split Megatron builds with its own flags
   (``costmodel.mapping.launchable_chunks``: each count divisible by vpp, or the ends one short
-  of a middle divisible by vpp, the embedding and the loss counted as layers), and
+  of a middle divisible by vpp, the embedding and the loss counted as layers). Where the
+  framework takes a per-rank layout (``any_chunks``) the middle ranks may hold shares a layer
+  apart, the extra layers on the earliest (``costmodel.mapping.ranks_of``): ``n_middle`` is the
+  most loaded middle rank's, ``(pp-2)*(n_middle-1) < layers - n_first - n_last <
+  (pp-2)*n_middle``, and the ends hold at most ``n_middle`` (80 layers on pp 32:
+  3 + 15 x 3 + 15 x 2 + 2), and
 * ``r``, the layers per stage fully recomputed (Megatron's ``--recompute-num-layers``; each stage
   recomputes ``min(r, n_stage)``), at least 1 under 'full' recompute and 0 otherwise, and,
   where the framework counts it per model chunk (``recompute_step`` = vpp, the table's
@@ -16,7 +21,7 @@ recomputed layers with which the stage fits holding n layers (``> n`` when it ca
 minimising, in this order: the slowest stage's work ``4*(3*n + min(r, n)) + head`` (forward 1,
 backward 2, recompute 1 per layer, in quarter-layer units; the LM head on the last stage), then
 ``r``, then ``|n_first - n_middle| + |n_last - n_middle|``, then preferring more layers on the
-first and then the middle stage. The order makes the optimum unique.
+first, then the middle stage, then fewer on the last. The order makes the optimum unique.
 
 ``search.prune.solve_placement`` states this model in CP-SAT; :func:`solve_many` enumerates it
 with numpy for thousands of layouts at once. Tests check they agree on every subproblem.
@@ -83,19 +88,19 @@ def plan_fields(layers: int, pp: np.ndarray, full: np.ndarray, rows: np.ndarray,
             "recompute_layers": np.where(full & (r < most), r, 0)}
 
 
-def objective_weights(layers: int) -> tuple[int, int, int, int]:
+def objective_weights(layers: int) -> tuple[int, int, int, int, int]:
     """Multipliers that fold the lexicographic objective into one integer:
-    ``(((longest*R + r)*S + spread)*F + (L - n_first))*F + (L - n_middle)``."""
+    ``((((longest*R + r)*S + spread)*F + (L - n_first))*M + (L - n_middle))*N + n_last``."""
     L = layers
-    return L + 1, 2 * L + 1, L + 1, L + 1
+    return L + 1, 2 * L + 1, L + 1, L + 1, L + 1
 
 
 def objective_key(layers: int, longest: np.ndarray | int, r: np.ndarray | int,
                   spread: np.ndarray | int, n_first: np.ndarray | int,
-                  n_middle: np.ndarray | int) -> np.ndarray | int:
-    R, S, F, M = objective_weights(layers)
-    return ((((longest * R + r) * S + spread) * F + (layers - n_first)) * M
-            + (layers - n_middle))
+                  n_middle: np.ndarray | int, n_last: np.ndarray | int) -> np.ndarray | int:
+    R, S, F, M, N = objective_weights(layers)
+    return (((((longest * R + r) * S + spread) * F + (layers - n_first)) * M
+             + (layers - n_middle)) * N + n_last)
 
 
 @cache
@@ -105,7 +110,7 @@ def candidates(layers: int, pp: int, shift: bool, vpp: int = 1,
     vpp > 1 chunks only those Megatron builds with its first/last flags
     (:func:`costmodel.mapping.launchable_chunks`), unless ``any_chunks`` (the framework takes an
     explicit per-stage layout, ``training.framework.pp.uneven_chunks``)."""
-    rows = _splits(layers, pp, shift)
+    rows = _splits(layers, pp, shift, any_chunks)
     rows.flags.writeable = False  # cached: shared by every caller
     if vpp <= 1 or len(rows) == 0 or any_chunks:
         return rows
@@ -117,7 +122,7 @@ def candidates(layers: int, pp: int, shift: bool, vpp: int = 1,
     return out
 
 
-def _splits(layers: int, pp: int, shift: bool) -> np.ndarray:
+def _splits(layers: int, pp: int, shift: bool, near_even: bool = False) -> np.ndarray:
     L = layers
     if pp == 1:
         return np.array([[L, L, L]])
@@ -130,6 +135,16 @@ def _splits(layers: int, pp: int, shift: bool) -> np.ndarray:
     rest = L - (pp - 2) * nm
     rows = [np.stack([np.arange(1, r), np.full(r - 1, m), r - np.arange(1, r)], axis=1)
             for m, r in zip(nm, rest, strict=True) if r >= 2]
+    if near_even:
+        # the middle ranks a layer apart (n_middle the most loaded's), the ends no larger than
+        # it: what a per-rank layout adds is balance (80 layers on pp 32); ends above the
+        # middle ranks keep to the equal splits, to keep the candidates few
+        nf, nl = (a.ravel() for a in np.meshgrid(np.arange(1, L), np.arange(1, L),
+                                                   indexing="ij"))
+        mid = L - nf - nl
+        most = -(-mid // (pp - 2))
+        keep = (mid > pp - 2) & (mid % (pp - 2) != 0) & (nf <= most) & (nl <= most)
+        rows.append(np.stack([nf[keep], most[keep], nl[keep]], axis=1))
     return np.concatenate(rows) if rows else np.zeros((0, 3), dtype=int)
 
 
@@ -173,7 +188,8 @@ def solve_many(need: dict[str, np.ndarray], pp: int, full: np.ndarray, shift: bo
             for s in stages]), axis=0)
         spread = (np.abs(cand[:, 0] - cand[:, 1]) + np.abs(cand[:, 2] - cand[:, 1])
                   if pp > 2 and shift else np.zeros(len(cand), dtype=np.int64))[None, :]
-        key = objective_key(L, longest, r, spread, cand[:, 0][None, :], cand[:, 1][None, :])
+        key = objective_key(L, longest, r, spread, cand[:, 0][None, :], cand[:, 1][None, :],
+                            cand[:, 2][None, :])
         key = np.where(fits, key, np.iinfo(np.int64).max)
         best = np.argmin(key, axis=1)
         rows = np.arange(best.shape[0])

@@ -113,8 +113,9 @@ def capacities(need: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def screen(cols: dict[str, np.ndarray], cap: dict[str, np.ndarray], layers: int,
-           uneven: bool) -> np.ndarray:
-    """Whether some placement fits, for every layout at once."""
+           uneven: bool, near_even: bool = False) -> np.ndarray:
+    """Whether some placement fits, for every layout at once (``near_even``: the middle ranks
+    may hold shares a layer apart, the ends at most the most loaded one's; search.placement)."""
     L = layers
     pp = cols["pp"]
     cf, cm, cl = cap["first"], cap["middle"], cap["last"]
@@ -128,8 +129,24 @@ def screen(cols: dict[str, np.ndarray], cap: dict[str, np.ndarray], layers: int,
         pp == 1, cf >= L,
         np.where(pp == 2, (cf >= 1) & (cl >= 1) & (cf + cl >= L),
                  (cf >= 1) & (cl >= 1) & (lo <= hi)))
+    if uneven and near_even:
+        fits_uneven = fits_uneven | ((pp > 2) & _fits_near_even(cf, cm, cl, pp, L))
     # interleaved layouts: a relaxation here, made exact by the placement (memory_stage)
     return np.where(uneven, fits_uneven, fits_even)
+
+
+def _fits_near_even(cf: np.ndarray, cm: np.ndarray, cl: np.ndarray, pp: np.ndarray,
+                    layers: int) -> np.ndarray:
+    """Some split with the middle ranks a layer apart fits: for a most loaded middle rank of c
+    layers (c <= cm), ends of at most min(c, capacity) >= 1 leave the middle ranks between
+    L - both ends and L - 2 layers, which must meet the open range ((pp-2)(c-1), (pp-2)c)."""
+    mid = np.maximum(pp - 2, 1)
+    out = np.zeros(pp.shape, dtype=bool)
+    for c in range(1, layers + 1):
+        lo = np.maximum(layers - np.minimum(cf, c) - np.minimum(cl, c), mid * (c - 1) + 1)
+        hi = np.minimum(layers - 2, mid * c - 1)
+        out |= (c <= cm) & (cf >= 1) & (cl >= 1) & (lo <= hi)
+    return out
 
 
 def solve_placement(sp: Subproblem) -> Placement | None:
@@ -145,8 +162,10 @@ def solve_placement(sp: Subproblem) -> Placement | None:
     if sp.shift:
         n = {s: m.new_int_var(1, cap[s], f"n_{s}") for s in stages}
         count = {"first": 1, "middle": pp - 2, "last": 1}
-        m.add(sum(count[s] * n[s] for s in stages) == L)
-        if sp.vpp > 1:  # the splits Megatron builds with vpp chunks (search.placement)
+        if not (sp.any_chunks and pp > 2):
+            m.add(sum(count[s] * n[s] for s in stages) == L)
+        near_even = sp.any_chunks and pp > 2  # middle ranks a layer apart (search.placement)
+        if sp.vpp > 1 or near_even:  # the splits the launcher builds (search.placement)
             rows = candidates(L, pp, True, sp.vpp, sp.any_chunks)
             if len(rows) == 0:
                 return None
@@ -185,9 +204,10 @@ def solve_placement(sp: Subproblem) -> Placement | None:
             d = m.new_int_var(0, L, f"d_{s}")
             m.add_abs_equality(d, n[s] - n["middle"])
             spread.append(d)
-    R, S, F, M = objective_weights(L)
-    m.minimize(((longest * R + r) * S + sum(spread)) * F * M
-               + (L - n_first) * M + (L - n_middle))
+    R, S, F, M, N = objective_weights(L)
+    n_last = n.get("last", n["first"])
+    m.minimize((((longest * R + r) * S + sum(spread)) * F * M
+                + (L - n_first) * M + (L - n_middle)) * N + n_last)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.cp_model_probing_level = 0  # tiny models: probing costs more than it saves
@@ -290,7 +310,8 @@ def memory_stage(specs: Specs, space: SearchSpace, cols: dict[str, np.ndarray],
     terms = stage_terms(specs, plan_arrays(cols))
     offload = offload_layouts(space, cols)
     need = need_tables(terms, cols["recompute"], space.facts.layers, headroom_gib * GIB, offload)
-    feasible = screen(cols, capacities(need), space.facts.layers, space.switches.uneven_pipeline)
+    feasible = screen(cols, capacities(need), space.facts.layers, space.switches.uneven_pipeline,
+                      space.switches.uneven_chunks)
     stage = MemoryStage(space=space, cols=cols, terms=terms, need=need, feasible=feasible,
                         head_units=head_cost_units(specs), offload=offload)
     if space.switches.uneven_pipeline:

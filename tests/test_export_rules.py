@@ -125,7 +125,14 @@ def test_megatron_uneven_stages_must_split_and_chunks_need_a_layout() -> None:
     odd = with_plan(pf, first_stage_layers=17, last_stage_layers=19)
     assert "--pipeline-model-parallel-layout" in render("megatron", odd)["megatron.sh"]
     assert "vpp_layers: " in refusal("deepspeed", odd)  # no explicit layout (its profile)
-    assert "split evenly" in refusal("megatron", with_plan(pf, first_stage_layers=19))
+    # the middle ranks a layer apart (19 | 22 | 21 | 18): only the layout says so
+    apart = render("megatron", with_plan(pf, first_stage_layers=19, vpp=1,
+                                         pp_schedule="1f1b"))["megatron.sh"]
+    assert "--pipeline-model-parallel-layout 'Et*19|t*22|t*21|t*18L'" in apart
+    assert "--decoder-first-pipeline-num-layers" not in apart
+    # a rank with no layer is no split at all
+    assert "pp_layers: " in refusal("megatron", with_plan(pf, first_stage_layers=60,
+                                                          last_stage_layers=19))
 
 
 def test_interleaved_schedule_needs_microbatches_divisible_by_pp() -> None:

@@ -7,6 +7,7 @@ that cannot fit at all.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from functools import cache
@@ -20,7 +21,7 @@ from search import prune
 from search.inputs.specs import Specs, build_specs
 from search.inputs.study import parse_study
 from search.misses import nearest_misses
-from search.placement import Placement, Subproblem, stages_of
+from search.placement import Placement, Subproblem, solve_many, stages_of
 from search.prune import MemoryStage, memory_stage, plan_arrays, solve_placement
 from search.space import AXES, build_space, enumerate_layouts, plan_from_row
 from search.stage_memory import stage_bytes, stage_terms
@@ -75,13 +76,21 @@ def placements(layers: int, pp: int, vpp: int, full: bool,
                any_chunks: bool = False) -> list[dict[str, int]]:
     """Every placement a Plan can express for one layout (independent of search.placement);
     with vpp chunks those Megatron's flags build, or any where the framework takes an explicit
-    layout (``any_chunks``, the profile's uneven_chunks)."""
+    layout (``any_chunks``, the profile's uneven_chunks), which also lets the middle ranks hold
+    shares a layer apart (ends no larger than the most loaded middle rank)."""
+    def split_ok(f: int, last: int) -> bool:
+        mid = layers - f - last
+        if mid < pp - 2:
+            return False
+        most = -(-mid // (pp - 2))
+        return mid % (pp - 2) == 0 or (any_chunks and f <= most and last <= most)
+
     splits = [(0, 0)] if layers % (pp * vpp) == 0 else []
     if pp == 2:
         splits += [(f, layers - f) for f in range(1, layers)]
     elif pp > 2:
         splits += [(f, last) for f in range(1, layers) for last in range(1, layers)
-                   if layers - f - last >= pp - 2 and (layers - f - last) % (pp - 2) == 0]
+                   if split_ok(f, last)]
     if vpp > 1:
         splits = [(0, 0)] * ((0, 0) in splits) + [
             (f, last) for f, last in splits
@@ -118,11 +127,12 @@ def brute_force(specs: Specs, stage: MemoryStage) -> dict[int, list[Plan]]:
 
 
 def proxy_key(specs: Specs, stage: MemoryStage, plan: Plan) -> tuple[int, ...]:
-    """The placement objective restated: slowest stage, recomputed layers, spread, -first."""
+    """The placement objective restated: slowest stage, recomputed layers, spread, -first,
+    -the most loaded middle rank, last."""
     L, pp = specs.model.layers, plan.pp
     first = plan.first_stage_layers or L // pp
     last = plan.last_stage_layers or L // pp
-    middle = (L - first - last) // (pp - 2) if pp > 2 else first
+    middle = -(-(L - first - last) // (pp - 2)) if pp > 2 else first
     if pp == 1:
         first = middle = last = L
     n = {"first": first, "middle": middle, "last": last}
@@ -133,7 +143,7 @@ def proxy_key(specs: Specs, stage: MemoryStage, plan: Plan) -> tuple[int, ...]:
     longest = max(4 * (3 * n[s] + min(r, n[s])) + (stage.head_units if s == stages[-1] else 0)
                   for s in stages)
     spread = abs(first - middle) + abs(last - middle) if pp > 2 and plan.vpp == 1 else 0
-    return longest, r, spread, -first, -middle
+    return longest, r, spread, -first, -middle, last
 
 
 def test_screen_and_cpsat_equal_brute_force_filtering() -> None:
@@ -246,3 +256,48 @@ def test_the_placement_is_bounded_by_work_not_by_seconds(monkeypatch: pytest.Mon
                                         head_units=0, need=need))
     assert placed is not None and used
     assert all(math.isinf(wall) and 0 < work < math.inf for wall, work in used)
+
+
+def _subproblem(layers: int, pp: int, caps: tuple[int, ...], full: bool, head_units: int,
+                any_chunks: bool) -> Subproblem:
+    """A placement subproblem whose stages hold up to ``caps`` layers without recompute, one
+    layer more for every two fully recomputed (a need table shaped like the memory stage's)."""
+    def table(cap: int) -> tuple[int, ...]:
+        return tuple(0 if n <= cap else (2 * (n - cap) if full else n + 1)
+                     for n in range(layers + 1))
+
+    return Subproblem(layers=layers, pp=pp, full=full, shift=True, partial=True,
+                      head_units=head_units, need=tuple(table(c) for c in caps),
+                      any_chunks=any_chunks)
+
+
+def test_a_per_rank_layout_balances_80_layers_on_32_stages() -> None:
+    """Issue #38: with equal middle ranks 80 layers on pp 32 split only as 10 + 30 x 2 + 10 or
+    25 + 30 x 1 + 25; a launcher with a per-rank layout (Megatron-Core's
+    --pipeline-model-parallel-layout) builds ranks of 3 and 2 layers."""
+    sp = _subproblem(80, 32, (80, 80, 80), full=False, head_units=6, any_chunks=True)
+    placed = solve_placement(sp)
+    assert placed is not None
+    assert (placed.n_first, placed.n_middle, placed.n_last) == (3, 3, 2)
+    equal = solve_placement(dataclasses.replace(sp, any_chunks=False))
+    assert equal is not None and max(equal.n_first, equal.n_last) == 10
+    assert placed.plan_fields(80, 32, False) == {
+        "first_stage_layers": 3, "last_stage_layers": 2, "recompute_layers": 0}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_cpsat_and_its_vectorised_twin_agree_with_ranks_a_layer_apart(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    layers = int(rng.integers(5, 23))
+    pp = int(rng.integers(3, min(layers, 9) + 1))
+    full = bool(rng.integers(0, 2))
+    caps = tuple(int(c) for c in rng.integers(1, layers + 1, size=3))
+    head = int(rng.integers(0, 9))
+    sp = _subproblem(layers, pp, caps, full, head, any_chunks=True)
+    placed = solve_placement(sp)
+    need = {s: np.asarray([t]) for s, t in zip(stages_of(pp), sp.need, strict=True)}
+    rows, ok = solve_many(need, pp, np.asarray([full]), True, True, layers, head,
+                          any_chunks=True)
+    assert (placed is not None) == bool(ok[0])
+    if placed is not None:
+        assert placed == Placement(*(int(x) for x in rows[0]))

@@ -177,7 +177,8 @@ def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray]) -> di
                                      *head_balance(case.model))[0]
     else:
         counts = stage_counts(case.model.layers, chosen.pp, chosen.first_stage_layers,
-                              chosen.last_stage_layers)
+                              chosen.last_stage_layers,
+                              case.training.framework.pp.uneven_chunks)
     ends = {"first_stage_layers": counts[0] if counts else chosen.first_stage_layers,
             "last_stage_layers": counts[-1] if counts else chosen.last_stage_layers}
     for knob in KNOBS:

@@ -310,6 +310,8 @@ def split_args(f: LaunchView) -> list[Group]:
     if not f.uneven:
         return []
     v, stages = f.vpp, f.stage_layers
+    if len(set(stages[1:-1])) > 1:  # middle ranks a layer apart: only a layout says so
+        return [(LAYOUT_FLAG, pipeline_layout(f))]
     if v == 1 or all(n % v == 0 for n in stages):
         return [(flag, n) for flag, n in (("--decoder-first-pipeline-num-layers", f.first),
                                           ("--decoder-last-pipeline-num-layers", f.last)) if n]

@@ -92,13 +92,15 @@ class LaunchView:
         return out
 
 
-def _stage_split(layers: int, pp: int, first: int, last: int
+def _stage_split(layers: int, pp: int, first: int, last: int, near_even: bool
                  ) -> tuple[tuple[int, ...], int, int, int, int]:
-    """The cost model's split (``costmodel.mapping.stage_counts``): layers per pipeline rank
-    (() when not whole), the layers and ranks between the first and the last, and the first and
-    last ranks' counts when the plan pins either (0, 0 for an even split)."""
-    stages = stage_counts(layers, pp, first, last)
-    if pp == 1 or (first <= 0 and last <= 0):
+    """The cost model's split (``costmodel.mapping.stage_counts``; ``near_even``: the launcher
+    takes a per-rank layout, so the unpinned ranks may hold shares a layer apart): layers per
+    pipeline rank (() when not whole), the layers and ranks between the first and the last, and
+    the first and last ranks' counts when the plan pins either or the ranks differ (0, 0 for an
+    even split)."""
+    stages = stage_counts(layers, pp, first, last, near_even)
+    if pp == 1 or (first <= 0 and last <= 0 and len(set(stages)) <= 1):
         return stages, layers, pp, 0, 0
     if not stages:
         return (), layers - max(first, 0) - max(last, 0), pp - 2, max(first, 0), max(last, 0)
@@ -131,7 +133,8 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
     denominator = p.micro_batch * p.dp
     microbatches = t.global_batch // denominator if t.global_batch % denominator == 0 else 0
     stages, middle_layers, middle_stages, first, last = _stage_split(
-        m.layers, p.pp, p.first_stage_layers, p.last_stage_layers)
+        m.layers, p.pp, p.first_stage_layers, p.last_stage_layers,
+        format_switches(fmt).uneven_chunks)
     most = max(stages) if stages else m.layers
     nproc = min(pf.gpus_per_node, pf.num_gpus)
     return LaunchView(

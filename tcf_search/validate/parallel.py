@@ -82,11 +82,11 @@ def apply_context_parallel(model: Decoder, cp_mesh: DeviceMesh) -> None:
 
 def stage_layers(layers: int, plan: Plan) -> list[range]:
     """Layer ids of each virtual stage, in stage order, as the launchers place them: the ranks'
-    counts by ``costmodel.mapping.stage_counts`` (pinned first/last stages, with or without
-    interleaving) cut into chunks by ``chunk_counts``; a split that is not whole (nanotron's
-    remainder) gives the earliest stages one layer more."""
+    counts by ``costmodel.mapping.stage_counts`` (pinned first/last stages, the other ranks a
+    layer apart at most, with or without interleaving) cut into chunks by ``chunk_counts``; a
+    split that is not whole gives the earliest stages one layer more."""
     ranks = stage_counts(layers, plan.pp, plan.first_stage_layers or 0,
-                         plan.last_stage_layers or 0)
+                         plan.last_stage_layers or 0, near_even=True)
     if ranks and all(n >= plan.vpp for n in ranks):
         sizes = list(chunk_counts(ranks, plan.vpp))
     else:
