@@ -47,7 +47,7 @@ from costmodel.specs import ClusterSpec, ModelSpec, Training
 # (FlashAttention-3, cuDNN fused attention; 1.5-2.0x faster on H100: Shah et al., 2024,
 # "FlashAttention-3", abstract and sec. 4.1) at ``flash3_attention_peak_fraction``, each fitted on
 # the runs that used it (the Playbook's nanotron; NeMo's DGX Cloud tables)
-FLASH3_FAMILIES = ("hopper", "blackwell")
+FLASH3_FAMILIES = ("hopper", "blackwell", "blackwell-ultra")
 # Eager PyTorch composites (no fused kernels, no torch.compile), counted op by op in HBM bytes
 # per element at 2-byte activations; a fused kernel reads and writes once (4 bytes):
 # RMSNorm: to fp32 (2+4), pow (4+4), mean (4), scale (4+4), back to bf16 (4+2), weight (2+2) = 36;

@@ -99,7 +99,7 @@ class GpuSpec:
 
     id: str
     name: str = ""
-    family: str = ""  # calibration family: ampere, hopper, blackwell, ada, cdna3
+    family: str = ""  # calibration family: ampere, hopper, blackwell, ada, cdna3, ... (catalog)
     peak_flops_bf16: float
     peak_flops_fp16: float
     # 0: no FP8 tensor cores (A100): the GPU does not offer fp8 (``precisions``)

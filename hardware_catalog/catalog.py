@@ -23,6 +23,14 @@ CALIBRATION_FILE = "calibration.yaml"
 DATA_FILES = frozenset({CALIBRATION_FILE, "fabrics.yaml", "frameworks.yaml",  # not SKUs
                         "uncertainty.yaml"})
 FAMILIES = ("ampere", "hopper", "blackwell", "ada", "cdna3", "cpu")
+# Families no measured run has fitted, each with the nearest fitted family it borrows from
+# (CDNA4 from Hopper, as CDNA3 does; Blackwell Ultra from Blackwell, its own silicon's base).
+# The fit writes FAMILIES alone, so a borrower takes its lender's entry as calibration.yaml holds
+# it, labelled "transferred from the <lender> fit" as the fit labels its own transfers (which
+# search.uncertainty.calibration_status reports as "borrowed from <lender>, unvalidated"); an
+# entry of its own in calibration.yaml, once measured runs fit one, wins.
+BORROWED_FAMILIES: dict[str, str] = {"cdna4": "hopper", "blackwell-ultra": "blackwell"}
+SKU_FAMILIES = (*FAMILIES, *BORROWED_FAMILIES)
 # optional blocks of an entry written by `tcf-search calibrate`: its own measured efficiency
 # (used instead of the family's) and the raw measurements behind it (kept, not read)
 _MEASURED_BLOCKS = ("efficiency", "measurements")
@@ -121,14 +129,14 @@ def _parse_sku(path: Path, efficiency: dict[str, Efficiency]) -> GpuSpec:
     if doc["id"] != path.stem:
         raise CatalogError(f"{path.name}: id must equal the file name '{path.stem}', "
                            f"but got id={doc['id']!r}")
-    if doc["family"] not in FAMILIES:
-        raise CatalogError(f"{path.name}: family must be one of {list(FAMILIES)}, "
+    if doc["family"] not in SKU_FAMILIES:
+        raise CatalogError(f"{path.name}: family must be one of {list(SKU_FAMILIES)}, "
                            f"but got {doc['family']!r}")
     numbers: dict[str, Any] = {f: _numeric_entry(path, f, doc[f]) for f in NUMERIC_FIELDS
                                if f in doc}
     for field in _INT_FIELDS:
         numbers[field] = int(numbers[field])
-    eff = efficiency.get(doc["family"], Efficiency(source=UNCALIBRATED_SOURCE))
+    eff = family_efficiency(doc["family"], efficiency)
     if "efficiency" in doc:
         own = doc["efficiency"]
         if not isinstance(own, dict) or "source" not in own:
@@ -139,6 +147,19 @@ def _parse_sku(path: Path, efficiency: dict[str, Efficiency]) -> GpuSpec:
                        **numbers)
     except SpecError as exc:
         raise CatalogError(f"{path.name}: {exc}") from exc
+
+
+def family_efficiency(family: str, efficiency: dict[str, Efficiency]) -> Efficiency:
+    """The family's calibrated efficiency; a borrowing family's lender's, saying so; the prior
+    where neither has an entry."""
+    if family in efficiency:
+        return efficiency[family]
+    lender = BORROWED_FAMILIES.get(family, "")
+    if lender in efficiency:
+        own = efficiency[lender]
+        return dataclasses.replace(own, source=f"transferred from the {lender} fit: no measured "
+                                   f"{family} runs to fit (the {lender} fit: {own.source})")
+    return Efficiency(source=UNCALIBRATED_SOURCE)
 
 
 def efficiency_from_mapping(where: str, base: Efficiency, entry: object) -> Efficiency:
@@ -171,8 +192,9 @@ def load_calibration(directory: Path) -> dict[str, Efficiency]:
     doc = _read_yaml(path)
     result: dict[str, Efficiency] = {}
     for family, entry in doc.items():
-        if family not in FAMILIES:
-            raise CatalogError(f"{path.name}: unknown family {family!r}; valid: {list(FAMILIES)}")
+        if family not in SKU_FAMILIES:
+            raise CatalogError(f"{path.name}: unknown family {family!r}; "
+                               f"valid: {list(SKU_FAMILIES)}")
         if not isinstance(entry, dict) or "source" not in entry:
             raise CatalogError(f"{path.name}: {family}.source is required (the fit and its rows)")
         result[family] = efficiency_from_mapping(f"{path.name}: {family}", Efficiency(), entry)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -38,13 +39,18 @@ def trials_csv(rows: Iterable[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def plan_file(result: StudyResult, specs: Specs, ranked: RankedPlan) -> str:
+def plan_file(result: StudyResult, specs: Specs, ranked: RankedPlan, folder: Path) -> str:
+    """The plan file of ``ranked``, to be written in ``folder``: a calibration file the study
+    named by a relative path is named relative to ``folder`` (``load_plan_file`` reads it so)."""
+    calibration = specs.calibration
+    if calibration and specs.calibration_relative:
+        calibration = Path(os.path.relpath(calibration, folder.resolve())).as_posix()
     return dump_plan_file(PlanFile(
         study=result.study, model=specs.model, gpu=result.gpu, num_gpus=result.num_gpus,
         gpus_per_node=result.gpus_per_node, fabric=specs.cluster.fabric,
         training=specs.training, plan=ranked.plan,
         rank=ranked.rank, predicted={**ranked.predicted, "source": ranked.source},
-        framework=specs.framework, calibration=specs.calibration))
+        framework=specs.framework, calibration=calibration))
 
 
 # The files a run keeps in its result folder beside its storage (search.storage.STORAGE_FILE, its
@@ -72,9 +78,9 @@ def write_outputs(result: StudyResult, specs: Specs, trial_rows: list[dict[str, 
     out = Output(out_dir, "run", adopt=adopt)
     files: dict[str, str] = {"trials.csv": trials_csv(trial_rows)}
     for ranked in result.top:
-        files[f"top/rank-{ranked.rank}.yaml"] = plan_file(result, specs, ranked)
+        files[f"top/rank-{ranked.rank}.yaml"] = plan_file(result, specs, ranked, out_dir / "top")
     if result.best is not None:
-        files["best_plan.yaml"] = plan_file(result, specs, result.best)
+        files["best_plan.yaml"] = plan_file(result, specs, result.best, out_dir)
     files["result.json"] = json.dumps(result.to_dict(), indent=2) + "\n"
     stale = [f"top/{p.name}" for p in (out_dir / "top").glob("rank-*.yaml")
              if f"top/{p.name}" not in files]  # plans of an earlier, longer ranking mislead

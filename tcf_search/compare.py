@@ -21,8 +21,8 @@ from rich.table import Table
 
 from costmodel import Plan, StepEstimate, estimate
 from costmodel.specs import SpecError
-from search import baseline_doc, baseline_of, build_space, p_best_faster
-from search.inputs import Specs, build_specs, load_study, plan_dict
+from search import baseline_doc, baseline_of, build_space, calibration_status, p_best_faster
+from search.inputs import Specs, build_specs, load_study, plan_dict, with_calibration
 from tcf_search.errors import user_errors
 from tcf_search.explain.planspec import (
     PlanSpecError,
@@ -125,7 +125,7 @@ def compare(specs: Specs, base: Plan, techniques: list[str],
            "num_gpus": specs.cluster.num_gpus, "usable_gib": e0.memory.usable_bytes / GIB,
            "base": {"plan": plan_dict(base), "plan_text": format_plan(base),
                     "fits": e0.memory.fits, "binding": e0.dominant_challenge, "values": m0},
-           "techniques": rows}
+           "techniques": rows, "calibration": calibration_status(specs.cluster)}
     if baseline is not None:
         plan = Plan(**baseline["plan"])
         doc["baseline"] = {**baseline, "row": _row("baseline", plan, [], specs, m0)}
@@ -167,6 +167,8 @@ def render(doc: dict[str, Any], con: Console) -> None:
               f"tokens/s/GPU, peak {b['peak_mem_gib']:.1f} GiB, MFU {b['mfu']:.1%}, "
               f"compute {b['compute_s']:.1f} s, comm {b['comm_gib']:.0f} GiB "
               f"({b['comm_exposed_s']:.1f} s exposed), bubble {b['bubble_s']:.1f} s")
+    if doc.get("calibration"):
+        con.print(doc["calibration"]["line"], markup=False)
     t = Table(show_edge=False, header_style="bold", pad_edge=False,
               title="change vs base (memory on the peak stage, per GPU per step)")
     t.add_column("technique")
@@ -206,10 +208,13 @@ def compare_cmd(
     result: Annotated[Path | None, typer.Option(
         "--result", help="The study's result folder, whose best plan is the base when --base "
                          "is not given [default: runs/<study stem>].")] = None,
+    calibration: Annotated[Path | None, typer.Option(
+        "--calibration", help="Price the cluster's links on this calibration file (tcf-search "
+                              "calibrate --nccl-tests -o FILE), in place of the study's.")] = None,
 ) -> None:
     """The trade-off table: what each technique does to memory, compute and communication."""
     with user_errors():
-        study = load_study(study_file)
+        study = with_calibration(load_study(study_file), calibration)
         specs = build_specs(study)
         plan, note = ((parse_plan(base, specs), None) if base is not None
                       else _best(study_file, specs, result))

@@ -6,6 +6,8 @@ with them (issue #37)."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import nccl_tests_files as nt
@@ -221,3 +223,63 @@ def test_a_result_folder_stays_anchored(fitted: tuple[Path, dict, str]) -> None:
     assert "anchored on 4 nccl-tests" in json.loads(text)["calibration"]["line"]
     result = json.loads((out / "result.json").read_text())
     assert "anchored on 4 nccl-tests" in json.dumps(result)
+
+
+def test_compare_takes_the_calibration_as_run_and_explain_do(
+        fitted: tuple[Path, dict, str]) -> None:
+    """compare --calibration prices both plans on the file, as the study naming it does, and
+    says so; without it the DP all-reduce of TP 1 vs TP 8 moves differently."""
+    folder, _, _ = fitted
+    (folder / "cmp-plain.yaml").write_text(STUDY % "")
+    (folder / "cmp-named.yaml").write_text(STUDY % ", calibration: my-cluster.yaml")
+    docs = {}
+    for name, extra in (("flag", ("--calibration", str(folder / "my-cluster.yaml"))),
+                        ("named", ()), ("plain", ())):
+        study = folder / f"cmp-{'plain' if name == 'flag' else name}.yaml"
+        code, out, err = cli("compare", str(study), "--base", PLAN, "--with", "tp=8", "--json",
+                             *extra)
+        assert code == 0, err
+        docs[name] = json.loads(out)
+    assert docs["flag"]["base"]["values"] == docs["named"]["base"]["values"]
+    assert docs["flag"]["techniques"][0]["deltas"] == docs["named"]["techniques"][0]["deltas"]
+    assert docs["flag"]["base"]["values"]["comm_exposed_s"] != \
+        docs["plain"]["base"]["values"]["comm_exposed_s"]
+    assert "anchored on 4 nccl-tests" in docs["flag"]["calibration"]["line"]
+    assert docs["plain"]["calibration"]["anchored"] is None
+
+
+@pytest.mark.parametrize("how", ["study", "flag"])
+def test_a_moved_result_folder_finds_its_calibration(fitted: tuple[Path, dict, str],
+                                                     tmp_path: Path, how: str) -> None:
+    """A relative calibration path (the study's cluster.calibration, or --calibration relative
+    to the working folder) is written into the plan files relative to each file; the folder
+    moved with its calibration file still explains anchored, not on the family's links."""
+    folder, _, _ = fitted
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "my-cluster.yaml").write_text((folder / "my-cluster.yaml").read_text())
+    named = ", calibration: my-cluster.yaml" if how == "study" else ""
+    (project / "s.yaml").write_text(STUDY % named + "search: {trials: 10, seed: 0}\n")
+    extra = ("--calibration", "my-cluster.yaml") if how == "flag" else ()
+    cwd = os.getcwd()
+    os.chdir(project)  # --calibration is relative to the working folder
+    try:
+        code, _, err = cli("run", "s.yaml", "-o", "runs/s", "--quiet", *extra)
+    finally:
+        os.chdir(cwd)
+    assert code == 0, err
+    best = yaml.safe_load((project / "runs/s/best_plan.yaml").read_text())
+    assert best["cluster"]["calibration"] == "../../my-cluster.yaml"
+    rank1 = yaml.safe_load((project / "runs/s/top/rank-1.yaml").read_text())
+    assert rank1["cluster"]["calibration"] == "../../../my-cluster.yaml"
+    moved = tmp_path / "elsewhere" / "project"
+    shutil.move(str(project), str(moved))
+    for target in (moved / "runs/s", moved / "runs/s/top/rank-1.yaml"):
+        code, text, err = cli("explain", str(target), "--json")
+        assert code == 0, err
+        cal = json.loads(text)["calibration"]
+        assert "anchored on 4 nccl-tests" in cal["line"]
+        assert cal["anchored"] is not None
+    # the calibration file left behind: one line naming the path that is gone, no traceback
+    (moved / "my-cluster.yaml").unlink()
+    one_line_error(*cli("explain", str(moved / "runs/s"), "--json")[::2], "calibration")

@@ -26,6 +26,7 @@ REQUIRED_IDS = {
     "a100-sxm-40gb", "a100-sxm-80gb", "h100-sxm-80gb", "h100-pcie-80gb", "h100-sxm-96gb-500w",
     "h200-sxm-141gb", "b200-180gb", "gb200-nvl72", "mi300x", "mi325x", "l40s",
     "h800-sxm-80gb", "a800-sxm-40gb", "a800-sxm-80gb",
+    "mi355x", "mi350x", "b300-288gb", "gb300-nvl72",
 }
 WITHOUT_FP8 = {"a100-sxm-40gb", "a100-sxm-80gb", "a800-sxm-40gb", "a800-sxm-80gb"}
 GIB = 2**30
@@ -81,11 +82,12 @@ def test_precision_peaks_are_ordered(sku_id: str) -> None:
 @pytest.mark.parametrize("sku_id", IDS)
 def test_values_are_dense_unidirectional_and_in_range(sku_id: str) -> None:
     gpu = get_gpu(sku_id)
-    # Dense bf16 of every SKU here lies between L40S (362 TF) and GB200 (2.5 PF); a sparse
+    # Dense bf16 of every SKU here lies between L40S (362 TF) and MI355X (2.52 PF); a sparse
     # figure or a TFLOPS-vs-FLOPS slip would fall outside.
-    assert 300e12 <= gpu.peak_flops_bf16 <= 2.5e15
+    assert 300e12 <= gpu.peak_flops_bf16 <= 2.52e15
     assert 1 <= gpu.hbm_bw_bytes_per_s / 1e12 <= 8.0 or gpu.family == "ada"
-    limit = {"ampere": 300e9, "hopper": 450e9, "ada": 32e9, "cdna3": 448e9, "blackwell": 900e9}
+    limit = {"ampere": 300e9, "hopper": 450e9, "ada": 32e9, "cdna3": 448e9, "blackwell": 900e9,
+             "cdna4": 537.6e9, "blackwell-ultra": 900e9}
     assert gpu.intra_node_bw_bytes_per_s <= limit[gpu.family]  # unidirectional: half the ads
     assert gpu.network_bw_bytes_per_s < gpu.intra_node_bw_bytes_per_s or gpu.family == "ada"
     assert 0 < gpu.intra_node_latency_s < gpu.network_latency_s < 1e-4
@@ -97,7 +99,7 @@ def test_memory_is_reported_capacity_minus_a_reserve(sku_id: str) -> None:
     gpu = get_gpu(sku_id)
     assert 0 < gpu.usable_bytes < gpu.hbm_bytes
     assert 0.5 * GIB <= gpu.memory_reserve_bytes <= 4 * GIB
-    assert 39 * GIB < gpu.hbm_bytes < 256 * GIB
+    assert 39 * GIB < gpu.hbm_bytes < 288 * GIB  # 288 GiB on MI355X, of which HIP shows 287.98
 
 
 def test_worked_examples() -> None:
@@ -239,6 +241,28 @@ def test_bad_calibration_names_file_and_field(tmp_catalog: Path, text: str, mess
     with pytest.raises(CatalogError, match=message) as err:
         load_catalog(tmp_catalog)
     assert "calibration.yaml" in str(err.value)
+
+
+def test_a_family_without_a_fit_borrows_its_lenders_and_says_so(tmp_path: Path) -> None:
+    """A Blackwell Ultra part takes the blackwell entry (its lender), labelled as the fit labels
+    its own transfers; an entry of its own, once runs fit one, wins; no lender entry: the prior.
+    (One folder per calibration: the catalog of a folder is loaded once.)"""
+    lender = "blackwell:\n  gemm_peak_fraction: 0.53\n  source: 'fit on GB200 rows'\n"
+    own = "blackwell-ultra:\n  gemm_peak_fraction: 0.6\n  source: 'fit on GB300 rows'\n"
+    effs = {}
+    for name, calibration in (("none", ""), ("lender", lender), ("own", lender + own)):
+        folder = tmp_path / name
+        folder.mkdir()
+        shutil.copy(CATALOG_DIR / "gb300-nvl72.yaml", folder / "gb300-nvl72.yaml")
+        if calibration:
+            (folder / "calibration.yaml").write_text(calibration)
+        effs[name] = get_gpu("gb300-nvl72", folder).efficiency
+    assert effs["none"].source == UNCALIBRATED_SOURCE
+    assert effs["lender"].gemm_peak_fraction == 0.53
+    assert effs["lender"].source.startswith("transferred from the blackwell fit: no measured "
+                                            "blackwell-ultra runs to fit")
+    assert "fit on GB200 rows" in effs["lender"].source
+    assert (effs["own"].gemm_peak_fraction, effs["own"].source) == (0.6, "fit on GB300 rows")
 
 
 def test_an_unmeasured_dtensor_overhead_may_be_zero(tmp_catalog: Path) -> None:

@@ -216,11 +216,16 @@ MAX_PLAN_FILE_BYTES = 4 * MIB
 
 
 def load_plan_file(path: str | Path) -> PlanFile:
-    """A plan file: a regular file of at most 4 MiB, UTF-8 YAML."""
+    """A plan file: a regular file of at most 4 MiB, UTF-8 YAML. A relative
+    ``cluster.calibration`` is the file's own folder's (as a run writes it), read as absolute."""
     try:
         data = read_input(Path(path), "plan file", MAX_PLAN_FILE_BYTES)
-        return parse_plan_file(data.decode("utf-8"))
+        pf = parse_plan_file(data.decode("utf-8"))
     except InputError as e:
         raise PlanFileError(str(e)) from None
     except UnicodeDecodeError:
         raise PlanFileError(f"plan file: {path} is not UTF-8 text") from None
+    if pf.calibration and not Path(pf.calibration).is_absolute():
+        pf = dataclasses.replace(
+            pf, calibration=str((Path(path).parent / pf.calibration).resolve()))
+    return pf

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -118,6 +119,9 @@ class Specs:
     framework: str = ""  # the profile's name ("" where not recorded): its residuals' stack
     # the cluster calibration file its links were measured in ("" = none; an absolute path)
     calibration: str = ""
+    # whether the study named it by a relative path: its plan files then name it relative to
+    # themselves, so a result folder moved with its calibration file still finds it
+    calibration_relative: bool = False
 
 
 def search_switches(*, uneven_pipeline: bool, tp_in_node: bool, split_later: bool = False,
@@ -182,9 +186,10 @@ def build_specs(study: Study) -> Specs:
                                  compile=bool(t.compile), switches=switches)
         cluster = cluster_spec(build_gpu(study.cluster), study.cluster.num_gpus,
                                study.cluster.gpus_per_node, study.cluster.fabric or "")
-        calibration = ""
+        calibration, relative = "", False
         if study.cluster.calibration is not None:
             calibration = str((study.base_dir / study.cluster.calibration).resolve())
+            relative = not Path(study.cluster.calibration).is_absolute()
             cluster = links.anchored(cluster, _calibration(study))
         cluster.gpu.check_precision(training.precision)
     except SpecError as exc:
@@ -216,6 +221,7 @@ def build_specs(study: Study) -> Specs:
     fw = training.framework
     return Specs(model=model, cluster=cluster, training=training,
                  headroom_gib=headroom, framework=t.framework, calibration=calibration,
+                 calibration_relative=relative,
                  switches=search_switches(uneven_pipeline=section.uneven_pipeline,
                                           tp_in_node=section.tp_in_node,
                                           recompute_per_chunk=fw.activations.recompute_per_chunk,
@@ -239,15 +245,19 @@ def anchor_specs(specs: Specs, path: Path | None) -> Specs:
     if path is None:
         return specs
     cluster = links.anchored(specs.cluster, links.load_calibration(path))
-    return dataclasses.replace(specs, cluster=cluster, calibration=str(path.resolve()))
+    return dataclasses.replace(specs, cluster=cluster, calibration=str(path.resolve()),
+                               calibration_relative=not path.is_absolute())
 
 
 def with_calibration(study: Study, path: Path | None) -> Study:
     """``study`` anchored on the calibration file ``path`` (``--calibration``, relative to the
-    working folder), in place of its own ``cluster.calibration``; unchanged when None."""
+    working folder), in place of its own ``cluster.calibration``; unchanged when None. A
+    relative path stays relative, to the study's folder as ``cluster.calibration`` is."""
     if path is None:
         return study
-    cluster = study.cluster.model_copy(update={"calibration": str(path.resolve())})
+    named = (str(path) if path.is_absolute()
+             else os.path.relpath(path.resolve(), study.base_dir.resolve()))
+    cluster = study.cluster.model_copy(update={"calibration": named})
     return study.model_copy(update={"cluster": cluster})
 
 
