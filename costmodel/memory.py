@@ -63,6 +63,10 @@ class MemoryCoefficients:
     mtp_expert_params: np.ndarray
     mtp_act: np.ndarray  # ... and their stored activations, one micro-batch
     gather_buffer: np.ndarray  # ZeRO-3 / FSDP unsharded units in flight
+    # a leading dense layer (DeepSeek-V3's first 3) less a pattern layer, local parameters: the
+    # first stage holds them (:func:`leading_dense_on`)
+    lead_dense_params: np.ndarray
+    lead_expert_params: np.ndarray
 
 
 def zero2_reduces_each_micro_batch(tr: Training, p: PlanArrays) -> np.ndarray:
@@ -253,17 +257,26 @@ def coefficients(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     etp = expert_tp(p).astype(float)
     shard = (p.dp * p.cp).astype(float)
     expert_shard = expert_dp(p).astype(float)
-    moe_frac = model.moe_layers / model.layers
-    dense = (attention_params(model) / tp + norm_params(model)
-             + (1 - moe_frac) * dense_mlp_params(model) / tp)
+    # an average layer of the pattern after the leading dense layers (every layer of a model
+    # without them); those leading layers are the first stage's (:func:`leading_dense_on`)
+    lead = model.moe_dense_layers if model.is_moe else 0
+    moe_frac = model.moe_layers / max(model.layers - lead, 1)
+    dense_mlp = dense_mlp_params(model) / tp
+    dense = attention_params(model) / tp + norm_params(model) + (1 - moe_frac) * dense_mlp
     if model.is_moe:
         router = model.hidden * model.moe_experts
         shared = model.moe_shared_experts * expert_params(model) / tp + router
         routed = model.moe_experts / ep * expert_params(model) / etp
         dense = dense + moe_frac * shared
         experts = moe_frac * routed
+        # a leading dense layer holds a dense MLP, sharded over data parallel by the
+        # distributed optimizer, where a pattern layer holds the shared expert and the router
+        # beside its routed experts, sharded over their expert-DP replicas only
+        lead_dense = moe_frac * (dense_mlp - shared)
+        lead_experts = -experts
     else:
         experts = np.zeros_like(tp)
+        lead_dense, lead_experts = np.zeros_like(tp), np.zeros_like(tp)
     stored, ckpt, full_layer = activation_bytes_per_layer(model, tr, p)
     act_f = mm.activation_factor
     M = p.micro_batch * tr.seq_len / p.cp
@@ -289,8 +302,19 @@ def coefficients(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         expert_bytes_per_param=_states_per_param(tr, p, expert_shard),
         logits=mm.logits_bytes_per_element * M * model.vocab / tp,
         mtp_dense_params=mtp_dense, mtp_expert_params=mtp_experts, mtp_act=mtp_act,
-        gather_buffer=gather,
+        gather_buffer=gather, lead_dense_params=lead_dense, lead_expert_params=lead_experts,
     )
+
+
+def leading_dense_on(model: ModelSpec, stage: str, n: np.ndarray) -> np.ndarray:
+    """How many of the model's leading dense layers (``moe_dense_layers``: DeepSeek-V3's first 3)
+    a stage holding ``n`` layers holds: the first stage's, up to its ``n``. Layers 0..k-1 are
+    the first virtual stage's, on the first pipeline rank (Megatron-Bridge's DeepSeek-V3 recipes
+    put the embedding and decoder layers 0-3 there at pp 8 vpp 2, 0-7 at pp 8: deepseek_v3.py
+    set_deepseek_v3_pipeline_model_parallel_layout, v0.4.2); a first stage shorter than k leaves
+    the rest priced as pattern layers."""
+    k = model.moe_dense_layers if model.is_moe else 0
+    return np.minimum(k, n) if stage == "first" else np.zeros_like(n)
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,8 +356,11 @@ def stage_memory(model: ModelSpec, tr: Training, p: PlanArrays, co: MemoryCoeffi
         extra = extra + np.where((pp == 1) & (not model.tied_embeddings), co.head_params, 0.0)
     # the MTP depths sit with the head (costmodel.mtp)
     ends = np.where(pp == 1, 1.0, 0.0) if has_embed else np.full_like(n, float(has_head))
-    dense = n * co.dense_params_per_layer + extra + ends * co.mtp_dense_params
-    experts = n * co.expert_params_per_layer + ends * co.mtp_expert_params
+    lead = leading_dense_on(model, stage, n)
+    dense = (n * co.dense_params_per_layer + lead * co.lead_dense_params + extra
+             + ends * co.mtp_dense_params)
+    experts = (n * co.expert_params_per_layer + lead * co.lead_expert_params
+               + ends * co.mtp_expert_params)
     bpp, bpp_e = co.bytes_per_param, co.expert_bytes_per_param
 
     def part(key: str) -> np.ndarray:

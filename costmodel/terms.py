@@ -45,17 +45,25 @@ def memory_terms_batch(model: ModelSpec, cluster: ClusterSpec, training: Trainin
             "last": np.ones_like(embed)}
     mtp_inflight = np.where(p.pp_schedule == 2, m, 1.0)
     mtp_volatile = (1.0 + model.mtp_layers) * co.logits + mtp_inflight * co.mtp_act
+    # the leading dense layers sit on the first stage (costmodel.memory.leading_dense_on), taken
+    # here as holding all k of them: the terms are linear in the layers a stage holds
+    lead = model.moe_dense_layers if model.is_moe else 0
+    lead_states = {k: lead * (co.lead_dense_params * bpp[k] + co.lead_expert_params * bpp_e[k])
+                   for k in (*_STATES, "opt_buffer")}
+    lead_state = {"first": sum(lead_states[k] for k in _STATES)}
+    lead_opt = {"first": lead_state["first"] + lead_states["opt_buffer"]}
     out: dict[str, np.ndarray] = {}
     for st in STAGES:
         mtp_states = {k: ends[st] * (co.mtp_dense_params * bpp[k]
                                      + co.mtp_expert_params * bpp_e[k])
                       for k in (*_STATES, "opt_buffer")}
         mtp_state = sum(mtp_states[k] for k in _STATES)
-        out[f"fixed_{st}"] = (extra[st] * state_pp + mtp_state
+        out[f"fixed_{st}"] = (extra[st] * state_pp + mtp_state + lead_state.get(st, 0.0)
                               + frag * (co.gather_buffer + ends[st] * mtp_volatile)
                               + mm.allocator_const_bytes)
         out[f"opt_fixed_{st}"] = (extra[st] * (state_pp + bpp["opt_buffer"]) + mtp_state
-                                  + mtp_states["opt_buffer"] + mm.allocator_const_bytes)
+                                  + mtp_states["opt_buffer"] + lead_opt.get(st, 0.0)
+                                  + mm.allocator_const_bytes)
         out[f"inflight_{st}"] = inflight_micro_batches(p, m, st)
     act = np.where(p.recompute == 2, co.working, co.act_per_layer)
     out.update(

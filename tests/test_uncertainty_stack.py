@@ -14,7 +14,7 @@ import pytest
 from search.inputs.planfile import PlanFile, dump_plan_file, parse_plan_file
 from search.inputs.specs import plan_file_specs
 from search.uncertainty import Uncertainty, interval, regime_keys, residual_stack
-from tcf_search.calibration.uncertainty import stack_coverage, throughput_table
+from tcf_search.calibration.uncertainty import coverage, throughput_table
 
 
 @pytest.mark.parametrize("framework,stack", [
@@ -60,7 +60,7 @@ def test_a_tuned_stack_keeps_its_narrow_bounds_beside_a_noisy_one() -> None:
     assert pooled[2] == "hopper/bf16/dense/small"  # no torchtitan runs: every stack's
     assert tuned[1] - tuned[0] < 0.2 < noisy[1] - noisy[0]
     # each stack's held-out groups judged by the others' bounds, one left out at a time
-    cov = stack_coverage(frame, pred, pd.Series(True, index=frame.index))
+    cov = coverage(frame, pred, pd.Series(True, index=frame.index))
     assert set(cov["by_stack"]) == {"megatron-core", "nanotron"}
     assert cov["by_stack"]["megatron-core"]["groups"] == 10
     assert cov["by_stack"]["nanotron"]["own_stack_bounds"] == 1.0
