@@ -39,7 +39,7 @@ def facts_of(model: ModelSpec, cluster: ClusterSpec, training: Training,
 FRAMEWORK_FACTS = ("moe_max_zero_stage", "moe_tensor_parallel", "multi_token_prediction",
                    "zero_stages", "zero_stages_pp", "recompute_modes", "partial_recompute",
                    "pp_schedules", "selective_recompute", "cpu_offloading", "moe_dispatchers",
-                   "moe_a2a_overlaps")
+                   "moe_a2a_overlaps", "pp_cost_balance")
 
 
 def framework_facts(profile: FrameworkProfile) -> dict[str, Any]:

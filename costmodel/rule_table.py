@@ -115,6 +115,9 @@ class Facts:
     recompute_modes: tuple[str, ...] = ("none", "selective", "full")
     partial_recompute: bool = True
     pp_schedules: tuple[str, ...] = ("1f1b", "gpipe", "interleaved")
+    # the framework places its pipeline blocks by cost itself (nanotron's build_model,
+    # ``pp.pp_cost_balance``): ranks past the last block hold nothing, so pp may exceed layers
+    pp_cost_balance: bool = False
     # what selective recompute is (``training.framework.activations.selective_recompute``;
     # "modules": Megatron-Core's
     # --recompute-modules, which a plan may name), and whether the model's attention is MLA

@@ -53,7 +53,10 @@ def _pipeline_split(c: Columns, f: Facts) -> np.ndarray:
     (:func:`costmodel.mapping.ranks_of`)."""
     pp, first, last = c["pp"], c["first_stage_layers"], c["last_stage_layers"]
     pinned = (first > 0) | (last > 0)
-    unpinned_ok = (pp <= f.layers) & ((f.layers % pp == 0) | f.switches.uneven_pipeline)
+    # nanotron's cost balance (pp_cost_balance) leaves the ranks past its last block empty: a
+    # pp above the layers runs there (src/nanotron/models/base.py build_model)
+    unpinned_ok = (((pp <= f.layers) | f.pp_cost_balance)
+                   & ((f.layers % pp == 0) | f.switches.uneven_pipeline))
     _, whole = rank_split(f.layers, pp, first, last, f.switches.uneven_chunks)
     return np.where(pinned, (pp > 1) & f.switches.uneven_pipeline & whole, unpinned_ok)
 
@@ -167,8 +170,8 @@ RULES: tuple[Rule, ...] = (
          "not tp_in_node or nvlink_domain % tp == 0 (TP inside one NVLink domain)",
          lambda c, f: (f.nvlink_domain % c["tp"] == 0) | (not f.switches.tp_in_node)),
     Rule("pp_layers", ("pp", "first_stage_layers", "last_stage_layers"),
-         ("layers", "uneven_pipeline", "uneven_chunks"),
-         "pp <= layers, layers % pp == 0 unless uneven_pipeline, and pinned first/last stages "
+         ("layers", "uneven_pipeline", "uneven_chunks", "pp_cost_balance"),
+         "pp <= layers (unless pp_cost_balance), layers % pp == 0 unless uneven_pipeline, and pinned first/last stages "
          "(uneven_pipeline) leave the other stages an equal whole number >= 1 of layers (shares "
          "a layer apart under uneven_chunks, a per-rank layout)",
          _pipeline_split),
