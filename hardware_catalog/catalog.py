@@ -21,7 +21,7 @@ from costmodel.specs import Efficiency, GpuSpec, SpecError
 CATALOG_DIR = Path(__file__).resolve().parent
 CALIBRATION_FILE = "calibration.yaml"
 DATA_FILES = frozenset({CALIBRATION_FILE, "fabrics.yaml", "frameworks.yaml",  # not SKUs
-                        "uncertainty.yaml"})
+                        "uncertainty.yaml", "anchored.yaml"})
 FAMILIES = ("ampere", "hopper", "blackwell", "ada", "cdna3", "cpu")
 # optional blocks of an entry written by `tcf-search calibrate`: its own measured efficiency
 # (used instead of the family's) and the raw measurements behind it (kept, not read)

@@ -26,8 +26,12 @@ from search.inputs.files import (
 from search.inputs.links import (
     CalibrationError,
     ClusterCalibration,
+    MeasuredAnchor,
+    anchor_matches,
+    anchored,
     calibration_yaml,
     load_calibration,
+    model_key,
 )
 from search.inputs.measured import KNOBS, Case, CaseError, case_from_row, presumed_split
 from search.inputs.planfile import (
@@ -66,10 +70,11 @@ from search.inputs.yamlinput import YamlInputError, load_yaml, shown
 __all__ = [
     "ALIASES", "CHOICES", "FALSE", "KNOBS", "LEVELS", "MAX_GPUS", "MAX_PLAN_FILE_BYTES", "MIB",
     "PLAN_FIELDS", "SHORT", "TRUE", "CalibrationError", "Case", "CaseError", "ClusterCalibration",
-    "InputError", "Output", "OutputError", "OutputExists", "PlanFile", "PlanFileError",
-    "PlanSpecError", "Specs", "Study", "StudyError", "YamlInputError", "anchor_specs",
+    "InputError", "MeasuredAnchor", "Output", "OutputError", "OutputExists", "PlanFile", "PlanFileError",
+    "PlanSpecError", "Specs", "Study", "StudyError", "YamlInputError", "anchor_matches",
+    "anchor_specs", "anchored",
     "build_specs", "calibration_yaml", "case_from_row", "check", "check_target", "format_plan",
-    "load_calibration", "load_plan_file", "load_study", "load_yaml", "make_plan", "open_atomic",
+    "load_calibration", "load_plan_file", "load_study", "load_yaml", "make_plan", "model_key", "open_atomic",
     "open_input", "own_dispatch_unsaid", "parse_assignments", "parse_plan", "path_component",
     "plan_dict", "plan_file_specs", "presumed_split", "read_input", "shown", "with_calibration",
     "write_atomic",

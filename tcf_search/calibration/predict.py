@@ -36,18 +36,21 @@ from costmodel.mapping import (
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import Plan, SpecError
 from search import candidates as placement_candidates
-from search import plan_regime, uncertainty_metrics
+from search import AnchoredSpread, load_anchored_spread, plan_regime, uncertainty_metrics
 from search.inputs import (
     KNOBS,
     MIB,
     Case,
     CaseError,
+    ClusterCalibration,
     OutputError,
     case_from_row,
     check_target,
+    load_calibration,
     open_atomic,
     open_input,
 )
+from search.inputs import anchor_matches, anchored
 from tcf_search.calibration.predict_memo import Key, Result, RowMemo, _Reads
 from tcf_search.errors import user_errors
 
@@ -136,8 +139,10 @@ def _pick(res: dict[str, np.ndarray]) -> int:
     return int(np.argmin(res["peak_mem_bytes"]))
 
 
-def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray]) -> dict[str, object]:
-    """The output cells of the plan chosen among ``plans`` (estimated as ``res``)."""
+def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray],
+                spread: AnchoredSpread | None = None) -> dict[str, object]:
+    """The output cells of the plan chosen among ``plans`` (estimated as ``res``); ``spread``:
+    the anchored interval's, where the case is one its calibration's measured runs checked."""
     j = _pick(res)
     chosen = plans[j]
     values = {
@@ -165,7 +170,7 @@ def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray]) -> di
         {"tokens_per_s_per_gpu": float(res["tokens_per_s_per_gpu"][j]),
          "peak_mem_gib": float(res["peak_mem_bytes"][j]) / GIB,
          "usable_mem_gib": float(res["usable_bytes"][j]) / GIB},
-        plan_regime(case.model, case.cluster, case.training, case.framework))
+        plan_regime(case.model, case.cluster, case.training, case.framework), anchor=spread)
     values.update({"pred_tokens_per_sec_lo": u["tokens_per_s_interval"][0],
                    "pred_tokens_per_sec_hi": u["tokens_per_s_interval"][1],
                    "pred_interval_regime": u["interval_regime"], "pred_p_oom": u["p_oom"]})
@@ -187,6 +192,16 @@ def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray]) -> di
     return out
 
 
+def run_prediction(case: Case, spread: AnchoredSpread | None = None) -> Result:
+    """One case's output cells, as :func:`predict_frame` gives them (its candidate plans where
+    a knob is empty, the fastest that fits): what ``calibrate --measured`` fits on."""
+    plans = _plans_of(case)
+    if isinstance(plans, dict):
+        return plans
+    res = estimate_batch(case.model, case.cluster, case.training, plans_to_arrays(plans))
+    return _prediction(case, plans, res, spread)
+
+
 def _plans_of(case: Case) -> list[Plan] | Result:
     """The candidate plans of a case, or the error that says why it has none."""
     try:
@@ -204,10 +219,15 @@ def _plans_of(case: Case) -> list[Plan] | Result:
 MAX_PENDING_PLANS = 50_000
 
 
-def predict_frame(frame: pd.DataFrame, memo: RowMemo | None = None) -> pd.DataFrame:
+def predict_frame(frame: pd.DataFrame, memo: RowMemo | None = None,
+                  calibration: ClusterCalibration | None = None) -> pd.DataFrame:
     """``frame`` with the prediction columns; rows that ``memo`` has predicted before (by their
-    cells or by their case) get the prediction made then."""
+    cells or by their case) get the prediction made then. With ``calibration`` (``--calibration``)
+    every row's cluster is anchored on it, and a row that is what its measured runs checked gets
+    the anchored interval (``search.anchored_interval``)."""
     import pandas as pd
+
+    spread = load_anchored_spread() if calibration is not None else None
 
     memo = RowMemo() if memo is None else memo
     out = frame.copy()
@@ -238,7 +258,8 @@ def predict_frame(frame: pd.DataFrame, memo: RowMemo | None = None) -> pd.DataFr
             for case, plans in items:
                 sl = {k: v[start:start + len(plans)] for k, v in res.items()}
                 start += len(plans)
-                done(case, _prediction(case, plans, sl))
+                done(case, _prediction(case, plans, sl, spread if anchor_matches(
+                    calibration, case.model, case.cluster) else None))
         groups.clear()
 
     names = [str(c) for c in frame.columns]
@@ -255,6 +276,8 @@ def predict_frame(frame: pd.DataFrame, memo: RowMemo | None = None) -> pd.DataFr
         reads = _Reads(cells)
         try:
             case = case_from_row(reads)
+            if calibration is not None:
+                case = replace(case, cluster=anchored(case.cluster, calibration))
         except (CaseError, SpecError, ValueError) as e:
             error: Result = {"pred_error": str(e).splitlines()[0]}
             memo.put(reads, error)
@@ -298,7 +321,8 @@ class Predicted:
 
 
 def predict_file(src: Path, dst: Path, *, chunk_rows: int = CHUNK_ROWS,
-                 each: Callable[[pd.DataFrame], None] | None = None) -> Predicted:
+                 each: Callable[[pd.DataFrame], None] | None = None,
+                 calibration: ClusterCalibration | None = None) -> Predicted:
     """Predict CSV ``src`` into ``dst`` ``chunk_rows`` rows at a time (read, predicted and
     appended to ``dst``'s temporary file, which replaces ``dst`` once every row is written):
     the memory held does not grow with the file. ``each`` sees every chunk's predictions."""
@@ -310,7 +334,7 @@ def predict_file(src: Path, dst: Path, *, chunk_rows: int = CHUNK_ROWS,
     with (open_input(src, "CASES.csv", MAX_CSV_BYTES) as f, open_atomic(dst) as out,
           pd.read_csv(f, dtype=str, keep_default_na=False, chunksize=chunk_rows) as reader):
         for frame in reader:
-            result = predict_frame(frame, memo)
+            result = predict_frame(frame, memo, calibration)
             out.write(result.to_csv(index=False, header=not columns).encode("utf-8"))
             rows += len(result)
             errors += int((result["pred_error"].notna() & (result["pred_error"] != "")).sum())
@@ -336,6 +360,9 @@ def predict_cmd(
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the CSV.")],
     force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="A JSON summary on stdout.")] = False,
+    calibration: Annotated[Path | None, typer.Option(
+        "--calibration", help="Anchor every row's cluster on this calibration file (tcf-search "
+                              "calibrate --nccl-tests/--measured -o FILE).")] = None,
 ) -> None:
     """Predict every row of CASES.csv (measured_runs.csv schema) into OUT.csv."""
     if not cases.exists():
@@ -356,7 +383,8 @@ def predict_cmd(
 
     try:
         with user_errors():
-            done = predict_file(cases, output)
+            cal = load_calibration(calibration) if calibration is not None else None
+            done = predict_file(cases, output, calibration=cal)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         typer.echo(f"error: CASES.csv: not a readable CSV ({str(e).splitlines()[0]})", err=True)
         raise typer.Exit(2) from None
