@@ -54,11 +54,11 @@ _HOME = {
 }
 _MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
-    "AnchoredSpread", "INTERVAL", "RunOptions", "Uncertainty", "baseline_doc", "baseline_of", "build_space",
-    "calibration_status", "candidates", "cost_model_version", "gap_bin", "in_memory",
-    "interval_text", "key_regime", "load_anchored_spread", "p_best_faster", "plan_regime", "ranking_line", "regime_keys",
-    "render", "residual_stack", "run_file", "run_study", "scale_of", "sqlite_file",
-    "spread_for", "step_breakdown", "uncertainty_metrics",
+    "AnchoredSpread", "INTERVAL", "RunOptions", "Uncertainty", "baseline_doc", "baseline_of",
+    "build_space", "calibration_status", "candidates", "cost_model_version", "gap_bin", "in_memory",
+    "interval_text", "key_regime", "load_anchored_spread", "p_best_faster", "plan_regime",
+    "ranking_line", "regime_keys", "render", "residual_stack", "run_file", "run_study", "scale_of",
+    "sqlite_file", "spread_for", "step_breakdown", "uncertainty_metrics",
 ]  # the names of _HOME (tests/test_layers.py holds the two equal)
 
 

@@ -33,6 +33,9 @@ class AnchoredSpread:
     n: int  # held-out predictions
     groups: int  # groups anchored
     basis: str  # how it was obtained
+    # the pull of a measured run's fit toward the family's: the spread of the family's log
+    # residuals within a group over that of the groups' offsets (tcf_search.calibration.anchor)
+    prior_weight: float = 0.0
 
     def interval(self, tokens: float, lo: float, hi: float) -> tuple[float, float]:
         a, b = np.exp(np.interp([lo, hi], LEVELS, self.q))
@@ -53,7 +56,8 @@ def load_anchored_spread() -> AnchoredSpread | None:
     if not q or list(doc.get("levels", [])) != list(LEVELS):
         return None
     return AnchoredSpread(q=tuple(float(v) for v in q), n=int(doc.get("n", 0)),
-                          groups=int(doc.get("groups", 0)), basis=str(doc.get("basis", "")))
+                          groups=int(doc.get("groups", 0)), basis=str(doc.get("basis", "")),
+                          prior_weight=float((doc.get("pull") or {}).get("prior_weight", 0.0)))
 
 
 def spread_for(calibration: str, model: ModelSpec, cluster: ClusterSpec) -> AnchoredSpread | None:

@@ -27,6 +27,7 @@ import numpy as np
 
 from costmodel import Plan, estimate_batch, plans_to_arrays
 from costmodel.rules import RULES
+from search.anchored_interval import AnchoredSpread, spread_for
 from search.inputs.specs import Specs
 from search.inputs.study import Study
 from search.objectives import OBJECTIVES, metrics_from_batch, objective_vector
@@ -34,7 +35,6 @@ from search.placement import plan_fields
 from search.prune import MemoryStage, plan_arrays
 from search.space import AXES, DERIVED, SearchSpace, decode, plan_from_row
 from search.storage import SearchError
-from search.anchored_interval import AnchoredSpread, spread_for
 from search.uncertainty import interval, p_oom, plan_regime, uncertainty_metrics
 
 OUTER_AXES = ("tp", "pp", "cp", "ep")

@@ -226,16 +226,16 @@ def calibration_status(cluster: ClusterSpec) -> dict[str, Any]:
     links = cluster.links
     anchored = None
     if links is not None:
-        anchored = {"source": links.source, "links": {
-            k: getattr(links, k) for k in ("nvlink_bw_bytes_per_s", "network_bw_bytes_per_s",
-                                           "nvlink_step_latency_s", "network_step_latency_s",
-                                           "p2p_network_bw_bytes_per_s")},
-            "all_to_all_bw_ratio": eff.all_to_all_bw_ratio}
+        figures = {k: getattr(links, k) for k in (
+            "nvlink_bw_bytes_per_s", "network_bw_bytes_per_s", "nvlink_step_latency_s",
+            "network_step_latency_s", "p2p_network_bw_bytes_per_s")}
+        anchored = {"source": links.source, "links": figures,
+                    "all_to_all_bw_ratio": eff.all_to_all_bw_ratio}
         # the measured links replace the family's and the fabric's network figures
         text = (f"calibration: {line}; links {links.source} (NVLink "
                 f"{_gbps(links.nvlink_bw_bytes_per_s)}, network "
                 f"{_gbps(links.network_bw_bytes_per_s)} bus bandwidth per GPU)")
-        if not any(anchored["links"].values()):  # measured steps only: no nccl-tests
+        if not any(figures.values()):  # measured steps only: no nccl-tests
             text = f"calibration: {line}; {links.source}"
     return {"family": family, "efficiency_source": src, "borrowed_from": borrowed or None,
             "validated": validated, "fabric": fabric or None, "fabric_source": fab_src,

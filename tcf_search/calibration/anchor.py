@@ -19,10 +19,16 @@ What the runs identify, and so what is fitted (``search.inputs.links.MeasuredAnc
 
 The fit: least squares on log(predicted / measured tokens/s) over the runs, each run predicted
 through ``tcf-search predict``'s code (:func:`tcf_search.calibration.predict.run_prediction`:
-its candidate plans where a knob is empty, the fastest that fits), with a weak pull of each
-log-scale toward 0 (the family's fit; weight :data:`PRIOR_WEIGHT`, as ``calibration.refit``'s),
-so one run moves the scale about 98% of the way. Peak memory is read and shown beside the
-prediction, not fitted: the memory model's terms are the framework's, not the cluster's.
+its candidate plans where a knob is empty, the fastest that fits), with a pull of each log-scale
+toward 0 (the family's fit). The pull is a random-effects prior measured on the shared rows
+(:func:`pull`): a run's log residual under the family's fit is its cluster's offset (spread
+``between_sd`` over the (source, model, GPU, cluster) groups) plus the run's own (spread
+``within_sd`` inside a group), so the prior's weight is ``within_sd / between_sd`` and one run
+moves the scale ``between**2 / (between**2 + within**2)`` of the way; it is stored with the
+anchored spread (``hardware_catalog/anchored.yaml``, ``benchmarks/bench_anchor.py --write``), and
+:data:`PRIOR_WEIGHT` (``calibration.refit``'s weak pull) stands in where that file is absent.
+Peak memory is read and shown beside the prediction, not fitted: the memory model's terms are
+the framework's, not the cluster's.
 """
 
 from __future__ import annotations
@@ -38,13 +44,14 @@ from scipy.optimize import least_squares
 
 from costmodel.errors import SpecError
 from costmodel.specs import MeasuredLinks
+from search import load_anchored_spread
 from search.inputs import (
     Case,
     CaseError,
-    case_from_row,
     ClusterCalibration,
     MeasuredAnchor,
     anchored,
+    case_from_row,
     format_plan,
     model_key,
 )
@@ -72,7 +79,9 @@ def _case(run: MeasuredRun) -> Case:
 
 
 def _cal(base: ClusterCalibration, scales: dict[str, float]) -> ClusterCalibration:
-    return replace(base, measured=MeasuredAnchor(**scales, runs=({"file": "-"},)))
+    return replace(base, measured=MeasuredAnchor(
+        compute_scale=scales.get("compute_scale", 1.0),
+        network_scale=scales.get("network_scale", 1.0), runs=({"file": "-"},)))
 
 
 def _tokens(cases: list[Case], cal: ClusterCalibration) -> np.ndarray:
@@ -81,14 +90,37 @@ def _tokens(cases: list[Case], cal: ClusterCalibration) -> np.ndarray:
         got = run_prediction(replace(case, cluster=anchored(case.cluster, cal)))
         if "pred_error" in got:
             raise MeasuredInputError(str(got["pred_error"]))
-        out.append(float(got["pred_tokens_per_sec_per_gpu"]))
+        out.append(float(str(got["pred_tokens_per_sec_per_gpu"])))
     return np.asarray(out)
 
 
+def pull(log_residuals: np.ndarray, groups: np.ndarray) -> dict[str, float]:
+    """The random-effects split of the family's log residuals (measured over predicted) of
+    groups of >= 2 runs: within a group and between the groups' offsets (moment estimates, each
+    group weighing alike), and the prior weight they give (module docstring)."""
+    frame = {g: log_residuals[groups == g] for g in np.unique(groups)}
+    frame = {g: r for g, r in frame.items() if len(r) >= 2}
+    within = float(np.mean([np.var(r, ddof=1) for r in frame.values()]))
+    means = np.array([np.mean(r) for r in frame.values()])
+    sizes = np.array([len(r) for r in frame.values()])
+    between = max(float(np.var(means, ddof=1)) - within * float(np.mean(1.0 / sizes)), 1e-12)
+    return {"within_sd": math.sqrt(within), "between_sd": math.sqrt(between),
+            "prior_weight": math.sqrt(within / between), "groups": float(len(frame))}
+
+
+def stored_prior_weight() -> float:
+    spread = load_anchored_spread()
+    return spread.prior_weight if spread is not None and spread.prior_weight > 0 \
+        else PRIOR_WEIGHT
+
+
 def fit(runs: Sequence[MeasuredRun], base: ClusterCalibration | None = None,
-        files: Sequence[str] = (), today: str | None = None) -> AnchorFit:
+        files: Sequence[str] = (), today: str | None = None,
+        prior_weight: float | None = None) -> AnchorFit:
     """The scales ``runs`` identify (module docstring), on top of ``base`` (a calibration
-    whose nccl-tests links the runs are priced on; None: the family's)."""
+    whose nccl-tests links the runs are priced on; None: the family's); ``prior_weight``: the
+    pull toward the family's fit (default: the stored one, :func:`stored_prior_weight`)."""
+    w = stored_prior_weight() if prior_weight is None else prior_weight
     if not runs:
         raise MeasuredInputError("calibrate --measured: no measured run was given")
     cases = [_case(r) for r in runs]
@@ -107,7 +139,7 @@ def fit(runs: Sequence[MeasuredRun], base: ClusterCalibration | None = None,
     def residuals(theta: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
         scales = dict(zip(names, np.exp(theta).tolist(), strict=True))
         pred = _tokens(cases, _cal(base, scales))
-        return np.concatenate([np.log(pred / measured), PRIOR_WEIGHT * theta])
+        return np.concatenate([np.log(pred / measured), w * theta])
 
     names: tuple[str, ...] = ("compute_scale",)
     why = _network_identified(cases, base, len(runs))
@@ -121,8 +153,9 @@ def fit(runs: Sequence[MeasuredRun], base: ClusterCalibration | None = None,
     after = _tokens(cases, _cal(base, scales))
     rows = [_run_record(run, case, measured[i], family[i], after[i])
             for i, (run, case) in enumerate(zip(runs, cases, strict=True))]
-    anchor = MeasuredAnchor(**{k: round(v, 6) for k, v in scales.items()}, fitted=names,
-                            runs=tuple(rows))
+    anchor = MeasuredAnchor(compute_scale=round(scales["compute_scale"], 6),
+                            network_scale=round(scales.get("network_scale", 1.0), 6),
+                            fitted=names, runs=tuple(rows))
     cal = replace(base, measured=anchor, measured_files=tuple(dict.fromkeys(files)),
                   date=today or date.today().isoformat(),
                   device=base.device or cases[0].cluster.gpu.id)
@@ -138,6 +171,8 @@ def fit(runs: Sequence[MeasuredRun], base: ClusterCalibration | None = None,
                  "memory-bound bandwidth, kernel and collective overheads, NVLink"
                  + ("" if base.files else ", the network's ring-step latency"))
     errs = (np.abs(family / measured - 1), np.abs(after / measured - 1))
+    lines.append(f"pull toward the family's fit: weight {w:.2f} on each log-scale (one run "
+                 f"moves a scale {100 / (1 + w * w):.0f}% of the way to its own fit)")
     lines.append(f"tokens/s error on these runs: median {100 * np.median(errs[0]):.1f}% with "
                  f"the family's fit, {100 * np.median(errs[1]):.1f}% anchored (in-sample: "
                  f"benchmarks/bench_anchor.py measures it on runs the anchor did not see)")

@@ -36,7 +36,7 @@ from costmodel.mapping import (
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import Plan, SpecError
 from search import candidates as placement_candidates
-from search import AnchoredSpread, load_anchored_spread, plan_regime, uncertainty_metrics
+from search import load_anchored_spread, plan_regime, uncertainty_metrics
 from search.inputs import (
     KNOBS,
     MIB,
@@ -44,13 +44,13 @@ from search.inputs import (
     CaseError,
     ClusterCalibration,
     OutputError,
+    anchor_matches,
     case_from_row,
     check_target,
     load_calibration,
     open_atomic,
     open_input,
 )
-from search.inputs import anchor_matches, anchored
 from tcf_search.calibration.predict_memo import Key, Result, RowMemo, _Reads
 from tcf_search.errors import user_errors
 
@@ -140,9 +140,11 @@ def _pick(res: dict[str, np.ndarray]) -> int:
 
 
 def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray],
-                spread: AnchoredSpread | None = None) -> dict[str, object]:
-    """The output cells of the plan chosen among ``plans`` (estimated as ``res``); ``spread``:
-    the anchored interval's, where the case is one its calibration's measured runs checked."""
+                calibration: ClusterCalibration | None = None) -> dict[str, object]:
+    """The output cells of the plan chosen among ``plans`` (estimated as ``res``); the anchored
+    interval where the case is what ``calibration``'s measured runs checked."""
+    matched = anchor_matches(calibration, case.model, case.cluster)
+    spread = load_anchored_spread() if matched else None
     j = _pick(res)
     chosen = plans[j]
     values = {
@@ -192,14 +194,13 @@ def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray],
     return out
 
 
-def run_prediction(case: Case, spread: AnchoredSpread | None = None) -> Result:
-    """One case's output cells, as :func:`predict_frame` gives them (its candidate plans where
-    a knob is empty, the fastest that fits): what ``calibrate --measured`` fits on."""
+def run_prediction(case: Case, calibration: ClusterCalibration | None = None) -> Result:
+    """One case's output cells, as :func:`predict_frame` gives them (calibrate --measured)."""
     plans = _plans_of(case)
     if isinstance(plans, dict):
         return plans
     res = estimate_batch(case.model, case.cluster, case.training, plans_to_arrays(plans))
-    return _prediction(case, plans, res, spread)
+    return _prediction(case, plans, res, calibration)
 
 
 def _plans_of(case: Case) -> list[Plan] | Result:
@@ -221,13 +222,8 @@ MAX_PENDING_PLANS = 50_000
 
 def predict_frame(frame: pd.DataFrame, memo: RowMemo | None = None,
                   calibration: ClusterCalibration | None = None) -> pd.DataFrame:
-    """``frame`` with the prediction columns; rows that ``memo`` has predicted before (by their
-    cells or by their case) get the prediction made then. With ``calibration`` (``--calibration``)
-    every row's cluster is anchored on it, and a row that is what its measured runs checked gets
-    the anchored interval (``search.anchored_interval``)."""
+    """``frame`` with the prediction columns (``memo``'s where it holds a row), on ``calibration``."""
     import pandas as pd
-
-    spread = load_anchored_spread() if calibration is not None else None
 
     memo = RowMemo() if memo is None else memo
     out = frame.copy()
@@ -258,8 +254,7 @@ def predict_frame(frame: pd.DataFrame, memo: RowMemo | None = None,
             for case, plans in items:
                 sl = {k: v[start:start + len(plans)] for k, v in res.items()}
                 start += len(plans)
-                done(case, _prediction(case, plans, sl, spread if anchor_matches(
-                    calibration, case.model, case.cluster) else None))
+                done(case, _prediction(case, plans, sl, calibration))
         groups.clear()
 
     names = [str(c) for c in frame.columns]
@@ -275,9 +270,7 @@ def predict_frame(frame: pd.DataFrame, memo: RowMemo | None = None,
             continue
         reads = _Reads(cells)
         try:
-            case = case_from_row(reads)
-            if calibration is not None:
-                case = replace(case, cluster=anchored(case.cluster, calibration))
+            case = case_from_row(reads, calibration)
         except (CaseError, SpecError, ValueError) as e:
             error: Result = {"pred_error": str(e).splitlines()[0]}
             memo.put(reads, error)

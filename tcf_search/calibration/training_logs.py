@@ -41,34 +41,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from costmodel.errors import TcfError
-from costmodel.plan_fields import FIELDS
-from search.inputs import (
-    MIB,
-    PlanSpecError,
-    YamlInputError,
-    load_yaml,
-    parse_assignments,
-    read_input,
+from search.inputs import MIB
+from tcf_search.calibration.layouts import (
+    MeasuredInputError,
+    layout_beside,
+    load_layout,
+    read_text,
 )
-from search.inputs.presets import get_preset
 
-MAX_LOG_BYTES = 256 * MIB
 GIB = 2**30
-FORMATS = ("megatron", "torchtitan", "hf-trainer")
 # the framework profile a log's format runs where the layout names none (the HF Trainer runs on
 # Accelerate's launcher; a layout may say deepspeed)
 DEFAULT_FRAMEWORK = {"megatron": "megatron", "torchtitan": "torchtitan",
                      "hf-trainer": "accelerate"}
-LAYOUT_KEYS = ("format", "model", "gpu", "num_gpus", "gpus_per_node", "fabric", "framework",
-               "precision", "plan", "seq_len", "global_batch", "name")
-REQUIRED = ("model", "gpu", "num_gpus", "plan", "seq_len", "global_batch")
-# the measured_runs.csv model columns a layout's model mapping may give (search.inputs.measured)
-MODEL_COLUMNS = ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab", "ffn_type",
-                 "tied_embeddings", "moe_experts", "moe_topk", "moe_ffn_hidden",
-                 "moe_shared_experts", "head_dim", "bias", "sliding_window", "dense_layers",
-                 "moe_layer_freq", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-                 "qk_rope_head_dim", "v_head_dim", "model_name")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
 _MEGATRON_ITER = re.compile(r"iteration\s+(\d+)\s*/\s*\d+\s*\|")
@@ -83,11 +68,6 @@ _TITAN_FIELDS = {"tps": re.compile(r"\btps:\s*" + _NUM),
                  "mfu": re.compile(r"\bmfu:\s*" + _NUM + "%"),
                  "memory": re.compile(r"\bmemory:\s*" + _NUM + r"\s*GiB")}
 _HF_METRIC = re.compile(r"^\s*(train_(?:samples|steps)_per_second)\s*=\s*" + _NUM + r"\s*$")
-
-
-class MeasuredInputError(TcfError):
-    """A measured-runs file, training log or layout that cannot be read; the message names the
-    file and line."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,123 +94,7 @@ def _number(text: str, where: str, what: str) -> float:
     return value
 
 
-# -- layouts ---------------------------------------------------------------------------------
-
-def layout_row(doc: Any, where: str) -> tuple[dict[str, str], str]:
-    """A layout (the parsed YAML) as a measured_runs.csv row, and the log format it names
-    ("" = detect it)."""
-    if not isinstance(doc, dict):
-        raise MeasuredInputError(f"{where}: a layout is a mapping of {', '.join(LAYOUT_KEYS)}")
-    unknown = sorted(set(doc) - set(LAYOUT_KEYS))
-    if unknown:
-        raise MeasuredInputError(f"{where}: unknown layout keys {unknown}; valid: "
-                                 f"{', '.join(LAYOUT_KEYS)}")
-    missing = [k for k in REQUIRED if doc.get(k) in (None, "")]
-    if missing:
-        raise MeasuredInputError(f"{where}: the layout must give {', '.join(missing)} "
-                                 f"(model, cluster, plan string and batch)")
-    fmt = str(doc.get("format") or "")
-    if fmt and fmt not in FORMATS:
-        raise MeasuredInputError(f"{where}: format must be one of {', '.join(FORMATS)}, but got "
-                                 f"{fmt!r}")
-    row: dict[str, str] = {}
-    model = doc["model"]
-    if isinstance(model, str):
-        try:
-            row.update(_preset_columns(model))
-        except KeyError as exc:
-            raise MeasuredInputError(f"{where}: model: {exc.args[0]}") from None
-    elif isinstance(model, dict):
-        bad = sorted(set(model) - set(MODEL_COLUMNS))
-        if bad:
-            raise MeasuredInputError(f"{where}: model: unknown columns {bad}; valid: "
-                                     f"{', '.join(MODEL_COLUMNS)}")
-        row.update({k: _cell(v) for k, v in model.items()})
-    else:
-        raise MeasuredInputError(f"{where}: model must be a preset name or a mapping of "
-                                 f"measured_runs.csv model columns, but got {model!r}")
-    try:
-        plan = parse_assignments(str(doc["plan"]))
-    except PlanSpecError as exc:
-        raise MeasuredInputError(f"{where}: {exc}") from None
-    for name, value in plan.items():
-        f = FIELDS[name]
-        row[f.csv] = ("+".join(value) if isinstance(value, tuple)
-                      else str(value).lower() if isinstance(value, bool) else str(value))
-    for key in ("gpu", "num_gpus", "gpus_per_node", "fabric", "framework", "precision",
-                "seq_len", "global_batch"):
-        if doc.get(key) not in (None, ""):
-            row[key] = _cell(doc[key])
-    if "name" in doc:
-        row["model_name"] = _cell(doc["name"])
-    n = _whole(row["num_gpus"], f"{where}: num_gpus")
-    inner = 1
-    for key in ("tp", "pp", "cp"):
-        inner *= _whole(row.get(key, "1"), f"{where}: plan {key}")
-    if "dp" not in row:
-        if n % inner:
-            raise MeasuredInputError(f"{where}: plan: tp * pp * cp must divide num_gpus to "
-                                     f"derive dp, but got {inner} and num_gpus={n}")
-        row["dp"] = str(n // inner)
-    return row, fmt
-
-
-def _cell(value: object) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def _whole(text: str, where: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise MeasuredInputError(f"{where} must be a whole number, but got {text!r}") from None
-
-
-def _preset_columns(name: str) -> dict[str, str]:
-    """A model preset (search.inputs.presets) as the CSV's model columns."""
-    m = get_preset(name)
-    row = {"model_name": m.name, "layers": m.layers, "hidden": m.hidden,
-           "ffn_hidden": m.ffn_hidden, "heads": m.heads, "kv_heads": m.kv_heads,
-           "vocab": m.vocab, "ffn_type": m.ffn_type, "tied_embeddings": m.tied_embeddings,
-           "bias": m.bias, "head_dim": m.head_dim, "sliding_window": m.sliding_window}
-    if m.moe_experts:
-        row.update(moe_experts=m.moe_experts, moe_topk=m.moe_topk,
-                   moe_ffn_hidden=m.moe_ffn_hidden, moe_shared_experts=m.moe_shared_experts,
-                   dense_layers=m.moe_dense_layers, moe_layer_freq=m.moe_layer_freq)
-    if m.mla is not None:
-        row.update(q_lora_rank=m.mla.q_lora_rank, kv_lora_rank=m.mla.kv_lora_rank,
-                   qk_nope_head_dim=m.mla.qk_nope_head_dim,
-                   qk_rope_head_dim=m.mla.qk_rope_head_dim, v_head_dim=m.mla.v_head_dim)
-    return {k: _cell(v) for k, v in row.items()}
-
-
-def load_layout(path: Path) -> tuple[dict[str, str], str]:
-    text = _text(path, "layout")
-    try:
-        doc = load_yaml(text, str(path))
-    except YamlInputError as exc:
-        raise MeasuredInputError(f"{path}:1: {exc}") from None
-    return layout_row(doc, f"{path}:1")
-
-
-def layout_beside(log: Path) -> Path | None:
-    """The layout YAML beside a log (``run.log`` -> ``run.yaml``), if there is one."""
-    for candidate in (log.with_suffix(".yaml"), log.with_suffix(".yml")):
-        if candidate != log and candidate.is_file():
-            return candidate
-    return None
-
-
 # -- the logs --------------------------------------------------------------------------------
-
-def _text(path: Path, what: str) -> str:
-    try:
-        return read_input(path, what, MAX_LOG_BYTES).decode("utf-8")
-    except UnicodeDecodeError:
-        raise MeasuredInputError(f"{path}:1: not UTF-8 text") from None
-    except TcfError as exc:
-        raise MeasuredInputError(f"{path}:1: {exc}") from None
-
 
 def detect(text: str) -> str:
     """The framework whose training log ``text`` is ("" = none of FORMATS)."""
@@ -337,7 +201,7 @@ def _max(a: float, b: float) -> float:
 def read_log(path: Path, layout: tuple[dict[str, str], str]) -> MeasuredRun:
     """One training log with its layout (a row and a format, :func:`layout_row`)."""
     row, fmt = layout
-    text = _text(path, "training log")
+    text = read_text(path, "training log")
     lines = [_ANSI.sub("", line) for line in text.splitlines()]
     fmt = fmt or detect(text)
     if not fmt:
@@ -383,7 +247,7 @@ def read_csv_runs(path: Path) -> list[MeasuredRun]:
     import csv
     import io
 
-    text = _text(path, "measured runs CSV")
+    text = read_text(path, "measured runs CSV")
     reader = csv.DictReader(io.StringIO(text))
     header = reader.fieldnames or []
     missing = [c for c in ("layers", "hidden", "gpu", "num_gpus", "tokens_per_sec_per_gpu")
