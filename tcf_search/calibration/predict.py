@@ -222,7 +222,7 @@ MAX_PENDING_PLANS = 50_000
 
 def predict_frame(frame: pd.DataFrame, memo: RowMemo | None = None,
                   calibration: ClusterCalibration | None = None) -> pd.DataFrame:
-    """``frame`` with the prediction columns (``memo``'s where it holds a row), on ``calibration``."""
+    """``frame`` with the prediction columns (``memo``'s where it has a row), on ``calibration``."""
     import pandas as pd
 
     memo = RowMemo() if memo is None else memo
