@@ -27,6 +27,7 @@ import numpy as np
 
 from costmodel import Plan, estimate_batch, plans_to_arrays
 from costmodel.rules import RULES
+from search.anchored_interval import AnchoredSpread, spread_for
 from search.inputs.specs import Specs
 from search.inputs.study import Study
 from search.objectives import OBJECTIVES, metrics_from_batch, objective_vector
@@ -211,6 +212,12 @@ class Evaluator:
         return plan_regime(self.specs.model, self.specs.cluster, self.specs.training,
                            self.specs.framework)
 
+    @property
+    def anchor(self) -> AnchoredSpread | None:
+        """The anchored interval's spread, where the study is what its calibration's measured
+        runs checked (``search.anchored_interval``)."""
+        return spread_for(self.specs.calibration, self.specs.model, self.specs.cluster)
+
     def _vector(self, name: str, out: dict[str, np.ndarray]) -> np.ndarray:
         values = objective_vector(
             OBJECTIVES[name][0], out, num_gpus=self.specs.cluster.num_gpus,
@@ -221,7 +228,9 @@ class Evaluator:
         if risk is None or name != "tokens_per_s":
             return values
         # ranked by the tokens/s reached with probability 1 - risk, times the chance it fits
-        _, factor, _ = interval(1.0, self.regime, risk, risk)
+        anchor = self.anchor
+        factor = (anchor.interval(1.0, risk, risk)[0] if anchor is not None
+                  else interval(1.0, self.regime, risk, risk)[1])
         return values * factor * (1.0 - p_oom(out["peak_mem_bytes"], out["usable_bytes"]))
 
     def _rank(self, out: dict[str, np.ndarray]) -> np.ndarray:
@@ -236,7 +245,7 @@ class Evaluator:
         m = metrics_from_batch(out, k, num_gpus=self.specs.cluster.num_gpus,
                                headroom_gib=self.specs.headroom_gib,
                                token_budget=t.token_budget, price_per_gpu_hour=c.price_per_gpu_hour)
-        m.update(uncertainty_metrics(m, self.regime, self.study.objective.risk))
+        m.update(uncertainty_metrics(m, self.regime, self.study.objective.risk, self.anchor))
         values = tuple(float(m["tokens_per_s_at_risk"] * (1.0 - m["p_oom"])
                              if name == "tokens_per_s" and "tokens_per_s_at_risk" in m
                              else m[OBJECTIVES[name][0]]) for name in self.metric_names)

@@ -27,6 +27,7 @@ from costmodel.specs import ClusterSpec, ModelSpec, Training
 from hardware_catalog import CATALOG_DIR
 from hardware_catalog.fabrics import load_fabrics
 from hardware_catalog.frameworks import is_megatron_core, resolve_framework
+from search.anchored_interval import AnchoredSpread
 from search.inputs.sections import LEVELS
 
 UNCERTAINTY_FILE = CATALOG_DIR / "uncertainty.yaml"
@@ -122,9 +123,13 @@ def interval(tokens: float, regime: tuple[str, ...], lo: float = INTERVAL[0],
 
 
 def uncertainty_metrics(m: dict[str, Any], regime: tuple[str, ...],
-                        risk: float | None = None) -> dict[str, Any]:
+                        risk: float | None = None,
+                        anchor: AnchoredSpread | None = None) -> dict[str, Any]:
     """The interval, P(OOM) and (with ``risk``) the tokens/s at that quantile, for a plan's
-    report-unit metrics ``m``."""
+    report-unit metrics ``m``; ``anchor``: the anchored spread, for a study its calibration's
+    measured runs checked (``search.anchored_interval``)."""
+    if anchor is not None:
+        return _anchored_metrics(m, anchor, risk)
     lo, hi, key = interval(m["tokens_per_s_per_gpu"], regime)
     out: dict[str, Any] = {
         "tokens_per_s_interval": [lo, hi], "interval_level": INTERVAL[1] - INTERVAL[0],
@@ -136,6 +141,19 @@ def uncertainty_metrics(m: dict[str, Any], regime: tuple[str, ...],
         out["interval_note"] = f"residuals borrowed from {key or 'nothing (no data)'}"
     if risk is not None:
         out["tokens_per_s_at_risk"] = interval(m["tokens_per_s_per_gpu"], regime, risk, risk)[0]
+    return out
+
+
+def _anchored_metrics(m: dict[str, Any], anchor: AnchoredSpread,
+                      risk: float | None) -> dict[str, Any]:
+    lo, hi = anchor.interval(m["tokens_per_s_per_gpu"], *INTERVAL)
+    out: dict[str, Any] = {
+        "tokens_per_s_interval": [lo, hi], "interval_level": INTERVAL[1] - INTERVAL[0],
+        "interval_regime": anchor.label, "interval_note": anchor.basis,
+        "p_oom": float(p_oom(m["peak_mem_gib"], m["usable_mem_gib"])),
+    }
+    if risk is not None:
+        out["tokens_per_s_at_risk"] = anchor.interval(m["tokens_per_s_per_gpu"], risk, risk)[0]
     return out
 
 
@@ -208,15 +226,17 @@ def calibration_status(cluster: ClusterSpec) -> dict[str, Any]:
     links = cluster.links
     anchored = None
     if links is not None:
-        anchored = {"source": links.source, "links": {
-            k: getattr(links, k) for k in ("nvlink_bw_bytes_per_s", "network_bw_bytes_per_s",
-                                           "nvlink_step_latency_s", "network_step_latency_s",
-                                           "p2p_network_bw_bytes_per_s")},
-            "all_to_all_bw_ratio": eff.all_to_all_bw_ratio}
+        figures = {k: getattr(links, k) for k in (
+            "nvlink_bw_bytes_per_s", "network_bw_bytes_per_s", "nvlink_step_latency_s",
+            "network_step_latency_s", "p2p_network_bw_bytes_per_s")}
+        anchored = {"source": links.source, "links": figures,
+                    "all_to_all_bw_ratio": eff.all_to_all_bw_ratio}
         # the measured links replace the family's and the fabric's network figures
         text = (f"calibration: {line}; links {links.source} (NVLink "
                 f"{_gbps(links.nvlink_bw_bytes_per_s)}, network "
                 f"{_gbps(links.network_bw_bytes_per_s)} bus bandwidth per GPU)")
+        if not any(figures.values()):  # measured steps only: no nccl-tests
+            text = f"calibration: {line}; {links.source}"
     return {"family": family, "efficiency_source": src, "borrowed_from": borrowed or None,
             "validated": validated, "fabric": fabric or None, "fabric_source": fab_src,
             "host_link_source": host, "anchored": anchored, "line": text}

@@ -26,8 +26,12 @@ from search.inputs.files import (
 from search.inputs.links import (
     CalibrationError,
     ClusterCalibration,
+    MeasuredAnchor,
+    anchor_matches,
+    anchored,
     calibration_yaml,
     load_calibration,
+    model_key,
 )
 from search.inputs.measured import KNOBS, Case, CaseError, case_from_row, presumed_split
 from search.inputs.planfile import (
@@ -52,6 +56,7 @@ from search.inputs.planspec import (
     parse_assignments,
     parse_plan,
 )
+from search.inputs.presets import get_preset
 from search.inputs.sections import LEVELS, MAX_GPUS
 from search.inputs.specs import (
     Specs,
@@ -64,12 +69,13 @@ from search.inputs.study import Study, StudyError, load_study
 from search.inputs.yamlinput import YamlInputError, load_yaml, shown
 
 __all__ = [
-    "ALIASES", "CHOICES", "FALSE", "KNOBS", "LEVELS", "MAX_GPUS", "MAX_PLAN_FILE_BYTES", "MIB",
-    "PLAN_FIELDS", "SHORT", "TRUE", "CalibrationError", "Case", "CaseError", "ClusterCalibration",
-    "InputError", "Output", "OutputError", "OutputExists", "PlanFile", "PlanFileError",
-    "PlanSpecError", "Specs", "Study", "StudyError", "YamlInputError", "anchor_specs",
-    "build_specs", "calibration_yaml", "case_from_row", "check", "check_target", "format_plan",
-    "load_calibration", "load_plan_file", "load_study", "load_yaml", "make_plan", "open_atomic",
+    "ALIASES", "CHOICES", "CalibrationError", "Case", "CaseError", "ClusterCalibration", "FALSE",
+    "InputError", "KNOBS", "LEVELS", "MAX_GPUS", "MAX_PLAN_FILE_BYTES", "MIB", "MeasuredAnchor",
+    "Output", "OutputError", "OutputExists", "PLAN_FIELDS", "PlanFile", "PlanFileError",
+    "PlanSpecError", "SHORT", "Specs", "Study", "StudyError", "TRUE", "YamlInputError",
+    "anchor_matches", "anchor_specs", "anchored", "build_specs", "calibration_yaml",
+    "case_from_row", "check", "check_target", "format_plan", "get_preset", "load_calibration",
+    "load_plan_file", "load_study", "load_yaml", "make_plan", "model_key", "open_atomic",
     "open_input", "own_dispatch_unsaid", "parse_assignments", "parse_plan", "path_component",
     "plan_dict", "plan_file_specs", "presumed_split", "read_input", "shown", "with_calibration",
     "write_atomic",

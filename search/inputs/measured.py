@@ -15,6 +15,7 @@ from costmodel.plan_fields import PLAN_FIELDS, PLAN_KEYS, PlanField
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
 from hardware_catalog import CatalogError, get_gpu
 from hardware_catalog.frameworks import release_switches, resolve_framework, row_defaults
+from search.inputs.links import ClusterCalibration, anchored
 from search.inputs.specs import cluster_spec, training_spec
 
 __all__ = ["Case", "CaseError", "case_from_row", "presumed_split", "row_plan"]
@@ -188,7 +189,10 @@ TRAINING_OWN = frozenset({"moe_dispatcher", "moe_a2a_overlap"})
 MODEL_OWN = frozenset({"mtp_layers"})
 
 
-def case_from_row(row: Mapping[str, object]) -> Case:
+def case_from_row(row: Mapping[str, object],
+                  calibration: ClusterCalibration | None = None) -> Case:
+    """A row as cost-model inputs; with ``calibration`` (``predict --calibration``), its
+    cluster anchored on that cluster calibration file."""
     mla = row_mla(row)
     heads = _int(row, "heads")
     model = ModelSpec(
@@ -241,6 +245,8 @@ def case_from_row(row: Mapping[str, object]) -> Case:
     if any(_cell(row, k) for k in SPLIT_COLUMNS):
         given |= {"first_stage_layers", "last_stage_layers"}
     plan = row_plan(row, model.layers, knobs)
+    if calibration is not None:
+        cluster = anchored(cluster, calibration)
     return Case(model=model, cluster=cluster, plan=plan, training=training,
                 given=frozenset(given),
                 framework=framework)

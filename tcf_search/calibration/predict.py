@@ -36,15 +36,18 @@ from costmodel.mapping import (
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import Plan, SpecError
 from search import candidates as placement_candidates
-from search import plan_regime, uncertainty_metrics
+from search import load_anchored_spread, plan_regime, uncertainty_metrics
 from search.inputs import (
     KNOBS,
     MIB,
     Case,
     CaseError,
+    ClusterCalibration,
     OutputError,
+    anchor_matches,
     case_from_row,
     check_target,
+    load_calibration,
     open_atomic,
     open_input,
 )
@@ -136,8 +139,12 @@ def _pick(res: dict[str, np.ndarray]) -> int:
     return int(np.argmin(res["peak_mem_bytes"]))
 
 
-def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray]) -> dict[str, object]:
-    """The output cells of the plan chosen among ``plans`` (estimated as ``res``)."""
+def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray],
+                calibration: ClusterCalibration | None = None) -> dict[str, object]:
+    """The output cells of the plan chosen among ``plans`` (estimated as ``res``); the anchored
+    interval where the case is what ``calibration``'s measured runs checked."""
+    matched = anchor_matches(calibration, case.model, case.cluster)
+    spread = load_anchored_spread() if matched else None
     j = _pick(res)
     chosen = plans[j]
     values = {
@@ -165,7 +172,7 @@ def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray]) -> di
         {"tokens_per_s_per_gpu": float(res["tokens_per_s_per_gpu"][j]),
          "peak_mem_gib": float(res["peak_mem_bytes"][j]) / GIB,
          "usable_mem_gib": float(res["usable_bytes"][j]) / GIB},
-        plan_regime(case.model, case.cluster, case.training, case.framework))
+        plan_regime(case.model, case.cluster, case.training, case.framework), anchor=spread)
     values.update({"pred_tokens_per_sec_lo": u["tokens_per_s_interval"][0],
                    "pred_tokens_per_sec_hi": u["tokens_per_s_interval"][1],
                    "pred_interval_regime": u["interval_regime"], "pred_p_oom": u["p_oom"]})
@@ -188,6 +195,15 @@ def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray]) -> di
     return out
 
 
+def run_prediction(case: Case, calibration: ClusterCalibration | None = None) -> Result:
+    """One case's output cells, as :func:`predict_frame` gives them (calibrate --measured)."""
+    plans = _plans_of(case)
+    if isinstance(plans, dict):
+        return plans
+    res = estimate_batch(case.model, case.cluster, case.training, plans_to_arrays(plans))
+    return _prediction(case, plans, res, calibration)
+
+
 def _plans_of(case: Case) -> list[Plan] | Result:
     """The candidate plans of a case, or the error that says why it has none."""
     try:
@@ -205,9 +221,9 @@ def _plans_of(case: Case) -> list[Plan] | Result:
 MAX_PENDING_PLANS = 50_000
 
 
-def predict_frame(frame: pd.DataFrame, memo: RowMemo | None = None) -> pd.DataFrame:
-    """``frame`` with the prediction columns; rows that ``memo`` has predicted before (by their
-    cells or by their case) get the prediction made then."""
+def predict_frame(frame: pd.DataFrame, memo: RowMemo | None = None,
+                  calibration: ClusterCalibration | None = None) -> pd.DataFrame:
+    """``frame`` with the prediction columns (``memo``'s where it has a row), on ``calibration``."""
     import pandas as pd
 
     memo = RowMemo() if memo is None else memo
@@ -239,7 +255,7 @@ def predict_frame(frame: pd.DataFrame, memo: RowMemo | None = None) -> pd.DataFr
             for case, plans in items:
                 sl = {k: v[start:start + len(plans)] for k, v in res.items()}
                 start += len(plans)
-                done(case, _prediction(case, plans, sl))
+                done(case, _prediction(case, plans, sl, calibration))
         groups.clear()
 
     names = [str(c) for c in frame.columns]
@@ -255,7 +271,7 @@ def predict_frame(frame: pd.DataFrame, memo: RowMemo | None = None) -> pd.DataFr
             continue
         reads = _Reads(cells)
         try:
-            case = case_from_row(reads)
+            case = case_from_row(reads, calibration)
         except (CaseError, SpecError, ValueError) as e:
             error: Result = {"pred_error": str(e).splitlines()[0]}
             memo.put(reads, error)
@@ -299,7 +315,8 @@ class Predicted:
 
 
 def predict_file(src: Path, dst: Path, *, chunk_rows: int = CHUNK_ROWS,
-                 each: Callable[[pd.DataFrame], None] | None = None) -> Predicted:
+                 each: Callable[[pd.DataFrame], None] | None = None,
+                 calibration: ClusterCalibration | None = None) -> Predicted:
     """Predict CSV ``src`` into ``dst`` ``chunk_rows`` rows at a time (read, predicted and
     appended to ``dst``'s temporary file, which replaces ``dst`` once every row is written):
     the memory held does not grow with the file. ``each`` sees every chunk's predictions."""
@@ -311,7 +328,7 @@ def predict_file(src: Path, dst: Path, *, chunk_rows: int = CHUNK_ROWS,
     with (open_input(src, "CASES.csv", MAX_CSV_BYTES) as f, open_atomic(dst) as out,
           pd.read_csv(f, dtype=str, keep_default_na=False, chunksize=chunk_rows) as reader):
         for frame in reader:
-            result = predict_frame(frame, memo)
+            result = predict_frame(frame, memo, calibration)
             out.write(result.to_csv(index=False, header=not columns).encode("utf-8"))
             rows += len(result)
             errors += int((result["pred_error"].notna() & (result["pred_error"] != "")).sum())
@@ -337,6 +354,9 @@ def predict_cmd(
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the CSV.")],
     force: Annotated[bool, typer.Option("--force", help="Overwrite OUTPUT.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="A JSON summary on stdout.")] = False,
+    calibration: Annotated[Path | None, typer.Option(
+        "--calibration", help="Anchor every row's cluster on this calibration file (tcf-search "
+                              "calibrate --nccl-tests/--measured -o FILE).")] = None,
 ) -> None:
     """Predict every row of CASES.csv (measured_runs.csv schema) into OUT.csv."""
     if not cases.exists():
@@ -357,7 +377,8 @@ def predict_cmd(
 
     try:
         with user_errors():
-            done = predict_file(cases, output)
+            cal = load_calibration(calibration) if calibration is not None else None
+            done = predict_file(cases, output, calibration=cal)
     except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         typer.echo(f"error: CASES.csv: not a readable CSV ({str(e).splitlines()[0]})", err=True)
         raise typer.Exit(2) from None

@@ -20,6 +20,7 @@ from search import (
     calibration_status,
     p_best_faster,
     plan_regime,
+    spread_for,
     step_breakdown,
     uncertainty_metrics,
 )
@@ -210,7 +211,8 @@ def explain(subject: Subject) -> dict[str, Any]:
             {"tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
              "peak_mem_gib": e.memory.peak_bytes / GIB,
              "usable_mem_gib": e.memory.usable_bytes / GIB},
-            plan_regime(s.model, s.cluster, s.training, s.framework)),
+            plan_regime(s.model, s.cluster, s.training, s.framework),
+            anchor=spread_for(s.calibration, s.model, s.cluster)),
         "calibration": calibration_status(s.cluster),
         "verdict": {"binding": binding, "reason": REASONS[binding],
                     "best_change": best.to_dict() if best else None, "improves": better,

@@ -115,9 +115,24 @@ def calibrate_cmd(
                                        help="Ranks for the collective benchmark.")] = 2,
     device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
     quick: Annotated[bool, typer.Option("--quick", help="Fewer shapes and repeats.")] = False,
+    measured: Annotated[bool, typer.Option(
+        "--measured", help="Anchor on measured training steps: FILES are measured_runs.csv-"
+                           "schema CSVs or Megatron-LM/Megatron-Bridge/NeMo, torchtitan or HF "
+                           "Trainer logs (each with its layout YAML beside it or --layout); "
+                           "refits the scales they identify.")] = False,
+    layout: Annotated[Path | None, typer.Option(
+        "--layout", help="With --measured: the layout YAML (model, gpu, num_gpus, plan, "
+                         "seq_len, global_batch) of logs that have none beside them.")] = None,
+    calibration: Annotated[Path | None, typer.Option(
+        "--calibration", help="With --measured: the cluster's nccl-tests calibration the runs "
+                              "are priced on; its links are kept in the file written.")] = None,
 ) -> None:
     """Measure this machine and write a catalog entry; with --from, refit and re-rank; with
-    --nccl-tests FILE..., fit the cluster's links on its nccl-tests output."""
+    --nccl-tests FILE..., fit the cluster's links on its nccl-tests output; with --measured
+    FILE..., anchor on its measured training steps."""
+    if measured or layout is not None or calibration is not None:
+        calibrate_measured(files or [], output, layout, calibration, measured and not nccl_tests)
+        return
     if nccl_tests or files or gpu is not None:
         calibrate_nccl_tests(files or [], output, gpu, nccl_tests)
         return
@@ -176,3 +191,41 @@ def calibrate_nccl_tests(files: list[Path], output: Path | None, gpu: str | None
     write_atomic(output, text)
     typer.echo(f"written: {output} ({result.calibration.anchor}); anchor a study on it with "
                f"cluster.calibration: {output.name}")
+
+
+def calibrate_measured(files: list[Path], output: Path | None, layout: Path | None,
+                       base: Path | None, flag: bool) -> None:
+    """``calibrate --measured FILE... [--layout L.yaml] [--calibration C.yaml] [-o FILE]`` (see
+    :mod:`tcf_search.calibration.anchor`); errors are one line, exit 2."""
+    from search.inputs import calibration_yaml, load_calibration, write_atomic
+    from tcf_search.calibration.anchor import fit
+    from tcf_search.calibration.training_logs import MeasuredInputError, read_measured
+
+    if not flag or not files:
+        raise MeasuredInputError("give --measured and the files it reads: tcf-search calibrate "
+                                 "--measured runs.csv train.log ... -o my-cluster.yaml "
+                                 "(--nccl-tests files go in their own call; pass its file "
+                                 "with --calibration)")
+    runs = read_measured(files, layout)
+    prior = load_calibration(base) if base is not None else None
+    result = fit(runs, prior, files=[f.name for f in files])
+    text = calibration_yaml(result.calibration, _kept_fits(base))
+    for line in result.lines:
+        typer.echo(line)
+    if output is None:
+        typer.echo(text)
+        return
+    write_atomic(output, text)
+    typer.echo(f"written: {output} ({result.calibration.anchor}); anchor a study on it with "
+               f"cluster.calibration: {output.name}")
+
+
+def _kept_fits(base: Path | None) -> list[dict[str, object]]:
+    """The nccl-tests fits' table of the calibration the runs were anchored on top of."""
+    if base is None:
+        return []
+    import yaml
+
+    doc = yaml.safe_load(base.read_text(encoding="utf-8")) or {}
+    fits = doc.get("fits") if isinstance(doc, dict) else None
+    return list(fits) if isinstance(fits, list) else []
