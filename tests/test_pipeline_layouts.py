@@ -208,3 +208,18 @@ def test_nanotron_runs_more_stages_than_layers_and_megatron_does_not(tmp_path: P
     assert pd.isna(out.loc["nanotron", "pred_error"]) or not out.loc["nanotron", "pred_error"]
     assert out.loc["nanotron", "pred_tokens_per_sec_per_gpu"] > 0
     assert "pp_layers" in str(out.loc["megatron", "pred_error"])
+
+
+def test_predict_fills_megatrons_default_mlp_size_and_says_so(tmp_path: Path) -> None:
+    """Issue #36: Megatron-LM's weak-scaling table gives no MLP size; an unset
+    --ffn-hidden-size is 4h there (megatron/training/arguments.py validate_args). Another
+    framework's row with the cell empty stays refused."""
+    shape = "g,24,2048,,16,16,131072,2048,gelu,h100-sxm-80gb,8,8"
+    rows = [f"megatron,{shape},1,1,1,1,8,1,1,64,none,false,bf16,megatron,,,,",
+            f"titan,{shape},1,1,1,1,8,1,1,64,none,false,bf16,torchtitan,,,,"]
+    src = tmp_path / "cases.csv"
+    src.write_text(HEADER + "\n" + "\n".join(rows) + "\n")
+    out = predict_csv(src, tmp_path / "out.csv").set_index("case_id")
+    assert out.loc["megatron", "pred_tokens_per_sec_per_gpu"] > 0
+    assert out.loc["megatron", "pred_assumed"].startswith("ffn_hidden=8192 ")
+    assert "ffn_hidden: required" in out.loc["titan", "pred_error"]

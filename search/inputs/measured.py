@@ -53,6 +53,7 @@ class Case:
     training: Training
     given: frozenset[str]  # knob columns that were given
     framework: str = ""
+    assumed: tuple[str, ...] = ()  # empty cells filled with the framework's own default
 
 
 def _cell(row: Mapping[str, object], key: str) -> str:
@@ -189,16 +190,30 @@ TRAINING_OWN = frozenset({"moe_dispatcher", "moe_a2a_overlap"})
 MODEL_OWN = frozenset({"mtp_layers"})
 
 
+def framework_ffn_hidden(row: Mapping[str, object], framework: str) -> tuple[int, str]:
+    """The row's MLP size and, where its cell is empty and the row ran Megatron-LM, what an unset
+    ``--ffn-hidden-size`` gives (megatron/training/arguments.py ``validate_args``,
+    core_v0.16.1: 4 x hidden, or with SwiGLU int(8 x hidden / 3 / 64) x 64), said as a note."""
+    if _cell(row, "ffn_hidden") or framework != "megatron":
+        return _int(row, "ffn_hidden"), ""
+    h = _int(row, "hidden")
+    swiglu = (_cell(row, "ffn_type") or "swiglu") == "swiglu"
+    ffn = int(4 * h * 2 / 3 / 64) * 64 if swiglu else 4 * h
+    return ffn, f"ffn_hidden={ffn} (Megatron-LM's default for an unset --ffn-hidden-size)"
+
+
 def case_from_row(row: Mapping[str, object],
                   calibration: ClusterCalibration | None = None) -> Case:
     """A row as cost-model inputs; with ``calibration`` (``predict --calibration``), its
     cluster anchored on that cluster calibration file."""
     mla = row_mla(row)
     heads = _int(row, "heads")
+    framework = resolve_framework(_cell(row, "framework"), _cell(row, "source"))
+    ffn_hidden, assumed = framework_ffn_hidden(row, framework)
     model = ModelSpec(
         name=_cell(row, "model_name") or "model",
         layers=_int(row, "layers"), hidden=_int(row, "hidden"),
-        ffn_hidden=_int(row, "ffn_hidden"), heads=_int(row, "heads"),
+        ffn_hidden=ffn_hidden, heads=_int(row, "heads"),
         kv_heads=heads if mla else _int(row, "kv_heads", heads), vocab=_int(row, "vocab"),
         ffn_type=(_cell(row, "ffn_type") or "swiglu"),  # type: ignore[arg-type]
         tied_embeddings=_bool(row, "tied_embeddings"),
@@ -221,7 +236,6 @@ def case_from_row(row: Mapping[str, object],
                                row_fabric(row))
     except CatalogError as e:
         raise CaseError(f"fabric: {e}") from None
-    framework = resolve_framework(_cell(row, "framework"), _cell(row, "source"))
     precision = _cell(row, "precision") or "bf16"
     try:
         gpu.check_precision(precision)
@@ -249,7 +263,7 @@ def case_from_row(row: Mapping[str, object],
         cluster = anchored(cluster, calibration)
     return Case(model=model, cluster=cluster, plan=plan, training=training,
                 given=frozenset(given),
-                framework=framework)
+                framework=framework, assumed=(assumed,) if assumed else ())
 
 
 def with_training(case: Case, **changes: object) -> Case:

@@ -69,6 +69,7 @@ OUTPUT_COLUMNS = (
     # the 80% interval on tokens/s, the residuals that bound it and P(OOM): what explain and the
     # run table show for the same plan (search.uncertainty_metrics)
     "pred_tokens_per_sec_lo", "pred_tokens_per_sec_hi", "pred_interval_regime", "pred_p_oom",
+    "pred_assumed",  # empty cells filled with the framework's own default, each named
 )
 CHOICE_COLUMNS = tuple(f"pred_choice_{k}" for k in KNOBS)
 
@@ -167,6 +168,7 @@ def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray],
         "pred_time_bubble_s": res["time_bubble_s"][j],
         "pred_time_optimizer_s": res["time_optimizer_s"][j],
         "pred_time_stall_s": res["time_stall_s"][j],  # in pred_time_compute_s
+        "pred_assumed": "; ".join(case.assumed),
     }
     u = uncertainty_metrics(
         {"tokens_per_s_per_gpu": float(res["tokens_per_s_per_gpu"][j]),
