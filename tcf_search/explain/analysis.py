@@ -20,6 +20,7 @@ from search import (
     calibration_status,
     p_best_faster,
     plan_regime,
+    plan_rests_on,
     step_breakdown,
     uncertainty_metrics,
 )
@@ -210,7 +211,8 @@ def explain(subject: Subject) -> dict[str, Any]:
             {"tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
              "peak_mem_gib": e.memory.peak_bytes / GIB,
              "usable_mem_gib": e.memory.usable_bytes / GIB},
-            plan_regime(s.model, s.cluster, s.training, s.framework)),
+            plan_regime(s.model, s.cluster, s.training, s.framework),
+            rests_on=plan_rests_on(s.model, s.cluster, s.training, plan)),
         "calibration": calibration_status(s.cluster),
         "verdict": {"binding": binding, "reason": REASONS[binding],
                     "best_change": best.to_dict() if best else None, "improves": better,
