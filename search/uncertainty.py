@@ -211,9 +211,10 @@ def _fitted_families() -> dict[str, Efficiency]:
             if eff.source.startswith("fitted") and "transferred from" not in eff.source}
 
 
-def _with_efficiency(cluster: ClusterSpec, **fields: float) -> ClusterSpec:
-    return replace(cluster, gpu=replace(cluster.gpu,
-                                        efficiency=replace(cluster.gpu.efficiency, **fields)))
+def _with_efficiency(cluster: ClusterSpec, name: str, value: float) -> ClusterSpec:
+    """The cluster with one efficiency field set to ``value``."""
+    eff = replace(cluster.gpu.efficiency, **{name: value})  # type: ignore[arg-type]
+    return replace(cluster, gpu=replace(cluster.gpu, efficiency=eff))
 
 
 def _terms(model: ModelSpec, cluster: ClusterSpec, tr: Training,
@@ -232,7 +233,7 @@ def _terms(model: ModelSpec, cluster: ClusterSpec, tr: Training,
             "offload prior", f"activation offload over the host link at "
             f"{eff.host_link_bw_fraction:g} of its line rate (no measured run offloads)",
             f"re-priced at {host.low:g} and {host.high:g}: {host.source}"), uses,
-            [_with_efficiency(cluster, host_link_bw_fraction=v) for v in (host.low, host.high)]))
+            [_with_efficiency(cluster, host.field, v) for v in (host.low, host.high)]))
     flex = ranges.get("flex_network_bw_fraction")
     if flex and model.moe_experts > 0:
         uses = np.broadcast_to((dispatcher(tr, p) == FLEX) & (p.ep > 1), (n,))
@@ -240,8 +241,7 @@ def _terms(model: ModelSpec, cluster: ClusterSpec, tr: Training,
             "flex prior", f"the fused MoE dispatch (DeepEP/HybridEP) at "
             f"{eff.flex_network_bw_fraction:g} of the NIC (no measured run uses it)",
             f"re-priced at {flex.low:g} and {flex.high:g}: {flex.source}"), uses,
-            [_with_efficiency(cluster, flex_network_bw_fraction=v)
-             for v in (flex.low, flex.high)]))
+            [_with_efficiency(cluster, flex.field, v) for v in (flex.low, flex.high)]))
     status = calibration_status(cluster)
     if not status["validated"] and not status["partly"]:
         fitted = _fitted_families()
