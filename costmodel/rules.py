@@ -171,9 +171,9 @@ RULES: tuple[Rule, ...] = (
          lambda c, f: (f.nvlink_domain % c["tp"] == 0) | (not f.switches.tp_in_node)),
     Rule("pp_layers", ("pp", "first_stage_layers", "last_stage_layers"),
          ("layers", "uneven_pipeline", "uneven_chunks", "pp_cost_balance"),
-         "pp <= layers (unless pp_cost_balance), layers % pp == 0 unless uneven_pipeline, and pinned first/last stages "
-         "(uneven_pipeline) leave the other stages an equal whole number >= 1 of layers (shares "
-         "a layer apart under uneven_chunks, a per-rank layout)",
+         "pp <= layers (unless pp_cost_balance), layers % pp == 0 unless uneven_pipeline, and "
+         "pinned first/last stages (uneven_pipeline) leave the other stages an equal whole "
+         "number >= 1 of layers (shares a layer apart under uneven_chunks, a per-rank layout)",
          _pipeline_split),
     Rule("vpp_layers", ("vpp", "pp", "first_stage_layers", "last_stage_layers"),
          ("layers", "uneven_chunks"),

@@ -26,6 +26,7 @@ from hardware_catalog.fabrics import (
     load_fabrics,
 )
 from hardware_catalog.overrides import OVERRIDABLE_FIELDS, with_overrides
+from hardware_catalog.prior_ranges import PriorRange, load_prior_ranges
 
 __all__ = [
     "CATALOG_DIR",
@@ -33,6 +34,7 @@ __all__ = [
     "OVERRIDABLE_FIELDS",
     "CatalogError",
     "Fabric",
+    "PriorRange",
     "UnknownFabric",
     "UnknownSku",
     "fabric_fraction",
@@ -42,6 +44,7 @@ __all__ = [
     "load_calibration",
     "load_catalog",
     "load_fabrics",
+    "load_prior_ranges",
     "sources",
     "with_overrides",
 ]

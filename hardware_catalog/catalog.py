@@ -21,7 +21,7 @@ from costmodel.specs import Efficiency, GpuSpec, SpecError
 CATALOG_DIR = Path(__file__).resolve().parent
 CALIBRATION_FILE = "calibration.yaml"
 DATA_FILES = frozenset({CALIBRATION_FILE, "fabrics.yaml", "frameworks.yaml",  # not SKUs
-                        "uncertainty.yaml", "anchored.yaml"})
+                        "prior_ranges.yaml", "uncertainty.yaml", "anchored.yaml"})
 FAMILIES = ("ampere", "hopper", "blackwell", "ada", "cdna3", "cpu")
 # Families no measured run has fitted, each with the nearest fitted family it borrows from
 # (CDNA4 from Hopper, as CDNA3 does; Blackwell Ultra from Blackwell, its own silicon's base).

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from search.anchored_interval import AnchoredSpread, load_anchored_spread, spread_for
     from search.baseline import baseline_doc, baseline_of, step_breakdown
-    from search.output import interval_text, ranking_line, render, run_file
+    from search.output import interval_text, prior_legend, ranking_line, render, run_file
     from search.pipeline import RunOptions, run_study
     from search.placement import candidates
     from search.rdb import in_memory, sqlite_file
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         key_regime,
         p_best_faster,
         plan_regime,
+        plan_rests_on,
         regime_keys,
         residual_stack,
         scale_of,
@@ -42,23 +43,24 @@ if TYPE_CHECKING:
 _HOME = {
     "anchored_interval": ("AnchoredSpread", "load_anchored_spread", "spread_for"),
     "baseline": ("baseline_doc", "baseline_of", "step_breakdown"),
-    "output": ("interval_text", "ranking_line", "render", "run_file"),
+    "output": ("interval_text", "prior_legend", "ranking_line", "render", "run_file"),
     "pipeline": ("RunOptions", "run_study"),
     "placement": ("candidates",),
     "rdb": ("in_memory", "sqlite_file"),
     "rescore": ("cost_model_version",),
     "space": ("build_space",),
     "uncertainty": ("INTERVAL", "Uncertainty", "calibration_status", "gap_bin", "key_regime",
-                    "p_best_faster", "plan_regime", "regime_keys", "residual_stack", "scale_of",
-                    "uncertainty_metrics"),
+                    "p_best_faster", "plan_regime", "plan_rests_on", "regime_keys",
+                    "residual_stack", "scale_of", "uncertainty_metrics"),
 }
 _MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
     "AnchoredSpread", "INTERVAL", "RunOptions", "Uncertainty", "baseline_doc", "baseline_of",
     "build_space", "calibration_status", "candidates", "cost_model_version", "gap_bin", "in_memory",
     "interval_text", "key_regime", "load_anchored_spread", "p_best_faster", "plan_regime",
-    "ranking_line", "regime_keys", "render", "residual_stack", "run_file", "run_study", "scale_of",
-    "sqlite_file", "spread_for", "step_breakdown", "uncertainty_metrics",
+    "plan_rests_on", "prior_legend", "ranking_line", "regime_keys", "render", "residual_stack",
+    "run_file", "run_study", "scale_of", "sqlite_file", "spread_for", "step_breakdown",
+    "uncertainty_metrics",
 ]  # the names of _HOME (tests/test_layers.py holds the two equal)
 
 

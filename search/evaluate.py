@@ -35,7 +35,13 @@ from search.placement import plan_fields
 from search.prune import MemoryStage, plan_arrays
 from search.space import AXES, DERIVED, SearchSpace, decode, plan_from_row
 from search.storage import SearchError
-from search.uncertainty import interval, p_oom, plan_regime, uncertainty_metrics
+from search.uncertainty import (
+    interval,
+    p_oom,
+    plan_regime,
+    prior_spread,
+    uncertainty_metrics,
+)
 
 OUTER_AXES = ("tp", "pp", "cp", "ep")
 # the most feasible layouts judged all at once for the heat map's cells (~1 s per 25,000)
@@ -173,7 +179,7 @@ class Evaluator:
         if unit not in self._cache:
             idx = self.members[unit]
             cols, out = self._judge_many(idx)
-            k = int(self._rank(out)[0])
+            k = int(self._rank(out, cols)[0])
             best = int(idx[k])
             row = {a: int(self.stage.cols[a][best]) for a in AXES}
             placement = self.stage.place(best)
@@ -201,7 +207,7 @@ class Evaluator:
         if len(at) == len(idx):
             return cols, out
         # per layout, its best placement (stable: a tie keeps the placement model's)
-        order = self._rank(out)
+        order = self._rank(out, cols)
         order = order[np.argsort(at[order], kind="stable")]
         keep = order[np.searchsorted(at[order], np.arange(len(idx)))]
         return ({k: v[keep] for k, v in cols.items()},
@@ -218,7 +224,8 @@ class Evaluator:
         runs checked (``search.anchored_interval``)."""
         return spread_for(self.specs.calibration, self.specs.model, self.specs.cluster)
 
-    def _vector(self, name: str, out: dict[str, np.ndarray]) -> np.ndarray:
+    def _vector(self, name: str, out: dict[str, np.ndarray],
+                cols: dict[str, np.ndarray]) -> np.ndarray:
         values = objective_vector(
             OBJECTIVES[name][0], out, num_gpus=self.specs.cluster.num_gpus,
             token_budget=self.study.training.token_budget,
@@ -227,15 +234,21 @@ class Evaluator:
         risk = self.study.objective.risk
         if risk is None or name != "tokens_per_s":
             return values
-        # ranked by the tokens/s reached with probability 1 - risk, times the chance it fits
+        # ranked by the tokens/s reached with probability 1 - risk, times the chance it fits;
+        # a plan resting on a term no measured row validates is priced at that term's range
         anchor = self.anchor
         factor = (anchor.interval(1.0, risk, risk)[0] if anchor is not None
                   else interval(1.0, self.regime, risk, risk)[1])
-        return values * factor * (1.0 - p_oom(out["peak_mem_bytes"], out["usable_bytes"]))
+        s = self.specs
+        spread = prior_spread(s.model, s.cluster, s.training, cols)
+        low, high = spread.widen
+        side = low if risk < 0.5 else high if risk > 0.5 else 1.0
+        peak = out["peak_mem_bytes"] * np.prod(spread.peak, axis=0)
+        return values * factor * side * (1.0 - p_oom(peak, out["usable_bytes"]))
 
-    def _rank(self, out: dict[str, np.ndarray]) -> np.ndarray:
+    def _rank(self, out: dict[str, np.ndarray], cols: dict[str, np.ndarray]) -> np.ndarray:
         """Positions sorted best first by the primary objective (stable: ties keep order)."""
-        values = self._vector(self.metric_names[0], out)
+        values = self._vector(self.metric_names[0], out, cols)
         return np.argsort(-values if self.directions[0] == "maximize" else values,
                           kind="stable")
 
@@ -245,7 +258,10 @@ class Evaluator:
         m = metrics_from_batch(out, k, num_gpus=self.specs.cluster.num_gpus,
                                headroom_gib=self.specs.headroom_gib,
                                token_budget=t.token_budget, price_per_gpu_hour=c.price_per_gpu_hour)
-        m.update(uncertainty_metrics(m, self.regime, self.study.objective.risk, self.anchor))
+        s = self.specs
+        rests_on = prior_spread(s.model, s.cluster, s.training, plans_to_arrays([plan])).of(0)
+        m.update(uncertainty_metrics(m, self.regime, self.study.objective.risk, rests_on,
+                                     self.anchor))
         values = tuple(float(m["tokens_per_s_at_risk"] * (1.0 - m["p_oom"])
                              if name == "tokens_per_s" and "tokens_per_s_at_risk" in m
                              else m[OBJECTIVES[name][0]]) for name in self.metric_names)
@@ -263,7 +279,7 @@ class Evaluator:
         keys = (*AXES, *PLACED)
         best: dict[tuple[int, int], tuple[float, Plan]] = {}
         seen: set[tuple[int, int]] = set()
-        for k in self._rank(out).tolist():  # best first: the first of each cell is its best
+        for k in self._rank(out, cols).tolist():  # best first: a cell's first is its best
             cell = (int(cols["tp"][k]), int(cols["pp"][k]))
             if cell not in seen:
                 seen.add(cell)
@@ -273,9 +289,10 @@ class Evaluator:
     def exhaustive(self, top_k: int) -> Exhaustive:
         """Every feasible layout placed (vectorised twin of the CP-SAT model) and judged."""
         cols, out = self._judge_many(self.feasible)
-        order = self._rank(out)
+        order = self._rank(out, cols)
         keys = (*AXES, *PLACED)
         best = [self._evaluation(-1, plan_from_row({a: int(cols[a][k]) for a in keys}), out,
                                  int(k)) for k in order[:top_k]]
-        return Exhaustive(count=len(order), values=self._vector(self.metric_names[0], out),
+        return Exhaustive(count=len(order),
+                          values=self._vector(self.metric_names[0], out, cols),
                           best=best)

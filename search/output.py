@@ -154,8 +154,23 @@ def _no_layout(result: StudyResult, console: Console) -> None:
 
 
 def _interval_label(m: dict[str, Any]) -> str:
+    """The interval, and a † per term it rests on that no measured row validates."""
     lo_hi = m.get("tokens_per_s_interval")
-    return f"{lo_hi[0]:,.0f}–{lo_hi[1]:,.0f}" if lo_hi else ""
+    if not lo_hi:
+        return ""
+    return " ".join([f"{lo_hi[0]:,.0f}–{lo_hi[1]:,.0f}",
+                     *(f"†{flag}" for flag in m.get("interval_flags", []))])
+
+
+def prior_legend(metrics: Iterable[dict[str, Any]]) -> list[str]:
+    """One line per unvalidated term the plans' intervals rest on: what it is, and the range
+    it was re-priced at (search.uncertainty.prior_spread)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for m in metrics:
+        for term in m.get("interval_rests_on", []):
+            seen.setdefault(term["flag"], term)
+    return [f"†{flag}: the interval widens where a plan rests on {t['term']}; {t['basis']}"
+            for flag, t in seen.items()]
 
 
 def interval_text(m: dict[str, Any]) -> str:
@@ -166,6 +181,9 @@ def interval_text(m: dict[str, Any]) -> str:
                  f"; P(OOM) {m['p_oom']:.0%}")
         if m.get("interval_note"):
             text += f" ({m['interval_note']})"
+        for t in m.get("interval_rests_on", []):
+            lo, hi = t["tokens_per_s_ratio"]
+            text += f"; widened {lo - 1:+.1%}/{hi - 1:+.1%} for {t['term']} ({t['basis']})"
     return text
 
 
@@ -236,6 +254,8 @@ def render(result: StudyResult, console: Console) -> None:
             f"{m['step_time_s']:.2f}", f"{m['peak_mem_gib']:.1f}/{m['usable_mem_gib']:.1f}",
             m["dominant_challenge"], m.get("network_groups") or "-")
     console.print(table)
+    for line in prior_legend(r.predicted for r in result.top):
+        console.print(line, markup=False, soft_wrap=True)
     if line := ranking_line(result.ranking):
         console.print(line, markup=False, soft_wrap=True)
     if result.optimum is not None:

@@ -12,19 +12,30 @@ finite-sample bounds for a row of a new sweep group (``tcf_search.calibration.un
 where a regime has too few groups for a bound at the levels asked (an infinite quantile), the
 next coarser one answers (the stack's coarser regimes, then every stack's), and the answer says
 so ("borrowed from hopper/bf16").
+
+What no residual covers widens the interval: a term of the cost model no measured row validates,
+where a plan uses it (:func:`prior_spread`). The plan is re-priced with that term at the ends of
+its plausible range (``hardware_catalog/prior_ranges.yaml``, cited; for a family borrowing
+another's fit, every fitted family's efficiency; for a fabric with no rows, the family's fitted
+network fraction), and its interval's bounds move by the tokens/s ratios found, its P(OOM) by the
+peak memory's. A plan that uses no such term keeps its residual interval exactly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import yaml
 
-from costmodel.specs import ClusterSpec, ModelSpec, Training
-from hardware_catalog import CATALOG_DIR
+from costmodel import Plan, estimate_batch, plans_to_arrays
+from costmodel.dispatch import FLEX, dispatcher
+from costmodel.plans import as_plan_arrays
+from costmodel.specs import ClusterSpec, Efficiency, ModelSpec, Training
+from hardware_catalog import CATALOG_DIR, load_calibration, load_prior_ranges
 from hardware_catalog.fabrics import load_fabrics
 from hardware_catalog.frameworks import is_megatron_core, resolve_framework
 from search.anchored_interval import AnchoredSpread
@@ -113,48 +124,189 @@ def p_oom(peak_bytes: np.ndarray | float, usable_bytes: np.ndarray | float,
 
 
 def interval(tokens: float, regime: tuple[str, ...], lo: float = INTERVAL[0],
-             hi: float = INTERVAL[1], unc: Uncertainty | None = None) -> tuple[float, float, str]:
+             hi: float = INTERVAL[1], unc: Uncertainty | None = None,
+             widen: tuple[float, float] = (1.0, 1.0)) -> tuple[float, float, str]:
     """The [lo, hi] quantile interval of tokens/s around a prediction, and the regime it is
-    taken from."""
+    taken from; ``widen``: the tokens/s ratios the plan's unvalidated terms reach at their
+    pessimistic and optimistic ends (:func:`prior_spread`), applied to the bounds below and
+    above the median."""
     unc = unc or load_uncertainty()
     q, key = unc.quantiles(*regime, at=(lo, hi))
     a, b = np.exp(np.interp([lo, hi], LEVELS, q))
-    return float(tokens * a), float(tokens * b), key
+    return float(tokens * a * _side(lo, widen)), float(tokens * b * _side(hi, widen)), key
+
+
+def _side(level: float, widen: tuple[float, float]) -> float:
+    """The widening of a bound at quantile ``level``: the pessimistic ratio below the median,
+    the optimistic one above it."""
+    return widen[0] if level < 0.5 else widen[1] if level > 0.5 else 1.0
 
 
 def uncertainty_metrics(m: dict[str, Any], regime: tuple[str, ...],
                         risk: float | None = None,
+                        rests_on: list[dict[str, Any]] | None = None,
                         anchor: AnchoredSpread | None = None) -> dict[str, Any]:
     """The interval, P(OOM) and (with ``risk``) the tokens/s at that quantile, for a plan's
-    report-unit metrics ``m``; ``anchor``: the anchored spread, for a study its calibration's
-    measured runs checked (``search.anchored_interval``)."""
+    report-unit metrics ``m``; ``rests_on``: the plan's unvalidated terms
+    (:meth:`PriorSpread.of`), which widen the interval and P(OOM) and are named beside them;
+    ``anchor``: the anchored spread, for a study its calibration's measured runs checked
+    (``search.anchored_interval``), in place of the regime's residuals."""
+    rests_on = rests_on or []
+    widen = (float(np.prod([t["tokens_per_s_ratio"][0] for t in rests_on])),
+             float(np.prod([t["tokens_per_s_ratio"][1] for t in rests_on])))
+    peak = m["peak_mem_gib"] * float(np.prod([t["peak_mem_ratio"] for t in rests_on]))
     if anchor is not None:
-        return _anchored_metrics(m, anchor, risk)
-    lo, hi, key = interval(m["tokens_per_s_per_gpu"], regime)
+        lo, hi = anchor.interval(m["tokens_per_s_per_gpu"], *INTERVAL)
+        lo, hi, key = lo * widen[0], hi * widen[1], anchor.label
+    else:
+        lo, hi, key = interval(m["tokens_per_s_per_gpu"], regime, widen=widen)
     out: dict[str, Any] = {
         "tokens_per_s_interval": [lo, hi], "interval_level": INTERVAL[1] - INTERVAL[0],
         "interval_regime": key,
-        "p_oom": float(p_oom(m["peak_mem_gib"], m["usable_mem_gib"])),
+        "p_oom": float(p_oom(peak, m["usable_mem_gib"])),
     }
     exact = regime_keys(*regime)[0]
-    if key != exact:
+    if anchor is not None:
+        out["interval_note"] = anchor.basis
+    elif key != exact:
         out["interval_note"] = f"residuals borrowed from {key or 'nothing (no data)'}"
+    if rests_on:
+        out["interval_rests_on"] = rests_on
+        out["interval_flags"] = [t["flag"] for t in rests_on]
     if risk is not None:
-        out["tokens_per_s_at_risk"] = interval(m["tokens_per_s_per_gpu"], regime, risk, risk)[0]
+        out["tokens_per_s_at_risk"] = (
+            anchor.interval(m["tokens_per_s_per_gpu"], risk, risk)[0] * _side(risk, widen)
+            if anchor is not None else
+            interval(m["tokens_per_s_per_gpu"], regime, risk, risk, widen=widen)[0])
     return out
 
 
-def _anchored_metrics(m: dict[str, Any], anchor: AnchoredSpread,
-                      risk: float | None) -> dict[str, Any]:
-    lo, hi = anchor.interval(m["tokens_per_s_per_gpu"], *INTERVAL)
-    out: dict[str, Any] = {
-        "tokens_per_s_interval": [lo, hi], "interval_level": INTERVAL[1] - INTERVAL[0],
-        "interval_regime": anchor.label, "interval_note": anchor.basis,
-        "p_oom": float(p_oom(m["peak_mem_gib"], m["usable_mem_gib"])),
-    }
-    if risk is not None:
-        out["tokens_per_s_at_risk"] = anchor.interval(m["tokens_per_s_per_gpu"], risk, risk)[0]
+# ---- terms no measured row validates -----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PriorTerm:
+    """A term of the cost model no measured row validates, and the range it is re-priced at."""
+
+    flag: str  # the run table's mark, e.g. "offload prior"
+    what: str  # the term, as explain says it
+    basis: str  # where the range comes from (its citation)
+
+
+@dataclass(frozen=True, slots=True)
+class PriorSpread:
+    """Per unvalidated term (rows) and plan (columns): whether the plan uses it, and the
+    tokens/s and peak-memory ratios its re-pricing reaches (1 where it does not use it)."""
+
+    terms: tuple[PriorTerm, ...]
+    uses: np.ndarray  # bool, terms x plans
+    low: np.ndarray  # the smallest tokens/s ratio over the term's range, <= 1
+    high: np.ndarray  # the largest, >= 1
+    peak: np.ndarray  # the largest peak-memory ratio, >= 1
+
+    @property
+    def widen(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per plan, the product of its terms' pessimistic and optimistic ratios."""
+        return np.prod(self.low, axis=0), np.prod(self.high, axis=0)
+
+    def of(self, k: int) -> list[dict[str, Any]]:
+        """Plan ``k``'s terms, as ``uncertainty_metrics`` takes them and ``--json`` shows."""
+        return [{"flag": t.flag, "term": t.what, "basis": t.basis,
+                 "tokens_per_s_ratio": [float(self.low[i, k]), float(self.high[i, k])],
+                 "peak_mem_ratio": float(self.peak[i, k])}
+                for i, t in enumerate(self.terms) if self.uses[i, k]]
+
+
+def _fitted_families() -> dict[str, Efficiency]:
+    """The families whose efficiency measured runs fitted (not transferred from another)."""
+    return {f: eff for f, eff in load_calibration(CATALOG_DIR).items()
+            if eff.source.startswith("fitted") and "transferred from" not in eff.source}
+
+
+def _with_efficiency(cluster: ClusterSpec, name: str, value: float) -> ClusterSpec:
+    """The cluster with one efficiency field set to ``value``."""
+    eff = replace(cluster.gpu.efficiency, **{name: value})  # type: ignore[arg-type]
+    return replace(cluster, gpu=replace(cluster.gpu, efficiency=eff))
+
+
+def _terms(model: ModelSpec, cluster: ClusterSpec, tr: Training,
+           cols: Mapping[str, Any]) -> list[tuple[PriorTerm, np.ndarray, list[ClusterSpec]]]:
+    """Each unvalidated term the plans ``cols`` may use: the term, which plans use it, and the
+    clusters that price it at the ends of its range."""
+    p = as_plan_arrays(cols)
+    n = len(np.atleast_1d(p.tp))
+    ranges = load_prior_ranges()
+    eff = cluster.gpu.efficiency
+    out: list[tuple[PriorTerm, np.ndarray, list[ClusterSpec]]] = []
+    host = ranges.get("host_link_bw_fraction")
+    if host and cluster.gpu.host_link_bw_bytes_per_s > 0:
+        uses = np.broadcast_to(p.cpu_offload_layers > 0, (n,))
+        out.append((PriorTerm(
+            "offload prior", f"activation offload over the host link at "
+            f"{eff.host_link_bw_fraction:g} of its line rate (no measured run offloads)",
+            f"re-priced at {host.low:g} and {host.high:g}: {host.source}"), uses,
+            [_with_efficiency(cluster, host.field, v) for v in (host.low, host.high)]))
+    flex = ranges.get("flex_network_bw_fraction")
+    if flex and model.moe_experts > 0:
+        uses = np.broadcast_to((dispatcher(tr, p) == FLEX) & (p.ep > 1), (n,))
+        out.append((PriorTerm(
+            "flex prior", f"the fused MoE dispatch (DeepEP/HybridEP) at "
+            f"{eff.flex_network_bw_fraction:g} of the NIC (no measured run uses it)",
+            f"re-priced at {flex.low:g} and {flex.high:g}: {flex.source}"), uses,
+            [_with_efficiency(cluster, flex.field, v) for v in (flex.low, flex.high)]))
+    status = calibration_status(cluster)
+    if not status["validated"] and not status["partly"]:
+        fitted = _fitted_families()
+        if fitted:
+            out.append((PriorTerm(
+                "borrowed fit", status["line"].split("; ")[0].removeprefix("calibration: "),
+                f"re-priced with each fitted family's efficiency ({', '.join(sorted(fitted))}; "
+                f"calibration.yaml)"), np.ones(n, dtype=bool),
+                [replace(cluster, gpu=replace(cluster.gpu, efficiency=e))
+                 for e in fitted.values()]))
+    fabrics = load_fabrics() if cluster.fabric else {}
+    fab = fabrics.get(cluster.fabric)
+    if (fab is not None and cluster.links is None and not fab.source.startswith("fitted")
+            and cluster.network_bw_fraction is not None):
+        out.append((PriorTerm(
+            "fabric prior", f"the {fab.id} fabric's network fraction "
+            f"{cluster.network_bw_fraction:g}, a prior no measured row fits",
+            f"re-priced at the {cluster.gpu.family} family's fitted {eff.network_bw_fraction:.3g} "
+            f"(its measured clusters, calibration.yaml)"), np.ones(n, dtype=bool),
+            [replace(cluster, network_bw_fraction=None)]))
     return out
+
+
+def prior_spread(model: ModelSpec, cluster: ClusterSpec, tr: Training,
+                 cols: Mapping[str, Any]) -> PriorSpread:
+    """The unvalidated terms of the plans ``cols`` (cost-model columns), each plan that uses
+    one re-priced at the ends of the term's range."""
+    n = len(np.atleast_1d(as_plan_arrays(cols).tp))
+    terms = [t for t in _terms(model, cluster, tr, cols) if t[1].any()]
+    low, high, peak = (np.ones((len(terms), n)) for _ in range(3))
+    every: dict[str, np.ndarray] | None = None  # the plans as priced, once for all-plan terms
+    for i, (_, uses, variants) in enumerate(terms):
+        sub = {k: np.asarray(v)[uses] if np.ndim(v) else v for k, v in cols.items()}
+        if uses.all():
+            every = base = every or estimate_batch(model, cluster, tr, sub)
+        else:
+            base = estimate_batch(model, cluster, tr, sub)
+        for variant in variants:
+            alt = estimate_batch(model, variant, tr, sub)
+            tok = alt["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]
+            low[i, uses] = np.minimum(low[i, uses], tok)
+            high[i, uses] = np.maximum(high[i, uses], tok)
+            peak[i, uses] = np.maximum(peak[i, uses],
+                                       alt["peak_mem_bytes"] / base["peak_mem_bytes"])
+    return PriorSpread(terms=tuple(t[0] for t in terms),
+                       uses=np.array([t[1] for t in terms], dtype=bool).reshape(len(terms), n),
+                       low=low, high=high, peak=peak)
+
+
+def plan_rests_on(model: ModelSpec, cluster: ClusterSpec, tr: Training,
+                  plan: Plan) -> list[dict[str, Any]]:
+    """One plan's unvalidated terms (:func:`prior_spread`)."""
+    return prior_spread(model, cluster, tr, plans_to_arrays([plan])).of(0)
 
 
 def gap_bin(gaps: np.ndarray | float, edges: list[float] | tuple[float, ...]) -> np.ndarray:
@@ -238,7 +390,8 @@ def calibration_status(cluster: ClusterSpec) -> dict[str, Any]:
         if not any(figures.values()):  # measured steps only: no nccl-tests
             text = f"calibration: {line}; {links.source}"
     return {"family": family, "efficiency_source": src, "borrowed_from": borrowed or None,
-            "validated": validated, "fabric": fabric or None, "fabric_source": fab_src,
+            "validated": validated, "partly": partly, "fabric": fabric or None,
+            "fabric_source": fab_src,
             "host_link_source": host, "anchored": anchored, "line": text}
 
 

@@ -36,7 +36,7 @@ from costmodel.mapping import (
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import Plan, SpecError
 from search import candidates as placement_candidates
-from search import load_anchored_spread, plan_regime, uncertainty_metrics
+from search import load_anchored_spread, plan_regime, plan_rests_on, uncertainty_metrics
 from search.inputs import (
     KNOBS,
     MIB,
@@ -174,7 +174,8 @@ def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray],
         {"tokens_per_s_per_gpu": float(res["tokens_per_s_per_gpu"][j]),
          "peak_mem_gib": float(res["peak_mem_bytes"][j]) / GIB,
          "usable_mem_gib": float(res["usable_bytes"][j]) / GIB},
-        plan_regime(case.model, case.cluster, case.training, case.framework), anchor=spread)
+        plan_regime(case.model, case.cluster, case.training, case.framework),
+        rests_on=plan_rests_on(case.model, case.cluster, case.training, chosen), anchor=spread)
     values.update({"pred_tokens_per_sec_lo": u["tokens_per_s_interval"][0],
                    "pred_tokens_per_sec_hi": u["tokens_per_s_interval"][1],
                    "pred_interval_regime": u["interval_regime"], "pred_p_oom": u["p_oom"]})

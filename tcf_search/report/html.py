@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 
-from search import ranking_line
+from search import prior_legend, ranking_line
 from tcf_search.report.data import ResultData
 from tcf_search.report.markup import Html, html, join
 from tcf_search.report.schema import Figures
@@ -50,7 +50,8 @@ def _top_table(data: ResultData) -> Html:
         p, m = r.plan, r.predicted
         cells = join(html("<td>{}</td>", str(getattr(p, c))) for c in TOP_COLUMNS)
         lo_hi = m.tokens_per_s_interval
-        band = html("{:,.0f}–{:,.0f}", *lo_hi) if lo_hi else ""
+        flags = "".join(f" †{t.flag}" for t in m.interval_rests_on)
+        band = html("{:,.0f}–{:,.0f}{}", *lo_hi, flags) if lo_hi else ""
         p_oom = html("{:.0%}", m.p_oom) if m.p_oom is not None else ""
         rows.append(html("<tr><td>{}</td>{}<td>{:,.0f}</td><td>{}</td><td>{}</td><td>{:.1%}</td>"
                          "<td>{:.2f}</td><td>{:.1f}/{:.1f}</td><td class=l>{}</td>"
@@ -134,6 +135,8 @@ def page(data: ResultData, figures: dict[str, bytes], explain_html: Html | None,
     parts += [html("<p class=note>{}</p>", n) for n in [*r.notes, *notes]]
     if data.top:
         parts += [html("<h2>Top plans</h2>"), _top_table(data)]
+        parts += [html("<p class=sub>{}</p>", line)
+                  for line in prior_legend(r.predicted.model_dump() for r in data.top)]
         if line := ranking_line(r.ranking.model_dump()):
             parts.append(html("<p class=sub id=ranking>{}</p>", line))
     else:

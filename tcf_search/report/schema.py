@@ -117,6 +117,15 @@ class PlanRow(_Doc):
     sequence_parallel: Flag
 
 
+class RestsOn(_Doc):
+    """A term no measured row validates that widened a plan's interval
+    (``search.uncertainty.PriorSpread.of``)."""
+
+    flag: Name
+    term: Text
+    basis: Text
+
+
 class Predicted(_Doc):
     """A ranked plan's predicted figures (``search.result.RankedPlan.predicted``)."""
 
@@ -129,6 +138,7 @@ class Predicted(_Doc):
     network_groups: Name = ""  # the groups that cross the network, e.g. "dp,pp"
     tokens_per_s_interval: tuple[Quantity, Quantity] | None = None
     p_oom: Share | None = None
+    interval_rests_on: tuple[RestsOn, ...] = ()
     mem_weights_gib: Quantity = 0.0
     mem_grads_gib: Quantity = 0.0
     mem_optimizer_gib: Quantity = 0.0
