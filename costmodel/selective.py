@@ -119,7 +119,8 @@ def selective_extra(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
 def _modules_extra(model: ModelSpec, tr: Training, has: Callable[[str], np.ndarray],
                    kn: Kernels, dense: _DenseLayer, moe: MoeLayer | None) -> SelectiveExtra:
     """What Megatron-Core's selective ``recompute_modules`` run again in a dense and in a MoE
-    layer's backward (the memory they free: ``costmodel.memory.freed_by_modules``): core_attn
+    layer's backward (the memory they free:
+    ``costmodel.activation_memory.freed_by_modules``): core_attn
     the attention kernel's forward, mla_up_proj the two up projections and RoPE, layernorm the
     norms built apart from their GEMM (MLA's input norm; a MoE layer's pre-MLP norm), mlp a
     dense model's MLP forward, moe_act the routed experts' activation function; ``has``: whether

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from costmodel.activation_memory import activation_bytes_per_layer
 from costmodel.mapping import STAGES, inflight_micro_batches, micro_batches
-from costmodel.memory import activation_bytes_per_layer, coefficients
+from costmodel.memory import coefficients
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 from costmodel.recompute_modules import BITS, MODELLED
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
@@ -127,8 +128,8 @@ def memory_terms(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
 
 def freeing_modules(model: ModelSpec, training: Training) -> tuple[str, ...]:
     """Megatron-Core's selective modules that free some of a layer's activations on this model
-    under this training, each alone (``costmodel.memory.freed_by_modules``), in ``MODELLED``
-    order: the sets worth searching are made of these."""
+    under this training, each alone (``costmodel.activation_memory.freed_by_modules``), in
+    ``MODELLED`` order: the sets worth searching are made of these."""
     one = np.ones(len(MODELLED), dtype=np.int64)
     p = as_plan_arrays({"tp": one, "pp": one, "dp": one, "micro_batch": one, "recompute": one,
                         "recompute_modules": [BITS[m] for m in MODELLED]})

@@ -346,7 +346,7 @@ def test_full_recompute_is_a_share_of_the_kernels_with_ep_across_nodes(h100: Gpu
 
 
 def _moe_act_bytes(model: ModelSpec, tr: Training, plan: Plan) -> float:
-    from costmodel.memory import activation_bytes_per_layer
+    from costmodel.activation_memory import activation_bytes_per_layer
 
     p = as_plan_arrays(plans_to_arrays([plan]))
     return float(activation_bytes_per_layer(model, tr, p)[0][0])

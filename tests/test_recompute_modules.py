@@ -16,9 +16,9 @@ from export_helpers import flag_values, nemo_model_config
 from typer.testing import CliRunner
 
 from costmodel import ClusterSpec, Plan, SpecError, Training, estimate
+from costmodel.activation_memory import activation_bytes_per_layer
 from costmodel.attention import kv_dims, qk_dim
 from costmodel.compute import layer_times
-from costmodel.memory import activation_bytes_per_layer
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 from costmodel.specs import GpuSpec, ModelSpec
 from search.inputs.planfile import PlanFile
