@@ -33,7 +33,8 @@ def _plan(layers: int, pp: int, vpp: int, first: int, last: int) -> PlanFile:
     pf = load_plan_file(PLANS / "dense70b.yaml")
     plan = dataclasses.replace(pf.plan, pp=pp, dp=8, vpp=vpp, first_stage_layers=first,
                                last_stage_layers=last, recompute="selective",
-                               recompute_layers=0)
+                               recompute_layers=0,
+                               pp_schedule="interleaved" if vpp > 1 else "1f1b")
     return dataclasses.replace(pf, model=dataclasses.replace(pf.model, layers=layers),
                                num_gpus=8 * pp * 8, plan=plan)
 
@@ -83,6 +84,8 @@ def test_deepseek_v3_split_is_written_as_megatron_cores_layout() -> None:
 
 @pytest.mark.parametrize("layers,pp,vpp,first,last", [
     (80, 4, 2, 17, 19), (126, 16, 4, 6, 8), (94, 8, 3, 10, 12), (61, 4, 4, 15, 16), (9, 2, 3, 4, 5),
+    # middle ranks a layer apart (issue #38): 80 on pp 32 as 3, 15 x 3, 15 x 2, 2; 19 | 22 21 | 18
+    (80, 32, 1, 3, 2), (80, 4, 2, 19, 18), (70, 8, 1, 9, 8),
 ])
 def test_every_layout_parses_to_the_cost_models_chunks(layers: int, pp: int, vpp: int,
                                                        first: int, last: int) -> None:
