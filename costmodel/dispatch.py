@@ -11,7 +11,7 @@ from costmodel.mapping import expert_groups
 from costmodel.plan_fields import MOE_DISPATCHERS, MOE_OVERLAPS, RECOMPUTE_CODES
 from costmodel.plans import PlanArrays
 from costmodel.rule_table import Columns, Facts
-from costmodel.specs import Training
+from costmodel.specs import ModelSpec, Training
 
 CODES: dict[str, int] = {name: i for i, name in enumerate(MOE_DISPATCHERS)}  # "": the training's
 ALLTOALL, ALLGATHER, FLEX = CODES["alltoall"], CODES["allgather"], CODES["flex"]
@@ -37,6 +37,17 @@ def dispatcher(tr: Training, p: PlanArrays) -> np.ndarray:
 def a2a_overlap(tr: Training, p: PlanArrays) -> np.ndarray:
     """Whether each plan overlaps its EP all-to-all with another micro-batch's compute."""
     return resolved_overlap(p.moe_a2a_overlap, tr.framework.moe.moe_a2a_overlap)
+
+
+def warms_up_one_more(model: ModelSpec, tr: Training, p: PlanArrays) -> np.ndarray:
+    """Plans whose EP all-to-all overlap runs Megatron-Core's combined 1F1B under the
+    interleaved schedule, which forwards one chunk-micro-batch more in its warm-up "to ensure
+    the forward and backward computations are independent in all 1f1b steps"
+    (megatron/core/pipeline_parallel/schedules.py ``get_pp_rank_microbatches``, core_v0.16.1):
+    each stage holds that one's activations too. Without a pipeline the combined schedule runs
+    a layer's forward beside another micro-batch's backward of the mirrored layer
+    (combined_1f1b.py), so what one frees the other takes: no more than one micro-batch."""
+    return a2a_overlap(tr, p) & (model.moe_experts > 0) & (p.ep > 1) & (p.vpp > 1)
 
 
 # ---- the rules' predicates, over the rules' columns and facts ----------------------------

@@ -278,18 +278,22 @@ def micro_batches(global_batch: int, p: PlanArrays) -> np.ndarray:
     return np.maximum(global_batch / (p.dp * p.micro_batch), 1.0)
 
 
-def inflight_micro_batches(p: PlanArrays, m: np.ndarray, stage: str) -> np.ndarray:
+def inflight_micro_batches(p: PlanArrays, m: np.ndarray, stage: str,
+                           one_more: ArrayLike = False) -> np.ndarray:
     """Micro-batches whose activations a stage holds at its peak, in units of its whole layers.
 
     1F1B: rank r holds min(m, p - r). Interleaved (v chunks): the warm-up holds
-    2(p - r - 1) + (v - 1)p + 1 chunk-micro-batches, each 1/v of the stage. GPipe holds all m.
+    2(p - r - 1) + (v - 1)p + 1 chunk-micro-batches, each 1/v of the stage, and one more where
+    ``one_more`` (Megatron-Core's combined 1F1B of the EP all-to-all overlap:
+    :func:`costmodel.dispatch.warms_up_one_more`). GPipe holds all m.
     """
     pp, v = p.pp.astype(float), p.vpp.astype(float)
     # "middle" is the most loaded middle stage, rank 1: it holds one micro-batch fewer than the
     # first stage but may hold more layers when the first stage is shortened
     rank = {"first": 0.0, "middle": np.minimum(1.0, pp - 1), "last": pp - 1}[stage]
     one_f_one_b = np.minimum(m, pp - rank)
-    interleaved = np.minimum(m * v, 2 * (pp - rank - 1) + (v - 1) * pp + 1) / v
+    warm = 2 * (pp - rank - 1) + (v - 1) * pp + 1 + np.asarray(one_more, dtype=float)
+    interleaved = np.minimum(m * v, warm) / v
     held = np.where(p.vpp > 1, interleaved, one_f_one_b)
     return np.where(p.pp_schedule == 2, m, held)
 

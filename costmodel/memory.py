@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.activation_memory import BF16, activation_bytes_per_layer
+from costmodel.dispatch import warms_up_one_more
 from costmodel.mapping import (
     STAGES,
     StageLayers,
@@ -236,7 +237,7 @@ def stage_memory(model: ModelSpec, tr: Training, p: PlanArrays, co: MemoryCoeffi
     kept = n - np.minimum(p.cpu_offload_layers, n)  # the rest in host memory (costmodel.offload)
     per_mb = np.where(p.recompute == 2, (n - r) * co.working + r * co.ckpt_per_layer,
                       kept * co.act_per_layer)
-    inflight = inflight_micro_batches(p, m, stage)
+    inflight = inflight_micro_batches(p, m, stage, warms_up_one_more(model, tr, p))
     # the MTP depths sit in the last virtual chunk, which runs each micro-batch's backward right
     # after its forward: one micro-batch in flight (GPipe: all)
     mtp_inflight = np.where(p.pp_schedule == 2, m, 1.0)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from costmodel.activation_memory import activation_bytes_per_layer
+from costmodel.dispatch import warms_up_one_more
 from costmodel.mapping import STAGES, inflight_micro_batches, micro_batches
 from costmodel.memory import coefficients
 from costmodel.plans import as_plan_arrays, plans_to_arrays
@@ -31,6 +32,7 @@ def memory_terms_batch(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     mm = training.framework.memory_model
     frag = 1.0 + mm.allocator_fraction
     m = micro_batches(training.global_batch, p)
+    one_more = warms_up_one_more(model, training, p)
     bpp, bpp_e = co.bytes_per_param, co.expert_bytes_per_param
     state_pp = sum(bpp[k] for k in _STATES)
     state_layer = (co.dense_params_per_layer * state_pp
@@ -65,7 +67,7 @@ def memory_terms_batch(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         out[f"opt_fixed_{st}"] = (extra[st] * (state_pp + bpp["opt_buffer"]) + mtp_state
                                   + mtp_states["opt_buffer"] + lead_opt.get(st, 0.0)
                                   + mm.allocator_const_bytes)
-        out[f"inflight_{st}"] = inflight_micro_batches(p, m, st)
+        out[f"inflight_{st}"] = inflight_micro_batches(p, m, st, one_more)
     act = np.where(p.recompute == 2, co.working, co.act_per_layer)
     out.update(
         state_per_layer=state_layer,
