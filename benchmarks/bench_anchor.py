@@ -50,13 +50,13 @@ from search.inputs import (  # noqa: E402
     load_calibration,
 )
 from tcf_search.calibration.anchor import fit, pull  # noqa: E402
-from tcf_search.calibration.transfer_fit import fit_transfer  # noqa: E402
 from tcf_search.calibration.dataset import find_measured_csv  # noqa: E402
 from tcf_search.calibration.predict import predict_frame  # noqa: E402
 from tcf_search.calibration.training_logs import (  # noqa: E402
     MeasuredInputError,
     read_measured,
 )
+from tcf_search.calibration.transfer_fit import fit_transfer  # noqa: E402
 
 GROUP = ("source", "model_name", "gpu", "gpus_per_node", "num_gpus")
 COVERAGE_BAR = (0.75, 0.85)

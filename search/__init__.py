@@ -62,7 +62,8 @@ _HOME = {
 }
 _MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
-    "AnchoredSpread", "INTERVAL", "RunOptions", "anchor_batch", "local_for", "Uncertainty", "baseline_doc", "baseline_of",
+    "AnchoredSpread", "INTERVAL", "RunOptions", "Uncertainty", "anchor_batch", "local_for",
+    "baseline_doc", "baseline_of",
     "build_space", "calibration_status", "candidates", "cost_model_version", "gap_bin", "in_memory",
     "interval_text", "key_regime", "load_anchored_spread", "p_best_faster", "plan_regime",
     "plan_rests_on", "prior_legend", "ranking_line", "regime_keys", "render", "residual_stack",

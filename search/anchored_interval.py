@@ -95,6 +95,11 @@ def _calibration(path: str) -> ClusterCalibration:
     return load_calibration(Path(path))
 
 
+def calibration_at(path: str) -> ClusterCalibration:
+    """The calibration file at ``path``, read once."""
+    return _calibration(path)
+
+
 @dataclass(frozen=True, slots=True)
 class AnchorLocal:
     """A study's anchor runs of its own model and GPU count, and what they move each plan by."""

@@ -43,8 +43,8 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from costmodel.errors import SpecError
-from costmodel.specs import MeasuredLinks
 from costmodel.plans import plans_to_arrays
+from costmodel.specs import MeasuredLinks
 from search import load_anchored_spread
 from search.anchor_local import FEATURES, Transfer, layout_of
 from search.inputs import (

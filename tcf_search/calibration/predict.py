@@ -35,8 +35,8 @@ from costmodel.mapping import (
 )
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import Plan, SpecError
-from search import candidates as placement_candidates
 from search import anchor_batch, plan_regime, plan_rests_on, uncertainty_metrics
+from search import candidates as placement_candidates
 from search.inputs import (
     KNOBS,
     MIB,
