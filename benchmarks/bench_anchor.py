@@ -40,13 +40,15 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.plans import plans_to_arrays  # noqa: E402
-from search.anchor_local import FEATURES, Transfer, layout_of  # noqa: E402
 from search.anchored_interval import ANCHORED_FILE, local_of  # noqa: E402
-from search.inputs import (  # noqa: E402
+from search.inputs import (  # noqa: E402  # noqa: E402
+    FEATURES,
     LEVELS,
     CaseError,
+    Transfer,
     calibration_yaml,
     case_from_row,
+    layout_of,
     load_calibration,
 )
 from tcf_search.calibration.anchor import fit, pull  # noqa: E402
@@ -82,7 +84,7 @@ def fold_of(group: str) -> int:
 
 
 def layout_row(row: pd.Series) -> np.ndarray:
-    """A CSV row's layout coordinates (search.anchor_local), NaN where it is not a case."""
+    """A CSV row's layout coordinates (``layout_of``), NaN where it is not a case."""
     try:
         case = case_from_row({k: str(v) for k, v in row.items()})
     except (CaseError, ValueError, KeyError):

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from search.anchored_interval import (
         AnchoredSpread,
+        AnchorLocal,
         anchor_batch,
         load_anchored_spread,
         local_for,
@@ -47,8 +48,8 @@ if TYPE_CHECKING:
     )
 
 _HOME = {
-    "anchored_interval": ("AnchoredSpread", "anchor_batch", "load_anchored_spread", "local_for",
-                          "spread_for"),
+    "anchored_interval": ("AnchoredSpread", "AnchorLocal", "anchor_batch",
+                          "load_anchored_spread", "local_for", "spread_for"),
     "baseline": ("baseline_doc", "baseline_of", "step_breakdown"),
     "output": ("interval_text", "prior_legend", "ranking_line", "render", "run_file"),
     "pipeline": ("RunOptions", "run_study"),
@@ -62,7 +63,8 @@ _HOME = {
 }
 _MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
-    "AnchoredSpread", "INTERVAL", "RunOptions", "Uncertainty", "anchor_batch", "local_for",
+    "AnchorLocal", "AnchoredSpread", "INTERVAL", "RunOptions", "Uncertainty", "anchor_batch",
+    "local_for",
     "baseline_doc", "baseline_of",
     "build_space", "calibration_status", "candidates", "cost_model_version", "gap_bin", "in_memory",
     "interval_text", "key_regime", "load_anchored_spread", "p_best_faster", "plan_regime",

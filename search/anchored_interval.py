@@ -6,9 +6,9 @@ on the family's residuals: ``benchmarks/bench_anchor.py --write`` anchors on one
 (source, model, GPU, GPU count) group of ``measured_runs.csv``, predicts the group's other runs
 through ``tcf-search predict``'s code, and writes the quantiles of log(measured / anchored
 predicted tokens/s) here (``hardware_catalog/anchored.yaml``), each group weighing alike, each
-residual divided by the sd kriging leaves it (``search.anchor_local.krige``): a plan's interval
-is those quantiles times its own sd, narrow near an anchor run's layout and as wide as the
-residuals of a group's far layouts away from it. The interval narrows to them only for a study
+residual divided by the sd kriging leaves it (``search.inputs.layout_transfer.krige``): a
+plan's interval is those quantiles times its own sd, narrow near an anchor run's layout and as
+wide as the residuals of a group's far layouts away from it. The interval narrows to them only for a study
 the check covered: the model and GPU count of one of its anchor runs
 (``search.inputs.links.anchor_matches``); any other study keeps its regime's.
 """
@@ -24,7 +24,7 @@ import yaml
 
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 from hardware_catalog import CATALOG_DIR
-from search.anchor_local import FEATURES, Transfer, krige, layout_of
+from search.inputs.layout_transfer import FEATURES, Transfer, krige, layout_of
 from search.inputs.links import (
     ClusterCalibration,
     anchor_matches,
@@ -45,7 +45,8 @@ class AnchoredSpread:
     # the pull of a measured run's fit toward the family's: the spread of the family's log
     # residuals within a group over that of the groups' offsets (tcf_search.calibration.anchor)
     prior_weight: float = 0.0
-    # how a run's residual carries to other layouts (search.anchor_local), fitted on the rows
+    # how a run's residual carries to other layouts (search.inputs.layout_transfer), fitted on
+    # the shared rows
     transfer: Transfer | None = None
     sd: float = 1.0  # the plan's sd left by kriging (1: a residual's own)
 

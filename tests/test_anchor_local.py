@@ -1,6 +1,6 @@
-"""The layout transfer of an anchor run's residual (search.anchor_local, issue #37): fitted on
-residuals made with a known distance-correlation, it recovers it; kriging moves a plan by what
-it shares with the anchor and leaves it a narrower interval near the anchor than far from it."""
+"""The layout transfer of an anchor run's residual (search.inputs.layout_transfer, issue #37):
+fitted on residuals made with a known distance-correlation, it recovers it; kriging moves a plan
+by what it shares with the anchor and leaves it a narrower interval near the anchor than far from it."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from search.anchor_local import FEATURES, LOG_AXES, Transfer, distance, krige, layout_of
 from search.anchored_interval import AnchoredSpread
 from search.inputs import CalibrationError, load_calibration
+from search.inputs.layout_transfer import FEATURES, LOG_AXES, Transfer, distance, krige, layout_of
 from search.inputs.sections import LEVELS
 from tcf_search.calibration.transfer_fit import fit_transfer
 

@@ -20,8 +20,8 @@ import yaml
 
 from costmodel.errors import TcfError
 from costmodel.specs import ClusterSpec, MeasuredLinks, SpecError
-from search.anchor_local import Transfer
 from search.inputs.files import MIB, read_input
+from search.inputs.layout_transfer import Transfer
 from search.inputs.yamlinput import load_yaml
 
 FORMAT = "tcf-search cluster calibration 1"
@@ -56,11 +56,11 @@ class MeasuredAnchor:
         fabric's) fraction; 1 where the runs cannot identify it.
     fitted: the names of the scales the runs identified.
     runs: each run's file, model, cluster, plan and tokens/s (measured, the family's model,
-        anchored) and its layout's coordinates (``search.anchor_local.FEATURES``): what the
+        anchored) and its layout's coordinates (``layout_transfer.FEATURES``): what the
         anchored interval's check matches a study on, and what a plan's distance is to.
     transfer: how far a run's residual carries to another layout of its group
-        (``search.anchor_local.Transfer``), as the fit used it; None: not recorded (the runs
-        then move a plan by the cluster-wide scales only).
+        (``layout_transfer.Transfer``), as the fit used it; None: not recorded (the runs then
+        move a plan by the cluster-wide scales only).
     """
 
     compute_scale: float = 1.0

@@ -46,15 +46,17 @@ from costmodel.errors import SpecError
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import MeasuredLinks
 from search import load_anchored_spread
-from search.anchor_local import FEATURES, Transfer, layout_of
 from search.inputs import (
+    FEATURES,
     Case,
     CaseError,
     ClusterCalibration,
     MeasuredAnchor,
+    Transfer,
     anchored,
     case_from_row,
     format_plan,
+    layout_of,
     model_key,
 )
 from tcf_search.calibration.predict import run_prediction
@@ -127,7 +129,7 @@ def fit(runs: Sequence[MeasuredRun], base: ClusterCalibration | None = None,
     """The scales ``runs`` identify (module docstring), on top of ``base`` (a calibration
     whose nccl-tests links the runs are priced on; None: the family's); ``transfer``: how far a
     run's residual carries to other layouts (default: the stored one; its ``far`` sets the
-    pull, and the file records it for the study's plans: ``search.anchor_local``);
+    pull, and the file records it for the study's plans: ``search.inputs.layout_transfer``);
     ``prior_weight``: the pull toward the family's fit where no transfer is given (default:
     the stored one, :func:`stored_prior_weight`)."""
     transfer = transfer or (stored_transfer() if prior_weight is None else None)

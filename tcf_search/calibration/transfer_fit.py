@@ -1,5 +1,5 @@
-"""The layout transfer of a measured run's residual (``search.anchor_local.Transfer``), fitted on
-the family's log residuals of groups of runs of one (source, model, GPU, cluster).
+"""The layout transfer of a measured run's residual (``search.inputs.layout_transfer.Transfer``),
+fitted on the family's log residuals of groups of runs of one (source, model, GPU, cluster).
 
 Every ordered pair (a, b) of runs of a group is one observation of how much of run a's residual
 run b shares: ``r_b = rho(d_ab) * r_a + noise``, with ``rho(d) = far + (near - far) *
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
-from search.anchor_local import Transfer, distance
+from search.inputs import Transfer, distance
 
 LOSS = "soft_l1"
 MAD_TO_SD = 0.6745
@@ -62,8 +62,8 @@ def _params(p: np.ndarray) -> tuple[float, float, float]:
 def fit_transfer(residuals: np.ndarray, groups: np.ndarray, layouts: np.ndarray,
                  basis: str = "") -> tuple[Transfer, dict[str, Any]]:
     """The transfer fitted on the runs' ``residuals`` (log measured / the family's predicted),
-    grouped by ``groups``, at ``layouts`` (``search.anchor_local.layout_of``); and what it was
-    fitted on."""
+    grouped by ``groups``, at ``layouts`` (``search.inputs.layout_transfer.layout_of``); and
+    what it was fitted on."""
     ra, rb, d, w = _pairs(np.asarray(residuals, dtype=float), np.asarray(groups),
                           np.asarray(layouts, dtype=float))
     sw = np.sqrt(w / w.mean())

@@ -25,6 +25,7 @@ from costmodel.recompute_modules import mask_modules
 from hardware_catalog.frameworks import is_megatron_core
 from search import (
     AnchoredSpread,
+    AnchorLocal,
     baseline_doc,
     baseline_of,
     build_space,
@@ -37,7 +38,6 @@ from search import (
     step_breakdown,
     uncertainty_metrics,
 )
-from search.anchored_interval import AnchorLocal
 from search.inputs import Specs, plan_dict
 from tcf_search.explain.neighbours import best_move, improves, neighbours
 from tcf_search.explain.planspec import format_plan
