@@ -8,8 +8,8 @@ through ``tcf-search predict``'s code, and writes the quantiles of log(measured 
 predicted tokens/s) here (``hardware_catalog/anchored.yaml``), each group weighing alike, each
 residual divided by the sd kriging leaves it (``search.inputs.layout_transfer.krige``): a
 plan's interval is those quantiles times its own sd, narrow near an anchor run's layout and as
-wide as the residuals of a group's far layouts away from it. The interval narrows to them only for a study
-the check covered: the model and GPU count of one of its anchor runs
+wide as the residuals of a group's far layouts away from it. The interval narrows to them only
+for a study the check covered: the model and GPU count of one of its anchor runs
 (``search.inputs.links.anchor_matches``); any other study keeps its regime's.
 """
 

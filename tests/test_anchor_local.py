@@ -1,6 +1,7 @@
 """The layout transfer of an anchor run's residual (search.inputs.layout_transfer, issue #37):
 fitted on residuals made with a known distance-correlation, it recovers it; kriging moves a plan
-by what it shares with the anchor and leaves it a narrower interval near the anchor than far from it."""
+by what it shares with the anchor and leaves it a narrower interval near the anchor than far
+from it."""
 
 from __future__ import annotations
 
