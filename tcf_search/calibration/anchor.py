@@ -20,13 +20,14 @@ What the runs identify, and so what is fitted (``search.inputs.links.MeasuredAnc
 The fit: least squares on log(predicted / measured tokens/s) over the runs, each run predicted
 through ``tcf-search predict``'s code (:func:`tcf_search.calibration.predict.run_prediction`:
 its candidate plans where a knob is empty, the fastest that fits), with a pull of each log-scale
-toward 0 (the family's fit). The pull is a random-effects prior measured on the shared rows
-(:func:`pull`): a run's log residual under the family's fit is its cluster's offset (spread
-``between_sd`` over the (source, model, GPU, cluster) groups) plus the run's own (spread
-``within_sd`` inside a group), so the prior's weight is ``within_sd / between_sd`` and one run
-moves the scale ``between**2 / (between**2 + within**2)`` of the way; it is stored with the
-anchored spread (``hardware_catalog/anchored.yaml``, ``benchmarks/bench_anchor.py --write``), and
-:data:`PRIOR_WEIGHT` (``calibration.refit``'s weak pull) stands in where that file is absent.
+toward 0 (the family's fit). The pull is what a run shares with a layout far from its own on
+the shared rows: the layout transfer's ``far`` (``search.inputs.layout_transfer``, fitted by
+``calibration.transfer_fit`` and stored in ``hardware_catalog/anchored.yaml`` by
+``benchmarks/bench_anchor.py --write``), so one run moves the scale ``far`` of the way (weight
+``sqrt((1 - far) / far)``); the rest of each run's error moves the plans of its model and GPU
+count by their layout distance to it (the file records the transfer and each run's layout).
+:func:`pull`'s random-effects split (within / between groups) is still shown by the benchmark,
+and :data:`PRIOR_WEIGHT` (``calibration.refit``'s weak pull) stands in where no file is.
 Peak memory is read and shown beside the prediction, not fitted: the memory model's terms are
 the framework's, not the cluster's.
 """
