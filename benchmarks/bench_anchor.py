@@ -39,8 +39,18 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from search.anchored_interval import ANCHORED_FILE  # noqa: E402
-from search.inputs import LEVELS, calibration_yaml, load_calibration  # noqa: E402
+from costmodel.plans import plans_to_arrays  # noqa: E402
+from search.anchored_interval import ANCHORED_FILE, local_of  # noqa: E402
+from search.inputs import (  # noqa: E402  # noqa: E402
+    FEATURES,
+    LEVELS,
+    CaseError,
+    Transfer,
+    calibration_yaml,
+    case_from_row,
+    layout_of,
+    load_calibration,
+)
 from tcf_search.calibration.anchor import fit, pull  # noqa: E402
 from tcf_search.calibration.dataset import find_measured_csv  # noqa: E402
 from tcf_search.calibration.predict import predict_frame  # noqa: E402
@@ -48,6 +58,7 @@ from tcf_search.calibration.training_logs import (  # noqa: E402
     MeasuredInputError,
     read_measured,
 )
+from tcf_search.calibration.transfer_fit import fit_transfer  # noqa: E402
 
 GROUP = ("source", "model_name", "gpu", "gpus_per_node", "num_gpus")
 COVERAGE_BAR = (0.75, 0.85)
@@ -59,11 +70,11 @@ def ran(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["status"].eq("ok") & tokens.gt(0)]
 
 
-def anchor_on(row: pd.DataFrame, folder: Path, prior_weight: float) -> object:
+def anchor_on(row: pd.DataFrame, folder: Path, transfer: Transfer) -> object:
     """The calibration ``calibrate --measured`` writes for one run's row, read back."""
     src, out = folder / "anchor.csv", folder / "my-cluster.yaml"
     row.to_csv(src, index=False)
-    result = fit(read_measured([src]), files=[src.name], prior_weight=prior_weight)
+    result = fit(read_measured([src]), files=[src.name], transfer=transfer)
     out.write_text(calibration_yaml(result.calibration, []))
     return load_calibration(out)
 
@@ -72,25 +83,39 @@ def fold_of(group: str) -> int:
     return zlib.crc32(group.encode()) % 2
 
 
-def family_pull(frame: pd.DataFrame) -> dict[str, dict[str, float]]:
-    """The prior's pull (anchor.pull) from the family's residuals of each half of the groups,
-    and of all: a group's anchor is fitted with the other half's."""
+def layout_row(row: pd.Series) -> np.ndarray:
+    """A CSV row's layout coordinates (``layout_of``), NaN where it is not a case."""
+    try:
+        case = case_from_row({k: str(v) for k, v in row.items()})
+    except (CaseError, ValueError, KeyError):
+        return np.full(len(FEATURES), np.nan)
+    return layout_of(plans_to_arrays([case.plan]), case.training.seq_len,
+                     case.training.global_batch)[0]
+
+
+def family_pull(frame: pd.DataFrame) -> tuple[dict[str, dict[str, float]], dict[str, Transfer]]:
+    """From the family's residuals of each half of the groups, and of all: the random-effects
+    split (anchor.pull, shown) and the layout transfer (transfer_fit): a group's anchor is
+    fitted with the other half's, so nothing is fitted on the groups it is scored on."""
     rows = ran(frame)
     before = predict_frame(rows)
     pred = pd.to_numeric(before["pred_tokens_per_sec_per_gpu"], errors="coerce")
     r = np.log(rows["tokens_per_sec_per_gpu"].astype(float) / pred).to_numpy()
     groups = rows[list(GROUP)].astype(str).agg("|".join, axis=1).to_numpy()
-    ok = np.isfinite(r)
+    layouts = np.array([layout_row(row) for _, row in rows.iterrows()])
+    ok = np.isfinite(r) & np.isfinite(layouts).all(axis=1)
     folds = np.array([fold_of(g) for g in groups])
-    out = {"all": pull(r[ok], groups[ok])}
-    for f in (0, 1):
-        keep = ok & (folds != f)
-        out[str(f)] = pull(r[keep], groups[keep])  # the pull for fold f's anchors
-    return out
+    pulls, transfers = {}, {}
+    for f in ("all", 0, 1):
+        keep = ok & (folds != f)  # fold f's anchors: the other half's
+        pulls[str(f)] = pull(r[keep], groups[keep])
+        transfers[str(f)], how = fit_transfer(r[keep], groups[keep], layouts[keep])
+        pulls[str(f)].update({k: float(v) for k, v in how.items() if k != "loss"})
+    return pulls, transfers
 
 
 def leave_one_in(frame: pd.DataFrame, anchors: int,
-                 pulls: dict[str, dict[str, float]]) -> pd.DataFrame:
+                 transfers: dict[str, Transfer]) -> pd.DataFrame:
     """One row per held-out prediction: its group, anchor, measured, before and after."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -98,13 +123,13 @@ def leave_one_in(frame: pd.DataFrame, anchors: int,
             if len(group) < 2:
                 continue
             name = "|".join(map(str, key))
-            weight = pulls[str(fold_of(name))]["prior_weight"]
+            transfer = transfers[str(fold_of(name))]
             picks = sorted({int(round(i)) for i in np.linspace(0, len(group) - 1,
                                                                min(anchors, len(group)))})
             before = predict_frame(group)
             for a in picks:
                 try:
-                    cal = anchor_on(group.iloc[[a]], Path(tmp), weight)
+                    cal = anchor_on(group.iloc[[a]], Path(tmp), transfer)
                 except MeasuredInputError as exc:
                     print(f"skipped anchor {group.iloc[a]['case_id']}: {exc}", file=sys.stderr)
                     continue
@@ -118,11 +143,19 @@ def leave_one_in(frame: pd.DataFrame, anchors: int,
                     if not (b > 0 and p > 0):
                         continue
                     rows.append({"source": key[0], "group": name,
+                                 "sd": sd_at(cal, frame.loc[idx]),
                                  "anchor": group.iloc[a]["case_id"],
                                  "case_id": frame.at[idx, "case_id"],
                                  "measured": float(frame.at[idx, "tokens_per_sec_per_gpu"]),
                                  "before": float(b), "after": float(p)})
     return pd.DataFrame(rows)
+
+
+def sd_at(cal: object, row: pd.Series) -> float:
+    """The sd kriging leaves a row's prediction (1 where no anchor is near it)."""
+    case = case_from_row({k: str(v) for k, v in row.items()})
+    local = local_of(cal, case.model, case.cluster, case.training)  # type: ignore[arg-type]
+    return 1.0 if local is None else float(local.shift(plans_to_arrays([case.plan]))[1][0])
 
 
 def weighted_quantiles(values: np.ndarray, weights: np.ndarray,
@@ -139,7 +172,7 @@ def group_weights(res: pd.DataFrame) -> np.ndarray:
 
 
 def two_fold_coverage(res: pd.DataFrame) -> dict[str, float]:
-    r = np.log(res["measured"] / res["after"]).to_numpy()
+    r = (np.log(res["measured"] / res["after"]) / res["sd"]).to_numpy()
     w = group_weights(res)
     half = res["group"].map(fold_of).to_numpy()
     inside = np.zeros(len(res), dtype=bool)
@@ -174,18 +207,27 @@ def summary(res: pd.DataFrame) -> dict[str, object]:
     return out
 
 
-def write_spread(res: pd.DataFrame, csv: Path, pulled: dict[str, float]) -> Path:
-    r = np.log(res["measured"] / res["after"]).to_numpy()
+def write_spread(res: pd.DataFrame, csv: Path, pulled: dict[str, float],
+                 transfer: Transfer) -> Path:
+    r = (np.log(res["measured"] / res["after"]) / res["sd"]).to_numpy()
     q = weighted_quantiles(r, group_weights(res), LEVELS)
     doc = {"levels": list(LEVELS), "q": [round(float(v), 5) for v in q], "n": len(res),
            "pull": {k: round(v, 4) for k, v in pulled.items()},
+           "transfer": {**transfer.to_dict(), "basis": (
+               f"fitted on the family's log residuals of {csv.name}'s runs (status ok), every "
+               f"ordered pair of runs of one group (tcf_search.calibration.transfer_fit: "
+               f"r_b = rho(d) r_a, each group in its own robust scale and weighing alike, "
+               f"soft-L1 loss); {int(pulled['pairs'])} pairs of {int(pulled['groups'])} "
+               f"groups. The quantiles were made with each half's anchors on the other "
+               f"half's fit")},
            "groups": int(res["group"].nunique()),
            "basis": (f"leave-one-in on {csv.name}: in each of {res['group'].nunique()} "
                      f"(source, model, GPU, GPUs per node, GPU count) groups, up to "
                      f"{res.groupby('group')['anchor'].nunique().max()} runs in turn the one "
                      f"anchor (calibrate --measured), the others predicted (predict "
                      f"--calibration); quantiles of log(measured / anchored predicted), each "
-                     f"group weighing alike. pull: the family's log residuals split within and "
+                     f"group weighing alike, each divided by the sd kriging leaves it (the "
+                     f"transfer below). pull: the family's log residuals split within and "
                      f"between groups of >= 2 runs (tcf_search.calibration.anchor.pull); the "
                      f"quantiles were made with each half's anchors pulled by the other "
                      f"half's weight")}
@@ -208,12 +250,14 @@ def main(argv: list[str] | None = None) -> int:
         print("skipped: measured_runs.csv not found (expected at ../shared/data/); pass --csv")
         return 0
     frame = pd.read_csv(csv, dtype=str, keep_default_na=False)
-    pulls = family_pull(frame)
-    res = leave_one_in(frame, args.anchors, pulls)
+    pulls, transfers = family_pull(frame)
+    res = leave_one_in(frame, args.anchors, transfers)
     out = summary(res)
     out["pull"] = {k: {n: round(v, 4) for n, v in p.items()} for k, p in pulls.items()}
+    out["transfer"] = {k: {n: v for n, v in t.to_dict().items() if n != "basis"}
+                       for k, t in transfers.items()}
     if args.write:
-        out["written"] = str(write_spread(res, csv, pulls["all"]))
+        out["written"] = str(write_spread(res, csv, pulls["all"], transfers["all"]))
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -228,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{100 * cov['coverage_rows']:.1f}% (rows); bar 75-85%")
     print("pull toward the family's fit (within / between groups' sd, weight), per half:",
           json.dumps(out["pull"]))
+    print("layout transfer (far, near, decay), per half:", json.dumps(out["transfer"]))
     print("bars met:", json.dumps(out["bars_met"]))
     if args.write:
         print("wrote", out["written"])

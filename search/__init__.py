@@ -17,7 +17,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from search.anchored_interval import AnchoredSpread, load_anchored_spread, spread_for
+    from search.anchored_interval import (
+        AnchoredSpread,
+        AnchorLocal,
+        anchor_batch,
+        load_anchored_spread,
+        local_for,
+        spread_for,
+    )
     from search.baseline import baseline_doc, baseline_of, step_breakdown
     from search.output import interval_text, prior_legend, ranking_line, render, run_file
     from search.pipeline import RunOptions, run_study
@@ -41,7 +48,8 @@ if TYPE_CHECKING:
     )
 
 _HOME = {
-    "anchored_interval": ("AnchoredSpread", "load_anchored_spread", "spread_for"),
+    "anchored_interval": ("AnchoredSpread", "AnchorLocal", "anchor_batch",
+                          "load_anchored_spread", "local_for", "spread_for"),
     "baseline": ("baseline_doc", "baseline_of", "step_breakdown"),
     "output": ("interval_text", "prior_legend", "ranking_line", "render", "run_file"),
     "pipeline": ("RunOptions", "run_study"),
@@ -55,7 +63,9 @@ _HOME = {
 }
 _MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
-    "AnchoredSpread", "INTERVAL", "RunOptions", "Uncertainty", "baseline_doc", "baseline_of",
+    "AnchorLocal", "AnchoredSpread", "INTERVAL", "RunOptions", "Uncertainty", "anchor_batch",
+    "local_for",
+    "baseline_doc", "baseline_of",
     "build_space", "calibration_status", "candidates", "cost_model_version", "gap_bin", "in_memory",
     "interval_text", "key_regime", "load_anchored_spread", "p_best_faster", "plan_regime",
     "plan_rests_on", "prior_legend", "ranking_line", "regime_keys", "render", "residual_stack",

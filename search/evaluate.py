@@ -27,7 +27,8 @@ import numpy as np
 
 from costmodel import Plan, estimate_batch, plans_to_arrays
 from costmodel.rules import RULES
-from search.anchored_interval import AnchoredSpread, spread_for
+from search.anchored_interval import AnchoredSpread, anchor_batch, calibration_at, spread_for
+from search.inputs.sections import LEVELS
 from search.inputs.specs import Specs
 from search.inputs.study import Study
 from search.objectives import OBJECTIVES, metrics_from_batch, objective_vector
@@ -194,8 +195,7 @@ class Evaluator:
             # the twin judged CP-SAT's placement, and the even split where that ranked higher
             row.update({f: int(cols[f][k]) for f in PLACED})
             plan = plan_from_row(row)
-            out = estimate_batch(self.specs.model, self.specs.cluster, self.specs.training,
-                                 plans_to_arrays([plan]))
+            out = self._estimate(plans_to_arrays([plan]))
             self._cache[unit] = self._evaluation(unit, plan, out, 0, candidates=len(idx))
         return self._cache[unit]
 
@@ -203,7 +203,7 @@ class Evaluator:
         """Place many layouts (:func:`placements`) and estimate them in one call, keeping per
         layout the placement the objective ranks higher."""
         cols, at = placements(self.stage, idx)
-        out = estimate_batch(self.specs.model, self.specs.cluster, self.specs.training, cols)
+        out = self._estimate(cols)
         if len(at) == len(idx):
             return cols, out
         # per layout, its best placement (stable: a tie keeps the placement model's)
@@ -212,6 +212,17 @@ class Evaluator:
         keep = order[np.searchsorted(at[order], np.arange(len(idx)))]
         return ({k: v[keep] for k, v in cols.items()},
                 {k: v[keep] if np.ndim(v) and len(v) == len(at) else v for k, v in out.items()})
+
+    def _estimate(self, cols: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``estimate_batch``, moved by the calibration's anchor runs near each plan
+        (``search.anchored_interval.anchor_batch``); ``anchor_sd``: the sd left per plan."""
+        s = self.specs
+        out = estimate_batch(s.model, s.cluster, s.training, cols)
+        if not s.calibration:
+            return out
+        moved, _, sd = anchor_batch(calibration_at(s.calibration), s.model, s.cluster,
+                                    s.training, cols, out)
+        return {**moved, "anchor_sd": sd}
 
     @property
     def regime(self) -> tuple[str, ...]:
@@ -237,8 +248,8 @@ class Evaluator:
         # ranked by the tokens/s reached with probability 1 - risk, times the chance it fits;
         # a plan resting on a term no measured row validates is priced at that term's range
         anchor = self.anchor
-        factor = (anchor.interval(1.0, risk, risk)[0] if anchor is not None
-                  else interval(1.0, self.regime, risk, risk)[1])
+        factor = (np.exp(out.get("anchor_sd", 1.0) * np.interp(risk, LEVELS, anchor.q))
+                  if anchor is not None else interval(1.0, self.regime, risk, risk)[1])
         s = self.specs
         spread = prior_spread(s.model, s.cluster, s.training, cols)
         low, high = spread.widen
@@ -260,8 +271,11 @@ class Evaluator:
                                token_budget=t.token_budget, price_per_gpu_hour=c.price_per_gpu_hour)
         s = self.specs
         rests_on = prior_spread(s.model, s.cluster, s.training, plans_to_arrays([plan])).of(0)
+        anchor = self.anchor
+        if anchor is not None and "anchor_sd" in out:
+            anchor = anchor.at(float(np.atleast_1d(out["anchor_sd"])[k]))
         m.update(uncertainty_metrics(m, self.regime, self.study.objective.risk, rests_on,
-                                     self.anchor))
+                                     anchor))
         values = tuple(float(m["tokens_per_s_at_risk"] * (1.0 - m["p_oom"])
                              if name == "tokens_per_s" and "tokens_per_s_at_risk" in m
                              else m[OBJECTIVES[name][0]]) for name in self.metric_names)

@@ -23,6 +23,7 @@ from search.inputs.files import (
     read_input,
     write_atomic,
 )
+from search.inputs.layout_transfer import FEATURES, Transfer, distance, krige, layout_of
 from search.inputs.links import (
     CalibrationError,
     ClusterCalibration,
@@ -69,6 +70,7 @@ from search.inputs.study import Study, StudyError, load_study
 from search.inputs.yamlinput import YamlInputError, load_yaml, shown
 
 __all__ = [
+    "FEATURES", "Transfer", "distance", "krige", "layout_of",
     "ALIASES", "CHOICES", "CalibrationError", "Case", "CaseError", "ClusterCalibration", "FALSE",
     "InputError", "KNOBS", "LEVELS", "MAX_GPUS", "MAX_PLAN_FILE_BYTES", "MIB", "MeasuredAnchor",
     "Output", "OutputError", "OutputExists", "PLAN_FIELDS", "PlanFile", "PlanFileError",

@@ -21,6 +21,7 @@ import yaml
 from costmodel.errors import TcfError
 from costmodel.specs import ClusterSpec, MeasuredLinks, SpecError
 from search.inputs.files import MIB, read_input
+from search.inputs.layout_transfer import Transfer
 from search.inputs.yamlinput import load_yaml
 
 FORMAT = "tcf-search cluster calibration 1"
@@ -38,7 +39,7 @@ COMPUTE_FIELDS = ("gemm_peak_fraction", "fp8_gemm_peak_fraction", "attention_pea
                   "flash3_attention_peak_fraction")
 # a run's fields kept in the file: where it came from and what the interval's check matches on
 RUN_KEYS = ("file", "model_name", "model", "gpu", "num_gpus", "plan", "measured_tokens_per_s",
-            "family_tokens_per_s", "anchored_tokens_per_s")
+            "family_tokens_per_s", "anchored_tokens_per_s", "layout")
 
 
 class CalibrationError(TcfError):
@@ -55,13 +56,18 @@ class MeasuredAnchor:
         fabric's) fraction; 1 where the runs cannot identify it.
     fitted: the names of the scales the runs identified.
     runs: each run's file, model, cluster, plan and tokens/s (measured, the family's model,
-        anchored): what the anchored interval's check matches a study on.
+        anchored) and its layout's coordinates (``layout_transfer.FEATURES``): what the
+        anchored interval's check matches a study on, and what a plan's distance is to.
+    transfer: how far a run's residual carries to another layout of its group
+        (``layout_transfer.Transfer``), as the fit used it; None: not recorded (the runs then
+        move a plan by the cluster-wide scales only).
     """
 
     compute_scale: float = 1.0
     network_scale: float = 1.0
     fitted: tuple[str, ...] = ()
     runs: tuple[dict[str, Any], ...] = ()
+    transfer: Transfer | None = None
 
     def __post_init__(self) -> None:
         for key in ANCHOR_KEYS:
@@ -114,6 +120,8 @@ def calibration_yaml(cal: ClusterCalibration, fits: list[dict[str, Any]]) -> str
         doc["measured"] = {"files": list(cal.measured_files),
                            **{k: float(getattr(m, k)) for k in ANCHOR_KEYS},
                            "fitted": list(m.fitted), "runs": [dict(r) for r in m.runs]}
+        if m.transfer is not None:
+            doc["measured"]["transfer"] = m.transfer.to_dict()
     head = ("# The cluster's collective links, fitted on its nccl-tests output the way the cost\n"
             "# model prices each collective (tcf-search calibrate --nccl-tests), and/or the\n"
             "# scales its measured training steps fitted on the family's efficiencies\n"
@@ -165,9 +173,10 @@ def _measured(raw: Any, where: str) -> tuple[MeasuredAnchor | None, tuple[str, .
     """The ``measured:`` block (absent: None)."""
     if raw is None:
         return None, ()
-    if not isinstance(raw, dict) or set(raw) - {*ANCHOR_KEYS, "fitted", "runs", "files"}:
+    if not isinstance(raw, dict) or set(raw) - {*ANCHOR_KEYS, "fitted", "runs", "files",
+                                                "transfer"}:
         raise CalibrationError(f"{where}: measured must map {', '.join(ANCHOR_KEYS)}, fitted, "
-                               f"runs and files")
+                               f"runs, files and transfer")
     runs, fitted, files = raw.get("runs"), raw.get("fitted", []), raw.get("files", [])
     if not isinstance(runs, list) or not runs or not all(
             isinstance(r, dict) and not set(r) - set(RUN_KEYS) for r in runs):
@@ -180,10 +189,25 @@ def _measured(raw: Any, where: str) -> tuple[MeasuredAnchor | None, tuple[str, .
         raise CalibrationError(f"{where}: measured.files must list file names")
     try:
         anchor = MeasuredAnchor(**{k: raw.get(k, 1.0) for k in ANCHOR_KEYS},
-                                fitted=tuple(fitted), runs=tuple(runs))
+                                fitted=tuple(fitted), runs=tuple(runs),
+                                transfer=_transfer(raw.get("transfer"), where))
     except SpecError as exc:
         raise CalibrationError(f"{where}: {exc}") from None
     return anchor, tuple(files)
+
+
+def _transfer(raw: Any, where: str) -> Transfer | None:
+    """The ``measured.transfer`` block (absent: None)."""
+    if raw is None:
+        return None
+    ok = isinstance(raw, dict) and all(
+        isinstance(raw.get(k), (int, float)) and not isinstance(raw.get(k), bool)
+        for k in ("far", "near", "decay"))
+    if ok and 0 <= raw["far"] <= raw["near"] < 1 and raw["decay"] > 0:
+        return Transfer(far=float(raw["far"]), near=float(raw["near"]),
+                        decay=float(raw["decay"]), basis=str(raw.get("basis", "")))
+    raise CalibrationError(f"{where}: measured.transfer must map far, near and decay to "
+                           f"numbers with 0 <= far <= near < 1 and decay > 0, but got {raw!r}")
 
 
 def anchored(cluster: ClusterSpec, cal: ClusterCalibration) -> ClusterSpec:

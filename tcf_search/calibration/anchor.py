@@ -20,13 +20,14 @@ What the runs identify, and so what is fitted (``search.inputs.links.MeasuredAnc
 The fit: least squares on log(predicted / measured tokens/s) over the runs, each run predicted
 through ``tcf-search predict``'s code (:func:`tcf_search.calibration.predict.run_prediction`:
 its candidate plans where a knob is empty, the fastest that fits), with a pull of each log-scale
-toward 0 (the family's fit). The pull is a random-effects prior measured on the shared rows
-(:func:`pull`): a run's log residual under the family's fit is its cluster's offset (spread
-``between_sd`` over the (source, model, GPU, cluster) groups) plus the run's own (spread
-``within_sd`` inside a group), so the prior's weight is ``within_sd / between_sd`` and one run
-moves the scale ``between**2 / (between**2 + within**2)`` of the way; it is stored with the
-anchored spread (``hardware_catalog/anchored.yaml``, ``benchmarks/bench_anchor.py --write``), and
-:data:`PRIOR_WEIGHT` (``calibration.refit``'s weak pull) stands in where that file is absent.
+toward 0 (the family's fit). The pull is what a run shares with a layout far from its own on
+the shared rows: the layout transfer's ``far`` (``search.inputs.layout_transfer``, fitted by
+``calibration.transfer_fit`` and stored in ``hardware_catalog/anchored.yaml`` by
+``benchmarks/bench_anchor.py --write``), so one run moves the scale ``far`` of the way (weight
+``sqrt((1 - far) / far)``); the rest of each run's error moves the plans of its model and GPU
+count by their layout distance to it (the file records the transfer and each run's layout).
+:func:`pull`'s random-effects split (within / between groups) is still shown by the benchmark,
+and :data:`PRIOR_WEIGHT` (``calibration.refit``'s weak pull) stands in where no file is.
 Peak memory is read and shown beside the prediction, not fitted: the memory model's terms are
 the framework's, not the cluster's.
 """
@@ -43,16 +44,20 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from costmodel.errors import SpecError
+from costmodel.plans import plans_to_arrays
 from costmodel.specs import MeasuredLinks
 from search import load_anchored_spread
 from search.inputs import (
+    FEATURES,
     Case,
     CaseError,
     ClusterCalibration,
     MeasuredAnchor,
+    Transfer,
     anchored,
     case_from_row,
     format_plan,
+    layout_of,
     model_key,
 )
 from tcf_search.calibration.predict import run_prediction
@@ -114,13 +119,23 @@ def stored_prior_weight() -> float:
         else PRIOR_WEIGHT
 
 
+def stored_transfer() -> Transfer | None:
+    spread = load_anchored_spread()
+    return spread.transfer if spread is not None else None
+
+
 def fit(runs: Sequence[MeasuredRun], base: ClusterCalibration | None = None,
         files: Sequence[str] = (), today: str | None = None,
-        prior_weight: float | None = None) -> AnchorFit:
+        prior_weight: float | None = None, transfer: Transfer | None = None) -> AnchorFit:
     """The scales ``runs`` identify (module docstring), on top of ``base`` (a calibration
-    whose nccl-tests links the runs are priced on; None: the family's); ``prior_weight``: the
-    pull toward the family's fit (default: the stored one, :func:`stored_prior_weight`)."""
-    w = stored_prior_weight() if prior_weight is None else prior_weight
+    whose nccl-tests links the runs are priced on; None: the family's); ``transfer``: how far a
+    run's residual carries to other layouts (default: the stored one; its ``far`` sets the
+    pull, and the file records it for the study's plans: ``search.inputs.layout_transfer``);
+    ``prior_weight``: the pull toward the family's fit where no transfer is given (default:
+    the stored one, :func:`stored_prior_weight`)."""
+    transfer = transfer or (stored_transfer() if prior_weight is None else None)
+    w = (transfer.prior_weight if transfer is not None
+         else stored_prior_weight() if prior_weight is None else prior_weight)
     if not runs:
         raise MeasuredInputError("calibrate --measured: no measured run was given")
     cases = [_case(r) for r in runs]
@@ -155,7 +170,7 @@ def fit(runs: Sequence[MeasuredRun], base: ClusterCalibration | None = None,
             for i, (run, case) in enumerate(zip(runs, cases, strict=True))]
     anchor = MeasuredAnchor(compute_scale=round(scales["compute_scale"], 6),
                             network_scale=round(scales.get("network_scale", 1.0), 6),
-                            fitted=names, runs=tuple(rows))
+                            fitted=names, runs=tuple(rows), transfer=transfer)
     cal = replace(base, measured=anchor, measured_files=tuple(dict.fromkeys(files)),
                   date=today or date.today().isoformat(),
                   device=base.device or cases[0].cluster.gpu.id)
@@ -173,6 +188,12 @@ def fit(runs: Sequence[MeasuredRun], base: ClusterCalibration | None = None,
     errs = (np.abs(family / measured - 1), np.abs(after / measured - 1))
     lines.append(f"pull toward the family's fit: weight {w:.2f} on each log-scale (one run "
                  f"moves a scale {100 / (1 + w * w):.0f}% of the way to its own fit)")
+    if transfer is not None:
+        lines.append(f"the rest of each run's error carries to a plan of its model and GPU "
+                     f"count by layout distance d: correlation {transfer.far:.2f} + "
+                     f"({transfer.near:.2f} - {transfer.far:.2f}) exp(-d / "
+                     f"{transfer.decay:.2f}) (d: doublings of a degree, micro-batch, sequence "
+                     f"or batch, and switches of ZeRO stage, recompute, sequence parallel)")
     lines.append(f"tokens/s error on these runs: median {100 * np.median(errs[0]):.1f}% with "
                  f"the family's fit, {100 * np.median(errs[1]):.1f}% anchored (in-sample: "
                  f"benchmarks/bench_anchor.py measures it on runs the anchor did not see)")
@@ -205,7 +226,10 @@ def _run_record(run: MeasuredRun, case: Case, measured: float, family: float,
             "num_gpus": case.cluster.num_gpus, "plan": format_plan(case.plan),
             "measured_tokens_per_s": round(float(measured), 3),
             "family_tokens_per_s": round(float(family), 3),
-            "anchored_tokens_per_s": round(float(anchored_tokens), 3)}
+            "anchored_tokens_per_s": round(float(anchored_tokens), 3),
+            "layout": dict(zip(FEATURES, layout_of(
+                plans_to_arrays([case.plan]), case.training.seq_len,
+                case.training.global_batch)[0].round(6).tolist(), strict=True))}
 
 
 def _run_line(run: MeasuredRun, r: dict[str, Any]) -> str:

@@ -35,8 +35,8 @@ from costmodel.mapping import (
 )
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import Plan, SpecError
+from search import anchor_batch, plan_regime, plan_rests_on, uncertainty_metrics
 from search import candidates as placement_candidates
-from search import load_anchored_spread, plan_regime, plan_rests_on, uncertainty_metrics
 from search.inputs import (
     KNOBS,
     MIB,
@@ -44,7 +44,6 @@ from search.inputs import (
     CaseError,
     ClusterCalibration,
     OutputError,
-    anchor_matches,
     case_from_row,
     check_target,
     load_calibration,
@@ -144,9 +143,10 @@ def _prediction(case: Case, plans: list[Plan], res: dict[str, np.ndarray],
                 calibration: ClusterCalibration | None = None) -> dict[str, object]:
     """The output cells of the plan chosen among ``plans`` (estimated as ``res``); the anchored
     interval where the case is what ``calibration``'s measured runs checked."""
-    matched = anchor_matches(calibration, case.model, case.cluster)
-    spread = load_anchored_spread() if matched else None
+    res, spread, sd = anchor_batch(calibration, case.model, case.cluster, case.training,
+                                   plans_to_arrays(plans), res)
     j = _pick(res)
+    spread = spread.at(sd[j]) if spread is not None else None
     chosen = plans[j]
     values = {
         "pred_tokens_per_sec_per_gpu": res["tokens_per_s_per_gpu"][j],

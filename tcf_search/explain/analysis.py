@@ -10,14 +10,27 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from costmodel import ModelSpec, Plan, StepEstimate, Training, estimate, plan_placement
+import numpy as np
+
+from costmodel import (
+    ModelSpec,
+    Plan,
+    StepEstimate,
+    Training,
+    estimate,
+    plan_placement,
+    plans_to_arrays,
+)
 from costmodel.recompute_modules import mask_modules
 from hardware_catalog.frameworks import is_megatron_core
 from search import (
+    AnchoredSpread,
+    AnchorLocal,
     baseline_doc,
     baseline_of,
     build_space,
     calibration_status,
+    local_for,
     p_best_faster,
     plan_regime,
     plan_rests_on,
@@ -25,7 +38,7 @@ from search import (
     step_breakdown,
     uncertainty_metrics,
 )
-from search.inputs import plan_dict
+from search.inputs import Specs, plan_dict
 from tcf_search.explain.neighbours import best_move, improves, neighbours
 from tcf_search.explain.planspec import format_plan
 from tcf_search.explain.source import Subject
@@ -192,6 +205,7 @@ def explain(subject: Subject) -> dict[str, Any]:
         advice = (f"none improves it — a local optimum; the closest, {best.change}, {cost}"
                   if best.fits else
                   "none improves it — every one-knob neighbour breaks the memory limit")
+    tokens, spread, sd, near = _anchored(s, plan, e.tokens_per_s_per_gpu)
     return {
         "study": subject.name, "origin": subject.origin, "model": s.model.name,
         "model_features": model_features(s.model),
@@ -207,14 +221,15 @@ def explain(subject: Subject) -> dict[str, Any]:
                           **({"moe_dispatch": moe_dispatch(s.training, plan)}
                              if s.model.is_moe else {})},
         "step": {"step_time_s": e.step_time_s, "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
-                 "tokens_per_step": e.tokens_per_step, "breakdown": breakdown},
+                 "tokens_per_step": e.tokens_per_step, "breakdown": breakdown,
+                 **({"anchored_tokens_per_s_per_gpu": tokens} if near is not None else {})},
         "uncertainty": uncertainty_metrics(
-            {"tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
+            {"tokens_per_s_per_gpu": tokens,
              "peak_mem_gib": e.memory.peak_bytes / GIB,
              "usable_mem_gib": e.memory.usable_bytes / GIB},
             plan_regime(s.model, s.cluster, s.training, s.framework),
             rests_on=plan_rests_on(s.model, s.cluster, s.training, plan),
-            anchor=spread_for(s.calibration, s.model, s.cluster)),
+            anchor=spread.at(sd) if spread is not None else None),
         "calibration": calibration_status(s.cluster),
         "verdict": {"binding": binding, "reason": REASONS[binding],
                     "best_change": best.to_dict() if best else None, "improves": better,
@@ -256,3 +271,15 @@ def model_features(m: ModelSpec) -> str:
         every = f", 1 in {m.moe_layer_freq}" if m.moe_layer_freq > 1 else ""
         out.append(f"MoE on {m.moe_layers} of {m.layers} layers{dense}{every}")
     return "; ".join(out)
+
+
+def _anchored(s: Specs, plan: Plan, tokens: float
+              ) -> tuple[float, AnchoredSpread | None, float, AnchorLocal | None]:
+    """The plan's tokens/s moved by the calibration's anchor runs near its layout
+    (``search.anchored_interval``), the anchored spread, the sd left, and those runs."""
+    spread = spread_for(s.calibration, s.model, s.cluster)
+    near = local_for(s.calibration, s.model, s.cluster, s.training)
+    if near is None:
+        return tokens, spread, 1.0, None
+    shift, sd = near.shift(plans_to_arrays([plan]))
+    return float(tokens * np.exp(shift[0])), spread, float(sd[0]), near
