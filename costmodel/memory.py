@@ -200,6 +200,18 @@ class StageBytes:
                 + self.overhead)
 
 
+def allocator_fraction(tr: Training) -> float:
+    """What the caching allocator reserves beyond the volatile bytes it hands out, as their
+    fraction: the memory model's fitted fragmentation, or none where the allocator maps
+    expandable segments (``kernels.expandable_segments``; PyTorch's CUDA semantics notes,
+    "Optimizing memory usage with PYTORCH_CUDA_ALLOC_CONF": freed memory of any size is reused
+    by growing one segment instead of splitting fixed ones) — a prior no measured row fits,
+    which the interval's unvalidated terms re-price at the fitted value (search.uncertainty)."""
+    if tr.framework.kernels.expandable_segments:
+        return 0.0
+    return tr.framework.memory_model.allocator_fraction
+
+
 def stage_memory(model: ModelSpec, tr: Training, p: PlanArrays, co: MemoryCoefficients,
                  layers: StageLayers, m: np.ndarray, stage: str) -> StageBytes:
     """Peak bytes of one stage, the larger of the forward/backward and the optimizer peaks.
@@ -247,10 +259,11 @@ def stage_memory(model: ModelSpec, tr: Training, p: PlanArrays, co: MemoryCoeffi
     volatile = activations + logits + co.gather_buffer
     opt_buffers = part("opt_buffer")
     comm_buffers = part("comm_buffer")
-    overhead = mm.allocator_fraction * volatile + mm.allocator_const_bytes
+    frag = allocator_fraction(tr)
+    overhead = frag * volatile + mm.allocator_const_bytes
     # the larger of the two peaks decides; what the optimizer step needs beyond the
     # forward/backward peak is reported as buffers so the parts add up to the peak
-    extra_at_opt = np.maximum(opt_buffers - volatile - mm.allocator_fraction * volatile, 0.0)
+    extra_at_opt = np.maximum(opt_buffers - volatile - frag * volatile, 0.0)
     buffers = logits + co.gather_buffer + extra_at_opt + comm_buffers
     return StageBytes(params=dense + experts, weights=part("weights"), grads=part("grads"),
                       optimizer=part("optimizer"),

@@ -12,7 +12,7 @@ import numpy as np
 from costmodel.activation_memory import activation_bytes_per_layer
 from costmodel.dispatch import warms_up_one_more
 from costmodel.mapping import STAGES, inflight_micro_batches, micro_batches
-from costmodel.memory import coefficients
+from costmodel.memory import allocator_fraction, coefficients
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 from costmodel.recompute_modules import BITS, MODELLED
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
@@ -30,7 +30,7 @@ def memory_terms_batch(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     p = as_plan_arrays(plans)
     co = coefficients(model, cluster, training, p)
     mm = training.framework.memory_model
-    frag = 1.0 + mm.allocator_fraction
+    frag = 1.0 + allocator_fraction(training)
     m = micro_batches(training.global_batch, p)
     one_more = warms_up_one_more(model, training, p)
     bpp, bpp_e = co.bytes_per_param, co.expert_bytes_per_param

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from search.output import interval_text, prior_legend, ranking_line, render, run_file
     from search.pipeline import RunOptions, run_study
     from search.placement import candidates
+    from search.priors import plan_rests_on
     from search.rdb import in_memory, sqlite_file
     from search.rescore import cost_model_version
     from search.space import build_space
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
         key_regime,
         p_best_faster,
         plan_regime,
-        plan_rests_on,
         regime_keys,
         residual_stack,
         scale_of,
@@ -57,8 +57,9 @@ _HOME = {
     "rdb": ("in_memory", "sqlite_file"),
     "rescore": ("cost_model_version",),
     "space": ("build_space",),
+    "priors": ("plan_rests_on",),
     "uncertainty": ("INTERVAL", "Uncertainty", "calibration_status", "gap_bin", "key_regime",
-                    "p_best_faster", "plan_regime", "plan_rests_on", "regime_keys",
+                    "p_best_faster", "plan_regime", "regime_keys",
                     "residual_stack", "scale_of", "uncertainty_metrics"),
 }
 _MODULE_OF = {name: module for module, names in _HOME.items() for name in names}

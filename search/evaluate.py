@@ -33,6 +33,7 @@ from search.inputs.specs import Specs
 from search.inputs.study import Study
 from search.objectives import OBJECTIVES, metrics_from_batch, objective_vector
 from search.placement import plan_fields
+from search.priors import prior_spread
 from search.prune import MemoryStage, plan_arrays
 from search.space import AXES, DERIVED, SearchSpace, decode, plan_from_row
 from search.storage import SearchError
@@ -40,7 +41,6 @@ from search.uncertainty import (
     interval,
     p_oom,
     plan_regime,
-    prior_spread,
     uncertainty_metrics,
 )
 

@@ -154,23 +154,24 @@ def _no_layout(result: StudyResult, console: Console) -> None:
 
 
 def _interval_label(m: dict[str, Any]) -> str:
-    """The interval, and a † per term it rests on that no measured row validates."""
+    """The interval, and after a † one letter per term it rests on that no measured row
+    validates (search.priors.MARKS; the legend under the table names them)."""
     lo_hi = m.get("tokens_per_s_interval")
     if not lo_hi:
         return ""
-    return " ".join([f"{lo_hi[0]:,.0f}–{lo_hi[1]:,.0f}",
-                     *(f"†{flag}" for flag in m.get("interval_flags", []))])
+    marks = "".join(t.get("mark", "?") for t in m.get("interval_rests_on", []))
+    return f"{lo_hi[0]:,.0f}–{lo_hi[1]:,.0f}" + (f" †{marks}" if marks else "")
 
 
 def prior_legend(metrics: Iterable[dict[str, Any]]) -> list[str]:
     """One line per unvalidated term the plans' intervals rest on: what it is, and the range
-    it was re-priced at (search.uncertainty.prior_spread)."""
+    it was re-priced at (search.priors.prior_spread)."""
     seen: dict[str, dict[str, Any]] = {}
     for m in metrics:
         for term in m.get("interval_rests_on", []):
             seen.setdefault(term["flag"], term)
-    return [f"†{flag}: the interval widens where a plan rests on {t['term']}; {t['basis']}"
-            for flag, t in seen.items()]
+    return [f"†{t.get('mark', '?')} {flag}: the interval widens where a plan rests on "
+            f"{t['term']}; {t['basis']}" for flag, t in seen.items()]
 
 
 def interval_text(m: dict[str, Any]) -> str:

@@ -17,9 +17,10 @@ from search.inputs.presets import get_preset
 from search.inputs.specs import build_specs, training_spec
 from search.inputs.study import parse_study
 from search.output import _interval_label, prior_legend
+from search.priors import plan_rests_on
 from search.prune import memory_stage
 from search.space import build_space, enumerate_layouts
-from search.uncertainty import interval, plan_rests_on
+from search.uncertainty import interval
 
 STUDY = """
 model: {preset: llama3-70b}
@@ -55,9 +56,10 @@ def test_an_offload_plan_is_wider_than_its_twin_without_offload() -> None:
     width = m["tokens_per_s_interval"][1] / m["tokens_per_s_interval"][0]
     twin_width = t["tokens_per_s_interval"][1] / t["tokens_per_s_interval"][0]
     assert width > twin_width
-    assert "†offload prior" in _interval_label(m) and "†" not in _interval_label(t)
+    assert _interval_label(m).endswith(" †o") and "†" not in _interval_label(t)
     legend = prior_legend([m, t])
-    assert len(legend) == 1 and "nvbandwidth" in legend[0]
+    assert len(legend) == 1 and legend[0].startswith("†o offload prior: ")
+    assert "nvbandwidth" in legend[0]
     # the twin, resting on nothing unvalidated, keeps the residual interval exactly
     tok = t["tokens_per_s_per_gpu"]
     lo, hi, _ = interval(tok, ev.regime)

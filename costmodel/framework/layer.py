@@ -100,6 +100,11 @@ class Kernels:
     cuda_graph_scope: tuple[str, ...]
     """What a layer's graphs capture (Megatron-Core ``--cuda-graph-scope``); (): the whole
     layer."""
+    expandable_segments: bool
+    """PyTorch's caching allocator maps its segments as growable virtual ranges
+    (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``): freed blocks of any size serve later
+    requests, so the reserved peak keeps little beyond the allocated one
+    (``costmodel.memory.allocator_fraction``)."""
 
     def __post_init__(self) -> None:
         check_choices(loss_kernel=(self.loss_kernel, ("fused", "eager_fp32")))

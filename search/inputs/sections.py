@@ -178,6 +178,10 @@ class TrainingSection(_Section):
     adam_moments_in_bf16: Bool | None = None
     # torch.compile: fuses the norms, RoPE and activation functions a framework runs eagerly
     compile: Bool | None = None
+    # PyTorch's caching allocator with expandable segments
+    # (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True): no fragmentation reserved beyond what
+    # is allocated (costmodel.memory.allocator_fraction); the profile's unless given
+    expandable_segments: Bool | None = None
     # what recompute=selective recomputes under a Megatron-Core profile (--recompute-modules;
     # costmodel/recompute_modules.py): the profile's ["core_attn"] unless given
     recompute_modules: list[str] | None = None

@@ -173,7 +173,8 @@ def build_specs(study: Study) -> Specs:
     t = study.training
     switches: dict[str, Any] = {k: getattr(t, k) for k in (
         "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "flash_attention",
-        "fp8_param_gather", "rank_order", *MOE_SWITCHES) if getattr(t, k) is not None}
+        "fp8_param_gather", "rank_order", "expandable_segments", *MOE_SWITCHES)
+        if getattr(t, k) is not None}
     if t.grad_reduce_in_bf16 is not None:
         switches["grad_dtype_bytes"] = 2 if t.grad_reduce_in_bf16 else 4
     if t.adam_moments_in_bf16 is not None:

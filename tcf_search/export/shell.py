@@ -60,6 +60,9 @@ def script(fmt: str, pf: PlanFile, body: str, env: Mapping[str, str] | None = No
         *note.splitlines(),
         "set -euo pipefail",
     ]
-    for name, value in (env or {}).items():  # assign, then export: a failing $(...) is seen
+    env = dict(env or {})
+    if pf.training.framework.kernels.expandable_segments:  # the allocator the plan was priced on
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    for name, value in env.items():  # assign, then export: a failing $(...) is seen
         head += [f"{name}={word(value)}", f"export {name}"]
     return "\n".join(head) + "\n\n" + body

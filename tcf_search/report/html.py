@@ -50,7 +50,8 @@ def _top_table(data: ResultData) -> Html:
         p, m = r.plan, r.predicted
         cells = join(html("<td>{}</td>", str(getattr(p, c))) for c in TOP_COLUMNS)
         lo_hi = m.tokens_per_s_interval
-        flags = "".join(f" †{t.flag}" for t in m.interval_rests_on)
+        marks = "".join(t.mark or "?" for t in m.interval_rests_on)
+        flags = f" †{marks}" if marks else ""
         band = html("{:,.0f}–{:,.0f}{}", *lo_hi, flags) if lo_hi else ""
         p_oom = html("{:.0%}", m.p_oom) if m.p_oom is not None else ""
         rows.append(html("<tr><td>{}</td>{}<td>{:,.0f}</td><td>{}</td><td>{}</td><td>{:.1%}</td>"

@@ -119,11 +119,12 @@ class PlanRow(_Doc):
 
 class RestsOn(_Doc):
     """A term no measured row validates that widened a plan's interval
-    (``search.uncertainty.PriorSpread.of``)."""
+    (``search.priors.PriorSpread.of``)."""
 
     flag: Name
     term: Text
     basis: Text
+    mark: Name = ""  # its letter beside the interval (search.priors.MARKS)
 
 
 class Predicted(_Doc):

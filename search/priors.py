@@ -1,0 +1,161 @@
+"""The terms of the cost model no measured row validates (activation offload's host link, the
+fused MoE dispatch, a family borrowing another's fit, a fabric with no rows, the allocator's
+expandable segments), and each plan re-priced at the ends of their ranges: what widens its
+interval and P(OOM) (``search.uncertainty.uncertainty_metrics``) and flags it in the table."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from costmodel import Plan, estimate_batch, plans_to_arrays
+from costmodel.dispatch import FLEX, dispatcher
+from costmodel.plans import as_plan_arrays
+from costmodel.specs import ClusterSpec, Efficiency, ModelSpec, Training
+from hardware_catalog import CATALOG_DIR, load_calibration, load_prior_ranges
+from hardware_catalog.fabrics import load_fabrics
+from search.uncertainty import calibration_status
+
+# each term's one-letter mark beside a plan's interval in the run table (the legend names it)
+MARKS = {"offload prior": "o", "flex prior": "x", "borrowed fit": "b", "fabric prior": "n",
+         "allocator prior": "a"}
+
+
+@dataclass(frozen=True, slots=True)
+class PriorTerm:
+    """A term of the cost model no measured row validates, and the range it is re-priced at."""
+
+    flag: str  # its name in the table's legend, e.g. "offload prior"
+    what: str  # the term, as explain says it
+    basis: str  # where the range comes from (its citation)
+
+
+@dataclass(frozen=True, slots=True)
+class PriorSpread:
+    """Per unvalidated term (rows) and plan (columns): whether the plan uses it, and the
+    tokens/s and peak-memory ratios its re-pricing reaches (1 where it does not use it)."""
+
+    terms: tuple[PriorTerm, ...]
+    uses: np.ndarray  # bool, terms x plans
+    low: np.ndarray  # the smallest tokens/s ratio over the term's range, <= 1
+    high: np.ndarray  # the largest, >= 1
+    peak: np.ndarray  # the largest peak-memory ratio, >= 1
+
+    @property
+    def widen(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per plan, the product of its terms' pessimistic and optimistic ratios."""
+        return np.prod(self.low, axis=0), np.prod(self.high, axis=0)
+
+    def of(self, k: int) -> list[dict[str, Any]]:
+        """Plan ``k``'s terms, as ``uncertainty_metrics`` takes them and ``--json`` shows."""
+        return [{"flag": t.flag, "mark": MARKS[t.flag], "term": t.what, "basis": t.basis,
+                 "tokens_per_s_ratio": [float(self.low[i, k]), float(self.high[i, k])],
+                 "peak_mem_ratio": float(self.peak[i, k])}
+                for i, t in enumerate(self.terms) if self.uses[i, k]]
+
+
+def _fitted_families() -> dict[str, Efficiency]:
+    """The families whose efficiency measured runs fitted (not transferred from another)."""
+    return {f: eff for f, eff in load_calibration(CATALOG_DIR).items()
+            if eff.source.startswith("fitted") and "transferred from" not in eff.source}
+
+
+def _with_efficiency(cluster: ClusterSpec, name: str, value: float) -> ClusterSpec:
+    """The cluster with one efficiency field set to ``value``."""
+    eff = replace(cluster.gpu.efficiency, **{name: value})  # type: ignore[arg-type]
+    return replace(cluster, gpu=replace(cluster.gpu, efficiency=eff))
+
+
+Variant = tuple[ClusterSpec, Training]
+
+
+def _terms(model: ModelSpec, cluster: ClusterSpec, tr: Training,
+           cols: Mapping[str, Any]) -> list[tuple[PriorTerm, np.ndarray, list[Variant]]]:
+    """Each unvalidated term the plans ``cols`` may use: the term, which plans use it, and the
+    clusters and trainings that price it at the ends of its range."""
+    p = as_plan_arrays(cols)
+    n = len(np.atleast_1d(p.tp))
+    ranges = load_prior_ranges()
+    eff = cluster.gpu.efficiency
+    out: list[tuple[PriorTerm, np.ndarray, list[Variant]]] = []
+    host = ranges.get("host_link_bw_fraction")
+    if host and cluster.gpu.host_link_bw_bytes_per_s > 0:
+        uses = np.broadcast_to(p.cpu_offload_layers > 0, (n,))
+        out.append((PriorTerm(
+            "offload prior", f"activation offload over the host link at "
+            f"{eff.host_link_bw_fraction:g} of its line rate (no measured run offloads)",
+            f"re-priced at {host.low:g} and {host.high:g}: {host.source}"), uses,
+            [(_with_efficiency(cluster, host.field, v), tr) for v in (host.low, host.high)]))
+    flex = ranges.get("flex_network_bw_fraction")
+    if flex and model.moe_experts > 0:
+        uses = np.broadcast_to((dispatcher(tr, p) == FLEX) & (p.ep > 1), (n,))
+        out.append((PriorTerm(
+            "flex prior", f"the fused MoE dispatch (DeepEP/HybridEP) at "
+            f"{eff.flex_network_bw_fraction:g} of the NIC (no measured run uses it)",
+            f"re-priced at {flex.low:g} and {flex.high:g}: {flex.source}"), uses,
+            [(_with_efficiency(cluster, flex.field, v), tr) for v in (flex.low, flex.high)]))
+    status = calibration_status(cluster)
+    if not status["validated"] and not status["partly"]:
+        fitted = _fitted_families()
+        if fitted:
+            out.append((PriorTerm(
+                "borrowed fit", status["line"].split("; ")[0].removeprefix("calibration: "),
+                f"re-priced with each fitted family's efficiency ({', '.join(sorted(fitted))}; "
+                f"calibration.yaml)"), np.ones(n, dtype=bool),
+                [(replace(cluster, gpu=replace(cluster.gpu, efficiency=e)), tr)
+                 for e in fitted.values()]))
+    fabrics = load_fabrics() if cluster.fabric else {}
+    fab = fabrics.get(cluster.fabric)
+    if (fab is not None and cluster.links is None and not fab.source.startswith("fitted")
+            and cluster.network_bw_fraction is not None):
+        out.append((PriorTerm(
+            "fabric prior", f"the {fab.id} fabric's network fraction "
+            f"{cluster.network_bw_fraction:g}, a prior no measured row fits",
+            f"re-priced at the {cluster.gpu.family} family's fitted {eff.network_bw_fraction:.3g} "
+            f"(its measured clusters, calibration.yaml)"), np.ones(n, dtype=bool),
+            [(replace(cluster, network_bw_fraction=None), tr)]))
+    if tr.framework.kernels.expandable_segments:
+        fitted_frac = tr.framework.memory_model.allocator_fraction
+        out.append((PriorTerm(
+            "allocator prior", "no fragmentation reserved beyond the allocated bytes under "
+            "expandable segments (no measured row's memory says what they reserve)",
+            f"re-priced at the memory model's fitted fragmentation {fitted_frac:.3g} of the "
+            f"volatile bytes (the default allocator's; frameworks.yaml memory_model)"),
+            np.ones(n, dtype=bool),
+            [(cluster, tr.with_switches(expandable_segments=False))]))
+    return out
+
+
+def prior_spread(model: ModelSpec, cluster: ClusterSpec, tr: Training,
+                 cols: Mapping[str, Any]) -> PriorSpread:
+    """The unvalidated terms of the plans ``cols`` (cost-model columns), each plan that uses
+    one re-priced at the ends of the term's range."""
+    n = len(np.atleast_1d(as_plan_arrays(cols).tp))
+    terms = [t for t in _terms(model, cluster, tr, cols) if t[1].any()]
+    low, high, peak = (np.ones((len(terms), n)) for _ in range(3))
+    every: dict[str, np.ndarray] | None = None  # the plans as priced, once for all-plan terms
+    for i, (_, uses, variants) in enumerate(terms):
+        sub = {k: np.asarray(v)[uses] if np.ndim(v) else v for k, v in cols.items()}
+        if uses.all():
+            every = base = every or estimate_batch(model, cluster, tr, sub)
+        else:
+            base = estimate_batch(model, cluster, tr, sub)
+        for variant, training in variants:
+            alt = estimate_batch(model, variant, training, sub)
+            tok = alt["tokens_per_s_per_gpu"] / base["tokens_per_s_per_gpu"]
+            low[i, uses] = np.minimum(low[i, uses], tok)
+            high[i, uses] = np.maximum(high[i, uses], tok)
+            peak[i, uses] = np.maximum(peak[i, uses],
+                                       alt["peak_mem_bytes"] / base["peak_mem_bytes"])
+    return PriorSpread(terms=tuple(t[0] for t in terms),
+                       uses=np.array([t[1] for t in terms], dtype=bool).reshape(len(terms), n),
+                       low=low, high=high, peak=peak)
+
+
+def plan_rests_on(model: ModelSpec, cluster: ClusterSpec, tr: Training,
+                  plan: Plan) -> list[dict[str, Any]]:
+    """One plan's unvalidated terms (:func:`prior_spread`)."""
+    return prior_spread(model, cluster, tr, plans_to_arrays([plan])).of(0)
