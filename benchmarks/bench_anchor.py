@@ -124,8 +124,12 @@ def leave_one_in(frame: pd.DataFrame, anchors: int,
                 continue
             name = "|".join(map(str, key))
             transfer = transfers[str(fold_of(name))]
-            picks = sorted({int(round(i)) for i in np.linspace(0, len(group) - 1,
-                                                               min(anchors, len(group)))})
+            # anchors drawn at random (seeded by the group): the file's order is a source's
+            # (the Playbook's runs sorted by throughput), so its first, middle and last runs
+            # would be its extremes
+            rng = np.random.default_rng(zlib.crc32(name.encode()))
+            picks = sorted(int(i) for i in rng.choice(len(group), min(anchors, len(group)),
+                                                      replace=False))
             before = predict_frame(group)
             for a in picks:
                 try:
