@@ -6,6 +6,8 @@ recompute policy frees; :mod:`costmodel.memory` multiplies them by the micro-bat
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from costmodel.attention import kv_dims, qk_dim, qkv_act_elems, score_keys, v_dim
@@ -87,7 +89,25 @@ def freed_by_modules(model: ModelSpec, tr: Training, p: PlanArrays, M: np.ndarra
 def activation_bytes_per_layer(model: ModelSpec, tr: Training,
                                p: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(stored under the plan's recompute mode, stored when fully recomputed, all of a layer)
-    for one micro-batch, before the calibrated ``activation_factor``."""
+    for one micro-batch, before the calibrated ``activation_factor``: an average layer of the
+    pattern after the leading dense layers, as ``costmodel.memory.coefficients`` counts its
+    parameters (Llama 4 Maverick's MoE every other layer: half a MoE layer's and half a dense
+    one's)."""
+    lead = model.moe_dense_layers if model.is_moe else 0
+    moe_frac = model.moe_layers / max(model.layers - lead, 1)
+    if not model.is_moe or moe_frac >= 1.0:
+        return _layer_bytes(model, tr, p)
+    dense = replace(model, moe_experts=0, moe_topk=0, moe_shared_experts=0, moe_ffn_hidden=0,
+                    moe_router=None, moe_dense_layers=0, moe_layer_freq=1)
+    moe, plain = _layer_bytes(model, tr, p), _layer_bytes(dense, tr, p)
+    return tuple(moe_frac * a + (1.0 - moe_frac) * b  # type: ignore[return-value]
+                 for a, b in zip(moe, plain, strict=True))
+
+
+def _layer_bytes(model: ModelSpec, tr: Training,
+                 p: PlanArrays) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`activation_bytes_per_layer` of a model whose layers are all alike (all MoE where
+    it has experts)."""
     h, f, a = model.hidden, model.ffn_hidden, model.heads
     tp = p.tp.astype(float)
     sp_div = np.where(p.sequence_parallel > 0, tp, 1.0)

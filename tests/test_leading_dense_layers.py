@@ -4,11 +4,14 @@ routed experts, which a pattern layer holds sharded over their expert-DP replica
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from costmodel_helpers import training_for
 
 from costmodel import ClusterSpec, ModelSpec, Plan, estimate
+from costmodel.activation_memory import _layer_bytes, activation_bytes_per_layer
 from costmodel.mapping import StageLayers
 from costmodel.memory import coefficients, leading_dense_on, stage_memory
 from costmodel.params import attention_params, dense_mlp_params, expert_params, norm_params
@@ -16,7 +19,8 @@ from costmodel.plans import as_plan_arrays, plans_to_arrays
 from costmodel.rules import Switches
 from hardware_catalog import get_gpu
 from search.inputs.planspec import parse_plan
-from search.inputs.specs import build_specs
+from search.inputs.presets import get_preset
+from search.inputs.specs import build_specs, training_spec
 from search.inputs.study import load_study
 
 # 12 layers: 2 dense (MLP 4096 wide), then 10 MoE (16 experts of 512, top-2, 1 shared)
@@ -65,3 +69,21 @@ def test_megatron_bridges_deepseek_v3_b200_recipe_fits() -> None:
     plan = parse_plan(study.baseline, specs, Switches())
     e = estimate(specs.model, specs.cluster, plan, specs.training)
     assert e.memory.fits
+
+
+def test_an_interleaved_moe_model_stores_half_a_moe_layer_and_half_a_dense_one() -> None:
+    """Llama 4 Maverick's MoE layers every other layer (moe_layer_freq 2): a layer's
+    activations average its MoE and dense layers', as its parameters do
+    (costmodel.activation_memory.activation_bytes_per_layer), not all MoE."""
+    model = get_preset("llama4-maverick")
+    assert model.moe_layers * 2 == model.layers
+    tr = training_spec(framework="megatron", precision="bf16", seq_len=8192, global_batch=64)
+    p = as_plan_arrays(plans_to_arrays([Plan(tp=8, pp=1, dp=1, ep=8, sequence_parallel=True,
+                                             recompute="selective")]))
+    dense = dataclasses.replace(model, moe_experts=0, moe_topk=0, moe_shared_experts=0,
+                                moe_ffn_hidden=0, moe_router=None, moe_layer_freq=1)
+    mixed, moe, plain = (activation_bytes_per_layer(model, tr, p), _layer_bytes(model, tr, p),
+                         _layer_bytes(dense, tr, p))
+    for got, a, b in zip(mixed, moe, plain, strict=True):
+        assert float(got[0]) == pytest.approx(0.5 * float(a[0]) + 0.5 * float(b[0]), rel=1e-12)
+    assert float(moe[0][0]) > float(mixed[0][0]) > float(plain[0][0])
