@@ -62,12 +62,41 @@ def parse_date(text: str | None) -> str:
         raise NightlyError(f"--date must be YYYY-MM-DD, but got {text!r}") from None
 
 
-def on_sku(study: Any, sku: str | None) -> Any:
-    """The study with its cluster's GPU replaced (a gpu_spec device too)."""
-    if sku is None:
+def on_sku(study: Any, sku: str | None, calibration: Path | None = None) -> Any:
+    """The study with its cluster's GPU replaced (a gpu_spec device too), anchored on
+    ``calibration`` (that SKU's cluster calibration, ``--calibration SKU=FILE``). A study's own
+    calibration was measured on its own GPU: it is kept on that GPU only."""
+    update: dict[str, Any] = {}
+    if sku is not None and sku != study.cluster.gpu:
+        update.update(gpu=sku, gpu_spec=None, calibration=None)
+    if calibration is not None:
+        update["calibration"] = str(calibration.resolve())
+    if not update:
         return study
-    cluster = study.cluster.model_copy(update={"gpu": sku, "gpu_spec": None})
-    return study.model_copy(update={"cluster": cluster})
+    return study.model_copy(update={"cluster": study.cluster.model_copy(update=update)})
+
+
+def parse_calibrations(pairs: list[str]) -> dict[str, Path]:
+    """``SKU=FILE`` pairs (``--calibration``): each SKU's cluster calibration file (tcf-search
+    calibrate --nccl-tests / --measured), checked to load before any run."""
+    from costmodel.errors import TcfError
+    from hardware_catalog import get_gpu
+    from search.inputs.links import load_calibration
+
+    out: dict[str, Path] = {}
+    for pair in pairs:
+        sku, sep, file = pair.partition("=")
+        if not sep or not sku or not file:
+            raise NightlyError(f"--calibration must be SKU=FILE, but got {pair!r}")
+        get_gpu(sku)
+        if sku in out:
+            raise NightlyError(f"--calibration: {sku} is given twice")
+        try:
+            load_calibration(Path(file))
+        except TcfError as exc:  # unreadable, malformed: one line naming the option
+            raise NightlyError(f"--calibration {sku}: {exc}") from None
+        out[sku] = Path(file)
+    return out
 
 
 def run_folder(name: str, sku: str) -> str:
@@ -118,7 +147,8 @@ def run_one(study: Any, sku: str, date: str, out: Path, trials: int | None,
 
 def run_night(files: list[Path], skus: list[str], out: Path, date: str, *,
               trials: int | None = None, threshold: float = 0.05, report: bool = True,
-              storage: str | None = None, progress: Any = None) -> Night:
+              storage: str | None = None, progress: Any = None,
+              calibrations: dict[str, Path] | None = None) -> Night:
     from search.inputs import load_study
 
     studies = [load_study(f) for f in files]  # all bad input is reported before any run
@@ -138,9 +168,12 @@ def run_night(files: list[Path], skus: list[str], out: Path, date: str, *,
     storage = storage or f"journal:{out / 'optuna.journal'}"
     targets: list[str | None] = list(skus) if skus else [None]
     jobs = [(s, k) for s in studies for k in targets]
+    calibrations = calibrations or {}
     for done, (base, target) in enumerate(jobs):
-        study = on_sku(base, target)
+        study = on_sku(base, target, calibrations.get(target or base.cluster.gpu))
         row = run_one(study, study.cluster.gpu, date, out, trials, storage)
+        row["calibration"] = Path(study.cluster.calibration).name if study.cluster.calibration \
+            else ""
         night.rows.append(row)
         key = (row["study"], row["sku"])
         night.findings += diff(study, row, night.previous.get(key), threshold)
@@ -188,6 +221,9 @@ def nightly_cmd(
                           "journal:<output>/optuna.journal].")] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Skip the HTML reports.")
                          ] = False,
+    calibration: Annotated[list[str] | None, typer.Option(
+        "--calibration", help="SKU=FILE: that SKU's cluster calibration (calibrate "
+                              "--nccl-tests / --measured); repeat per SKU.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="One JSON document on stdout.")
                         ] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No summary, no progress.")
@@ -200,11 +236,12 @@ def nightly_cmd(
     with user_errors():
         files = study_files(studies)
         day = parse_date(date)
+        anchors = parse_calibrations(list(calibration or []))
         bar = _Bar(err) if not quiet and err.is_terminal else None
         try:
             night = run_night(files, list(skus or []), output, day, trials=trials,
                               threshold=threshold, report=not no_report, storage=storage,
-                              progress=bar.update if bar else None)
+                              progress=bar.update if bar else None, calibrations=anchors)
         finally:
             if bar is not None:
                 bar.close()

@@ -16,9 +16,9 @@ from search.inputs import MIB, read_input
 
 COLUMNS = ("date", "study", "sku", "num_gpus", "status", "best_plan", "tokens_per_s_per_gpu",
            "mfu", "step_time_s", "peak_mem_gib", "usable_mem_gib", "dominant_challenge",
-           "feasible_count", "trials", "elapsed_s", "error", "cost_model")
-# cost_model last, so that a table written before it existed keeps its columns' order; its rows
-# read "" here
+           "feasible_count", "trials", "elapsed_s", "error", "cost_model", "calibration")
+# cost_model and calibration last, so that a table written before them keeps its columns'
+# order; its rows read "" here
 
 
 class NightlyError(TcfError):

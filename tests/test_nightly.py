@@ -148,9 +148,11 @@ def test_old_results_table_gains_the_cost_model_column(
     with (hist / "results.csv").open() as f:
         reader = csv.DictReader(f)
         rows = list(reader)
-    assert reader.fieldnames is not None and reader.fieldnames[-1] == "cost_model"
+    assert reader.fieldnames is not None and reader.fieldnames[-2:] == ["cost_model",
+                                                                         "calibration"]
     assert [r["date"] for r in rows] == ["2025-01-01", "2025-01-02", "2025-01-03"]
-    assert rows[0] == {**old, "cost_model": ""}  # the old row: every cell kept, the new one empty
+    # the old row: every cell kept, the new ones empty
+    assert rows[0] == {**old, "cost_model": "", "calibration": ""}
     assert [r["cost_model"] for r in rows[1:]] == ["a" * 12, "b" * 12]
 
 
@@ -178,3 +180,42 @@ def test_same_cost_model_says_nothing(two_nights: tuple[Path, list, list]) -> No
     hist, _, (_, night2) = two_nights
     assert night2["cost_model_changes"] == [] and night2["runs"][0]["cost_model"]
     assert "Cost model changed" not in (hist / "2025-01-02" / "summary.md").read_text()
+
+
+def test_each_sku_runs_anchored_on_its_own_calibration(tmp_path: Path) -> None:
+    """Issue #37: ``--calibration SKU=FILE`` carries a cluster calibration per SKU into the
+    night: that SKU's runs are anchored on it, the table says which file, and another SKU's
+    runs are not."""
+    import nccl_tests_files as nt
+    from clirunner import cli
+
+    (tmp_path / "nccl").mkdir()
+    files = nt.write_set(tmp_path / "nccl")
+    cal = tmp_path / "h100-cluster.yaml"
+    code, _, err = cli("calibrate", "--nccl-tests", *map(str, files), "-o", str(cal))
+    assert code == 0, err
+    hist = tmp_path / "history"
+    code, out, err = run(str(studies_dir(tmp_path)), "--sku", "h100-sxm-80gb",
+                         "--sku", "h200-sxm-141gb", "--calibration", f"h100-sxm-80gb={cal}",
+                         "-o", str(hist), "--trials", "3", "--no-report", "--json",
+                         "--date", "2025-02-01")
+    assert code == 0, err
+    rows = {r["sku"]: r for r in json.loads(out)["runs"]}
+    assert rows["h100-sxm-80gb"]["calibration"] == "h100-cluster.yaml"
+    assert rows["h200-sxm-141gb"]["calibration"] == ""
+    with (hist / "results.csv").open() as f:
+        assert {r["sku"]: r["calibration"] for r in csv.DictReader(f)} == {
+            "h100-sxm-80gb": "h100-cluster.yaml", "h200-sxm-141gb": ""}
+    result = json.loads((hist / "2025-02-01" / "llama3-8b-h100x8@h100-sxm-80gb"
+                         / "result.json").read_text())
+    assert "nccl-tests" in json.dumps(result)
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("h100-sxm-80gb", "SKU=FILE"), ("nope=x.yaml", "nope"),
+    ("h100-sxm-80gb=/does/not/exist.yaml", "--calibration h100-sxm-80gb: "),
+])
+def test_a_bad_calibration_pair_is_one_line(tmp_path: Path, value: str, says: str) -> None:
+    code, _, err = run(str(studies_dir(tmp_path)), "--calibration", value,
+                       "-o", str(tmp_path / "h"), "--trials", "2", "--no-report")
+    assert code == 2 and says in err and "Traceback" not in err
