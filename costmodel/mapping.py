@@ -176,16 +176,14 @@ def stage_counts(num_layers: int, pp: int, first: int, last: int,
         return ()
     if pp == 1:
         return (num_layers,)
-    n_first, _, _, n_last, _ = ranks_of(num_layers, one, np.asarray([first]), np.asarray([last]))
-    f_set, l_set = first > 0, last > 0
-    free = pp - int(f_set) - int(l_set)
-    share, extra = divmod(num_layers - max(first, 0) * f_set - max(last, 0) * l_set, max(free, 1))
-    shared = iter(share + int(k < extra) for k in range(free))
-    ranks = [first if f_set else next(shared)]
-    ranks += [next(shared) for _ in range(pp - 2)]
-    ranks.append(last if l_set else next(shared))
-    assert ranks[0] == int(n_first[0]) and ranks[-1] == int(n_last[0])
-    return tuple(ranks)
+    n_first, most, mean, n_last, _ = (x[0] for x in ranks_of(
+        num_layers, one, np.asarray([first]), np.asarray([last])))
+    mids = pp - 2
+    # the middle ranks: the most loaded ones first, then those one layer short (ranks_of)
+    held = int(round(float(mean) * mids))
+    top = held - (int(most) - 1) * mids if held != int(most) * mids else mids
+    middle = [int(most)] * top + [int(most) - 1] * (mids - top)
+    return (int(n_first), *middle, int(n_last))
 
 
 def chunk_counts(rank_layers: tuple[int, ...], vpp: int) -> tuple[int, ...]:

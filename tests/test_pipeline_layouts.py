@@ -223,3 +223,20 @@ def test_predict_fills_megatrons_default_mlp_size_and_says_so(tmp_path: Path) ->
     assert out.loc["megatron", "pred_tokens_per_sec_per_gpu"] > 0
     assert out.loc["megatron", "pred_assumed"].startswith("ffn_hidden=8192 ")
     assert "ffn_hidden: required" in out.loc["titan", "pred_error"]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_per_rank_counts_keep_the_pins_and_spread_the_rest_earliest_first(seed: int) -> None:
+    """costmodel.mapping.ranks_of / stage_counts (issue #38): the pinned ends hold their counts,
+    the other ranks share the rest a layer apart at most, the extra layers on the earliest."""
+    rng = np.random.default_rng(seed)
+    layers, pp = int(rng.integers(4, 130)), int(rng.integers(2, 33))
+    first, last = (int(rng.integers(0, 2) * rng.integers(1, layers)) for _ in range(2))
+    ranks = stage_counts(layers, pp, first, last, near_even=True)
+    if not ranks:
+        return
+    assert len(ranks) == pp and sum(ranks) == layers and min(ranks) >= 1
+    free = [n for i, n in enumerate(ranks)
+            if not (i == 0 and first) and not (i == pp - 1 and last and pp > 1)]
+    assert (first == 0 or ranks[0] == first) and (last == 0 or ranks[-1] == last)
+    assert max(free) - min(free) <= 1 and free == sorted(free, reverse=True)
