@@ -81,7 +81,7 @@ def parse_calibrations(pairs: list[str]) -> dict[str, Path]:
     calibrate --nccl-tests / --measured), checked to load before any run."""
     from costmodel.errors import TcfError
     from hardware_catalog import get_gpu
-    from search.inputs.links import load_calibration
+    from search.inputs import load_calibration
 
     out: dict[str, Path] = {}
     for pair in pairs:
