@@ -31,13 +31,17 @@ TRAINING = training_for(seq_len=2048, global_batch=64)
 CLUSTER = ClusterSpec(gpu=get_gpu("h100-sxm-80gb"), num_gpus=16, gpus_per_node=8)
 
 
-def test_the_first_stage_holds_the_dense_layers_mlps_and_one_moe_layers_experts() -> None:
-    # pp 4 of 12 layers: the first stage holds layers 0-2, dense, dense, MoE
-    plan = Plan(tp=1, pp=4, dp=4, ep=4, zero_stage=1)
-    p = as_plan_arrays(plans_to_arrays([plan]))
+def three_layer_stage(stage: str):  # noqa: ANN201
+    """A stage's bytes of MOE on pp 4 (three layers a stage), tp 1, dp 4, ep 4, ZeRO-1."""
+    p = as_plan_arrays(plans_to_arrays([Plan(tp=1, pp=4, dp=4, ep=4, zero_stage=1)]))
     co = coefficients(MOE, CLUSTER, TRAINING, p)
     layers = StageLayers(first=np.array([3.0]), middle=np.array([3.0]), last=np.array([3.0]))
-    first = stage_memory(MOE, TRAINING, p, co, layers, np.array([8.0]), "first")
+    return stage_memory(MOE, TRAINING, p, co, layers, np.array([8.0]), stage)
+
+
+def test_the_first_stage_holds_the_dense_layers_mlps_and_one_moe_layers_experts() -> None:
+    # pp 4 of 12 layers: the first stage holds layers 0-2, dense, dense, MoE
+    first = three_layer_stage("first")
     h, E = MOE.hidden, MOE.moe_experts
     attn_norm = attention_params(MOE) + norm_params(MOE)
     shared_router = expert_params(MOE) + h * E
@@ -49,11 +53,7 @@ def test_the_first_stage_holds_the_dense_layers_mlps_and_one_moe_layers_experts(
 
 
 def test_the_leading_dense_layers_leave_the_other_stages_all_moe() -> None:
-    plan = Plan(tp=1, pp=4, dp=4, ep=4, zero_stage=1)
-    p = as_plan_arrays(plans_to_arrays([plan]))
-    co = coefficients(MOE, CLUSTER, TRAINING, p)
-    layers = StageLayers(first=np.array([3.0]), middle=np.array([3.0]), last=np.array([3.0]))
-    mid = stage_memory(MOE, TRAINING, p, co, layers, np.array([8.0]), "middle")
+    mid = three_layer_stage("middle")
     moe_layer = (attention_params(MOE) + norm_params(MOE) + expert_params(MOE)
                  + MOE.hidden * MOE.moe_experts + MOE.moe_experts / 4 * expert_params(MOE))
     assert float(mid.params[0]) == pytest.approx(3 * moe_layer)

@@ -109,14 +109,19 @@ HEADER = ("case_id,model_name,layers,hidden,ffn_hidden,heads,kv_heads,vocab,seq_
 LLAMA405 = "l405,126,16384,53248,128,8,128256,8192,swiglu,h100-sxm-80gb,8,1024"
 
 
+def predicted(tmp_path: Path, rows: list[str]) -> pd.DataFrame:
+    """``tcf-search predict``'s output for CSV rows of HEADER's columns, by case_id."""
+    src = tmp_path / "cases.csv"
+    src.write_text(HEADER + "\n" + "\n".join(rows) + "\n")
+    return predict_csv(src, tmp_path / "out.csv").set_index("case_id")
+
+
 def test_predict_chooses_and_reports_the_split(tmp_path: Path) -> None:
     rows = [f"free,{LLAMA405},8,8,8,1,16,1,1,512,full,true,bf16,megatron,,,,",
             f"counted,{LLAMA405},8,8,8,1,16,1,1,512,full,true,bf16,megatron,,,true,true",
             f"flags,{LLAMA405},8,16,2,1,8,1,1,512,full,true,bf16,megatron,8,6,,",
             f"bad,{LLAMA405},8,8,8,1,16,1,1,512,full,true,bf16,megatron,15,,true,"]
-    src = tmp_path / "cases.csv"
-    src.write_text(HEADER + "\n" + "\n".join(rows) + "\n")
-    out = predict_csv(src, tmp_path / "out.csv").set_index("case_id")
+    out = predicted(tmp_path, rows)
     free, counted = out.loc["free"], out.loc["counted"]
     # 126 on pp 8 x vpp 8: only the counted split (15 + 6*16 + 15) is launchable
     assert (int(free["pred_choice_first_stage_layers"]),
@@ -134,9 +139,7 @@ def test_predict_splits_61_layers_where_the_launcher_takes_a_layout(tmp_path: Pa
     shape = "d61,61,4096,14336,32,8,128256,4096,swiglu,h100-sxm-80gb,8,128"
     rows = [f"layout,{shape},1,16,2,1,8,1,1,256,full,false,bf16,megatron,,,,",
             f"no_layout,{shape},1,16,2,1,8,1,1,256,full,false,bf16,deepspeed,,,,"]
-    src = tmp_path / "cases.csv"
-    src.write_text(HEADER + "\n" + "\n".join(rows) + "\n")
-    out = predict_csv(src, tmp_path / "out.csv").set_index("case_id")
+    out = predicted(tmp_path, rows)
     got = out.loc["layout"]
     first, last = (int(got[f"pred_choice_{k}_stage_layers"]) for k in ("first", "last"))
     # the layout also lets the middle ranks hold shares a layer apart
@@ -202,9 +205,7 @@ def test_nanotron_runs_more_stages_than_layers_and_megatron_does_not(tmp_path: P
     shape = "l3b,28,3072,8192,24,8,131072,4096,swiglu,h100-sxm-80gb,8,128"
     rows = [f"nanotron,{shape},4,32,1,1,1,0,1,256,none,true,bf16,nanotron,,,,",
             f"megatron,{shape},4,32,1,1,1,0,1,256,none,true,bf16,megatron,,,,"]
-    src = tmp_path / "cases.csv"
-    src.write_text(HEADER + "\n" + "\n".join(rows) + "\n")
-    out = predict_csv(src, tmp_path / "out.csv").set_index("case_id")
+    out = predicted(tmp_path, rows)
     assert pd.isna(out.loc["nanotron", "pred_error"]) or not out.loc["nanotron", "pred_error"]
     assert out.loc["nanotron", "pred_tokens_per_sec_per_gpu"] > 0
     assert "pp_layers" in str(out.loc["megatron", "pred_error"])
@@ -217,9 +218,7 @@ def test_predict_fills_megatrons_default_mlp_size_and_says_so(tmp_path: Path) ->
     shape = "g,24,2048,,16,16,131072,2048,gelu,h100-sxm-80gb,8,8"
     rows = [f"megatron,{shape},1,1,1,1,8,1,1,64,none,false,bf16,megatron,,,,",
             f"titan,{shape},1,1,1,1,8,1,1,64,none,false,bf16,torchtitan,,,,"]
-    src = tmp_path / "cases.csv"
-    src.write_text(HEADER + "\n" + "\n".join(rows) + "\n")
-    out = predict_csv(src, tmp_path / "out.csv").set_index("case_id")
+    out = predicted(tmp_path, rows)
     assert out.loc["megatron", "pred_tokens_per_sec_per_gpu"] > 0
     assert out.loc["megatron", "pred_assumed"].startswith("ffn_hidden=8192 ")
     assert "ffn_hidden: required" in out.loc["titan", "pred_error"]

@@ -130,11 +130,12 @@ def format_switches(fmt: str) -> rules.Switches:
 def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
     p, t, m = pf.plan, pf.training, pf.model
     fw = t.framework
+    switches = format_switches(fmt)
     denominator = p.micro_batch * p.dp
     microbatches = t.global_batch // denominator if t.global_batch % denominator == 0 else 0
     stages, middle_layers, middle_stages, first, last = _stage_split(
         m.layers, p.pp, p.first_stage_layers, p.last_stage_layers,
-        format_switches(fmt).uneven_chunks)
+        switches.uneven_chunks)
     most = max(stages) if stages else m.layers
     nproc = min(pf.gpus_per_node, pf.num_gpus)
     return LaunchView(
@@ -171,7 +172,7 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
         rule_facts=rules.Facts(layers=m.layers, heads=m.heads, kv_heads=m.kv_heads,
                                experts=m.moe_experts, seq_len=t.seq_len,
                                global_batch=t.global_batch, num_gpus=pf.num_gpus,
-                               nvlink_domain=pf.gpus_per_node, switches=format_switches(fmt),
+                               nvlink_domain=pf.gpus_per_node, switches=switches,
                                mtp_layers=m.mtp_layers, mla=m.mla is not None,
                                host_link=True, expert_bias=m.is_moe and m.bias == "all",
                                **_moe_switches(fmt),
