@@ -49,13 +49,16 @@ class Link:
 
 def link_of(cluster: ClusterSpec) -> Link:
     """The cluster's links. A cluster that names its fabric gets that fabric's network fraction
-    and the GPU's NCCL per-step latency; one that names none, the family's fitted ones (its
-    reference cluster's, whatever fabric that had)."""
+    and ring step (the GPU's NCCL per-step latency where the fabric has none fitted); one that
+    names none, its family's measured cluster's (Efficiency.network_fabric)."""
     g, eff = cluster.gpu, cluster.gpu.efficiency
     net = (eff.network_bw_fraction if cluster.network_bw_fraction is None
            else cluster.network_bw_fraction)
-    step = (g.network_latency_s if cluster.fabric or eff.network_step_latency_s <= 0
-            else eff.network_step_latency_s)
+    if cluster.network_step_latency_s is not None:
+        step = cluster.network_step_latency_s
+    else:
+        step = (g.network_latency_s if cluster.fabric or eff.network_step_latency_s <= 0
+                else eff.network_step_latency_s)
     link = Link(nvlink_bw=g.intra_node_bw_bytes_per_s * eff.nvlink_bw_fraction,
                 network_bw=g.network_bw_bytes_per_s * net,
                 p2p_network_bw=g.network_bw_bytes_per_s * eff.p2p_network_bw_fraction,

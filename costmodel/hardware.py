@@ -30,6 +30,9 @@ class Efficiency:
     network_step_latency_s: what one ring step across the network waits, fitted with
         network_bw_fraction on the family's reference cluster, and like it used where a cluster
         names no fabric; 0 = not fitted: the GPU's NCCL prior (``GpuSpec.network_latency_s``).
+    network_fabric: the fabric of the family's measured cluster (hardware_catalog/fabrics.yaml),
+        whose network fraction and ring step the two fields above then are (the catalog reads
+        them from the fabric, so a fabric's figures are written once); "" for a prior.
     p2p_network_bw_fraction: one send/receive pair across the network (pipeline activations,
         nanotron's logits hop, context parallelism's ring of K/V blocks), as a fraction of the
         GPU's own NIC line rate: a single transfer over one NIC, no ring of ranks in lockstep, so
@@ -63,6 +66,7 @@ class Efficiency:
     nvlink_bw_fraction: float = 0.8
     network_bw_fraction: float = 0.8
     network_step_latency_s: float = 0.0
+    network_fabric: str = ""
     # NCCL's point-to-point peak per NIC, as NVIDIA's NCCL engineers state it: an all-to-all
     # (one send and receive per peer) "cannot aggregate the bandwidth of multiple NICs", and a
     # 400 Gb/s NDR ConnectX-7 NIC (50 GB/s) "should achieve up to 48-49GB/s"
@@ -207,6 +211,9 @@ class ClusterSpec:
     # network_bw_fraction (a fabric is a property of the cluster, not of the GPU).
     fabric: str = ""
     network_bw_fraction: float | None = None
+    # and what one ring step across it waits, where measured runs fitted it (None: the GPU's
+    # NCCL prior under a named fabric, the family's fitted step without one)
+    network_step_latency_s: float | None = None
     # the cluster's own links, measured (nccl-tests): they override the fractions above
     links: MeasuredLinks | None = None
 
@@ -215,6 +222,10 @@ class ClusterSpec:
         f = self.network_bw_fraction
         if f is not None and not 0.0 < f <= 1.0:
             raise SpecError(f"cluster.network_bw_fraction must be in (0, 1], but got {f}")
+        step = self.network_step_latency_s
+        if step is not None and not 0.0 < step < 1.0:
+            raise SpecError(f"cluster.network_step_latency_s must be in (0, 1) seconds, "
+                            f"but got {step}")
 
     @property
     def nvlink_domain(self) -> int:

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 from hardware_catalog.catalog import (
+    FABRIC_FIGURES,
     CATALOG_DIR,
     FAMILIES,
     CatalogError,
@@ -22,6 +23,7 @@ from hardware_catalog.fabrics import (
     Fabric,
     UnknownFabric,
     fabric_fraction,
+    fabric_step_latency,
     get_fabric,
     load_fabrics,
 )
@@ -29,6 +31,7 @@ from hardware_catalog.overrides import OVERRIDABLE_FIELDS, with_overrides
 from hardware_catalog.prior_ranges import PriorRange, load_prior_ranges
 
 __all__ = [
+    "FABRIC_FIGURES",
     "CATALOG_DIR",
     "FAMILIES",
     "OVERRIDABLE_FIELDS",
@@ -38,6 +41,7 @@ __all__ = [
     "UnknownFabric",
     "UnknownSku",
     "fabric_fraction",
+    "fabric_step_latency",
     "get_fabric",
     "get_gpu",
     "list_ids",

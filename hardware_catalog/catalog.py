@@ -36,6 +36,9 @@ SKU_FAMILIES = (*FAMILIES, *BORROWED_FAMILIES)
 _MEASURED_BLOCKS = ("efficiency", "measurements")
 UNCALIBRATED_SOURCE = "prior (uncalibrated)"
 _ZERO_MEANS_UNMEASURED = frozenset({"dtensor_op_overhead_s", "network_step_latency_s"})
+_EFFICIENCY_TEXT = frozenset({"source", "network_fabric"})
+# what a family naming its measured cluster's fabric reads from that fabric (fabrics.yaml)
+FABRIC_FIGURES: tuple[str, ...] = ("network_bw_fraction", "network_step_latency_s")
 GIB = 2**30
 
 _TEXT_FIELDS = ("id", "name", "family", "notes")
@@ -172,9 +175,10 @@ def efficiency_from_mapping(where: str, base: Efficiency, entry: object) -> Effi
                            f"valid: {sorted((*EFFICIENCY_FIELDS, 'source'))}")
     values: dict[str, Any] = {}
     for key, raw in entry.items():
-        if key == "source":
-            if not isinstance(raw, str) or not raw.strip():
-                raise CatalogError(f"{where}.source must be a non-empty string, got {raw!r}")
+        if key in _EFFICIENCY_TEXT:
+            if not isinstance(raw, str) or (key == "source" and not raw.strip()):
+                need = "a non-empty string" if key == "source" else "a string"
+                raise CatalogError(f"{where}.{key} must be {need}, got {raw!r}")
             values[key] = raw
             continue
         value = as_number(f"{where}.{key}", raw)
@@ -184,20 +188,43 @@ def efficiency_from_mapping(where: str, base: Efficiency, entry: object) -> Effi
     return dataclasses.replace(base, **values)
 
 
+def with_network_fabric(where: str, eff: Efficiency, directory: Path) -> Efficiency:
+    """``eff`` with the network fraction and ring step of the fabric it names (``network_fabric``:
+    the family's measured cluster's), read from that directory's fabrics.yaml: the figures are
+    the fabric's, written once there."""
+    if not eff.network_fabric:
+        return eff
+    from hardware_catalog.fabrics import get_fabric  # fabrics.py reads this module's helpers
+    try:
+        fab = get_fabric(eff.network_fabric, directory)
+    except CatalogError as exc:
+        raise CatalogError(f"{where}.network_fabric: {exc}") from None
+    return dataclasses.replace(eff, network_bw_fraction=fab.network_bw_fraction,
+                               network_step_latency_s=fab.network_step_latency_s)
+
+
 def load_calibration(directory: Path) -> dict[str, Efficiency]:
-    """Family -> Efficiency from ``calibration.yaml``; empty when the file does not exist."""
+    """Family -> Efficiency from ``calibration.yaml``; empty when the file does not exist. A
+    family that names its measured cluster's fabric (``network_fabric``) takes that fabric's
+    network figures and may not give them again."""
     path = directory / CALIBRATION_FILE
     if not path.exists():
         return {}
     doc = _read_yaml(path)
     result: dict[str, Efficiency] = {}
     for family, entry in doc.items():
+        where = f"{path.name}: {family}"
         if family not in SKU_FAMILIES:
             raise CatalogError(f"{path.name}: unknown family {family!r}; "
                                f"valid: {list(SKU_FAMILIES)}")
         if not isinstance(entry, dict) or "source" not in entry:
             raise CatalogError(f"{path.name}: {family}.source is required (the fit and its rows)")
-        result[family] = efficiency_from_mapping(f"{path.name}: {family}", Efficiency(), entry)
+        twice = sorted(set(entry) & set(FABRIC_FIGURES)) if "network_fabric" in entry else []
+        if twice:
+            raise CatalogError(f"{where}.{twice[0]}: given with network_fabric, whose fabric "
+                               "(fabrics.yaml) holds it; write it once, there")
+        eff = efficiency_from_mapping(where, Efficiency(), entry)
+        result[family] = with_network_fabric(where, eff, directory)
     return result
 
 

@@ -2,7 +2,9 @@
 
 The network efficiency of a cluster depends on its fabric (InfiniBand, RoCE, EFA, ...), its
 topology and its NCCL plugin, not on the GPU. A study or a measured row may name its fabric;
-without one the GPU family's calibrated ``network_bw_fraction`` applies.
+without one the cluster is priced as its GPU family's measured cluster was: the fabric that
+family's calibration names (``network_fabric`` in calibration.yaml), resolved when the
+calibration is loaded, so each fabric's figures are written once.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from hardware_catalog.catalog import CATALOG_DIR, CatalogError, _read_yaml, as_number
 
 FABRICS_FILE = "fabrics.yaml"
-_KEYS = frozenset({"description", "network_bw_fraction", "source"})
+_KEYS = frozenset({"description", "network_bw_fraction", "network_step_latency_s", "source"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +25,9 @@ class Fabric:
     description: str
     network_bw_fraction: float
     source: str
+    # what one ring step across this fabric waits, where measured runs fit it; 0: the GPU's
+    # NCCL prior (GpuSpec.network_latency_s)
+    network_step_latency_s: float = 0.0
 
 
 class UnknownFabric(CatalogError):
@@ -45,8 +50,14 @@ def _load(directory: Path) -> dict[str, Fabric]:
         frac = as_number(f"{where}.network_bw_fraction", entry["network_bw_fraction"])
         if not 0.0 < frac <= 1.0:
             raise CatalogError(f"{where}.network_bw_fraction must be in (0, 1], but got {frac}")
+        step = as_number(f"{where}.network_step_latency_s",
+                         entry.get("network_step_latency_s", 0.0))
+        if not 0.0 <= step < 1.0:
+            raise CatalogError(f"{where}.network_step_latency_s must be in [0, 1) seconds, "
+                               f"but got {step}")
         out[str(fid)] = Fabric(id=str(fid), description=str(entry.get("description", "")),
-                               network_bw_fraction=frac, source=str(entry["source"]))
+                               network_bw_fraction=frac, source=str(entry["source"]),
+                               network_step_latency_s=step)
     return out
 
 
@@ -67,3 +78,10 @@ def get_fabric(fabric_id: str, directory: Path | str | None = None) -> Fabric:
 def fabric_fraction(fabric_id: str, directory: Path | str | None = None) -> float | None:
     """The fabric's network fraction; None for "" (fabric not given)."""
     return get_fabric(fabric_id, directory).network_bw_fraction if fabric_id else None
+
+
+def fabric_step_latency(fabric_id: str, directory: Path | str | None = None) -> float | None:
+    """The fabric's fitted ring-step latency; None for "" or a fabric that has none (the GPU's
+    NCCL prior applies)."""
+    step = get_fabric(fabric_id, directory).network_step_latency_s if fabric_id else 0.0
+    return step or None

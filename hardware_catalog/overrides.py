@@ -8,6 +8,7 @@ from typing import Any
 
 from costmodel.specs import Efficiency, GpuSpec, SpecError
 from hardware_catalog.catalog import (
+    FABRIC_FIGURES,
     NUMERIC_FIELDS,
     CatalogError,
     as_number,
@@ -63,4 +64,6 @@ def _efficiency_override(base: Efficiency, raw: object) -> Efficiency:
     if "source" not in entry:
         changed = ", ".join(sorted(entry))
         entry["source"] = f"{base.source}; overridden: {changed}"
+    if set(entry) & set(FABRIC_FIGURES) and "network_fabric" not in entry:
+        entry["network_fabric"] = ""  # the network figures are the user's, not a fabric's
     return efficiency_from_mapping("gpu override 'efficiency'", base, entry)

@@ -217,6 +217,18 @@ def ranking_resolution(tokens: list[float], unc: Uncertainty | None = None) -> d
                      "their predicted gap: the share the model ordered right"}
 
 
+def _fabric_not_given(cluster: ClusterSpec) -> str:
+    """How a cluster that names no fabric is priced: as its family's measured cluster."""
+    eff, family = cluster.gpu.efficiency, cluster.gpu.family
+    step = (f"{eff.network_step_latency_s * 1e6:.0f} us a ring step"
+            if eff.network_step_latency_s > 0 else "the GPU's NCCL ring step")
+    figures = f"{eff.network_bw_fraction:.3g} of the NIC's line rate, {step}"
+    if eff.network_fabric:
+        return (f"none given: priced as the {family} family's measured cluster, on "
+                f"{eff.network_fabric}: {figures}; name cluster.fabric for yours")
+    return f"none given: the {family} family's network fraction and ring step ({figures})"
+
+
 def calibration_status(cluster: ClusterSpec) -> dict[str, Any]:
     """What the cluster's numbers rest on: the SKU family's efficiency (fitted on measured runs,
     or borrowed from another family, unvalidated) and the fabric's network fraction."""
@@ -229,8 +241,7 @@ def calibration_status(cluster: ClusterSpec) -> dict[str, Any]:
     validated = src.startswith("fitted") and not borrowed and not partly
     fabric = cluster.fabric
     fabrics = load_fabrics() if fabric else {}
-    fab_src = (str(fabrics[fabric].source) if fabric in fabrics
-               else f"none given: the {family} family's network fraction and ring step")
+    fab_src = str(fabrics[fabric].source) if fabric in fabrics else _fabric_not_given(cluster)
     if borrowed:
         line = f"{family} efficiency borrowed from {borrowed}, unvalidated"
     elif partly:

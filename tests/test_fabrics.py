@@ -32,7 +32,7 @@ def test_every_fabric_is_cited_and_physical() -> None:
 
 
 def test_unknown_fabric_lists_the_valid_ids() -> None:
-    with pytest.raises(UnknownFabric, match="unknown fabric 'ethernet'; valid ids: infiniband"):
+    with pytest.raises(UnknownFabric, match="unknown fabric 'ethernet'; valid ids: efa, infiniband, roce"):
         get_fabric("ethernet")
 
 
@@ -142,7 +142,7 @@ def test_a_study_names_its_fabric_and_the_plan_file_keeps_it() -> None:
 
 
 def test_a_study_with_an_unknown_fabric_names_the_field() -> None:
-    with pytest.raises(StudyError, match=r"^cluster\.fabric: must be one of infiniband, roce"):
+    with pytest.raises(StudyError, match=r"^cluster\.fabric: must be one of efa, infiniband, roce"):
         parse_study(GOOD % ", fabric: myrinet")
 
 
@@ -248,3 +248,79 @@ def test_a_ring_across_nodes_waits_the_step_once_per_rank(h100: GpuSpec,
     assert extra[16] > 0
     # same collectives a layer, twice the ring steps less one: (31 / 15) times the extra wait
     assert extra[32] / extra[16] == pytest.approx(31 / 15, rel=1e-6)
+
+
+# --- the family's measured cluster's fabric (issue #34 item 4) -------------------------------
+
+def test_the_playbook_rows_ran_on_efa_and_are_priced_on_its_figures() -> None:
+    """The Playbook's cluster is AWS EFA by its launch files (measured.SOURCE_FABRICS): its rows
+    carry that fabric's fitted fraction and ring step; a fabric word in notes or a fabric cell
+    would win over the source's."""
+    row = {**ROW, "source": "playbook", "gpu": "h100-sxm-80gb", "framework": "nanotron",
+           "precision": "bf16"}
+    efa = get_fabric("efa")
+    assert efa.network_step_latency_s > 0  # fitted there, not NCCL's prior
+    cluster = case_from_row(row).cluster
+    assert (cluster.fabric, cluster.network_bw_fraction, cluster.network_step_latency_s) == (
+        "efa", efa.network_bw_fraction, efa.network_step_latency_s)
+    assert case_from_row({**row, "fabric": "infiniband"}).cluster.fabric == "infiniband"
+    assert row_fabric({**row, "source": "llm-foundry"}) == ""
+
+
+def test_a_cluster_naming_no_fabric_is_priced_as_its_familys_measured_one(
+        h100: GpuSpec, llama8b: ModelSpec) -> None:
+    """One number per fabric: the hopper family's network figures are the efa fabric's, read
+    from fabrics.yaml, so naming efa or no fabric gives the same plan price, and the named
+    InfiniBand prior prices the network apart from it."""
+    eff = h100.efficiency
+    efa = get_fabric("efa")
+    assert eff.network_fabric == "efa"
+    assert (eff.network_bw_fraction, eff.network_step_latency_s) == (
+        efa.network_bw_fraction, efa.network_step_latency_s)
+    specs = {fab: build_specs(parse_study(f"""
+model: {{preset: llama3-8b}}
+training: {{seq_len: 4096, global_batch: 64}}
+cluster: {{gpu: h100-sxm-80gb, nodes: 4{fab}}}
+""")) for fab in ("", ", fabric: efa", ", fabric: infiniband")}
+    plan = Plan(tp=1, pp=2, dp=16, micro_batch=1)
+    tok = {k: estimate(s.model, s.cluster, plan, s.training).tokens_per_s_per_gpu
+           for k, s in specs.items()}
+    assert tok[""] == tok[", fabric: efa"]
+    assert tok[", fabric: infiniband"] != tok[""]
+    assert comm.link_of(specs[""].cluster).network_latency_s == efa.network_step_latency_s
+
+
+def test_a_family_may_not_give_its_fabrics_figures_again(tmp_path) -> None:  # noqa: ANN001
+    """calibration.yaml names the fabric; giving its network fraction beside it would be a
+    second copy of one number: refused, naming the field."""
+    import shutil
+
+    from hardware_catalog import CATALOG_DIR, CatalogError, load_catalog
+    for name in ("fabrics.yaml", "h100-sxm-80gb.yaml"):
+        shutil.copy(CATALOG_DIR / name, tmp_path / name)
+    (tmp_path / "calibration.yaml").write_text(
+        "hopper:\n  network_fabric: efa\n  network_bw_fraction: 0.5\n  source: test\n")
+    with pytest.raises(CatalogError, match=r"hopper\.network_bw_fraction: given with "
+                       r"network_fabric"):
+        load_catalog(tmp_path)
+    (tmp_path / "calibration.yaml").write_text(
+        "hopper:\n  network_fabric: token-ring\n  source: test\n")
+    with pytest.raises(CatalogError, match=r"hopper\.network_fabric: unknown fabric"):
+        load_catalog(tmp_path)
+
+
+def test_overriding_the_network_figures_leaves_the_measured_fabric(h100: GpuSpec) -> None:
+    from hardware_catalog import with_overrides
+    gpu = with_overrides(h100, {"efficiency": {"network_bw_fraction": 0.7}})
+    assert (gpu.efficiency.network_fabric, gpu.efficiency.network_bw_fraction) == ("", 0.7)
+    kept = with_overrides(h100, {"efficiency": {"gemm_peak_fraction": 0.7}})
+    assert kept.efficiency.network_fabric == "efa"
+
+
+def test_a_fabric_with_a_fitted_step_prices_its_ring_step(h100: GpuSpec) -> None:
+    """A named fabric's fitted ring step is used; one without keeps the GPU's NCCL prior."""
+    efa = ClusterSpec(gpu=h100, num_gpus=16, fabric="efa", network_bw_fraction=0.5,
+                      network_step_latency_s=80e-6)
+    assert comm.link_of(efa).network_latency_s == 80e-6
+    with pytest.raises(SpecError, match="network_step_latency_s must be in"):
+        ClusterSpec(gpu=h100, num_gpus=16, network_step_latency_s=0.0)

@@ -38,6 +38,15 @@ FABRIC_WORDS: tuple[tuple[str, str], ...] = (("roce", "roce"), ("infiniband", "i
                                              ("selene", "infiniband"),
                                              ("dgx-h100", "infiniband"),
                                              ("dgx-b200", "infiniband"))
+# Sources whose every row ran on one cluster whose fabric the source's own launch files give.
+# The Ultra-Scale Playbook sweep (`playbook`) ran nanotron's scaling_benchmarks.py through its
+# run_multinode.sh (huggingface/nanotron 67c5ebb6, 2024-12-27: results to
+# benchmark/results/bench_final2.csv, the file the rows come from) on Slurm partition
+# hopper-prod, hosts ip-26-0-*, storage /fsx: Amazon EC2 instances, and the launchers of that
+# same partition set FI_PROVIDER=efa (examples/train_tiny_llama.sh; examples/doremi/
+# train_doremi.jinja), AWS's Elastic Fabric Adapter. A fabric word in `notes` or a `fabric`
+# cell wins.
+SOURCE_FABRICS: dict[str, str] = {"playbook": "efa"}
 
 
 
@@ -91,13 +100,15 @@ def _bool(row: Mapping[str, object], key: str, default: bool = False) -> bool:
 
 def row_fabric(row: Mapping[str, object]) -> str:
     """The row's fabric id: its `fabric` cell, else one named in the published hardware string
-    of `notes`, else "" (unknown: the GPU family's calibrated network efficiency applies)."""
+    of `notes`, else its source's cluster's (SOURCE_FABRICS), else "" (unknown: priced as the
+    GPU family's measured cluster)."""
     given = _cell(row, "fabric").lower()
     if given:
         return given
     notes = _cell(row, "notes").lower()
     hardware = notes.partition("gpu as published:")[2].partition(";")[0]
-    return next((fid for word, fid in FABRIC_WORDS if word in hardware), "")
+    named = next((fid for word, fid in FABRIC_WORDS if word in hardware), "")
+    return named or SOURCE_FABRICS.get(_cell(row, "source").lower(), "")
 
 
 def row_split(row: Mapping[str, object], layers: int, pp: int) -> tuple[int, int]:

@@ -17,7 +17,13 @@ from costmodel.mla import MlaSpec
 from costmodel.recompute_modules import module_conflict
 from costmodel.rules import Switches
 from costmodel.specs import ClusterSpec, GpuSpec, ModelSpec, SpecError, Training
-from hardware_catalog import CatalogError, fabric_fraction, get_gpu, with_overrides
+from hardware_catalog import (
+    CatalogError,
+    fabric_fraction,
+    fabric_step_latency,
+    get_gpu,
+    with_overrides,
+)
 from hardware_catalog.frameworks import (
     framework_profile,
     is_megatron_core,
@@ -143,7 +149,8 @@ def search_switches(*, uneven_pipeline: bool, tp_in_node: bool, split_later: boo
 def cluster_spec(gpu: GpuSpec, num_gpus: int, gpus_per_node: int, fabric: str) -> ClusterSpec:
     """The cluster, with its fabric's network efficiency when the fabric is named."""
     return ClusterSpec(gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node, fabric=fabric,
-                       network_bw_fraction=fabric_fraction(fabric))
+                       network_bw_fraction=fabric_fraction(fabric),
+                       network_step_latency_s=fabric_step_latency(fabric))
 
 
 def training_spec(*, framework: str, precision: str, seq_len: int, global_batch: int,

@@ -334,7 +334,9 @@ def catalog_yaml(entry: Entry) -> str:
             continue
         value = getattr(g, f.name)
         doc[f.name] = {"value": value, "source": entry.sources.get(f.name, stamp())}
-    doc["efficiency"] = {k: v for k, v in dataclasses.asdict(g.efficiency).items()}
+    # its own figures, not the family's measured cluster's fabric they were read from
+    doc["efficiency"] = {k: v for k, v in dataclasses.asdict(g.efficiency).items()
+                         if k != "network_fabric"}
     doc["measurements"] = json.loads(json.dumps(entry.measurements, default=str))
     return yaml.safe_dump(doc, sort_keys=False, width=100)
 

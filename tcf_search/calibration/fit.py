@@ -31,7 +31,13 @@ import pandas as pd
 import yaml
 
 from costmodel.specs import Efficiency, MemoryModel
-from hardware_catalog import CATALOG_DIR, FAMILIES, get_fabric, load_calibration
+from hardware_catalog import (
+    CATALOG_DIR,
+    FABRIC_FIGURES,
+    FAMILIES,
+    get_fabric,
+    load_calibration,
+)
 from hardware_catalog.frameworks import PROFILES_FILE
 from tcf_search.calibration.accuracy import regime, report, throughput_rows
 from tcf_search.calibration.dataset import (
@@ -45,8 +51,11 @@ from tcf_search.calibration.dataset import (
 from tcf_search.calibration.least_squares import (
     EFF_PARAMS,
     FABRIC_PREFIX,
+    FABRIC_STEP_PREFIX,
     TRAINING_PARAMS,
+    fabric_values,
     fit_efficiency,
+    with_fabrics,
 )
 from tcf_search.calibration.memory_fit import (
     FRAMEWORK_MEM_PARAMS,
@@ -90,6 +99,14 @@ NCCL_NET_STEP_S = 14e-6
 # bandwidth over the NIC's line rate (fabrics.yaml gives the figures and where NVIDIA's NCCL
 # engineers state them).
 PRIOR_FABRICS = ("infiniband",)
+# The Playbook's cluster's fabric (search.inputs.measured.SOURCE_FABRICS: AWS EFA): its network
+# fraction and ring step are fitted on the Playbook's runs as that fabric's (fabrics.yaml), and
+# every family prices a cluster that names no fabric as that measured one (network_fabric).
+MEASURED_FABRIC = "efa"
+PLAYBOOK_PARAMS = (*(p for p in EFF_PARAMS
+                     if p not in ("network_bw_fraction", "network_step_latency_s")),
+                   FABRIC_PREFIX + MEASURED_FABRIC, FABRIC_STEP_PREFIX + MEASURED_FABRIC,
+                   *TRAINING_PARAMS)
 # Not fitted either: the network point-to-point fraction (Efficiency.p2p_network_bw_fraction, a
 # cited prior of NCCL's per-NIC peer bandwidth): fitted free on the Playbook with nanotron's
 # placement on (frameworks.yaml pp_cost_balance) it ran to its bound of 1.0 (issue 17).
@@ -107,11 +124,16 @@ def _set_fitted(text: str, key: str, value: float) -> str:
 
 
 def write_efficiencies(effs: dict[str, Efficiency]) -> Path:
+    """calibration.yaml; a family priced on its measured cluster's fabric names it and leaves
+    that fabric's network figures to fabrics.yaml (written once)."""
+    def entry(e: Efficiency) -> dict[str, object]:
+        out = dataclasses.asdict(e)
+        drop = FABRIC_FIGURES if e.network_fabric else ("network_fabric",)
+        return {k: v for k, v in out.items() if k not in drop}
     cal = CATALOG_DIR / "calibration.yaml"
     cal.write_text("# Written by `python -m tcf_search.calibration.fit --write`; do not edit by "
                    "hand.\n"
-                   + yaml.safe_dump({f: dataclasses.asdict(e) for f, e in effs.items()},
-                                    sort_keys=False))
+                   + yaml.safe_dump({f: entry(e) for f, e in effs.items()}, sort_keys=False))
     return cal
 
 
@@ -154,31 +176,42 @@ def fit_ampere(frame: pd.DataFrame, groups: list[Group], train: pd.Series, hoppe
     return ampere, fabrics, rows_on
 
 
-def write_fabrics(fabrics: dict[str, float], rows_on: dict[str, int]) -> None:
-    """Rewrite the fitted fields of fabrics.yaml, keeping its header comment and descriptions."""
+def write_fabrics(fitted: dict[str, tuple[float, float | None, str]]) -> None:
+    """Rewrite the fitted fields of fabrics.yaml (each fabric's network fraction, its ring step
+    where fitted, and the rows they were fitted on), keeping its header comment and
+    descriptions."""
     path = CATALOG_DIR / "fabrics.yaml"
     text = path.read_text()
     header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
     doc = yaml.safe_load(text)
-    for fid, value in fabrics.items():
-        doc[fid]["network_bw_fraction"] = round(value, 4)
-        doc[fid]["source"] = (f"fitted by python -m tcf_search.calibration.fit on {rows_on[fid]} "
-                              f"non-held-out A100 runs on {fid}, with the ampere parameters "
-                              "(see calibration.yaml)")
+    for fid, (fraction, step, rows) in fitted.items():
+        doc[fid]["network_bw_fraction"] = round(fraction, 4)
+        if step is not None:
+            doc[fid]["network_step_latency_s"] = float(f"{step:.4g}")
+        doc[fid]["source"] = f"fitted by python -m tcf_search.calibration.fit on {rows}"
     path.write_text(header + yaml.safe_dump(doc, sort_keys=False, width=100))
     print("wrote", path)
 
 
 def fit_playbook(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, start: Efficiency,
                  fitted: dict[str, float] | None = None) -> tuple[Efficiency, dict[str, float]]:
-    """Hopper's attention, memory-bound and communication terms with nanotron's host terms, on
-    ``rows``: the Playbook's H100 runs and llm-foundry's single-node ones (the GEMM fractions
-    held)."""
-    return fit_efficiency(
-        frame, groups, rows, "hopper", start, EFF_PARAMS + TRAINING_PARAMS,
-        framework="nanotron",
+    """Hopper's attention, memory-bound and NVLink terms with nanotron's host terms and the
+    Playbook cluster's fabric's network fraction and ring step, on ``rows``: the Playbook's H100
+    runs and llm-foundry's single-node ones (the GEMM fractions held). The family then prices a
+    cluster that names no fabric as that one (its ``network_fabric``)."""
+    eff, values = fit_efficiency(
+        frame, groups, rows, "hopper", start, PLAYBOOK_PARAMS, framework="nanotron",
         start_values=fitted or {"host_overhead_s": 5e-5, "pp_tp_step_overhead_s": 2e-4,
-                                "network_step_latency_s": NCCL_NET_STEP_S})
+                                FABRIC_STEP_PREFIX + MEASURED_FABRIC: NCCL_NET_STEP_S})
+    fractions, steps = fabric_values(values)
+    return replace(eff, network_fabric=MEASURED_FABRIC,
+                   network_bw_fraction=fractions[MEASURED_FABRIC],
+                   network_step_latency_s=steps[MEASURED_FABRIC]), values
+
+
+def training_values(fitted: dict[str, float]) -> dict[str, float]:
+    """The nanotron profile's fitted terms among the Playbook fit's values."""
+    return {k: v for k, v in fitted.items() if k in TRAINING_PARAMS}
 
 
 def foundry_node_rows(frame: pd.DataFrame, family: str) -> pd.Series:
@@ -249,11 +282,13 @@ def main(argv: list[str] | None = None) -> int:
     hopper, fitted = fit_playbook(frame, mem_groups, hop_rows, hopper, fitted)
     hopper = fit_dgxc(frame, mem_groups, dgxc, "hopper", hopper, DGXC_PARAMS)
     mm = allocator_model(memory, int((pb_ok & train).sum()))
-    nanotron.update(fitted)
+    nanotron.update(training_values(fitted))
+    fabrics = fabric_values(fitted)
     groups = [replace(g, training=g.training.with_switches(memory_model=replace(
         g.training.framework.memory_model, **memory))) for g in groups]  # type: ignore[arg-type]
-    groups = with_training(groups, "nanotron", memory_model={**nanotron_memory(nanotron),
-                                                             "pressure_slowdown": 0.0}, **fitted)
+    groups = with_training(with_fabrics(groups, *fabrics), "nanotron",
+                           memory_model={**nanotron_memory(nanotron), "pressure_slowdown": 0.0},
+                           **training_values(fitted))
     nanotron.update(fit_pressure(frame, groups, hop_rows & ~foundry, {"hopper": hopper}))
     groups = with_training(groups, "nanotron", memory_model=nanotron_memory(nanotron))
     n_dgxc = len(covered(groups, dgxc & regime(frame).str.startswith("hopper/")))
@@ -266,8 +301,8 @@ def main(argv: list[str] | None = None) -> int:
                      "half-size from prior")
     print("hopper:", hopper)
     print("nanotron profile:", nanotron)
-    ampere, fabrics, rows_on = fit_ampere(frame, groups, train, hopper)
-    print("ampere:", ampere, "fabrics:", fabrics)
+    ampere, roce, rows_on = fit_ampere(frame, groups, train, hopper)
+    print("ampere:", ampere, "fabrics:", roce, "efa:", fabrics)
     for fid in PRIOR_FABRICS:
         fab = get_fabric(fid)
         print(f"fabric {fid}: network_bw_fraction {fab.network_bw_fraction} is a prior, not "
@@ -283,7 +318,15 @@ def main(argv: list[str] | None = None) -> int:
     report_fit(frame, groups, held, effs)
     if args.write:
         write_calibration(effs, mm, nanotron)
-        write_fabrics(fabrics, rows_on)
+        n_efa = sum(int((hop_rows & ~foundry).to_numpy()[g.index].sum()) for g in groups
+                    if g.cluster.fabric == MEASURED_FABRIC)
+        write_fabrics({f: (v, None, f"{rows_on[f]} non-held-out A100 runs on {f}, with the "
+                           "ampere parameters (see calibration.yaml)") for f, v in roce.items()}
+                      | {MEASURED_FABRIC: (fabrics[0][MEASURED_FABRIC],
+                                           fabrics[1][MEASURED_FABRIC],
+                                           f"{n_efa} non-held-out Playbook H100 runs on "
+                                           f"{MEASURED_FABRIC}, with the hopper parameters "
+                                           "(see calibration.yaml)")})
         # the catalogs just written are cached here: the bounds are made where they are read
         subprocess.run([sys.executable, "-m", "tcf_search.calibration.uncertainty"], check=True)
     return 0

@@ -33,12 +33,37 @@ EFF_BOUNDS = {"gemm_peak_fraction": (0.3, 0.95), "gemm_half_size": (1.0, 4096.0)
               # the EP all-to-all over the ring collectives' bandwidth (moe_fit.py)
               "all_to_all_bw_ratio": (0.1, 3.0)}
 FABRIC_PREFIX = "fabric:"  # a fitted parameter that is a fabric's network fraction
+FABRIC_STEP_PREFIX = "fabric_step:"  # ... and one that is its ring step's latency
 
 
-def _with_fabrics(groups: list[Group], fractions: dict[str, float]) -> list[Group]:
-    """Groups on a fabric of ``fractions`` get that network fraction."""
-    return [replace(g, cluster=replace(g.cluster, network_bw_fraction=fractions[
-        g.cluster.fabric])) if g.cluster.fabric in fractions else g for g in groups]
+def fabric_values(values: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """The fabrics' fitted network fractions and ring steps among fitted ``values``."""
+    return ({k.removeprefix(FABRIC_PREFIX): v for k, v in values.items()
+             if k.startswith(FABRIC_PREFIX)},
+            {k.removeprefix(FABRIC_STEP_PREFIX): v for k, v in values.items()
+             if k.startswith(FABRIC_STEP_PREFIX)})
+
+
+def with_fabrics(groups: list[Group], fractions: dict[str, float],
+                 steps: dict[str, float] | None = None) -> list[Group]:
+    """Groups on a fabric of ``fractions`` (``steps``) get that network fraction (ring step)."""
+    steps = steps or {}
+
+    def on(g: Group) -> Group:
+        fid = g.cluster.fabric
+        if fid not in fractions and fid not in steps:
+            return g
+        cluster = g.cluster
+        if fid in fractions:
+            cluster = replace(cluster, network_bw_fraction=fractions[fid])
+        if fid in steps:
+            cluster = replace(cluster, network_step_latency_s=steps[fid])
+        return replace(g, cluster=cluster)
+    return [on(g) for g in groups]
+
+
+def _is_fabric(name: str) -> bool:
+    return name.startswith((FABRIC_PREFIX, FABRIC_STEP_PREFIX))
 
 
 def fit_efficiency(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, family: str,
@@ -63,19 +88,22 @@ def fit_efficiency(frame: pd.DataFrame, groups: list[Group], rows: pd.Series, fa
     for name in params:
         if name.startswith(FABRIC_PREFIX):
             values.setdefault(name, start.network_bw_fraction)
-    bounds = {**EFF_BOUNDS, **{n: EFF_BOUNDS["network_bw_fraction"] for n in params
-                               if n.startswith(FABRIC_PREFIX)}}
+        elif name.startswith(FABRIC_STEP_PREFIX):
+            values.setdefault(name, start.network_step_latency_s)
+    bounds = {**EFF_BOUNDS,
+              **{n: EFF_BOUNDS["network_bw_fraction"] for n in params
+                 if n.startswith(FABRIC_PREFIX)},
+              **{n: EFF_BOUNDS["network_step_latency_s"] for n in params
+                 if n.startswith(FABRIC_STEP_PREFIX)}}
     own = TRAINING_PARAMS
 
     def split(x: np.ndarray) -> tuple[Efficiency, list[Group], dict[str, float]]:
         v = unit(x, params, bounds)
         tr = {k: val for k, val in v.items() if k in TRAINING_PARAMS}
-        fabrics = {k.removeprefix(FABRIC_PREFIX): val for k, val in v.items()
-                   if k.startswith(FABRIC_PREFIX)}
         eff = replace(start, **{k: val for k, val in v.items()  # type: ignore[arg-type]
-                                if k not in own and not k.startswith(FABRIC_PREFIX)})
+                                if k not in own and not _is_fabric(k)})
         g = with_training(fam_groups, framework, **tr) if tr else fam_groups
-        return eff, _with_fabrics(g, fabrics), v
+        return eff, with_fabrics(g, *fabric_values(v)), v
 
     def residuals(x: np.ndarray) -> np.ndarray:
         eff, g, _ = split(x)
