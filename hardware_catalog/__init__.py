@@ -8,8 +8,8 @@
 from __future__ import annotations
 
 from hardware_catalog.catalog import (
-    FABRIC_FIGURES,
     CATALOG_DIR,
+    FABRIC_FIGURES,
     FAMILIES,
     CatalogError,
     UnknownSku,

@@ -32,7 +32,8 @@ def test_every_fabric_is_cited_and_physical() -> None:
 
 
 def test_unknown_fabric_lists_the_valid_ids() -> None:
-    with pytest.raises(UnknownFabric, match="unknown fabric 'ethernet'; valid ids: efa, infiniband, roce"):
+    with pytest.raises(UnknownFabric,
+                       match="unknown fabric 'ethernet'; valid ids: efa, infiniband, roce"):
         get_fabric("ethernet")
 
 
