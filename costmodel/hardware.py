@@ -229,5 +229,17 @@ class ClusterSpec:
 
     @property
     def nvlink_domain(self) -> int:
-        """GPUs that share the fast intra-node fabric (a node, or an NVL72 rack)."""
-        return max(self.gpus_per_node, self.gpu.intra_node_domain_size)
+        """The job's GPUs that share one fast intra-node fabric: a node, or the job's segment of
+        a rack-scale NVLink domain (an NVL72 rack of 18 four-GPU trays). A rack-scale job is
+        allocated in equal segments of whole nodes, the most nodes that divide the job's and fit
+        one rack, as NVIDIA's launcher asks Slurm for them (NVIDIA/dgxc-benchmarking v26.02,
+        cli/llmb-run/src/llmb_run/job_launcher.py ``_compute_segment_size``: ``--segment``, 16
+        trays for a power-of-two node count, 18 for a multiple of 18): 128 GB200 are two
+        segments of 64, not a full rack of 72 and 56 more."""
+        rack = self.gpu.intra_node_domain_size
+        if rack <= self.gpus_per_node:
+            return self.gpus_per_node
+        nodes = -(-self.num_gpus // self.gpus_per_node)
+        fits = min(nodes, max(rack // self.gpus_per_node, 1))
+        segment = max(d for d in range(1, fits + 1) if nodes % d == 0)
+        return segment * self.gpus_per_node

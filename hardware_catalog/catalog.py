@@ -13,12 +13,10 @@ import functools
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from costmodel.errors import TcfError
 from costmodel.specs import Efficiency, GpuSpec, SpecError
+from hardware_catalog.fabrics import get_fabric
+from hardware_catalog.files import CATALOG_DIR, CatalogError, as_number, read_yaml
 
-CATALOG_DIR = Path(__file__).resolve().parent
 CALIBRATION_FILE = "calibration.yaml"
 DATA_FILES = frozenset({CALIBRATION_FILE, "fabrics.yaml", "frameworks.yaml",  # not SKUs
                         "prior_ranges.yaml", "uncertainty.yaml", "anchored.yaml"})
@@ -57,38 +55,8 @@ EFFICIENCY_FIELDS: tuple[str, ...] = tuple(
 )
 
 
-class CatalogError(TcfError):
-    """A catalog or calibration file breaks a rule; the message names the file and field."""
-
-
 class UnknownSku(CatalogError):
     """No catalog entry has the requested id; the message lists the valid ids."""
-
-
-def as_number(where: str, raw: object) -> float:
-    """A YAML scalar as a float. PyYAML reads ``1e12`` (no dot, no exponent sign) as a string,
-    so numeric strings are accepted; booleans and anything else are not."""
-    if isinstance(raw, bool):
-        raise CatalogError(f"{where} must be a number, but got {raw!r}")
-    if isinstance(raw, int | float):
-        return float(raw)
-    if isinstance(raw, str):
-        try:
-            return float(raw)
-        except ValueError:
-            pass
-    raise CatalogError(f"{where} must be a number, but got {raw!r}")
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise CatalogError(f"{path.name}: not valid YAML: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise CatalogError(f"{path.name}: top level must be a mapping, "
-                           f"but got {type(doc).__name__}")
-    return doc
 
 
 def _numeric_entry(path: Path, field: str, entry: object) -> float:
@@ -117,7 +85,7 @@ def _numeric_entry(path: Path, field: str, entry: object) -> float:
 
 
 def _parse_sku(path: Path, efficiency: dict[str, Efficiency]) -> GpuSpec:
-    doc = _read_yaml(path)
+    doc = read_yaml(path)
     unknown = sorted(set(doc) - set(_TEXT_FIELDS) - set(NUMERIC_FIELDS) - set(_MEASURED_BLOCKS))
     if unknown:
         raise CatalogError(f"{path.name}: unknown fields {unknown}; "
@@ -194,7 +162,6 @@ def with_network_fabric(where: str, eff: Efficiency, directory: Path) -> Efficie
     the fabric's, written once there."""
     if not eff.network_fabric:
         return eff
-    from hardware_catalog.fabrics import get_fabric  # fabrics.py reads this module's helpers
     try:
         fab = get_fabric(eff.network_fabric, directory)
     except CatalogError as exc:
@@ -210,7 +177,7 @@ def load_calibration(directory: Path) -> dict[str, Efficiency]:
     path = directory / CALIBRATION_FILE
     if not path.exists():
         return {}
-    doc = _read_yaml(path)
+    doc = read_yaml(path)
     result: dict[str, Efficiency] = {}
     for family, entry in doc.items():
         where = f"{path.name}: {family}"
@@ -254,7 +221,7 @@ def sources(sku_id: str, directory: Path | str | None = None) -> dict[str, dict[
     where its efficiency comes from: what ``tcf-search catalog show`` cites."""
     gpu = get_gpu(sku_id, directory)
     root = CATALOG_DIR if directory is None else Path(directory).resolve()
-    doc = _read_yaml(root / f"{sku_id}.yaml")
+    doc = read_yaml(root / f"{sku_id}.yaml")
     cited = {field: {k: str(doc[field][k]) for k in ("source", "note") if k in doc[field]}
              for field in NUMERIC_FIELDS if field in doc}
     cited["efficiency"] = {"source": gpu.efficiency.source}

@@ -13,7 +13,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from hardware_catalog.catalog import CATALOG_DIR, CatalogError, _read_yaml, as_number
+from hardware_catalog.files import CATALOG_DIR, CatalogError, as_number, read_yaml
 
 FABRICS_FILE = "fabrics.yaml"
 _KEYS = frozenset({"description", "network_bw_fraction", "network_step_latency_s", "source"})
@@ -40,7 +40,7 @@ def _load(directory: Path) -> dict[str, Fabric]:
     if not path.exists():
         return {}
     out: dict[str, Fabric] = {}
-    for fid, entry in _read_yaml(path).items():
+    for fid, entry in read_yaml(path).items():
         where = f"{path.name}: {fid}"
         if not isinstance(entry, dict) or not {"network_bw_fraction", "source"} <= set(entry):
             raise CatalogError(f"{where}: needs network_bw_fraction and source")

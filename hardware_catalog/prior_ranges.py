@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from costmodel.specs import Efficiency
-from hardware_catalog.catalog import CATALOG_DIR, CatalogError, _read_yaml, as_number
+from hardware_catalog.files import CATALOG_DIR, CatalogError, as_number, read_yaml
 
 PRIOR_RANGES_FILE = "prior_ranges.yaml"
 _KEYS = frozenset({"low", "high", "source"})
@@ -32,7 +32,7 @@ def _load(directory: Path) -> dict[str, PriorRange]:
     if not path.exists():
         return {}
     out: dict[str, PriorRange] = {}
-    for name, entry in _read_yaml(path).items():
+    for name, entry in read_yaml(path).items():
         where = f"{path.name}: {name}"
         if name not in _FIELDS:
             raise CatalogError(f"{where}: unknown Efficiency field (valid: {sorted(_FIELDS)})")

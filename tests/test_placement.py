@@ -291,41 +291,6 @@ def test_unaligned_domains_count_the_copy_that_spans_most(order: str, domain: in
         assert got == _any_pipeline_hops(o, dense, domain), (dense, domain)
 
 
-# --- a domain that is not a power of two: GB200 NVL72, 128 GPUs over two racks ----------------
-
-NVL72_PLAN = Plan(tp=4, pp=2, dp=16, micro_batch=1, zero_stage=1, sequence_parallel=True)
-
-
-def _nvl72(llama8b: ModelSpec):
-    from hardware_catalog import get_gpu
-
-    cluster = ClusterSpec(gpu=get_gpu("gb200-nvl72"), num_gpus=128, gpus_per_node=4)
-    tr = _train()
-    check_plan(llama8b, cluster, NVL72_PLAN, tr)
-    assert cluster.nvlink_domain == 72
-    return cluster, tr
-
-
-def test_nvl72_pipeline_hops_agree_with_the_pp_span(llama8b: ModelSpec) -> None:
-    cluster, tr = _nvl72(llama8b)
-    # counting: stage 0 at rank b, stage 1 at b + 64, for every b < 64
-    assert sum((b // 72) != ((b + 64) // 72) for b in range(64)) == 56
-    doc = _placement(llama8b, cluster, NVL72_PLAN, tr)
-    assert "pp" in doc["network_groups"]
-    assert [h["link"] for h in doc["pp_hops"]] == ["network"]
-    assert _tier(estimate(llama8b, cluster, NVL72_PLAN, tr), "pp_activation_send_recv") == \
-        "network"
-
-
-def test_nvl72_dp_groups_of_the_second_stage_cross_the_racks(llama8b: ModelSpec) -> None:
-    cluster, tr = _nvl72(llama8b)
-    stage1 = [64 + 4 * k for k in range(16)]
-    assert len({r // 72 for r in stage1}) == 2  # counting: this dp group spans both racks
-    doc = _placement(llama8b, cluster, NVL72_PLAN, tr)
-    assert _group(doc, "dp")["network"]
-    assert _tier(estimate(llama8b, cluster, NVL72_PLAN, tr), "dp_grad_reduce") == "network"
-
-
 # --- 4. Megatron's alternative order ------------------------------------------------------------
 
 def test_tp_pp_dp_mapping_keeps_the_pipeline_in_a_node_and_sends_dp_over_the_network(

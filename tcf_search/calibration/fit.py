@@ -176,6 +176,27 @@ def fit_ampere(frame: pd.DataFrame, groups: list[Group], train: pd.Series, hoppe
     return ampere, fabrics, rows_on
 
 
+def print_prior_fabrics() -> None:
+    for fid in PRIOR_FABRICS:
+        fab = get_fabric(fid)
+        print(f"fabric {fid}: network_bw_fraction {fab.network_bw_fraction} is a prior, not "
+              f"fitted (its rows cannot identify it; see fit.py PRIOR_FABRICS): {fab.source}")
+
+
+def fitted_fabrics(roce: dict[str, float], rows_on: dict[str, int],
+                   efa: tuple[dict[str, float], dict[str, float]], n_efa: int,
+                   ) -> dict[str, tuple[float, float | None, str]]:
+    """What fabrics.yaml gets: the A100 fit's fabrics (a network fraction each) and the
+    Playbook cluster's (its fraction and ring step), with the rows they were fitted on."""
+    out: dict[str, tuple[float, float | None, str]] = {
+        f: (v, None, f"{rows_on[f]} non-held-out A100 runs on {f}, with the ampere parameters "
+                     "(see calibration.yaml)") for f, v in roce.items()}
+    out[MEASURED_FABRIC] = (efa[0][MEASURED_FABRIC], efa[1][MEASURED_FABRIC],
+                            f"{n_efa} non-held-out Playbook H100 runs on {MEASURED_FABRIC}, "
+                            "with the hopper parameters (see calibration.yaml)")
+    return out
+
+
 def write_fabrics(fitted: dict[str, tuple[float, float | None, str]]) -> None:
     """Rewrite the fitted fields of fabrics.yaml (each fabric's network fraction, its ring step
     where fitted, and the rows they were fitted on), keeping its header comment and
@@ -284,9 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     mm = allocator_model(memory, int((pb_ok & train).sum()))
     nanotron.update(training_values(fitted))
     fabrics = fabric_values(fitted)
-    groups = [replace(g, training=g.training.with_switches(memory_model=replace(
-        g.training.framework.memory_model, **memory))) for g in groups]  # type: ignore[arg-type]
-    groups = with_training(with_fabrics(groups, *fabrics), "nanotron",
+    groups = with_training(with_fabrics(mem_groups, *fabrics), "nanotron",
                            memory_model={**nanotron_memory(nanotron), "pressure_slowdown": 0.0},
                            **training_values(fitted))
     nanotron.update(fit_pressure(frame, groups, hop_rows & ~foundry, {"hopper": hopper}))
@@ -303,10 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     print("nanotron profile:", nanotron)
     ampere, roce, rows_on = fit_ampere(frame, groups, train, hopper)
     print("ampere:", ampere, "fabrics:", roce, "efa:", fabrics)
-    for fid in PRIOR_FABRICS:
-        fab = get_fabric(fid)
-        print(f"fabric {fid}: network_bw_fraction {fab.network_bw_fraction} is a prior, not "
-              f"fitted (its rows cannot identify it; see fit.py PRIOR_FABRICS): {fab.source}")
+    print_prior_fabrics()
 
     blackwell = fit_blackwell(frame, groups, dgxc, hopper)
     effs = {"hopper": hopper, "ampere": ampere, "blackwell": blackwell}
@@ -320,13 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         write_calibration(effs, mm, nanotron)
         n_efa = sum(int((hop_rows & ~foundry).to_numpy()[g.index].sum()) for g in groups
                     if g.cluster.fabric == MEASURED_FABRIC)
-        write_fabrics({f: (v, None, f"{rows_on[f]} non-held-out A100 runs on {f}, with the "
-                           "ampere parameters (see calibration.yaml)") for f, v in roce.items()}
-                      | {MEASURED_FABRIC: (fabrics[0][MEASURED_FABRIC],
-                                           fabrics[1][MEASURED_FABRIC],
-                                           f"{n_efa} non-held-out Playbook H100 runs on "
-                                           f"{MEASURED_FABRIC}, with the hopper parameters "
-                                           "(see calibration.yaml)")})
+        write_fabrics(fitted_fabrics(roce, rows_on, fabrics, n_efa))
         # the catalogs just written are cached here: the bounds are made where they are read
         subprocess.run([sys.executable, "-m", "tcf_search.calibration.uncertainty"], check=True)
     return 0
