@@ -114,8 +114,9 @@ def _terms(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         out.append((PriorTerm(
             "fabric prior", f"the {fab.id} fabric's network fraction "
             f"{cluster.network_bw_fraction:g}, a prior no measured row fits",
-            f"re-priced at the {cluster.gpu.family} family's fitted {eff.network_bw_fraction:.3g} "
-            f"(its measured clusters, calibration.yaml)"), np.ones(n, dtype=bool),
+            f"re-priced at the {cluster.gpu.family} family's measured cluster's "
+            f"{eff.network_bw_fraction:.3g} ({eff.network_fabric or 'calibration.yaml'})"),
+            np.ones(n, dtype=bool),
             [(replace(cluster, network_bw_fraction=None), tr)]))
     if tr.framework.kernels.expandable_segments:
         fitted_frac = tr.framework.memory_model.allocator_fraction

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 from export_helpers import exported, titan_config
-from export_plans import PLANS, seventy_b
+from export_plans import PLANS, plan_file, seventy_b
 
+from costmodel import Plan
 from search.inputs.planfile import PlanFile, load_plan_file
 from search.inputs.presets import get_preset
 from tcf_search.export import ExportOptions, render
@@ -40,6 +41,12 @@ def check_titan(cfg: Any, pf: PlanFile) -> None:
     t = cfg.training
     assert (t.global_batch_size, t.seq_len) == (pf.training.global_batch, pf.training.seq_len)
     assert t.disable_cuda_graphs or pf.plan.pp == 1
+    # torchtitan resolves the written policy itself: parameters resharded after forward
+    # exactly where the plan is ZeRO-3 ("default" keeps them gathered under PP)
+    fsdp = importlib.import_module("torchtitan.distributed.fsdp")
+    if par.data_parallel_shard_degree > 1:
+        assert fsdp.get_fsdp_reshard_after_forward_policy(
+            par.fsdp_reshard_after_forward, pp_enabled=pf.plan.pp > 1) == (pf.plan.zero_stage == 3)
 
 
 def test_torchtitan_config_manager_accepts_every_export(plans: dict[str, PlanFile],
@@ -140,3 +147,16 @@ def test_torchtitan_0_2_70b_reads_back() -> None:
                         ["torchtitan.toml"])
     check_titan_02(doc, pf)
     assert doc["model"]["flavor"] == "70B"  # 80 layers, 8192, 64 heads, 8 KV, vocab 128256
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_a_pipeline_plan_reshards_after_forward_only_under_zero3(zero: int, tmp_path: Path,
+                                                                 ) -> None:
+    """torchtitan's "default" policy keeps parameters gathered under PP
+    (get_fsdp_reshard_after_forward_policy: ``not pp_enabled``): a ZeRO-3 plan with a pipeline
+    exported as "default" would run with every stage's parameters gathered, not as priced."""
+    plan = Plan(tp=8, pp=4, dp=16, zero_stage=zero, sequence_parallel=True)
+    pf = plan_file("llama3.1-70b", plan, 512, 512, seq=8192, framework="torchtitan")
+    cfg = titan_config(render("torchtitan", pf, ExportOptions()), tmp_path)
+    check_titan(cfg, pf)
+    assert cfg.parallelism.fsdp_reshard_after_forward == ("always" if zero == 3 else "never")

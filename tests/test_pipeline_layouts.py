@@ -239,3 +239,19 @@ def test_per_rank_counts_keep_the_pins_and_spread_the_rest_earliest_first(seed: 
             if not (i == 0 and first) and not (i == pp - 1 and last and pp > 1)]
     assert (first == 0 or ranks[0] == first) and (last == 0 or ranks[-1] == last)
     assert max(free) - min(free) <= 1 and free == sorted(free, reverse=True)
+
+
+def test_a_fully_sharded_torchtitan_row_under_a_pipeline_ran_zero1(tmp_path: Path) -> None:
+    """torchtitan's FSDP keeps parameters gathered under a pipeline by default
+    (get_fsdp_reshard_after_forward_policy: not pp_enabled; hard-coded at 9dec370): its 405B
+    table's "FSDP 8, TP 8, PP 8" rows ran ZeRO-1's memory, which predict reads and says;
+    without a pipeline ZeRO-3 stays ZeRO-3."""
+    rows = [f"titan_pp,{LLAMA405},8,8,1,1,16,3,1,512,full,true,bf16,torchtitan,,,,",
+            f"titan_flat,{LLAMA405},8,1,1,1,128,3,1,512,full,true,bf16,torchtitan,,,,"]
+    out = predicted(tmp_path, rows)
+    assert "zero_stage=1 (fully sharded under a pipeline" in out.loc["titan_pp", "pred_assumed"]
+    assert not out.loc["titan_flat", "pred_assumed"]
+    # the stage's whole bf16 weights (126 layers of 405B over tp 8 x pp 8: ~11.8 GiB), not a
+    # sixteenth of them
+    assert out.loc["titan_pp", "pred_mem_weights_gib"] > 10.0
+    assert out.loc["titan_flat", "pred_mem_weights_gib"] < 2.0

@@ -77,6 +77,10 @@ class DataParallel:
     MixedPrecisionPolicy, ``torch/distributed/fsdp/_fully_shard/_fsdp_param.py``; FSDP1's flat
     parameter alike). Off: a bf16 shard beside the fp32 main shard (DeepSpeed stage 3,
     Megatron-FSDP's two buffers)."""
+    fsdp_pp_keeps_gathered: bool
+    """A run launched fully sharded (FSDP, ZeRO-3) under a pipeline keeps its parameters
+    gathered from forward to backward, the default policy's (torchtitan's FSDP2): what it ran
+    is ZeRO-1's memory and traffic (read where a measured row states ZeRO-3 with pp > 1)."""
 
     def __post_init__(self) -> None:
         require_positive("training", dp_bucket_bytes=self.dp_bucket_bytes)  # 0: no buckets

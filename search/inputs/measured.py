@@ -269,12 +269,23 @@ def case_from_row(row: Mapping[str, object],
     given = {k for k in KNOBS if _cell(row, k) or k in release_switches(source, detail, name)}
     if any(_cell(row, k) for k in SPLIT_COLUMNS):
         given |= {"first_stage_layers", "last_stage_layers"}
-    plan = row_plan(row, model.layers, knobs)
+    plan, ran = launched_zero(row_plan(row, model.layers, knobs), training)
     if calibration is not None:
         cluster = anchored(cluster, calibration)
     return Case(model=model, cluster=cluster, plan=plan, training=training,
-                given=frozenset(given),
-                framework=framework, assumed=(assumed,) if assumed else ())
+                given=frozenset(given), framework=framework,
+                assumed=tuple(a for a in (assumed, ran) if a))
+
+
+def launched_zero(plan: Plan, training: Training) -> tuple[Plan, str]:
+    """The ZeRO stage a row's launch ran: fully sharded under a pipeline, a stack whose FSDP
+    keeps parameters gathered there by default (``fsdp_pp_keeps_gathered``) ran ZeRO-1's memory
+    and traffic; the note says so (``pred_assumed``)."""
+    if not (plan.zero_stage == 3 and plan.pp > 1 and training.framework.dp.fsdp_pp_keeps_gathered):
+        return plan, ""
+    return replace(plan, zero_stage=1), (
+        "zero_stage=1 (fully sharded under a pipeline, this stack's FSDP keeps parameters "
+        "gathered from forward to backward and whole gradients to the last micro-batch)")
 
 
 def with_training(case: Case, **changes: object) -> Case:

@@ -3,6 +3,9 @@ selected with ``--module``/``--config``; torchtitan 0.3) or the older TOML job f
 
 Data parallelism maps ZeRO onto FSDP2: 3 shards and reshards after forward, 1/2 shard without
 resharding (parameters stay gathered through backward), 0 replicates (HSDP with shard degree 1).
+ZeRO-3 under PP is written "always": the "default" policy does not reshard under PP
+(torchtitan/distributed/fsdp.py get_fsdp_reshard_after_forward_policy: ``not pp_enabled``), which
+would keep every stage's parameters gathered, not the plan that was priced.
 The pipeline placement is written out as ``module_fqns_per_model_part`` so uneven and interleaved
 stages land exactly where the plan put them.
 """
@@ -36,12 +39,19 @@ def model_parts(f: LaunchView, output_name: str) -> list[list[str]] | None:
     return parts
 
 
+def reshard_policy(f: LaunchView) -> str:
+    """FSDP2's reshard-after-forward policy for the plan's ZeRO stage (module docstring)."""
+    if f.zero == 3:
+        return "always" if f.pp > 1 else "default"
+    return "default" if f.zero == 0 else "never"
+
+
 def parallelism(f: LaunchView, version: str) -> dict[str, Any]:
     sharded = f.zero > 0
     p: dict[str, Any] = {
         "data_parallel_replicate_degree": 1 if sharded else f.dp,
         "data_parallel_shard_degree": f.dp if sharded else 1,
-        "fsdp_reshard_after_forward": "default" if f.zero in (0, 3) else "never",
+        "fsdp_reshard_after_forward": reshard_policy(f),
         "tensor_parallel_degree": f.tp,
         "pipeline_parallel_degree": f.pp,
         "context_parallel_degree": f.cp,
