@@ -78,7 +78,9 @@ def plan_placement(model: ModelSpec, cluster: ClusterSpec, plan: Plan,
     (:meth:`costmodel.placement.Placement.describe`), in the framework's rank order."""
     at = placement_of(cluster, training, as_plan_arrays(plans_to_arrays([plan])))
     order = parse_rank_order(training.framework.pp.rank_order)
-    return at.describe(0, model.moe_experts > 0, order)
+    return {**at.describe(0, model.moe_experts > 0, order),
+            "rail_group_nodes": cluster.rail_group_nodes,
+            "oversubscription": cluster.oversubscription}
 
 
 def _scalar(x: np.ndarray) -> float:

@@ -214,6 +214,11 @@ class ClusterSpec:
     # and what one ring step across it waits, where measured runs fitted it (None: the GPU's
     # NCCL prior under a named fabric, the family's fitted step without one)
     network_step_latency_s: float | None = None
+    # its topology (hardware_catalog/fabrics.yaml): nodes whose rails share leaf switches (a DGX
+    # SuperPOD scalable unit; 0: not given, one group) and the leaves' downlink over uplink
+    # bandwidth into the spine (1: non-blocking); an all-to-all that leaves a group crosses it
+    rail_group_nodes: int = 0
+    oversubscription: float = 1.0
     # the cluster's own links, measured (nccl-tests): they override the fractions above
     links: MeasuredLinks | None = None
 
@@ -222,6 +227,10 @@ class ClusterSpec:
         f = self.network_bw_fraction
         if f is not None and not 0.0 < f <= 1.0:
             raise SpecError(f"cluster.network_bw_fraction must be in (0, 1], but got {f}")
+        if self.rail_group_nodes < 0 or not self.oversubscription >= 1.0:
+            raise SpecError(f"cluster.rail_group_nodes >= 0 and cluster.oversubscription >= 1 "
+                            f"must hold, but got {self.rail_group_nodes} and "
+                            f"{self.oversubscription}")
         step = self.network_step_latency_s
         if step is not None and not 0.0 < step < 1.0:
             raise SpecError(f"cluster.network_step_latency_s must be in (0, 1) seconds, "

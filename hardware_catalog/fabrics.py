@@ -16,7 +16,8 @@ from pathlib import Path
 from hardware_catalog.files import CATALOG_DIR, CatalogError, as_number, read_yaml
 
 FABRICS_FILE = "fabrics.yaml"
-_KEYS = frozenset({"description", "network_bw_fraction", "network_step_latency_s", "source"})
+_KEYS = frozenset({"description", "network_bw_fraction", "network_step_latency_s", "source",
+                   "rail_group_nodes", "oversubscription"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +29,10 @@ class Fabric:
     # what one ring step across this fabric waits, where measured runs fit it; 0: the GPU's
     # NCCL prior (GpuSpec.network_latency_s)
     network_step_latency_s: float = 0.0
+    # its topology: the nodes whose rails share leaf switches (0: not given, one group), and the
+    # leaves' downlink over uplink bandwidth into the spine (1: non-blocking)
+    rail_group_nodes: int = 0
+    oversubscription: float = 1.0
 
 
 class UnknownFabric(CatalogError):
@@ -55,9 +60,18 @@ def _load(directory: Path) -> dict[str, Fabric]:
         if not 0.0 <= step < 1.0:
             raise CatalogError(f"{where}.network_step_latency_s must be in [0, 1) seconds, "
                                f"but got {step}")
+        group = as_number(f"{where}.rail_group_nodes", entry.get("rail_group_nodes", 0))
+        if group < 0 or group != int(group):
+            raise CatalogError(f"{where}.rail_group_nodes must be a whole number >= 0, "
+                               f"but got {group}")
+        over = as_number(f"{where}.oversubscription", entry.get("oversubscription", 1.0))
+        if not over >= 1.0:
+            raise CatalogError(f"{where}.oversubscription must be >= 1 (downlinks over uplinks),"
+                               f" but got {over}")
         out[str(fid)] = Fabric(id=str(fid), description=str(entry.get("description", "")),
                                network_bw_fraction=frac, source=str(entry["source"]),
-                               network_step_latency_s=step)
+                               network_step_latency_s=step, rail_group_nodes=int(group),
+                               oversubscription=over)
     return out
 
 

@@ -97,8 +97,24 @@ def _all_to_all(nv_bytes: np.ndarray, net_bytes: np.ndarray, g: Mesh, cluster: C
         net_bw = min(link.network_bw * ratio, gpu.network_bw_bytes_per_s)
     n, k = g.ep, g.k_ep
     lat = np.where(n > k, link.network_latency_s, link.nvlink_latency_s) + link.call_overhead_s
-    t = np.maximum(nv_bytes / nv_bw, net_bytes / net_bw) + lat
+    t = np.maximum(nv_bytes / nv_bw, net_bytes / net_bw * spine_factor(g, cluster)) + lat
     return np.where(n > 1, t, 0.0)
+
+
+def spine_factor(g: Mesh, cluster: ClusterSpec) -> np.ndarray:
+    """How much slower an EP all-to-all's network bytes go where the group leaves its rail
+    group. A rail-optimised fabric keeps every node's k-th NIC on the k-th leaf of its group (a
+    DGX SuperPOD scalable unit of 32 nodes; NCCL's PXN forwards over NVLink to the rail-matched
+    GPU), so rings and trees cross the spine once per group boundary, but an all-to-all sends
+    (nodes outside the sender's group) / (other nodes) of its bytes across it, all nodes at
+    once: under an oversubscribed spine that share drains at the uplinks' 1/oversubscription
+    of the NICs' rate. 1 on a non-blocking spine, inside one group, or without groups given."""
+    nodes = g.placement.span("ep").nodes.astype(float)
+    group = float(cluster.rail_group_nodes)
+    if group <= 0 or cluster.oversubscription <= 1.0:
+        return np.ones_like(nodes)
+    outside = np.where(nodes > group, (nodes - group) / np.maximum(nodes - 1.0, 1.0), 0.0)
+    return np.maximum(1.0, outside * cluster.oversubscription)
 
 
 def _dispatch_s(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,

@@ -41,6 +41,9 @@ class PlanFile:
     gpus_per_node: int
     training: Training
     fabric: str = ""  # hardware_catalog/fabrics.yaml id; "" = not given
+    # the study's own fabric topology (None: the fabric's)
+    rail_group_nodes: int | None = None
+    oversubscription: float | None = None
     plan: Plan
     rank: int = 1
     predicted: dict[str, Any] = field(default_factory=dict)
@@ -55,6 +58,10 @@ class PlanFile:
             "cluster": {"gpu": self.gpu, "num_gpus": self.num_gpus,
                         "gpus_per_node": self.gpus_per_node,
                         **({"fabric": self.fabric} if self.fabric else {}),
+                        **({"rail_group_nodes": self.rail_group_nodes}
+                           if self.rail_group_nodes is not None else {}),
+                        **({"oversubscription": self.oversubscription}
+                           if self.oversubscription is not None else {}),
                         **({"calibration": self.calibration} if self.calibration else {})},
             "model": dataclasses.asdict(self.model),
             **({"framework": self.framework} if self.framework else {}),
@@ -173,6 +180,13 @@ def _build_training(raw: Any, framework: str) -> Training:
         raise PlanFileError(f"training: {str(e)[:160]}") from None
 
 
+def _number(raw: dict[str, Any], key: str, where: str) -> float:
+    value = raw.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e30:
+        raise PlanFileError(f"{where}{key}: must be a positive number (got {shown(value, 40)})")
+    return float(value)
+
+
 def _integer(raw: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
     value = raw.get(key, default)
     if isinstance(value, str) and value.strip().lstrip("-").isdigit() and len(value) < 20:
@@ -203,6 +217,10 @@ def parse_plan_file(text: str) -> PlanFile:
         num_gpus=_integer(cluster, "num_gpus", "cluster."),
         gpus_per_node=_integer(cluster, "gpus_per_node", "cluster.", 8),
         fabric=str(cluster.get("fabric") or ""),
+        rail_group_nodes=(_integer(cluster, "rail_group_nodes", "cluster.")
+                          if "rail_group_nodes" in cluster else None),
+        oversubscription=(_number(cluster, "oversubscription", "cluster.")
+                          if "oversubscription" in cluster else None),
         calibration=str(cluster.get("calibration") or ""),
         model=_build_model(raw["model"]),
         training=_build_training(raw["training"], str(raw.get("framework") or "")),

@@ -244,6 +244,10 @@ class ClusterSection(_Section):
     gpus_per_node: Int = Field(default=8, gt=0)
     # the inter-node fabric (hardware_catalog/fabrics.yaml): sets the network efficiency
     fabric: str | None = None
+    # its topology, where the fabric's is not the cluster's: nodes whose rails share leaf
+    # switches, and the leaves' downlink over uplink bandwidth into the spine
+    rail_group_nodes: Int | None = Field(default=None, gt=0)
+    oversubscription: Float | None = Field(default=None, ge=1, lt=1e3)
     overrides: dict[str, Any] = Field(default_factory=dict)
     gpu_spec: dict[str, Any] | None = None
     price_per_gpu_hour: Float | None = Field(default=None, gt=0, lt=1e30)  # for objective: cost

@@ -21,6 +21,7 @@ from hardware_catalog import (
     CatalogError,
     fabric_fraction,
     fabric_step_latency,
+    get_fabric,
     get_gpu,
     with_overrides,
 )
@@ -146,11 +147,19 @@ def search_switches(*, uneven_pipeline: bool, tp_in_node: bool, split_later: boo
                     moe_tp_sequence_parallel=moe_tp_sequence_parallel)
 
 
-def cluster_spec(gpu: GpuSpec, num_gpus: int, gpus_per_node: int, fabric: str) -> ClusterSpec:
-    """The cluster, with its fabric's network efficiency when the fabric is named."""
+def cluster_spec(gpu: GpuSpec, num_gpus: int, gpus_per_node: int, fabric: str,
+                 rail_group_nodes: int | None = None,
+                 oversubscription: float | None = None) -> ClusterSpec:
+    """The cluster, with its fabric's network efficiency and topology when the fabric is named;
+    a study's own rail groups and oversubscription win over the fabric's."""
+    fab = get_fabric(fabric) if fabric else None
     return ClusterSpec(gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node, fabric=fabric,
                        network_bw_fraction=fabric_fraction(fabric),
-                       network_step_latency_s=fabric_step_latency(fabric))
+                       network_step_latency_s=fabric_step_latency(fabric),
+                       rail_group_nodes=(rail_group_nodes if rail_group_nodes is not None
+                                         else fab.rail_group_nodes if fab else 0),
+                       oversubscription=(oversubscription if oversubscription is not None
+                                         else fab.oversubscription if fab else 1.0))
 
 
 def training_spec(*, framework: str, precision: str, seq_len: int, global_batch: int,
@@ -193,7 +202,8 @@ def build_specs(study: Study) -> Specs:
                                  global_batch=t.sequences, optimizer=t.optimizer,
                                  compile=bool(t.compile), switches=switches)
         cluster = cluster_spec(build_gpu(study.cluster), study.cluster.num_gpus,
-                               study.cluster.gpus_per_node, study.cluster.fabric or "")
+                               study.cluster.gpus_per_node, study.cluster.fabric or "",
+                               study.cluster.rail_group_nodes, study.cluster.oversubscription)
         calibration, relative = "", False
         if study.cluster.calibration is not None:
             calibration = str((study.base_dir / study.cluster.calibration).resolve())
@@ -299,7 +309,8 @@ def plan_file_specs(pf: PlanFile, gpu: GpuSpec | None = None) -> Specs:
             raise PlanFileError(f"cluster.gpu: {exc} (a study with gpu_spec needs the study "
                                 f"file: pass STUDY.yaml with --result)") from None
     try:
-        cluster = cluster_spec(gpu, pf.num_gpus, pf.gpus_per_node, pf.fabric)
+        cluster = cluster_spec(gpu, pf.num_gpus, pf.gpus_per_node, pf.fabric,
+                               pf.rail_group_nodes, pf.oversubscription)
     except CatalogError as exc:
         raise PlanFileError(f"cluster.fabric: {exc}") from None
     try:

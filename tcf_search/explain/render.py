@@ -125,6 +125,10 @@ def _placement(at: dict[str, Any], con: Console) -> None:
                   f"domain{'s' if g['domains'] > 1 else ''} on {g['nodes']} "
                   f"node{'s' if g['nodes'] > 1 else ''}" + (" (network)" if g["network"] else "")
                   for g in at["groups"]) or "   placement: one GPU")
+    if at.get("oversubscription", 1.0) > 1.0 and at.get("rail_group_nodes", 0) > 0:
+        con.print(f"   fabric: rail groups of {at['rail_group_nodes']} nodes, spine "
+                  f"oversubscribed {at['oversubscription']:g}:1 (an EP all-to-all leaving its "
+                  "group drains there)")
     if at["pp_hops"]:
         con.print("   pipeline hops: " + ", ".join(
             f"{h['from_stage']}→{h['to_stage']} {h['link']}" for h in at["pp_hops"])
