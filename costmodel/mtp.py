@@ -146,7 +146,7 @@ def mtp_stage(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArray
     recompute = np.where(full, block_fwd + fwd_l, np.where(selective, selective_l, 0.0))
     compute = block_fwd + block_bwd + fwd_l + bwd_l + lt.head_fwd_s + lt.head_bwd_s + recompute
     comm_fwd = tensor.layer_exposed_s + context.exposed_fwd_s
-    comm_bwd = tensor.layer_exposed_s + context.exposed_bwd_s
+    comm_bwd = tensor.layer_exposed_bwd_s + context.exposed_bwd_s
     if moe:
         comm_fwd, comm_bwd = comm_fwd + expert.exposed_fwd_s, comm_bwd + expert.exposed_bwd_s
     vocab = 4.0 * tensor.vocab_side_s + tensor.vocab_s["last"]

@@ -84,7 +84,7 @@ def nic_busy_of(g: Mesh, layers: StageLayers, tensor: TensorComm,
                    p2p.time_s / np.maximum(2.0 * g.micro_batches * g.vpp, 1.0), 0.0)
     fwd = n * (on["tp"] * tensor.layer_exposed_s + on["cp"] * context.exposed_fwd_s
                + on["ep"] * expert.average_layer_s) + hop
-    bwd = n * (on["tp"] * tensor.layer_exposed_s + on["cp"] * context.exposed_bwd_s
+    bwd = n * (on["tp"] * tensor.layer_exposed_bwd_s + on["cp"] * context.exposed_bwd_s
                + on["ep"] * expert.average_bwd_s) + hop
     return fwd, bwd
 
@@ -105,7 +105,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
     expert = expert_parallel(model, cluster, tr, g, lt)
     # per layer, what of their communication stays on one micro-batch's critical path
     comm_fwd = tensor.layer_exposed_s + context.exposed_fwd_s + expert.average_layer_s
-    comm_bwd = tensor.layer_exposed_s + context.exposed_bwd_s + expert.average_bwd_s
+    comm_bwd = tensor.layer_exposed_bwd_s + context.exposed_bwd_s + expert.average_bwd_s
     mtp = mtp_stage(model, cluster, tr, p, lt, tensor, context, expert)
     per_mb = stage_times(p, layers, lt, comm_fwd, comm_bwd, lt.host_fwd_s + tensor.host_fwd_s,
                          tensor.vocab_s, g.synchronous, mtp, logits_hops(model, tr, g, layers))

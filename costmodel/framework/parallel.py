@@ -105,6 +105,11 @@ class TensorParallel:
     dtensor_tp: bool
     """TP on DTensors (torchtitan, the validation harness): each TP op pays
     ``dtensor_op_overhead_s`` more."""
+    fp8_sp_gather: bool
+    """Under fp8, the forward's sequence-parallel all-gathers move the quantised input (1 byte
+    an element): Transformer Engine's LayerNormLinear quantises in the norm kernel and gathers
+    the fp8 tensor; torchao's Float8ColwiseParallel / PrepareFloat8ModuleInput cast before the
+    all-gather. Off: gathered at the activations' dtype."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -29,6 +29,9 @@ class TensorComm:
     activation_bytes: np.ndarray  # one micro-batch's activations on one GPU
     layer_fwd_s: np.ndarray
     layer_exposed_s: np.ndarray  # what TP overlap leaves on the critical path
+    layer_bwd_s: np.ndarray  # the backward's (its gathers at the activations' dtype)
+    layer_exposed_bwd_s: np.ndarray
+    gathered_bytes: np.ndarray  # what one forward all-gather moves per rank's input
     host_fwd_s: np.ndarray  # host time the TP calls add to a layer's forward
     vocab_s: dict[str, np.ndarray]  # per stage: embedding and LM head collectives
     vocab_sides: dict[str, np.ndarray]  # per stage: how many of the embedding and head it holds
@@ -38,14 +41,19 @@ class TensorComm:
                     vocab_sides: np.ndarray) -> tuple[CollectiveArrays, CollectiveArrays]:
         """Per step, with ``vocab_s`` and ``vocab_sides`` those of the slowest stage."""
         p, tp, m, x_act = g.plan, g.tp, g.micro_batches, self.activation_bytes
-        # forward, backward, and the forward again of the layers full recompute reruns
+        # forward, the forward again of the layers full recompute reruns, and backward
         per_stage = layers / g.pp
-        calls = m * per_stage * (2.0 + recomputed_share(p, per_stage))
+        fwd = m * per_stage * (1.0 + recomputed_share(p, per_stage))
+        bwd = m * per_stage
         tier = comm.tier(tp, g.k_tp)
+        # two activations' worth a pass (two all-reduces, or two all-gathers and two
+        # reduce-scatters); the forward's gathers may move the quantised input
+        fwd_bytes = x_act + np.where(g.plan.sequence_parallel > 0, self.gathered_bytes, x_act)
         return (
             CollectiveArrays("tp_activation_allreduce", "tp", "all_reduce", p.tp,
-                             calls * 2 * x_act, tier, calls * self.layer_fwd_s,
-                             calls * self.layer_exposed_s),
+                             fwd * fwd_bytes + bwd * 2 * x_act, tier,
+                             fwd * self.layer_fwd_s + bwd * self.layer_bwd_s,
+                             fwd * self.layer_exposed_s + bwd * self.layer_exposed_bwd_s),
             CollectiveArrays("tp_vocab_parallel", "tp", "all_reduce", p.tp,
                              np.where(tp > 1, m * vocab_sides * 2 * x_act, 0.0), tier,
                              m * vocab_s, m * vocab_s),
@@ -92,25 +100,35 @@ def _vocab_parallel(x_act: np.ndarray, g: Mesh) -> dict[str, np.ndarray]:
 def tensor_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
                     lt: LayerTimes) -> TensorComm:
     tp, pp, k_tp, link = g.tp, g.pp, g.k_tp, g.link
-    x_act = g.tokens * model.hidden * tr.framework.numerics.activation_dtype_bytes
+    act = tr.framework.numerics.activation_dtype_bytes
+    x_act = g.tokens * model.hidden * act
+    # the forward's SP all-gathers feed fp8 GEMMs the input they quantised first (the
+    # framework's fp8_sp_gather): one byte an element
+    x_gather = (x_act / act if tr.precision == "fp8" and tr.framework.tp.fp8_sp_gather
+                else x_act)
     # per layer forward: two all-reduces, or with sequence parallel two all-gathers and two
-    # reduce-scatters (the same bytes, twice the calls)
+    # reduce-scatters (the same bytes, twice the calls); the backward mirrors it
     sp = g.plan.sequence_parallel > 0
-    layer_fwd = np.where(sp, 4.0 * comm.gather_time(x_act, tp, k_tp, link),
+    layer_bwd = np.where(sp, 4.0 * comm.gather_time(x_act, tp, k_tp, link),
                          2.0 * comm.all_reduce_time(x_act, tp, k_tp, link))
+    layer_fwd = np.where(sp, 2.0 * (comm.gather_time(x_act, tp, k_tp, link)
+                                    + comm.gather_time(x_gather, tp, k_tp, link)), layer_bwd)
     calls = np.where(tp > 1, np.where(sp, 4.0, 2.0), 0.0)
-    if tr.framework.tp.tp_comm_overlap and not g.synchronous:  # the all-gathers and
-        # reduce-scatters of sequence parallelism hide behind the GEMMs they feed or drain
-        # (all-reduces do not)
-        exposed = np.where(sp, np.maximum(layer_fwd - lt.gemm_fwd_dense_s, 0.0), layer_fwd)
-    else:
-        exposed = layer_fwd
+
+    def exposed_of(layer_s: np.ndarray) -> np.ndarray:
+        if tr.framework.tp.tp_comm_overlap and not g.synchronous:  # the all-gathers and
+            # reduce-scatters of sequence parallelism hide behind the GEMMs they feed or
+            # drain (all-reduces do not)
+            return np.where(sp, np.maximum(layer_s - lt.gemm_fwd_dense_s, 0.0), layer_s)
+        return layer_s
     # multi-token prediction on the last stage: per depth an embedding, a head and eh_proj's
     # three embedding-sized sides (costmodel.mtp.mtp_stage)
     mtp_sides = 5.0 * model.mtp_layers
     sides = {"first": 1.0 + (pp == 1) * (1.0 + mtp_sides), "middle": 0.0 * pp,
              "last": 1.0 + mtp_sides + 0.0 * pp}
-    return TensorComm(activation_bytes=x_act, layer_fwd_s=layer_fwd, layer_exposed_s=exposed,
+    return TensorComm(activation_bytes=x_act, layer_fwd_s=layer_fwd,
+                      layer_exposed_s=exposed_of(layer_fwd), layer_bwd_s=layer_bwd,
+                      layer_exposed_bwd_s=exposed_of(layer_bwd), gathered_bytes=x_gather,
                       host_fwd_s=_host_fwd(cluster, tr, g, calls),
                       vocab_s=_vocab_parallel(x_act, g), vocab_sides=sides,
                       vocab_side_s=_vocab_side(x_act, g))
