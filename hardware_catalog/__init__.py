@@ -24,6 +24,7 @@ from hardware_catalog.fabrics import (
     UnknownFabric,
     fabric_fraction,
     fabric_step_latency,
+    fabric_topology,
     get_fabric,
     load_fabrics,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "UnknownSku",
     "fabric_fraction",
     "fabric_step_latency",
+    "fabric_topology",
     "get_fabric",
     "get_gpu",
     "list_ids",

@@ -94,6 +94,15 @@ def fabric_fraction(fabric_id: str, directory: Path | str | None = None) -> floa
     return get_fabric(fabric_id, directory).network_bw_fraction if fabric_id else None
 
 
+def fabric_topology(fabric_id: str, directory: Path | str | None = None) -> tuple[int, float]:
+    """The fabric's rail-group size and spine oversubscription; (0, 1.0) for "" (not given:
+    one group, non-blocking)."""
+    if not fabric_id:
+        return 0, 1.0
+    fab = get_fabric(fabric_id, directory)
+    return fab.rail_group_nodes, fab.oversubscription
+
+
 def fabric_step_latency(fabric_id: str, directory: Path | str | None = None) -> float | None:
     """The fabric's fitted ring-step latency; None for "" or a fabric that has none (the GPU's
     NCCL prior applies)."""

@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from hardware_catalog import get_fabric
+from hardware_catalog import fabric_topology
 from search.inputs.files import Output
 from search.inputs.planfile import PlanFile, dump_plan_file
 from search.inputs.specs import Specs
@@ -47,14 +47,12 @@ def plan_file(result: StudyResult, specs: Specs, ranked: RankedPlan, folder: Pat
     if calibration and specs.calibration_relative:
         calibration = Path(os.path.relpath(calibration, folder.resolve())).as_posix()
     c = specs.cluster
-    fab = get_fabric(c.fabric) if c.fabric else None
-    own_rails = c.rail_group_nodes != (fab.rail_group_nodes if fab else 0)
-    own_over = c.oversubscription != (fab.oversubscription if fab else 1.0)
+    rails, over = fabric_topology(c.fabric)  # the fabric's: a plan file writes only its own
     return dump_plan_file(PlanFile(
         study=result.study, model=specs.model, gpu=result.gpu, num_gpus=result.num_gpus,
         gpus_per_node=result.gpus_per_node, fabric=c.fabric,
-        rail_group_nodes=c.rail_group_nodes if own_rails else None,
-        oversubscription=c.oversubscription if own_over else None,
+        rail_group_nodes=c.rail_group_nodes if c.rail_group_nodes != rails else None,
+        oversubscription=c.oversubscription if c.oversubscription != over else None,
         training=specs.training, plan=ranked.plan,
         rank=ranked.rank, predicted={**ranked.predicted, "source": ranked.source},
         framework=specs.framework, calibration=calibration))

@@ -109,10 +109,10 @@ def tensor_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mes
     # per layer forward: two all-reduces, or with sequence parallel two all-gathers and two
     # reduce-scatters (the same bytes, twice the calls); the backward mirrors it
     sp = g.plan.sequence_parallel > 0
-    layer_bwd = np.where(sp, 4.0 * comm.gather_time(x_act, tp, k_tp, link),
-                         2.0 * comm.all_reduce_time(x_act, tp, k_tp, link))
-    layer_fwd = np.where(sp, 2.0 * (comm.gather_time(x_act, tp, k_tp, link)
-                                    + comm.gather_time(x_gather, tp, k_tp, link)), layer_bwd)
+    gather = comm.gather_time(x_act, tp, k_tp, link)
+    layer_bwd = np.where(sp, 4.0 * gather, 2.0 * comm.all_reduce_time(x_act, tp, k_tp, link))
+    fp8_gather = gather if x_gather is x_act else comm.gather_time(x_gather, tp, k_tp, link)
+    layer_fwd = np.where(sp, 2.0 * (gather + fp8_gather), layer_bwd)
     calls = np.where(tp > 1, np.where(sp, 4.0, 2.0), 0.0)
 
     def exposed_of(layer_s: np.ndarray) -> np.ndarray:

@@ -21,7 +21,7 @@ from hardware_catalog import (
     CatalogError,
     fabric_fraction,
     fabric_step_latency,
-    get_fabric,
+    fabric_topology,
     get_gpu,
     with_overrides,
 )
@@ -152,14 +152,12 @@ def cluster_spec(gpu: GpuSpec, num_gpus: int, gpus_per_node: int, fabric: str,
                  oversubscription: float | None = None) -> ClusterSpec:
     """The cluster, with its fabric's network efficiency and topology when the fabric is named;
     a study's own rail groups and oversubscription win over the fabric's."""
-    fab = get_fabric(fabric) if fabric else None
+    rails, over = fabric_topology(fabric)
     return ClusterSpec(gpu=gpu, num_gpus=num_gpus, gpus_per_node=gpus_per_node, fabric=fabric,
                        network_bw_fraction=fabric_fraction(fabric),
                        network_step_latency_s=fabric_step_latency(fabric),
-                       rail_group_nodes=(rail_group_nodes if rail_group_nodes is not None
-                                         else fab.rail_group_nodes if fab else 0),
-                       oversubscription=(oversubscription if oversubscription is not None
-                                         else fab.oversubscription if fab else 1.0))
+                       rail_group_nodes=rails if rail_group_nodes is None else rail_group_nodes,
+                       oversubscription=over if oversubscription is None else oversubscription)
 
 
 def training_spec(*, framework: str, precision: str, seq_len: int, global_batch: int,
