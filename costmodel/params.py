@@ -8,7 +8,7 @@ and Kaplan et al. (2020).
 
 from __future__ import annotations
 
-from costmodel.attention import out_params, qk_dim, qkv_params, score_keys, v_dim
+from costmodel.attention import causal_keys, out_params, qk_dim, qkv_params, score_keys, v_dim
 from costmodel.specs import ModelSpec
 
 
@@ -67,14 +67,16 @@ def active_params(m: ModelSpec) -> int:
     return total_params(m) - m.moe_layers * (moe_mlp_params(m) - per_moe_layer_active)
 
 
-def model_flops_per_token(m: ModelSpec, seq_len: int) -> float:
+def model_flops_per_token(m: ModelSpec, seq_len: int, causal: bool = False) -> float:
     """Training FLOPs per token, the PaLM/Megatron convention: 6·N_active (embedding lookup
     excluded, LM head included) + 6·L·a·(d_qk + d_v)·s for attention scores and values
     (12·L·(a·d)·s when d_qk = d_v = d), no causal halving; s is the window under sliding-window
-    attention."""
+    attention. ``causal``: the attention a causal mask leaves to compute instead (each query's
+    keys, :func:`costmodel.attention.causal_keys`: about s/2), the figure long-context reports
+    quote."""
     n_matmul = active_params(m) - m.hidden - (0 if m.tied_embeddings else embedding_params(m))
     n_matmul -= m.layers * norm_params(m)
-    keys = score_keys(m, seq_len)
+    keys = causal_keys(m, seq_len) if causal else score_keys(m, seq_len)
     mtp_layer = 6.0 * last_layer_matmul_params(m) + 6.0 * m.heads * (qk_dim(m) + v_dim(m)) * keys
     return (6.0 * n_matmul + 6.0 * m.layers * m.heads * (qk_dim(m) + v_dim(m)) * keys
             + mtp_flops(m, mtp_layer))

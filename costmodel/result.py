@@ -84,6 +84,9 @@ class ComputeEstimate:
 
     model_flops: float
     hardware_flops: float
+    # model FLOPs with attention as a causal mask computes it (about half the scores) over the
+    # convention's: the second, labelled MFU figure (StepEstimate.mfu_causal)
+    causal_flops_share: float = 1.0
     time_s: float  # kernel time of forward+backward including recompute
     recompute_time_s: float
     optimizer_time_s: float
@@ -130,6 +133,12 @@ class StepEstimate:
         return self.compute.model_flops / self.step_time_s / self.peak_flops_per_gpu
 
     @property
+    def mfu_causal(self) -> float:
+        """MFU with causal-aware model FLOPs (attention halved under a causal mask): what
+        long-context reports quote beside the convention's figure."""
+        return self.mfu * self.compute.causal_flops_share
+
+    @property
     def hfu(self) -> float:
         return self.compute.hardware_flops / self.step_time_s / self.peak_flops_per_gpu
 
@@ -158,6 +167,7 @@ class StepEstimate:
             tokens_per_s_per_gpu=self.tokens_per_s_per_gpu,
             model_tflops_per_gpu=self.model_tflops_per_gpu,
             mfu=self.mfu,
+            mfu_causal=self.mfu_causal,
             hfu=self.hfu,
             mfu_precision_peak=self.mfu_precision_peak,
             dominant_challenge=self.dominant_challenge,

@@ -43,6 +43,7 @@ class StepArrays:
     stage_layers: dict[str, np.ndarray]
     usable_bytes: float
     model_flops: np.ndarray
+    causal_flops_share: float  # model FLOPs with causal attention over the convention's
     hardware_flops: np.ndarray
     compute_s: np.ndarray
     recompute_s: np.ndarray
@@ -141,9 +142,12 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
 
     tokens, n_gpus = tr.tokens_per_step, cluster.num_gpus
     model_flops = model_flops_per_token(model, tr.seq_len) * tokens / n_gpus
+    causal_share = model_flops_per_token(model, tr.seq_len, causal=True) * tokens / n_gpus \
+        / model_flops
     return StepArrays(
         stages=stages, stage_layers={st: layers.of(st) for st in STAGES},
         usable_bytes=cluster.gpu.usable_bytes, model_flops=np.full_like(step, model_flops),
+        causal_flops_share=causal_share,
         hardware_flops=hardware_flops(model, cluster, tr, p, layers, model_flops),
         compute_s=compute_s, recompute_s=m * per_mb.at_slowest(per_mb.recompute_s),
         contention_s=contention, stall_s=stall, host_bytes=host_bytes(co, p, m),

@@ -26,7 +26,14 @@ if TYPE_CHECKING:
         spread_for,
     )
     from search.baseline import baseline_doc, baseline_of, step_breakdown
-    from search.output import interval_text, prior_legend, ranking_line, render, run_file
+    from search.output import (
+        MFU_FLAG,
+        interval_text,
+        prior_legend,
+        ranking_line,
+        render,
+        run_file,
+    )
     from search.pipeline import RunOptions, run_study
     from search.placement import candidates
     from search.priors import plan_rests_on
@@ -51,7 +58,7 @@ _HOME = {
     "anchored_interval": ("AnchoredSpread", "AnchorLocal", "anchor_batch",
                           "load_anchored_spread", "local_for", "spread_for"),
     "baseline": ("baseline_doc", "baseline_of", "step_breakdown"),
-    "output": ("interval_text", "prior_legend", "ranking_line", "render", "run_file"),
+    "output": ("MFU_FLAG", "interval_text", "prior_legend", "ranking_line", "render", "run_file"),
     "pipeline": ("RunOptions", "run_study"),
     "placement": ("candidates",),
     "rdb": ("in_memory", "sqlite_file"),
@@ -64,7 +71,8 @@ _HOME = {
 }
 _MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
-    "AnchorLocal", "AnchoredSpread", "INTERVAL", "RunOptions", "Uncertainty", "anchor_batch",
+    "AnchorLocal", "AnchoredSpread", "INTERVAL", "MFU_FLAG", "RunOptions", "Uncertainty",
+    "anchor_batch",
     "local_for",
     "baseline_doc", "baseline_of",
     "build_space", "calibration_status", "candidates", "cost_model_version", "gap_bin", "in_memory",

@@ -126,7 +126,8 @@ class AnchorLocal:
         return {**out, **moved, "step_time_s": np.asarray(out["step_time_s"]) / f}, sd
 
 
-RATES = ("tokens_per_s_per_gpu", "mfu", "hfu", "mfu_precision_peak", "model_tflops_per_gpu")
+RATES = ("tokens_per_s_per_gpu", "mfu", "mfu_causal", "hfu", "mfu_precision_peak",
+         "model_tflops_per_gpu")
 
 
 def local_of(cal: ClusterCalibration | None, model: ModelSpec, cluster: ClusterSpec,

@@ -19,7 +19,8 @@ OBJECTIVES: dict[str, tuple[str, str]] = {
     "cost": ("cost_usd", "minimize"),
     "memory_headroom": ("memory_headroom_gib", "maximize"),
 }
-METRIC_KEYS = ("tokens_per_s_per_gpu", "mfu", "hfu", "model_tflops_per_gpu", "step_time_s",
+METRIC_KEYS = ("tokens_per_s_per_gpu", "mfu", "mfu_causal", "hfu", "model_tflops_per_gpu",
+               "step_time_s",
                "time_compute_s", "time_comm_s", "time_comm_exposed_s", "time_bubble_s",
                "time_optimizer_s")
 MEMORY_KEYS = ("weights", "grads", "optimizer", "activations", "buffers")

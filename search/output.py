@@ -168,6 +168,33 @@ def _interval_label(m: dict[str, Any]) -> str:
     return f"{lo_hi[0]:,.0f}–{lo_hi[1]:,.0f}" + (f" †{marks}" if marks else "")
 
 
+# an MFU above this share of the dense peak is flagged: published runs of dense transformers sit
+# at 35-60% (Llama 3 405B 38-43%, Dubey et al. 2024 Table 4; Megatron's 175B 51.4%, Korthikanti
+# et al. 2022); above it the figure is usually the convention's uncounted causal halving
+MFU_FLAG = 0.75
+
+
+def mfu_label(m: dict[str, Any]) -> str:
+    """The table's MFU cell: the convention's figure, '!' above ``MFU_FLAG``."""
+    return f"{m['mfu']:.1%}" + ("!" if m["mfu"] > MFU_FLAG else "")
+
+
+def mfu_legend(metrics: Iterable[dict[str, Any]]) -> list[str]:
+    """A line under the table where a plan's MFU is flagged: what the figure counts, and the
+    causal-aware figure beside it."""
+    flagged = [m for m in metrics if m["mfu"] > MFU_FLAG]
+    if not flagged:
+        return []
+    m = flagged[0]
+    if "mfu_causal" not in m:  # a study stored before the figure existed
+        return [f"! MFU above {MFU_FLAG:.0%} of the dense peak: model FLOPs count attention "
+                f"without causal halving (PaLM/Megatron convention)"]
+    return [f"! MFU above {MFU_FLAG:.0%} of the dense peak: model FLOPs count attention without "
+            f"causal halving (PaLM/Megatron convention); counting the scores a causal mask "
+            f"computes, the first flagged plan's MFU is {m['mfu_causal']:.1%} "
+            f"(mfu_causal in --json and trials.csv)"]
+
+
 def prior_legend(metrics: Iterable[dict[str, Any]]) -> list[str]:
     """One line per unvalidated term the plans' intervals rest on: what it is, and the range
     it was re-priced at (search.priors.prior_spread)."""
@@ -256,11 +283,12 @@ def render(result: StudyResult, console: Console) -> None:
             _stages_label(p), *([_dispatch_label(p)] if dispatch else []),
             *(fmt.format(m[key]) for _, key, fmt in shown),
             f"{m['tokens_per_s_per_gpu']:,.0f}", _interval_label(m),
-            f"{m['p_oom']:.0%}" if "p_oom" in m else "", f"{m['mfu']:.1%}",
+            f"{m['p_oom']:.0%}" if "p_oom" in m else "", mfu_label(m),
             f"{m['step_time_s']:.2f}", f"{m['peak_mem_gib']:.1f}/{m['usable_mem_gib']:.1f}",
             m["dominant_challenge"], m.get("network_groups") or "-")
     console.print(table)
-    for line in prior_legend(r.predicted for r in result.top):
+    for line in [*prior_legend(r.predicted for r in result.top),
+                 *mfu_legend(r.predicted for r in result.top)]:
         console.print(line, markup=False, soft_wrap=True)
     if line := ranking_line(result.ranking):
         console.print(line, markup=False, soft_wrap=True)

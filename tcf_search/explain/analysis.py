@@ -107,7 +107,7 @@ def _compute(e: StepEstimate) -> dict[str, Any]:
             "bubble_share": e.bubble_time_s / e.step_time_s,
             "optimizer_time_s": c.optimizer_time_s,
             "model_tflops_per_gpu": e.model_tflops_per_gpu, "mfu": e.mfu, "hfu": e.hfu,
-            "mfu_precision_peak": e.mfu_precision_peak,
+            "mfu_precision_peak": e.mfu_precision_peak, "mfu_causal": e.mfu_causal,
             "flop_convention": FLOP_CONVENTION}
 
 

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from search import interval_text
+from search import MFU_FLAG, interval_text
 from tcf_search.explain.analysis import MEMORY_PARTS
 
 
@@ -81,6 +81,12 @@ def _compute(doc: dict[str, Any], con: Console) -> None:
               f"{step['tokens_per_s_per_gpu']:,.0f} tokens/s per GPU, "
               f"step {step['step_time_s']:.2f} s")
     con.print(f"   [dim]{c['flop_convention']}[/dim]")
+    if c["mfu"] > MFU_FLAG or c["mfu_causal"] < 0.9 * c["mfu"]:
+        con.print(f"   MFU with causal attention (the scores a causal mask computes, about half): "
+                  f"{c['mfu_causal']:.1%}"
+                  + (f" (flagged: the convention's {c['mfu']:.1%} is above {MFU_FLAG:.0%} of "
+                     f"the peak; published dense runs report 35-60%)"
+                     if c["mfu"] > MFU_FLAG else ""))
 
 
 def _communication(doc: dict[str, Any], con: Console) -> None:
