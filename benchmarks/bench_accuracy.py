@@ -5,7 +5,10 @@
 Prints the figures issue #2 asks for (and issue #17's: NVIDIA's DGX Cloud rows by SKU family,
 precision and dense/MoE; the 80% interval's coverage), on the rows held out of the fit (30% of
 the (model, GPU count) sweep groups, by a stable hash; see ``tcf_search.calibration.fit``) and
-on all rows, next to the bars.
+on all rows, next to the bars; and (issue #36 item 5) the signed tokens/s error by regime —
+source, framework stack, precision, model size, GPU count, dense/MoE, compiled/eager, SKU family
+— as the median of log(predicted / measured), so a regime the model prices too fast or too slow
+shows as such (``tcf_search.calibration.accuracy.bias_by_regime``).
 Also times ``tcf-search predict`` over the whole file.
 """
 
@@ -21,7 +24,12 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tcf_search.calibration.accuracy import predict_calibration, report  # noqa: E402
+from tcf_search.calibration.accuracy import (  # noqa: E402
+    bias_by_regime,
+    predict_calibration,
+    report,
+    throughput_rows,
+)
 from tcf_search.calibration.dataset import (  # noqa: E402
     find_measured_csv,
     load_groups,
@@ -47,6 +55,10 @@ BARS = {
 MULTINODE_BAR = ("<=", 0.10)
 
 
+def _bias(cell: dict[str, float] | None) -> str:
+    return "-" if cell is None else f"{cell['median_log_ratio']:+.3f} ({cell['rows']})"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--csv", type=Path, default=None)
@@ -68,6 +80,11 @@ def main() -> int:
                                     held & tput_rows(frame, pred)),
            "ranking_check": two_fold_check(frame, pred["tokens_per_s_per_gpu"],
                                            held & tput_rows(frame, pred), half_of(frame))}
+    tok = pd.Series(pred["tokens_per_s_per_gpu"], index=frame.index)
+    # the Playbook's pipelined runs before HF's PP fix are left out, as in every tokens/s figure
+    timed = ~frame["source"].eq("playbook") | throughput_rows(frame)
+    out["bias_held_out"] = bias_by_regime(frame, tok, held & timed)
+    out["bias_all"] = bias_by_regime(frame, tok, timed)
     t0 = time.perf_counter()
     predicted = predict_csv(csv, Path("/tmp/tcf_bench_predict.csv"))
     out["predict_cli_s"] = time.perf_counter() - t0
@@ -109,6 +126,12 @@ def main() -> int:
           "out of memory; predicted mean / measured OOM share): " + ", ".join(
               f"{b['bin']} {b['predicted']:.0%}/{b['measured_oom']:.0%} ({b['rows']} rows)"
               for b in pc["p_oom_bins"]))
+    print("signed tokens/s error by regime, median of log(predicted / measured) (+ = the model "
+          "is too fast), held-out rows [all rows]; regimes of >= 5 rows:")
+    for axis, every in out["bias_all"].items():
+        held_out = out["bias_held_out"][axis]
+        print(f"  {axis}: " + ", ".join(f"{k} {_bias(held_out.get(k))} [{_bias(v)}]"
+                                        for k, v in every.items()))
     print(f"model over {len(frame)} rows: {out['eval_s']:.2f} s vectorised; "
           f"tcf-search predict (with knob search): {out['predict_cli_s']:.1f} s")
     return 0

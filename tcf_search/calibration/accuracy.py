@@ -172,3 +172,60 @@ def predict_calibration(frame: pd.DataFrame, predicted: pd.DataFrame,
     out["p_oom_bins"] = bins
     return out
 
+
+
+# what each regime axis reads off a row (issue #36 item 5: is the model biased by regime?)
+SIZE_EDGES = (0.0, 3e9, 15e9, 80e9, float("inf"))
+SIZE_LABELS = ("<3B", "3-15B", "15-80B", ">80B")
+SCALE_EDGES = (0, 8, 64, 512, 10**9)
+SCALE_LABELS = ("1 node", "9-64", "65-512", ">512")
+BIAS_MIN_ROWS = 5
+
+
+def _active_params(f: pd.DataFrame) -> pd.Series:
+    """A row's parameters one token multiplies (attention as multi-head, the MLP at its stated
+    width; a MoE layer's top-k and shared experts): a size for bucketing, not the cost model's
+    exact count."""
+    num = {c: pd.to_numeric(f[c], errors="coerce").fillna(0.0)
+           for c in ("layers", "hidden", "ffn_hidden", "moe_topk", "moe_ffn_hidden",
+                     "moe_shared_experts", "moe_experts", "vocab")}
+    gated = f["ffn_type"].astype(str).str.lower().isin(["swiglu", "geglu"])
+    mats = np.where(gated, 3.0, 2.0)
+    moe = num["moe_experts"] > 0
+    width = np.where(moe, (num["moe_topk"] + num["moe_shared_experts"])
+                     * num["moe_ffn_hidden"].where(num["moe_ffn_hidden"] > 0, num["ffn_hidden"]),
+                     num["ffn_hidden"])
+    per_layer = 4.0 * num["hidden"] ** 2 + mats * num["hidden"] * width
+    return num["layers"] * per_layer + num["vocab"] * num["hidden"]
+
+
+def regime_axes(f: pd.DataFrame) -> dict[str, pd.Series]:
+    """Each row's place on every axis the bias table splits by."""
+    compiled = f["compile"].astype(str).str.lower()
+    return {
+        "source": f["source"].astype(str),
+        "stack": f["framework"].fillna("unstated").astype(str),
+        "precision": f["precision"].fillna("bf16").astype(str),
+        "size": pd.cut(_active_params(f), SIZE_EDGES, labels=SIZE_LABELS).astype(str),
+        "scale": pd.cut(pd.to_numeric(f["num_gpus"], errors="coerce"), SCALE_EDGES,
+                        labels=SCALE_LABELS).astype(str),
+        "kind": pd.Series(np.where(pd.to_numeric(f["moe_experts"], errors="coerce")
+                                   .fillna(0) > 0, "moe", "dense"), index=f.index),
+        "mode": compiled.map({"true": "compiled", "false": "eager"}).fillna("unstated"),
+        "family": f["gpu"].map(lambda g: _family(str(g))),
+    }
+
+
+def bias_by_regime(f: pd.DataFrame, tok: pd.Series, rows: pd.Series) -> dict[str, Any]:
+    """The signed error of tokens/s on ``rows`` (runs that ran) per regime of each axis: the
+    median of log(predicted / measured), + where the model is too fast, with the rows behind
+    it; regimes of fewer than ``BIAS_MIN_ROWS`` rows are left out."""
+    measured = pd.to_numeric(f["tokens_per_sec_per_gpu"], errors="coerce")
+    ok = rows & f["status"].eq("ok") & tok.notna() & measured.gt(0)
+    log_ratio = np.log(tok[ok] / measured[ok])
+    out: dict[str, Any] = {}
+    for axis, key in regime_axes(f[ok]).items():
+        by = log_ratio.groupby(key).agg(["median", "size"])
+        out[axis] = {str(k): {"median_log_ratio": float(v["median"]), "rows": int(v["size"])}
+                     for k, v in by.iterrows() if v["size"] >= BIAS_MIN_ROWS}
+    return out
