@@ -45,11 +45,13 @@ from search.inputs import (  # noqa: E402  # noqa: E402
     FEATURES,
     LEVELS,
     CaseError,
+    Tail,
     Transfer,
     calibration_yaml,
     case_from_row,
     layout_of,
     load_calibration,
+    regime_of,
 )
 from tcf_search.calibration.anchor import fit, pull  # noqa: E402
 from tcf_search.calibration.dataset import find_measured_csv  # noqa: E402
@@ -58,7 +60,7 @@ from tcf_search.calibration.training_logs import (  # noqa: E402
     MeasuredInputError,
     read_measured,
 )
-from tcf_search.calibration.transfer_fit import fit_transfer  # noqa: E402
+from tcf_search.calibration.transfer_fit import fit_tails, fit_transfer  # noqa: E402
 
 GROUP = ("source", "model_name", "gpu", "gpus_per_node", "num_gpus")
 COVERAGE_BAR = (0.75, 0.85)
@@ -70,11 +72,12 @@ def ran(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[frame["status"].eq("ok") & tokens.gt(0)]
 
 
-def anchor_on(row: pd.DataFrame, folder: Path, transfer: Transfer) -> object:
+def anchor_on(row: pd.DataFrame, folder: Path, transfer: Transfer,
+              tails: dict[str, Tail]) -> object:
     """The calibration ``calibrate --measured`` writes for one run's row, read back."""
     src, out = folder / "anchor.csv", folder / "my-cluster.yaml"
     row.to_csv(src, index=False)
-    result = fit(read_measured([src]), files=[src.name], transfer=transfer)
+    result = fit(read_measured([src]), files=[src.name], transfer=transfer, tails=tails)
     out.write_text(calibration_yaml(result.calibration, []))
     return load_calibration(out)
 
@@ -83,39 +86,47 @@ def fold_of(group: str) -> int:
     return zlib.crc32(group.encode()) % 2
 
 
-def layout_row(row: pd.Series) -> np.ndarray:
-    """A CSV row's layout coordinates (``layout_of``), NaN where it is not a case."""
+def layout_row(row: pd.Series) -> tuple[np.ndarray, str]:
+    """A CSV row's layout coordinates (``layout_of``; NaN where it is not a case) and regime
+    (``search.inputs.regime_of``, as ``calibrate --measured`` reads it)."""
     try:
         case = case_from_row({k: str(v) for k, v in row.items()})
     except (CaseError, ValueError, KeyError):
-        return np.full(len(FEATURES), np.nan)
-    return layout_of(plans_to_arrays([case.plan]), case.training.seq_len,
-                     case.training.global_batch)[0]
+        return np.full(len(FEATURES), np.nan), ""
+    return (layout_of(plans_to_arrays([case.plan]), case.training.seq_len,
+                      case.training.global_batch)[0],
+            regime_of(case.cluster.gpu.family, case.training.precision,
+                      case.model.moe_experts > 0))
 
 
-def family_pull(frame: pd.DataFrame) -> tuple[dict[str, dict[str, float]], dict[str, Transfer]]:
+def family_pull(frame: pd.DataFrame) -> tuple[dict[str, dict[str, float]], dict[str, Transfer],
+                                               dict[str, dict[str, Tail]]]:
     """From the family's residuals of each half of the groups, and of all: the random-effects
-    split (anchor.pull, shown) and the layout transfer (transfer_fit): a group's anchor is
-    fitted with the other half's, so nothing is fitted on the groups it is scored on."""
+    split (anchor.pull, shown), the layout transfer and each regime's tail of residuals
+    (transfer_fit): a group's anchor is fitted with the other half's, so nothing is fitted on
+    the groups it is scored on."""
     rows = ran(frame)
     before = predict_frame(rows)
     pred = pd.to_numeric(before["pred_tokens_per_sec_per_gpu"], errors="coerce")
     r = np.log(rows["tokens_per_sec_per_gpu"].astype(float) / pred).to_numpy()
     groups = rows[list(GROUP)].astype(str).agg("|".join, axis=1).to_numpy()
-    layouts = np.array([layout_row(row) for _, row in rows.iterrows()])
+    placed = [layout_row(row) for _, row in rows.iterrows()]
+    layouts = np.array([lay for lay, _ in placed])
+    regimes = np.array([reg for _, reg in placed])
     ok = np.isfinite(r) & np.isfinite(layouts).all(axis=1)
     folds = np.array([fold_of(g) for g in groups])
-    pulls, transfers = {}, {}
+    pulls, transfers, tails = {}, {}, {}
     for f in ("all", 0, 1):
         keep = ok & (folds != f)  # fold f's anchors: the other half's
         pulls[str(f)] = pull(r[keep], groups[keep])
         transfers[str(f)], how = fit_transfer(r[keep], groups[keep], layouts[keep])
         pulls[str(f)].update({k: float(v) for k, v in how.items() if k != "loss"})
-    return pulls, transfers
+        tails[str(f)] = fit_tails(r[keep], groups[keep], regimes[keep])
+    return pulls, transfers, tails
 
 
-def leave_one_in(frame: pd.DataFrame, anchors: int,
-                 transfers: dict[str, Transfer]) -> pd.DataFrame:
+def leave_one_in(frame: pd.DataFrame, anchors: int, transfers: dict[str, Transfer],
+                 tails: dict[str, dict[str, Tail]]) -> pd.DataFrame:
     """One row per held-out prediction: its group, anchor, measured, before and after."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,7 +134,7 @@ def leave_one_in(frame: pd.DataFrame, anchors: int,
             if len(group) < 2:
                 continue
             name = "|".join(map(str, key))
-            transfer = transfers[str(fold_of(name))]
+            transfer, tail = transfers[str(fold_of(name))], tails[str(fold_of(name))]
             # anchors drawn at random (seeded by the group): the file's order is a source's
             # (the Playbook's runs sorted by throughput), so its first, middle and last runs
             # would be its extremes
@@ -133,7 +144,7 @@ def leave_one_in(frame: pd.DataFrame, anchors: int,
             before = predict_frame(group)
             for a in picks:
                 try:
-                    cal = anchor_on(group.iloc[[a]], Path(tmp), transfer)
+                    cal = anchor_on(group.iloc[[a]], Path(tmp), transfer, tail)
                 except MeasuredInputError as exc:
                     print(f"skipped anchor {group.iloc[a]['case_id']}: {exc}", file=sys.stderr)
                     continue
@@ -212,7 +223,7 @@ def summary(res: pd.DataFrame) -> dict[str, object]:
 
 
 def write_spread(res: pd.DataFrame, csv: Path, pulled: dict[str, float],
-                 transfer: Transfer) -> Path:
+                 transfer: Transfer, tails: dict[str, Tail]) -> Path:
     r = (np.log(res["measured"] / res["after"]) / res["sd"]).to_numpy()
     q = weighted_quantiles(r, group_weights(res), LEVELS)
     doc = {"levels": list(LEVELS), "q": [round(float(v), 5) for v in q], "n": len(res),
@@ -224,6 +235,14 @@ def write_spread(res: pd.DataFrame, csv: Path, pulled: dict[str, float],
                f"soft-L1 loss); {int(pulled['pairs'])} pairs of {int(pulled['groups'])} "
                f"groups. The quantiles were made with each half's anchors on the other "
                f"half's fit")},
+           "tails": {k: t.to_dict() for k, t in sorted(tails.items())},
+           "tails_basis": (
+               f"each regime's (SKU family/precision/dense or MoE) log residuals of "
+               f"{csv.name}'s runs under the family's fit as two zero-mean normals, a bulk and "
+               f"a tail (tcf_search.calibration.transfer_fit.fit_tails: EM, every group "
+               f"weighing alike; regimes of >= 3 groups); an anchor run keeps the share of its "
+               f"residual its bulk's probability gives (search.inputs.anchor_tails). The "
+               f"quantiles were made with each half's anchors on the other half's tails"),
            "groups": int(res["group"].nunique()),
            "basis": (f"leave-one-in on {csv.name}: in each of {res['group'].nunique()} "
                      f"(source, model, GPU, GPUs per node, GPU count) groups, up to "
@@ -254,14 +273,16 @@ def main(argv: list[str] | None = None) -> int:
         print("skipped: measured_runs.csv not found (expected at ../shared/data/); pass --csv")
         return 0
     frame = pd.read_csv(csv, dtype=str, keep_default_na=False)
-    pulls, transfers = family_pull(frame)
-    res = leave_one_in(frame, args.anchors, transfers)
+    pulls, transfers, tails = family_pull(frame)
+    res = leave_one_in(frame, args.anchors, transfers, tails)
     out = summary(res)
     out["pull"] = {k: {n: round(v, 4) for n, v in p.items()} for k, p in pulls.items()}
     out["transfer"] = {k: {n: v for n, v in t.to_dict().items() if n != "basis"}
                        for k, t in transfers.items()}
+    out["tails"] = {k: {reg: t.to_dict() for reg, t in v.items()} for k, v in tails.items()}
     if args.write:
-        out["written"] = str(write_spread(res, csv, pulls["all"], transfers["all"]))
+        out["written"] = str(write_spread(res, csv, pulls["all"], transfers["all"],
+                                          tails["all"]))
     if args.json:
         print(json.dumps(out, indent=1))
         return 0

@@ -15,7 +15,7 @@ for a study the check covered: the model and GPU count of one of its anchor runs
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -24,6 +24,7 @@ import yaml
 
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 from hardware_catalog import CATALOG_DIR
+from search.inputs.anchor_tails import Tail, tails_from
 from search.inputs.layout_transfer import FEATURES, Transfer, krige, layout_of
 from search.inputs.links import (
     ClusterCalibration,
@@ -49,6 +50,9 @@ class AnchoredSpread:
     # the shared rows
     transfer: Transfer | None = None
     sd: float = 1.0  # the plan's sd left by kriging (1: a residual's own)
+    # each regime's bulk and tail of the family's residuals: how much of an anchor run's
+    # residual is its cluster's (search.inputs.anchor_tails), fitted on the shared rows
+    tails: dict[str, Tail] = field(default_factory=dict)
 
     def interval(self, tokens: float, lo: float, hi: float) -> tuple[float, float]:
         a, b = np.exp(self.sd * np.interp([lo, hi], LEVELS, self.q))
@@ -79,7 +83,8 @@ def load_anchored_spread() -> AnchoredSpread | None:
         (doc.get("pull") or {}).get("prior_weight", 0.0))
     return AnchoredSpread(q=tuple(float(v) for v in q), n=int(doc.get("n", 0)),
                           groups=int(doc.get("groups", 0)), basis=str(doc.get("basis", "")),
-                          prior_weight=weight, transfer=transfer)
+                          prior_weight=weight, transfer=transfer,
+                          tails=tails_from(doc.get("tails")))
 
 
 def spread_for(calibration: str, model: ModelSpec, cluster: ClusterSpec) -> AnchoredSpread | None:
@@ -144,8 +149,9 @@ def local_of(cal: ClusterCalibration | None, model: ModelSpec, cluster: ClusterS
     if not runs:
         return None
     lay = np.array([[float(r["layout"].get(f, 0.0)) for f in FEATURES] for r in runs])
-    res = np.log([float(r["measured_tokens_per_s"]) / float(r["anchored_tokens_per_s"])
-                  for r in runs])
+    # what the run says of its cluster (the measured figure where the file predates tails)
+    res = np.log([float(r.get("cluster_tokens_per_s", r["measured_tokens_per_s"]))
+                  / float(r["anchored_tokens_per_s"]) for r in runs])
     return AnchorLocal(transfer=cal.measured.transfer, layouts=lay, residuals=res,
                        seq_len=training.seq_len, global_batch=training.global_batch)
 

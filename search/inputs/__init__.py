@@ -10,6 +10,15 @@ for tests that reach inside one.
 
 from __future__ import annotations
 
+from search.inputs.anchor_tails import (
+    MAX_TAIL_WEIGHT,
+    MIN_TAIL_GROUPS,
+    MIN_TAIL_TO_BULK,
+    Tail,
+    cluster_share,
+    regime_of,
+    tails_from,
+)
 from search.inputs.files import (
     MIB,
     InputError,
@@ -71,6 +80,8 @@ from search.inputs.yamlinput import YamlInputError, load_yaml, shown
 
 __all__ = [
     "FEATURES", "Transfer", "distance", "krige", "layout_of",
+    "MAX_TAIL_WEIGHT", "MIN_TAIL_GROUPS", "MIN_TAIL_TO_BULK", "Tail", "cluster_share",
+    "regime_of", "tails_from",
     "ALIASES", "CHOICES", "CalibrationError", "Case", "CaseError", "ClusterCalibration", "FALSE",
     "InputError", "KNOBS", "LEVELS", "MAX_GPUS", "MAX_PLAN_FILE_BYTES", "MIB", "MeasuredAnchor",
     "Output", "OutputError", "OutputExists", "PLAN_FIELDS", "PlanFile", "PlanFileError",

@@ -39,7 +39,9 @@ COMPUTE_FIELDS = ("gemm_peak_fraction", "fp8_gemm_peak_fraction", "attention_pea
                   "flash3_attention_peak_fraction")
 # a run's fields kept in the file: where it came from and what the interval's check matches on
 RUN_KEYS = ("file", "model_name", "model", "gpu", "num_gpus", "plan", "measured_tokens_per_s",
-            "family_tokens_per_s", "anchored_tokens_per_s", "layout")
+            "family_tokens_per_s", "anchored_tokens_per_s", "layout",
+            # what the run says of its cluster (search.inputs.anchor_tails); optional
+            "cluster_tokens_per_s", "cluster_share")
 
 
 class CalibrationError(TcfError):
@@ -182,6 +184,16 @@ def _measured(raw: Any, where: str) -> tuple[MeasuredAnchor | None, tuple[str, .
             isinstance(r, dict) and not set(r) - set(RUN_KEYS) for r in runs):
         raise CalibrationError(f"{where}: measured.runs must list the runs it was fitted on, "
                                f"each with {', '.join(RUN_KEYS)}")
+    for r in runs:
+        for key in ("measured_tokens_per_s", "family_tokens_per_s", "anchored_tokens_per_s",
+                    "cluster_tokens_per_s", "cluster_share"):
+            v = r.get(key, 1.0)
+            share = key == "cluster_share"
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (
+                    0.0 <= v <= 1.0 if share else 0.0 < v < 1e12):
+                raise CalibrationError(f"{where}: measured.runs[].{key} must be a number "
+                                       + ("from 0 to 1" if share else "> 0")
+                                       + f", but got {v!r}")
     if not isinstance(fitted, list) or set(fitted) - set(ANCHOR_KEYS):
         raise CalibrationError(f"{where}: measured.fitted must list some of "
                                f"{', '.join(ANCHOR_KEYS)}, but got {fitted!r}")

@@ -53,12 +53,15 @@ from search.inputs import (
     CaseError,
     ClusterCalibration,
     MeasuredAnchor,
+    Tail,
     Transfer,
     anchored,
     case_from_row,
+    cluster_share,
     format_plan,
     layout_of,
     model_key,
+    regime_of,
 )
 from tcf_search.calibration.predict import run_prediction
 from tcf_search.calibration.training_logs import MeasuredInputError, MeasuredRun
@@ -124,15 +127,40 @@ def stored_transfer() -> Transfer | None:
     return spread.transfer if spread is not None else None
 
 
+def stored_tails() -> dict[str, Tail]:
+    spread = load_anchored_spread()
+    return dict(spread.tails) if spread is not None else {}
+
+
+def cluster_targets(cases: Sequence[Case], measured: np.ndarray, family: np.ndarray,
+                    tails: dict[str, Tail]) -> tuple[np.ndarray, np.ndarray]:
+    """What each run says of its cluster, as tokens/s, and the share of its log residual under
+    the family's fit that is the cluster's (its regime's bulk probability,
+    search.inputs.anchor_tails). One run cannot tell its own pathology from its cluster's
+    offset: it anchors on that share (an ordinary run in full; one far in its regime's tail
+    near the family's prediction). Two or more runs are taken as measured: how they differ is
+    what tells compute from network, and one run's pathology from the others' agreement is the
+    user's to judge (each run's share is still shown)."""
+    r = np.log(measured / family)
+    shares = np.array([cluster_share(tails, regime_of(c.cluster.gpu.family, c.training.precision,
+                                                      c.model.moe_experts > 0), float(x))
+                       for c, x in zip(cases, r, strict=True)])
+    applied = shares if len(cases) == 1 else np.ones_like(shares)
+    return family * np.exp(applied * r), shares
+
+
 def fit(runs: Sequence[MeasuredRun], base: ClusterCalibration | None = None,
         files: Sequence[str] = (), today: str | None = None,
-        prior_weight: float | None = None, transfer: Transfer | None = None) -> AnchorFit:
+        prior_weight: float | None = None, transfer: Transfer | None = None,
+        tails: dict[str, Tail] | None = None) -> AnchorFit:
     """The scales ``runs`` identify (module docstring), on top of ``base`` (a calibration
     whose nccl-tests links the runs are priced on; None: the family's); ``transfer``: how far a
     run's residual carries to other layouts (default: the stored one; its ``far`` sets the
     pull, and the file records it for the study's plans: ``search.inputs.layout_transfer``);
     ``prior_weight``: the pull toward the family's fit where no transfer is given (default:
-    the stored one, :func:`stored_prior_weight`)."""
+    the stored one, :func:`stored_prior_weight`); ``tails``: each regime's bulk and tail of
+    residuals, which say how much of a run's error is its cluster's (default: the stored ones,
+    :func:`cluster_targets`)."""
     transfer = transfer or (stored_transfer() if prior_weight is None else None)
     w = (transfer.prior_weight if transfer is not None
          else stored_prior_weight() if prior_weight is None else prior_weight)
@@ -150,11 +178,13 @@ def fit(runs: Sequence[MeasuredRun], base: ClusterCalibration | None = None,
     base = base or ClusterCalibration(links=MeasuredLinks())
     measured = np.array([r.tokens_per_sec_per_gpu for r in runs])
     family = _tokens(cases, _cal(base, {}))
+    cluster, shares = cluster_targets(cases, measured, family,
+                                      stored_tails() if tails is None else tails)
 
     def residuals(theta: np.ndarray, names: tuple[str, ...]) -> np.ndarray:
         scales = dict(zip(names, np.exp(theta).tolist(), strict=True))
         pred = _tokens(cases, _cal(base, scales))
-        return np.concatenate([np.log(pred / measured), w * theta])
+        return np.concatenate([np.log(pred / cluster), w * theta])
 
     names: tuple[str, ...] = ("compute_scale",)
     why = _network_identified(cases, base, len(runs))
@@ -166,7 +196,7 @@ def fit(runs: Sequence[MeasuredRun], base: ClusterCalibration | None = None,
                         args=(names,), x_scale=1.0)
     scales = dict(zip(names, np.exp(sol.x).tolist(), strict=True))
     after = _tokens(cases, _cal(base, scales))
-    rows = [_run_record(run, case, measured[i], family[i], after[i])
+    rows = [_run_record(run, case, measured[i], family[i], after[i], cluster[i], shares[i])
             for i, (run, case) in enumerate(zip(runs, cases, strict=True))]
     anchor = MeasuredAnchor(compute_scale=round(scales["compute_scale"], 6),
                             network_scale=round(scales.get("network_scale", 1.0), 6),
@@ -220,13 +250,15 @@ def _network_identified(cases: list[Case], base: ClusterCalibration, n: int) -> 
 
 
 def _run_record(run: MeasuredRun, case: Case, measured: float, family: float,
-                anchored_tokens: float) -> dict[str, Any]:
+                anchored_tokens: float, cluster: float, share: float) -> dict[str, Any]:
     return {"file": run.where.rsplit("/", 1)[-1], "model_name": case.model.name,
             "model": model_key(case.model), "gpu": case.cluster.gpu.id,
             "num_gpus": case.cluster.num_gpus, "plan": format_plan(case.plan),
             "measured_tokens_per_s": round(float(measured), 3),
             "family_tokens_per_s": round(float(family), 3),
             "anchored_tokens_per_s": round(float(anchored_tokens), 3),
+            "cluster_tokens_per_s": round(float(cluster), 3),
+            "cluster_share": round(float(share), 4),
             "layout": dict(zip(FEATURES, layout_of(
                 plans_to_arrays([case.plan]), case.training.seq_len,
                 case.training.global_batch)[0].round(6).tolist(), strict=True))}
@@ -240,4 +272,12 @@ def _run_line(run: MeasuredRun, r: dict[str, Any]) -> str:
             f", anchored {a:,.0f} ({100 * (a / m - 1):+.1f}%)")
     if not math.isnan(run.peak_mem_gib):
         line += f"; peak memory {run.peak_mem_gib:.1f} GiB measured (not fitted)"
+    share = float(r.get("cluster_share", 1.0))
+    if share < 0.5:
+        taken = float(r.get("cluster_tokens_per_s", m))
+        line += (f"; far in its regime's tail of residuals (P {share:.2f} that the error is the "
+                 f"cluster's, not the run's): "
+                 + (f"anchored as {taken:,.0f} tokens/s/GPU" if abs(taken / m - 1) > 1e-6
+                    else "taken as measured beside the other runs")
+                 + ", check the run")
     return line

@@ -1,5 +1,7 @@
 """The layout transfer of a measured run's residual (``search.inputs.layout_transfer.Transfer``),
-fitted on the family's log residuals of groups of runs of one (source, model, GPU, cluster).
+fitted on the family's log residuals of groups of runs of one (source, model, GPU, cluster);
+and each regime's bulk and tail of those residuals (:func:`fit_tails`,
+``search.inputs.anchor_tails``): how much of one run's error is its cluster's.
 
 Every ordered pair (a, b) of runs of a group is one observation of how much of run a's residual
 run b shares: ``r_b = rho(d_ab) * r_a + noise``, with ``rho(d) = far + (near - far) *
@@ -27,7 +29,14 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
-from search.inputs import Transfer, distance
+from search.inputs import (
+    MAX_TAIL_WEIGHT,
+    MIN_TAIL_GROUPS,
+    MIN_TAIL_TO_BULK,
+    Tail,
+    Transfer,
+    distance,
+)
 
 LOSS = "soft_l1"
 MAD_TO_SD = 0.6745
@@ -78,3 +87,44 @@ def fit_transfer(residuals: np.ndarray, groups: np.ndarray, layouts: np.ndarray,
     groups_used = len({g for g in np.unique(groups) if np.sum(groups == g) >= 2})
     return t, {"pairs": int(len(d)), "groups": groups_used, "loss": LOSS,
                "median_pair_distance": round(float(np.median(d)), 3)}
+
+
+EM_STEPS = 200
+
+
+def fit_tails(residuals: np.ndarray, groups: np.ndarray,
+              regimes: np.ndarray) -> dict[str, Tail]:
+    """Each regime's two-normal mixture of the runs' log residuals (search.inputs.anchor_tails),
+    by expectation-maximisation with every group weighing alike (each run 1 / its group's
+    runs); regimes of fewer than ``MIN_TAIL_GROUPS`` groups get none, and so does one whose
+    mixture finds no minority tail of another scale than its bulk (``MAX_TAIL_WEIGHT``,
+    ``MIN_TAIL_TO_BULK``)."""
+    r, g, reg = (np.asarray(residuals, dtype=float), np.asarray(groups),
+                 np.asarray(regimes).astype(str))
+    out: dict[str, Tail] = {}
+    for name in np.unique(reg):
+        keep = (reg == name) & np.isfinite(r)
+        names, inverse, counts = np.unique(g[keep], return_inverse=True, return_counts=True)
+        if len(names) < MIN_TAIL_GROUPS:
+            continue
+        x, w = r[keep], 1.0 / counts[inverse]
+        tail = _mixture(x, w, groups=len(names))
+        if (tail.tail_weight <= MAX_TAIL_WEIGHT
+                and tail.tail_sd >= MIN_TAIL_TO_BULK * tail.bulk_sd):
+            out[str(name)] = tail
+    return out
+
+
+def _mixture(x: np.ndarray, w: np.ndarray, groups: int) -> Tail:
+    """Two zero-mean normals by EM from a narrow bulk and a broad tail (weights ``w``)."""
+    spread = math.sqrt(float(np.sum(w * x * x) / np.sum(w)))
+    bulk, tail, p = max(spread / 4.0, 1e-3), max(spread * 2.0, 2e-3), 0.2
+    for _ in range(EM_STEPS):
+        a = (1.0 - p) * np.exp(-0.5 * (x / bulk) ** 2) / bulk
+        b = p * np.exp(-0.5 * (x / tail) ** 2) / tail
+        t = w * b / np.maximum(a + b, 1e-300)
+        u = w - t
+        p = float(t.sum() / w.sum())
+        bulk = max(math.sqrt(float((u * x * x).sum() / max(u.sum(), 1e-12))), 1e-3)
+        tail = max(math.sqrt(float((t * x * x).sum() / max(t.sum(), 1e-12))), bulk)
+    return Tail(bulk_sd=bulk, tail_sd=tail, tail_weight=min(p, 0.999), groups=groups)
