@@ -17,7 +17,12 @@ What the runs identify, and so what is fitted (``search.inputs.links.MeasuredAnc
   takes. Where the file also holds nccl-tests links that measured the network, they price it
   and the runs cannot move it (its sensitivity is 0): it is not fitted.
 
-The fit: least squares on log(predicted / measured tokens/s) over the runs, each run predicted
+What a run says of its cluster (:func:`cluster_targets`): a single run is anchored on the share
+of its log residual under the family's fit that its regime's bulk probability gives
+(``search.inputs.anchor_tails``; a run far in the regime's tail of pathologies is taken near the
+family's prediction and named); two or more runs as measured.
+
+The fit: least squares on log(predicted / that tokens/s) over the runs, each run predicted
 through ``tcf-search predict``'s code (:func:`tcf_search.calibration.predict.run_prediction`:
 its candidate plans where a knob is empty, the fastest that fits), with a pull of each log-scale
 toward 0 (the family's fit). The pull is what a run shares with a layout far from its own on
