@@ -25,6 +25,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tcf_search.calibration.accuracy import (  # noqa: E402
+    active_params_of,
     bias_by_regime,
     predict_calibration,
     report,
@@ -83,8 +84,9 @@ def main() -> int:
     tok = pd.Series(pred["tokens_per_s_per_gpu"], index=frame.index)
     # the Playbook's pipelined runs before HF's PP fix are left out, as in every tokens/s figure
     timed = ~frame["source"].eq("playbook") | throughput_rows(frame)
-    out["bias_held_out"] = bias_by_regime(frame, tok, held & timed)
-    out["bias_all"] = bias_by_regime(frame, tok, timed)
+    params = active_params_of(groups, frame.index)
+    out["bias_held_out"] = bias_by_regime(frame, tok, held & timed, params)
+    out["bias_all"] = bias_by_regime(frame, tok, timed, params)
     t0 = time.perf_counter()
     predicted = predict_csv(csv, Path("/tmp/tcf_bench_predict.csv"))
     out["predict_cli_s"] = time.perf_counter() - t0

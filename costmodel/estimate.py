@@ -41,11 +41,12 @@ def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: Training,
     exposed = sum(c.exposed_s for c in r.collectives)
     total = sum(c.time_s for c in r.collectives)
     peak_flops = cluster.gpu.peak_flops_bf16  # one MFU convention (costmodel.result)
+    mfu = r.model_flops / r.step_time_s / peak_flops
     return {
         "step_time_s": r.step_time_s,
         "tokens_per_s_per_gpu": r.tokens_per_step / r.step_time_s / r.num_gpus,
-        "mfu": r.model_flops / r.step_time_s / peak_flops,
-        "mfu_causal": r.causal_flops_share * r.model_flops / r.step_time_s / peak_flops,
+        "mfu": mfu,
+        "mfu_causal": r.causal_flops_share * mfu,
         "hfu": r.hardware_flops / r.step_time_s / peak_flops,
         "mfu_precision_peak": (r.model_flops / r.step_time_s
                                / cluster.gpu.peak_flops(training.precision)),

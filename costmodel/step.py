@@ -142,8 +142,8 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
 
     tokens, n_gpus = tr.tokens_per_step, cluster.num_gpus
     model_flops = model_flops_per_token(model, tr.seq_len) * tokens / n_gpus
-    causal_share = model_flops_per_token(model, tr.seq_len, causal=True) * tokens / n_gpus \
-        / model_flops
+    causal_share = (model_flops_per_token(model, tr.seq_len, causal=True)
+                    / model_flops_per_token(model, tr.seq_len))
     return StepArrays(
         stages=stages, stage_layers={st: layers.of(st) for st in STAGES},
         usable_bytes=cluster.gpu.usable_bytes, model_flops=np.full_like(step, model_flops),

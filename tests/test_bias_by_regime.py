@@ -22,13 +22,18 @@ def _rows(n: int, **cells: object) -> pd.DataFrame:
     return pd.DataFrame([base] * n)
 
 
+def _params(f: pd.DataFrame) -> pd.Series:
+    """Llama 3 8B's parameters a token multiplies, on every row."""
+    return pd.Series(8.0e9, index=f.index)
+
+
 def test_a_regime_priced_too_fast_is_positive_and_too_slow_negative() -> None:
     f = pd.concat([_rows(6, source="fast"), _rows(6, source="slow", precision="fp8"),
                    _rows(3, source="thin"), _rows(6, source="oom", status="oom")],
                   ignore_index=True)
     ratio = {"fast": 1.2, "slow": 0.8, "thin": 1.0, "oom": 1.0}
     tok = f["tokens_per_sec_per_gpu"] * f["source"].map(ratio)
-    out = bias_by_regime(f, tok, pd.Series(True, index=f.index))
+    out = bias_by_regime(f, tok, pd.Series(True, index=f.index), _params(f))
     assert out["source"]["fast"]["median_log_ratio"] == pytest.approx(math.log(1.2))
     assert out["source"]["slow"]["median_log_ratio"] == pytest.approx(math.log(0.8))
     assert out["source"]["fast"]["rows"] == 6
@@ -43,6 +48,6 @@ def test_a_regime_priced_too_fast_is_positive_and_too_slow_negative() -> None:
 def test_only_the_rows_asked_for_are_judged() -> None:
     f = pd.concat([_rows(6), _rows(6, num_gpus=8)], ignore_index=True)
     tok = f["tokens_per_sec_per_gpu"] * 1.1
-    out = bias_by_regime(f, tok, f["num_gpus"].gt(8))
+    out = bias_by_regime(f, tok, f["num_gpus"].gt(8), _params(f))
     assert out["scale"] == {"9-64": {"median_log_ratio": pytest.approx(math.log(1.1)),
                                      "rows": 6}}

@@ -15,8 +15,8 @@ probability that a residual of ``r`` is of the bulk; ``calibrate --measured`` an
 that share of its residual (``r * share``: the cluster's part), so an ordinary run anchors in
 full and a pathological one hardly moves the study. A regime with no fitted tail (fewer than
 ``MIN_TAIL_GROUPS`` groups, or no minority population of another scale than the bulk) anchors
-every run in full. The tail is judged per run: several runs of one cluster that err alike are
-each judged on their own residual.
+every run in full. Only a single anchor run is shrunk: two or more are taken as measured, how
+they differ being what tells compute from network (``calibration.anchor.cluster_targets``).
 """
 
 from __future__ import annotations

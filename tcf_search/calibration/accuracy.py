@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from costmodel.params import active_params
 from hardware_catalog import CatalogError, get_gpu
+from search.inputs import regime_of
 
 GIB = 2**30
 # The tool recommends only plans predicted to leave this fraction of usable memory free: runs
@@ -38,9 +41,9 @@ def throughput_rows(frame: pd.DataFrame) -> pd.Series:
 def regime(frame: pd.DataFrame) -> pd.Series:
     """Each row's regime for the accuracy split and the uncertainty: SKU family, precision and
     dense or MoE (``hopper/fp8/dense``)."""
-    family = frame["gpu"].map(lambda g: _family(str(g)))
-    moe = np.where(frame["moe_experts"].fillna(0).astype(float) > 0, "moe", "dense")
-    return family + "/" + frame["precision"].fillna("bf16").astype(str) + "/" + moe
+    moe = frame["moe_experts"].fillna(0).astype(float) > 0
+    return pd.Series([regime_of(_family(str(g)), str(p), bool(m)) for g, p, m in zip(
+        frame["gpu"], frame["precision"].fillna("bf16"), moe, strict=True)], index=frame.index)
 
 
 def _family(gpu: str) -> str:
@@ -182,31 +185,24 @@ SCALE_LABELS = ("1 node", "9-64", "65-512", ">512")
 BIAS_MIN_ROWS = 5
 
 
-def _active_params(f: pd.DataFrame) -> pd.Series:
-    """A row's parameters one token multiplies (attention as multi-head, the MLP at its stated
-    width; a MoE layer's top-k and shared experts): a size for bucketing, not the cost model's
-    exact count."""
-    num = {c: pd.to_numeric(f[c], errors="coerce").fillna(0.0)
-           for c in ("layers", "hidden", "ffn_hidden", "moe_topk", "moe_ffn_hidden",
-                     "moe_shared_experts", "moe_experts", "vocab")}
-    gated = f["ffn_type"].astype(str).str.lower().isin(["swiglu", "geglu"])
-    mats = np.where(gated, 3.0, 2.0)
-    moe = num["moe_experts"] > 0
-    width = np.where(moe, (num["moe_topk"] + num["moe_shared_experts"])
-                     * num["moe_ffn_hidden"].where(num["moe_ffn_hidden"] > 0, num["ffn_hidden"]),
-                     num["ffn_hidden"])
-    per_layer = 4.0 * num["hidden"] ** 2 + mats * num["hidden"] * width
-    return num["layers"] * per_layer + num["vocab"] * num["hidden"]
+def active_params_of(groups: Iterable[Any], index: pd.Index) -> pd.Series:
+    """Each row's parameters one token multiplies (``costmodel.params.active_params`` of its
+    group's model; ``calibration.dataset.load_groups``'s groups), NaN for a row no group holds:
+    the size axis of :func:`bias_by_regime`."""
+    out = pd.Series(np.nan, index=index)
+    for g in groups:
+        out.iloc[g.index] = float(active_params(g.model))
+    return out
 
 
-def regime_axes(f: pd.DataFrame) -> dict[str, pd.Series]:
+def regime_axes(f: pd.DataFrame, params: pd.Series) -> dict[str, pd.Series]:
     """Each row's place on every axis the bias table splits by."""
     compiled = f["compile"].astype(str).str.lower()
     return {
         "source": f["source"].astype(str),
         "stack": f["framework"].fillna("unstated").astype(str),
         "precision": f["precision"].fillna("bf16").astype(str),
-        "size": pd.cut(_active_params(f), SIZE_EDGES, labels=SIZE_LABELS).astype(str),
+        "size": pd.cut(params, SIZE_EDGES, labels=SIZE_LABELS).astype(str),
         "scale": pd.cut(pd.to_numeric(f["num_gpus"], errors="coerce"), SCALE_EDGES,
                         labels=SCALE_LABELS).astype(str),
         "kind": pd.Series(np.where(pd.to_numeric(f["moe_experts"], errors="coerce")
@@ -216,15 +212,17 @@ def regime_axes(f: pd.DataFrame) -> dict[str, pd.Series]:
     }
 
 
-def bias_by_regime(f: pd.DataFrame, tok: pd.Series, rows: pd.Series) -> dict[str, Any]:
+def bias_by_regime(f: pd.DataFrame, tok: pd.Series, rows: pd.Series,
+                   params: pd.Series) -> dict[str, Any]:
     """The signed error of tokens/s on ``rows`` (runs that ran) per regime of each axis: the
     median of log(predicted / measured), + where the model is too fast, with the rows behind
-    it; regimes of fewer than ``BIAS_MIN_ROWS`` rows are left out."""
+    it; regimes of fewer than ``BIAS_MIN_ROWS`` rows are left out. ``params``: each row's
+    parameters a token multiplies (:func:`active_params_of`), its size."""
     measured = pd.to_numeric(f["tokens_per_sec_per_gpu"], errors="coerce")
     ok = rows & f["status"].eq("ok") & tok.notna() & measured.gt(0)
     log_ratio = np.log(tok[ok] / measured[ok])
     out: dict[str, Any] = {}
-    for axis, key in regime_axes(f[ok]).items():
+    for axis, key in regime_axes(f[ok], params[ok]).items():
         by = log_ratio.groupby(key).agg(["median", "size"])
         out[axis] = {str(k): {"median_log_ratio": float(v["median"]), "rows": int(v["size"])}
                      for k, v in by.iterrows() if v["size"] >= BIAS_MIN_ROWS}
