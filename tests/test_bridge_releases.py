@@ -96,6 +96,44 @@ def test_a_release_s_model_field_builds_the_mtp_layer_and_costs_the_last_stage()
     assert step[1] > step[0]
 
 
+GPTOSS = {"model_name": "GPT OSS 120B", "layers": 36, "hidden": 2880, "ffn_hidden": 2880,
+          "heads": 64, "kv_heads": 8, "vocab": 201088, "seq_len": 4096, "moe_experts": 128,
+          "moe_topk": 4, "moe_ffn_hidden": 2880, "gpu": "h100-sxm-80gb", "num_gpus": 64,
+          "tp": 1, "pp": 4, "cp": 1, "ep": 8, "dp": 16, "zero_stage": 1, "micro_batch": 1,
+          "global_batch": 1280, "precision": "bf16"}
+
+
+@pytest.mark.parametrize("release", ["26.04.01", "25.11"])
+def test_a_release_builds_the_model_its_recipe_builds(release: str) -> None:
+    """The table's rows leave head width, QK-norm and attention pattern to optional columns:
+    the release's recipe gives them (Qwen3 MoE: heads of 128 dims, not hidden / heads = 64, and
+    QK layernorm; gpt-oss: heads of 64 dims, not 45, biases, a 128-token window on every other
+    layer and learnable sinks), and the model prices the wider attention: the same Qwen3 row
+    steps slower as its recipe builds it than as hidden / heads would have it."""
+    from dataclasses import replace
+
+    from costmodel import estimate
+
+    qwen = case_from_row(bridge_row(QWEN235, release, "DGX-H100"))
+    assert (qwen.model.d_head, qwen.model.qk_norm) == (128, True)
+    oss = case_from_row(bridge_row(GPTOSS, release, "DGX-H100")).model
+    assert (oss.d_head, oss.bias, oss.sliding_window, oss.window_skip_freq,
+            oss.attention_sinks) == (64, "all", 128, 2, True)
+    assert case_from_row(bridge_row(LLAMA8, "25.11", "DGX-H100")).model.d_head == 128
+    narrow = replace(qwen.model, head_dim=0, qk_norm=False)
+    plan = candidates(qwen)[0]  # the release's layout with the split predict gives it
+    step = {m.d_head: estimate(m, qwen.cluster, plan, qwen.training).step_time_s
+            for m in (qwen.model, narrow)}
+    assert step[128] > step[64]
+
+
+def test_a_row_s_model_cell_beats_its_release() -> None:
+    """An optional model column the row fills is what ran; the release fills only the empty."""
+    row = {**bridge_row(QWEN235, "26.04.01", "DGX-H100"), "head_dim": 96, "qk_norm": "false"}
+    model = case_from_row(row).model
+    assert (model.d_head, model.qk_norm) == (96, False)
+
+
 def test_a_release_differs_by_model_and_release() -> None:
     """25.11's Qwen3-235B on H100 overlaps the all-to-all without TP overlap; 25.11's DeepSeek-V3
     on B200 (the model_name's "(w/ MTP)" dropped from the key) runs alltoall with the shared

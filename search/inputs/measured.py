@@ -196,9 +196,14 @@ def row_plan(row: Mapping[str, object], layers: int,
 
 # plan fields that are also a training's switches: a release's value is the training's
 TRAINING_OWN = frozenset({"moe_dispatcher", "moe_a2a_overlap"})
-# model fields a release's recipe sets that the schema has no column for (Megatron-Bridge's
-# DeepSeek-V3 recipes build one multi-token prediction layer: mtp_num_layers = 1)
-MODEL_OWN = frozenset({"mtp_layers"})
+# model fields a release's recipe builds that the row does not state: what the schema has no
+# column for (Megatron-Bridge's DeepSeek-V3 recipes build one multi-token prediction layer:
+# mtp_num_layers = 1) and the optional model columns (README) a row leaves empty, such as the
+# head width and QK-norm of Qwen3 or gpt-oss's attention pattern; a cell the row fills wins.
+# Each field is read as its type.
+MODEL_OWN: dict[str, type] = {"mtp_layers": int, "head_dim": int, "qk_norm": bool,
+                              "sliding_window": int, "window_skip_freq": int,
+                              "attention_sinks": bool, "bias": str}
 
 
 def framework_ffn_hidden(row: Mapping[str, object], framework: str) -> tuple[int, str]:
@@ -259,8 +264,9 @@ def case_from_row(row: Mapping[str, object],
     # in frameworks.yaml); the rest are Training's, the MoE dispatch too (a release's switch,
     # which a plan of its own may override)
     knobs = {k: defaults.pop(k) for k in PLAN_KEYS if k in defaults and k not in TRAINING_OWN}
-    own: dict[str, Any] = {k: int(str(defaults.pop(k))) for k in MODEL_OWN if k in defaults}
-    model = replace(model, **own)
+    own: dict[str, Any] = {k: kind(defaults.pop(k)) for k, kind in MODEL_OWN.items()
+                           if k in defaults}
+    model = replace(model, **{k: v for k, v in own.items() if not _cell(row, k)})
     training = training_spec(framework=framework, precision=precision,
                              seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
                              compile=_bool(row, "compile"), switches=defaults)
