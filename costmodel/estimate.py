@@ -17,6 +17,7 @@ from costmodel.result import (
     ComputeEstimate,
     MemoryEstimate,
     StageMemory,
+    StageTime,
     StepEstimate,
 )
 from costmodel.rules import Switches, check, facts_of
@@ -98,6 +99,9 @@ def _to_result(r: StepArrays, cluster: ClusterSpec, plan: Plan, tr: Training) ->
                     activations_bytes=_scalar(b.activations), buffers_bytes=_scalar(b.buffers),
                     overhead_bytes=_scalar(b.overhead))
         for st, b in ((s, r.stages[s]) for s in shown))
+    times = tuple(StageTime(stage=st, layers=m.layers, compute_s=_scalar(r.stage_compute_s[st]),  # type: ignore[arg-type]
+                            comm_s=_scalar(r.stage_comm_s[st]))
+                  for st, m in zip(shown, stages, strict=True))
     collectives = tuple(
         Collective(name=c.name, group=c.group, op=c.op,  # type: ignore[arg-type]
                    group_size=int(_scalar(c.group_size)), bytes=_scalar(c.bytes),
@@ -116,7 +120,8 @@ def _to_result(r: StepArrays, cluster: ClusterSpec, plan: Plan, tr: Training) ->
                                 contention_time_s=_scalar(r.contention_s),
                                 stall_time_s=_scalar(r.stall_s),
                                 optimizer_time_s=_scalar(r.optimizer_s),
-                                gemm_efficiency=_scalar(r.gemm_efficiency)),
+                                gemm_efficiency=_scalar(r.gemm_efficiency),
+                                stage_times=times),
         collectives=collectives,
         bubble_time_s=_scalar(r.bubble_s),
         step_time_s=_scalar(r.step_time_s),

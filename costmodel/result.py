@@ -59,6 +59,22 @@ class MemoryEstimate:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class StageTime:
+    """One micro-batch through one pipeline stage, forward and backward (the recomputed forward
+    and, on the last, the LM head and loss included): its kernels and its exposed communication.
+    The pipeline steps at its slowest stage's pace; the others wait."""
+
+    stage: Literal["first", "middle", "last"]
+    layers: int
+    compute_s: float
+    comm_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.comm_s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Collective:
     """One named collective, per GPU per optimizer step."""
 
@@ -95,6 +111,9 @@ class ComputeEstimate:
     contention_time_s: float = 0.0
     # the caching allocator's expected stall near capacity (frees and retries); in time_s
     stall_time_s: float = 0.0
+    # one micro-batch through each pipeline stage (first; first and last at pp 2; all three
+    # beyond): where the pipeline's pace comes from
+    stage_times: tuple[StageTime, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

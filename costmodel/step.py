@@ -41,6 +41,9 @@ from costmodel.specs import ClusterSpec, ModelSpec, Training
 class StepArrays:
     stages: dict[str, StageBytes]
     stage_layers: dict[str, np.ndarray]
+    # one micro-batch through each stage: kernels, exposed communication (costmodel.pipeline)
+    stage_compute_s: dict[str, np.ndarray]
+    stage_comm_s: dict[str, np.ndarray]
     usable_bytes: float
     model_flops: np.ndarray
     causal_flops_share: float  # model FLOPs with causal attention over the convention's
@@ -146,6 +149,7 @@ def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
                     / model_flops_per_token(model, tr.seq_len))
     return StepArrays(
         stages=stages, stage_layers={st: layers.of(st) for st in STAGES},
+        stage_compute_s=per_mb.compute_s, stage_comm_s=per_mb.comm_s,
         usable_bytes=cluster.gpu.usable_bytes, model_flops=np.full_like(step, model_flops),
         causal_flops_share=causal_share,
         hardware_flops=hardware_flops(model, cluster, tr, p, layers, model_flops),

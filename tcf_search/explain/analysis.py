@@ -108,7 +108,17 @@ def _compute(e: StepEstimate) -> dict[str, Any]:
             "optimizer_time_s": c.optimizer_time_s,
             "model_tflops_per_gpu": e.model_tflops_per_gpu, "mfu": e.mfu, "hfu": e.hfu,
             "mfu_precision_peak": e.mfu_precision_peak, "mfu_causal": e.mfu_causal,
-            "flop_convention": FLOP_CONVENTION}
+            "flop_convention": FLOP_CONVENTION, "pipeline": _pipeline(e)}
+
+
+def _pipeline(e: StepEstimate) -> list[dict[str, Any]]:
+    """One micro-batch through each pipeline stage (none without a pipeline), and each stage's
+    wait for the slowest, as a share of the slowest's time."""
+    times = e.compute.stage_times if len(e.compute.stage_times) > 1 else ()
+    pace = max((t.total_s for t in times), default=0.0)
+    return [{"stage": t.stage, "layers": t.layers, "compute_s": t.compute_s,
+             "comm_s": t.comm_s, "total_s": t.total_s, "paces": t.total_s == pace,
+             "waits_share": 1.0 - t.total_s / pace if pace else 0.0} for t in times]
 
 
 def _stall(e: StepEstimate, tr: Training) -> dict[str, float]:

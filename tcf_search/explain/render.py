@@ -73,6 +73,8 @@ def _compute(doc: dict[str, Any], con: Console) -> None:
               f"communication it hides{_stall(c, step['step_time_s'])}), "
               f"bubble {c['bubble_time_s']:.2f} s "
               f"({c['bubble_share']:.1%} of the step), optimizer {c['optimizer_time_s']:.3f} s")
+    if c.get("pipeline"):
+        _pace(c["pipeline"], con)
     own = ("" if c["peak_tflops_per_gpu"] == c["bf16_peak_tflops_per_gpu"]
            else f" ({c['mfu_precision_peak']:.1%} of the {c['peak_tflops_per_gpu']:.0f} TFLOP/s "
                 f"peak of the plan's precision)")
@@ -87,6 +89,18 @@ def _compute(doc: dict[str, Any], con: Console) -> None:
                   + (f" (flagged: the convention's {c['mfu']:.1%} is above {MFU_FLAG:.0%} of "
                      f"the peak; published dense runs report 35-60%)"
                      if c["mfu"] > MFU_FLAG else ""))
+
+
+def _pace(stages: list[dict[str, Any]], con: Console) -> None:
+    """Each stage's micro-batch and which one the pipeline steps at."""
+    ends = {"first": " + the embedding", "last": " + the LM head and loss"}
+    slow = next(s for s in stages if s["paces"])
+    idle = max(s["waits_share"] for s in stages)
+    con.print("   pipeline pace, one micro-batch forward and backward: " + ", ".join(
+        f"{s['stage']} {s['total_s'] * 1e3:,.1f} ms "
+        f"({s['layers']} layers{ends.get(s['stage'], '')})" for s in stages)
+        + (f": the step runs at the {slow['stage']} stage's pace, the least loaded waits "
+           f"{idle:.0%} of it" if idle >= 0.05 else ": balanced within 5%"))
 
 
 def _communication(doc: dict[str, Any], con: Console) -> None:
