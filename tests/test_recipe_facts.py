@@ -91,6 +91,8 @@ def test_release_switches_are_training_switches() -> None:
             for name in switches:
                 base = name.rsplit("_", 1)[0] if name.endswith(("_fp8", "_bf16")) else name
                 assert base in fields, (key, name)
+                if base in MODEL_OWN:  # read as its type: a quoted "false" would read true
+                    assert type(switches[name]) is MODEL_OWN[base], (key, name)
 
 
 GROK_NEMO2 = "NVIDIA/dgxc-benchmarking@{commit} grok1/README.md (x)"
