@@ -63,7 +63,9 @@ def qkv_act_elems(m: ModelSpec) -> int:
 
 def rope_elems(m: ModelSpec) -> int:
     """Per token, the elements RoPE rotates: every query and key head (MLA: the rotary part of
-    each query head and the one shared rotary key)."""
+    each query head and the one shared rotary key); none under learned positions."""
+    if m.position_embedding != "rope":
+        return 0
     if m.mla:
         return (m.heads + 1) * m.mla.qk_rope_head_dim
     return (m.heads + m.kv_heads) * m.d_head

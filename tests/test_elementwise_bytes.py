@@ -50,3 +50,16 @@ def test_eager_backward_runs_twice_the_composites_passes(h100, llama8b: ModelSpe
     per_elem_s = 4096 * 2 / kn.hbm
     expect = (2 * 2 * 18 + 6) * h + 2 * 10 * rw + 2 * 5 * f
     assert elem.bwd_s[0] == pytest.approx(per_elem_s * expect, rel=1e-12)
+
+
+def test_learned_positions_rotate_nothing(h100, llama8b: ModelSpec) -> None:
+    """GPT-3's and MPT's learned position embeddings are added once at the input: no layer
+    rotates a query or key, so the layer moves RoPE's 2 elements per rotated one less each way."""
+    from dataclasses import replace
+
+    plan = Plan(dp=8, micro_batch=1)
+    rope, kn = _elem(llama8b, h100, plan)
+    learned, _ = _elem(replace(llama8b, position_embedding="learned"), h100, plan)
+    rw, per_elem_s = 32 * 128 + 8 * 128, 4096 * 2 / kn.hbm
+    assert rope.fwd_s[0] - learned.fwd_s[0] == pytest.approx(per_elem_s * 2 * rw, rel=1e-9)
+    assert rope.bwd_s[0] - learned.bwd_s[0] == pytest.approx(per_elem_s * 2 * rw, rel=1e-9)
