@@ -176,8 +176,11 @@ def _attention_fwd(model: ModelSpec, tr: Training, kn: Kernels) -> np.ndarray:
         # causal: half the keys on average, or the sliding window's
         attn_flops_fwd = 2.0 * M * causal_keys(model, tr.seq_len) * a * dqv / kn.tp
         attn_eff = eff.attention_peak_fraction
-        if tr.framework.attention.attention_kernel == "flash3" and gpu.family in FLASH3_FAMILIES:
+        kernel = tr.framework.attention.attention_kernel
+        if kernel == "flash3" and gpu.family in FLASH3_FAMILIES:
             attn_eff = eff.flash3_attention_peak_fraction
+        elif kernel == "flash1":
+            attn_eff = eff.flash1_attention_peak_fraction or attn_eff
         return attn_flops_fwd / (gpu.peak_flops_bf16 * attn_eff) + _cp_split_s(model, kn)
     # two batched GEMMs over all s x s scores, and the scores through softmax in HBM
     attn_flops_fwd = 2.0 * M * s * a * dqv / kn.tp

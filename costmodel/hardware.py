@@ -18,6 +18,11 @@ class Efficiency:
         headroom above the memory roofline (captures small, TP-sharded GEMMs losing efficiency).
     attention_peak_fraction: fraction of dense peak reached by flash-attention kernels
         (FlashAttention-2's generation).
+    flash1_attention_peak_fraction: the same for FlashAttention-1's generation (its CUDA
+        kernels, and the Triton port llm-foundry's MPT runs as ``attn_impl: triton``), which
+        Dao (2023, FlashAttention-2, arXiv 2307.08691, abstract) puts at 25-40% of peak on A100
+        against FlashAttention-2's 50-73%; 0 where the family's runs do not tell the two apart
+        (then ``attention_peak_fraction``).
     flash3_attention_peak_fraction: the same for the Hopper-and-later generation
         (FlashAttention-3, cuDNN fused attention through Transformer Engine), on the families
         that have it.
@@ -59,6 +64,7 @@ class Efficiency:
     gemm_peak_fraction: float = 0.75
     gemm_half_size: float = 256.0
     attention_peak_fraction: float = 0.55
+    flash1_attention_peak_fraction: float = 0.0
     flash3_attention_peak_fraction: float = 0.6
     memory_bw_fraction: float = 0.7
     kernel_overhead_s: float = 4e-6

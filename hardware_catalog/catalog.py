@@ -33,7 +33,10 @@ SKU_FAMILIES = (*FAMILIES, *BORROWED_FAMILIES)
 # (used instead of the family's) and the raw measurements behind it (kept, not read)
 _MEASURED_BLOCKS = ("efficiency", "measurements")
 UNCALIBRATED_SOURCE = "prior (uncalibrated)"
-_ZERO_MEANS_UNMEASURED = frozenset({"dtensor_op_overhead_s", "network_step_latency_s"})
+# 0 is a value of these: none measured, or (FlashAttention-1's fraction) not told apart from
+# FlashAttention-2's
+_ZERO_MEANS_UNMEASURED = frozenset({"dtensor_op_overhead_s", "network_step_latency_s",
+                                    "flash1_attention_peak_fraction"})
 _EFFICIENCY_TEXT = frozenset({"source", "network_fabric"})
 # what a family naming its measured cluster's fabric reads from that fabric (fabrics.yaml)
 FABRIC_FIGURES: tuple[str, ...] = ("network_bw_fraction", "network_step_latency_s")

@@ -66,16 +66,16 @@ class Attention:
     flash_attention: bool
     """A fused attention kernel, which stores no score matrix; off: eager attention
     (Korthikanti et al.'s 5as/h score terms)."""
-    attention_kernel: Literal["flash2", "flash3"]
-    """The fused-attention kernel: "flash2", FlashAttention-2 and its peers (nanotron,
-    llm-foundry, PyTorch SDPA); "flash3", FlashAttention-3 or cuDNN's under Transformer Engine
-    (Hopper on)."""
+    attention_kernel: Literal["flash1", "flash2", "flash3"]
+    """The fused-attention kernel: "flash1", FlashAttention-1's generation (llm-foundry's MPT,
+    its Triton port); "flash2", FlashAttention-2 and its peers (nanotron, PyTorch SDPA);
+    "flash3", FlashAttention-3 or cuDNN's under Transformer Engine (Hopper on)."""
     cp_comm: Literal["ring", "all_gather"]
     """CP's K/V exchange (``costmodel/parallel/context.py``): cp - 1 ring steps (Megatron-Core's
     p2p), or one all-gather (torchtitan's default)."""
 
     def __post_init__(self) -> None:
-        check_choices(attention_kernel=(self.attention_kernel, ("flash2", "flash3")),
+        check_choices(attention_kernel=(self.attention_kernel, ("flash1", "flash2", "flash3")),
                        cp_comm=(self.cp_comm, ("ring", "all_gather")))
 
 

@@ -83,6 +83,10 @@ DGXC_PARAMS = ("gemm_peak_fraction", "flash3_attention_peak_fraction", "fp8_gemm
 # within 1%; their predicted kernels alone outlast the measured step, so one side misses a
 # term; the dense rows identify the GEMMs.
 BLACKWELL_PARAMS = ("gemm_peak_fraction", "fp8_gemm_peak_fraction")
+# FlashAttention-2 on A100: Dao (2023), "FlashAttention-2", arXiv 2307.08691, abstract: 50-73%
+# of the theoretical maximum FLOPs/s (FlashAttention-1: 25-40%); the low end, as training runs
+# the backward too, which reaches less than the forward
+FA2_A100_PRIOR = 0.50
 # compute-communication contention is a prior, not fitted (fitted on the dgxc rows it runs to
 # its bound and drags the GEMM fractions to 0.86 / 0.95): NCCL's 16 channels (one CTA, one SM
 # each) on an 8-GPU NVSwitch node over the SKU family's SMs (A100 whitepaper: 108; H100 SXM5
@@ -160,15 +164,20 @@ def fit_ampere(frame: pd.DataFrame, groups: list[Group], train: pd.Series, hoppe
             | frame["source"].eq("megatron-sc21")) & frame["status"].eq("ok") & train
     ampere, fitted = fit_efficiency(
         frame, groups, a100, "ampere",
-        replace(hopper, source="", comm_sm_share=NCCL_CHANNELS / SM_COUNT["ampere"]),
-        ("gemm_peak_fraction", "attention_peak_fraction", "memory_bw_fraction",
+        replace(hopper, source="", comm_sm_share=NCCL_CHANNELS / SM_COUNT["ampere"],
+                flash1_attention_peak_fraction=hopper.attention_peak_fraction),
+        ("gemm_peak_fraction", "flash1_attention_peak_fraction", "memory_bw_fraction",
          FABRIC_PREFIX + "roce"))
+    # llm-foundry's tables ran FlashAttention-1's generation (its profile's attention_kernel);
+    # no fitted A100 run uses FlashAttention-2's kernels, so theirs is the cited prior
+    ampere = replace(ampere, attention_peak_fraction=FA2_A100_PRIOR)
     n_sc21 = int((a100 & frame["source"].eq("megatron-sc21")).sum())
     ampere = replace(ampere, source="fitted by python -m tcf_search.calibration.fit on "
                      f"{int(a100.sum()) - n_sc21} llm-foundry A100 and {n_sc21} Megatron SC21 "
-                     "runs of non-held-out groups (GEMM, attention and memory-bound fractions; "
-                     "the rest, and the network fraction of clusters whose fabric is not given, "
-                     "from hopper)")
+                     "runs of non-held-out groups (GEMM, FlashAttention-1 and memory-bound "
+                     "fractions; FlashAttention-2's a prior, the low end of the 50-73% of A100's "
+                     "peak Dao (2023, arXiv 2307.08691) reports; the rest, and the network "
+                     "fraction of clusters whose fabric is not given, from hopper)")
     fabrics = {k.removeprefix(FABRIC_PREFIX): v for k, v in fitted.items()}
     fitted_rows = a100.to_numpy()
     rows_on = {fid: sum(int(fitted_rows[g.index].sum()) for g in groups

@@ -21,7 +21,8 @@ EFF_PARAMS = ("attention_peak_fraction", "memory_bw_fraction", "collective_overh
 # fitted as part of the nanotron profile (hardware_catalog/frameworks.yaml), not of the GPU
 TRAINING_PARAMS = ("host_overhead_s", "pp_tp_step_overhead_s")
 EFF_BOUNDS = {"gemm_peak_fraction": (0.3, 0.95), "gemm_half_size": (1.0, 4096.0),
-              "attention_peak_fraction": (0.05, 0.9), "memory_bw_fraction": (0.2, 1.0),
+              "attention_peak_fraction": (0.05, 0.9),
+              "flash1_attention_peak_fraction": (0.05, 0.9), "memory_bw_fraction": (0.2, 1.0),
               "host_overhead_s": (1e-6, 5e-4), "collective_overhead_s": (1e-6, 1e-3),
               "pp_tp_step_overhead_s": (1e-6, 2e-3), "nvlink_bw_fraction": (0.1, 1.0),
               "network_bw_fraction": (0.05, 1.0), "fp8_gemm_peak_fraction": (0.2, 0.95),
