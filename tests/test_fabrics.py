@@ -183,7 +183,7 @@ def test_profile_switches_can_depend_on_precision() -> None:
     ("nemo", "flash3", True, True),
     ("megatron-sc21", "flash3", False, True),  # SC21: no p2p overlap (and no flash attention)
     ("nanotron", "flash2", True, True),
-    ("llm-foundry", "flash2", True, True),
+    ("llm-foundry", "flash1", True, True),  # its tables: attn_impl triton (FA-1 port)
     ("torchtitan", "flash2", True, False),   # SDPA's flash backend; torchao float8
     ("deepspeed", "flash2", True, True),
 ])
