@@ -99,9 +99,9 @@ def _to_result(r: StepArrays, cluster: ClusterSpec, plan: Plan, tr: Training) ->
                     activations_bytes=_scalar(b.activations), buffers_bytes=_scalar(b.buffers),
                     overhead_bytes=_scalar(b.overhead))
         for st, b in ((s, r.stages[s]) for s in shown))
-    times = tuple(StageTime(stage=st, layers=m.layers, compute_s=_scalar(r.stage_compute_s[st]),  # type: ignore[arg-type]
-                            comm_s=_scalar(r.stage_comm_s[st]))
-                  for st, m in zip(shown, stages, strict=True))
+    times = tuple(StageTime(stage=m.stage, layers=m.layers,
+                            compute_s=_scalar(r.stage_compute_s[m.stage]),
+                            comm_s=_scalar(r.stage_comm_s[m.stage])) for m in stages)
     collectives = tuple(
         Collective(name=c.name, group=c.group, op=c.op,  # type: ignore[arg-type]
                    group_size=int(_scalar(c.group_size)), bytes=_scalar(c.bytes),
