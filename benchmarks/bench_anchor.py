@@ -41,9 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from costmodel.plans import plans_to_arrays  # noqa: E402
 from search.anchored_interval import ANCHORED_FILE, local_of  # noqa: E402
-from search.inputs import (  # noqa: E402  # noqa: E402
+from search.inputs import (  # noqa: E402
     FEATURES,
     LEVELS,
+    MIN_REGIME_GROUPS,
     CaseError,
     Tail,
     Transfer,
@@ -60,7 +61,11 @@ from tcf_search.calibration.training_logs import (  # noqa: E402
     MeasuredInputError,
     read_measured,
 )
-from tcf_search.calibration.transfer_fit import fit_tails, fit_transfer  # noqa: E402
+from tcf_search.calibration.transfer_fit import (  # noqa: E402
+    fit_regime_transfers,
+    fit_tails,
+    fit_transfer,
+)
 
 GROUP = ("source", "model_name", "gpu", "gpus_per_node", "num_gpus")
 COVERAGE_BAR = (0.75, 0.85)
@@ -73,11 +78,12 @@ def ran(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def anchor_on(row: pd.DataFrame, folder: Path, transfer: Transfer,
-              tails: dict[str, Tail]) -> object:
+              tails: dict[str, Tail], transfers: dict[str, Transfer]) -> object:
     """The calibration ``calibrate --measured`` writes for one run's row, read back."""
     src, out = folder / "anchor.csv", folder / "my-cluster.yaml"
     row.to_csv(src, index=False)
-    result = fit(read_measured([src]), files=[src.name], transfer=transfer, tails=tails)
+    result = fit(read_measured([src]), files=[src.name], transfer=transfer, tails=tails,
+                 transfers=transfers)
     out.write_text(calibration_yaml(result.calibration, []))
     return load_calibration(out)
 
@@ -99,12 +105,15 @@ def layout_row(row: pd.Series) -> tuple[np.ndarray, str]:
                       case.model.moe_experts > 0))
 
 
+Fits = dict[str, dict[str, Transfer]]
+
+
 def family_pull(frame: pd.DataFrame) -> tuple[dict[str, dict[str, float]], dict[str, Transfer],
-                                               dict[str, dict[str, Tail]]]:
+                                               dict[str, dict[str, Tail]], Fits]:
     """From the family's residuals of each half of the groups, and of all: the random-effects
-    split (anchor.pull, shown), the layout transfer and each regime's tail of residuals
-    (transfer_fit): a group's anchor is fitted with the other half's, so nothing is fitted on
-    the groups it is scored on."""
+    split (anchor.pull, shown), the layout transfer (pooled, and each regime's own where it has
+    groups enough) and each regime's tail of residuals (transfer_fit): a group's anchor is
+    fitted with the other half's, so nothing is fitted on the groups it is scored on."""
     rows = ran(frame)
     before = predict_frame(rows)
     pred = pd.to_numeric(before["pred_tokens_per_sec_per_gpu"], errors="coerce")
@@ -115,18 +124,20 @@ def family_pull(frame: pd.DataFrame) -> tuple[dict[str, dict[str, float]], dict[
     regimes = np.array([reg for _, reg in placed])
     ok = np.isfinite(r) & np.isfinite(layouts).all(axis=1)
     folds = np.array([fold_of(g) for g in groups])
-    pulls, transfers, tails = {}, {}, {}
+    pulls, transfers, tails, by_regime = {}, {}, {}, {}
     for f in ("all", 0, 1):
         keep = ok & (folds != f)  # fold f's anchors: the other half's
         pulls[str(f)] = pull(r[keep], groups[keep])
         transfers[str(f)], how = fit_transfer(r[keep], groups[keep], layouts[keep])
         pulls[str(f)].update({k: float(v) for k, v in how.items() if k != "loss"})
         tails[str(f)] = fit_tails(r[keep], groups[keep], regimes[keep])
-    return pulls, transfers, tails
+        by_regime[str(f)] = fit_regime_transfers(r[keep], groups[keep], layouts[keep],
+                                                 regimes[keep])
+    return pulls, transfers, tails, by_regime
 
 
 def leave_one_in(frame: pd.DataFrame, anchors: int, transfers: dict[str, Transfer],
-                 tails: dict[str, dict[str, Tail]]) -> pd.DataFrame:
+                 tails: dict[str, dict[str, Tail]], by_regime: Fits) -> pd.DataFrame:
     """One row per held-out prediction: its group, anchor, measured, before and after."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -134,7 +145,8 @@ def leave_one_in(frame: pd.DataFrame, anchors: int, transfers: dict[str, Transfe
             if len(group) < 2:
                 continue
             name = "|".join(map(str, key))
-            transfer, tail = transfers[str(fold_of(name))], tails[str(fold_of(name))]
+            fold = str(fold_of(name))
+            transfer, tail, own = transfers[fold], tails[fold], by_regime[fold]
             # anchors drawn at random (seeded by the group): the file's order is a source's
             # (the Playbook's runs sorted by throughput), so its first, middle and last runs
             # would be its extremes
@@ -144,7 +156,7 @@ def leave_one_in(frame: pd.DataFrame, anchors: int, transfers: dict[str, Transfe
             before = predict_frame(group)
             for a in picks:
                 try:
-                    cal = anchor_on(group.iloc[[a]], Path(tmp), transfer, tail)
+                    cal = anchor_on(group.iloc[[a]], Path(tmp), transfer, tail, own)
                 except MeasuredInputError as exc:
                     print(f"skipped anchor {group.iloc[a]['case_id']}: {exc}", file=sys.stderr)
                     continue
@@ -223,7 +235,8 @@ def summary(res: pd.DataFrame) -> dict[str, object]:
 
 
 def write_spread(res: pd.DataFrame, csv: Path, pulled: dict[str, float],
-                 transfer: Transfer, tails: dict[str, Tail]) -> Path:
+                 transfer: Transfer, tails: dict[str, Tail],
+                 by_regime: dict[str, Transfer]) -> Path:
     r = (np.log(res["measured"] / res["after"]) / res["sd"]).to_numpy()
     q = weighted_quantiles(r, group_weights(res), LEVELS)
     doc = {"levels": list(LEVELS), "q": [round(float(v), 5) for v in q], "n": len(res),
@@ -235,6 +248,13 @@ def write_spread(res: pd.DataFrame, csv: Path, pulled: dict[str, float],
                f"soft-L1 loss); {int(pulled['pairs'])} pairs of {int(pulled['groups'])} "
                f"groups. The quantiles were made with each half's anchors on the other "
                f"half's fit")},
+           "transfers": {k: t.to_dict() for k, t in sorted(by_regime.items())},
+           "transfers_basis": (
+               f"each regime's (SKU family/precision/dense or MoE) own transfer, fitted as the "
+               f"pooled one on its groups alone where it has >= {MIN_REGIME_GROUPS} groups of "
+               f"two runs or more (tcf_search.calibration.transfer_fit.fit_regime_transfers); "
+               f"calibrate --measured uses the runs' regime's, else the pooled one. The "
+               f"quantiles were made with each half's anchors on the other half's"),
            "tails": {k: t.to_dict() for k, t in sorted(tails.items())},
            "tails_basis": (
                f"each regime's (SKU family/precision/dense or MoE) log residuals of "
@@ -273,16 +293,18 @@ def main(argv: list[str] | None = None) -> int:
         print("skipped: measured_runs.csv not found (expected at ../shared/data/); pass --csv")
         return 0
     frame = pd.read_csv(csv, dtype=str, keep_default_na=False)
-    pulls, transfers, tails = family_pull(frame)
-    res = leave_one_in(frame, args.anchors, transfers, tails)
+    pulls, transfers, tails, by_regime = family_pull(frame)
+    res = leave_one_in(frame, args.anchors, transfers, tails, by_regime)
     out = summary(res)
     out["pull"] = {k: {n: round(v, 4) for n, v in p.items()} for k, p in pulls.items()}
     out["transfer"] = {k: {n: v for n, v in t.to_dict().items() if n != "basis"}
                        for k, t in transfers.items()}
     out["tails"] = {k: {reg: t.to_dict() for reg, t in v.items()} for k, v in tails.items()}
+    out["transfers"] = {k: {reg: {n: x for n, x in t.to_dict().items() if n != "basis"}
+                            for reg, t in v.items()} for k, v in by_regime.items()}
     if args.write:
         out["written"] = str(write_spread(res, csv, pulls["all"], transfers["all"],
-                                          tails["all"]))
+                                          tails["all"], by_regime["all"]))
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
@@ -298,6 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     print("pull toward the family's fit (within / between groups' sd, weight), per half:",
           json.dumps(out["pull"]))
     print("layout transfer (far, near, decay), per half:", json.dumps(out["transfer"]))
+    print("each regime's own, per half:", json.dumps(out["transfers"]))
     print("bars met:", json.dumps(out["bars_met"]))
     if args.write:
         print("wrote", out["written"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
@@ -47,8 +48,9 @@ class AnchoredSpread:
     # residuals within a group over that of the groups' offsets (tcf_search.calibration.anchor)
     prior_weight: float = 0.0
     # how a run's residual carries to other layouts (search.inputs.layout_transfer), fitted on
-    # the shared rows
+    # the shared rows: pooled, and each regime's own where it has groups enough
     transfer: Transfer | None = None
+    transfers: dict[str, Transfer] = field(default_factory=dict)
     sd: float = 1.0  # the plan's sd left by kriging (1: a residual's own)
     # each regime's bulk and tail of the family's residuals: how much of an anchor run's
     # residual is its cluster's (search.inputs.anchor_tails), fitted on the shared rows
@@ -77,14 +79,21 @@ def load_anchored_spread() -> AnchoredSpread | None:
     if not q or list(doc.get("levels", [])) != list(LEVELS):
         return None
     t = doc.get("transfer")
-    transfer = Transfer(far=float(t["far"]), near=float(t["near"]), decay=float(t["decay"]),
-                        basis=str(t.get("basis", ""))) if isinstance(t, dict) else None
+    transfer = _stored_transfer(t) if isinstance(t, dict) else None
+    by_regime = doc.get("transfers") or {}
     weight = transfer.prior_weight if transfer is not None else float(
         (doc.get("pull") or {}).get("prior_weight", 0.0))
     return AnchoredSpread(q=tuple(float(v) for v in q), n=int(doc.get("n", 0)),
                           groups=int(doc.get("groups", 0)), basis=str(doc.get("basis", "")),
                           prior_weight=weight, transfer=transfer,
+                          transfers={str(k): _stored_transfer(v) for k, v in by_regime.items()
+                                     if isinstance(v, dict)},
                           tails=tails_from(doc.get("tails")))
+
+
+def _stored_transfer(t: dict[str, Any]) -> Transfer:
+    return Transfer(far=float(t["far"]), near=float(t["near"]), decay=float(t["decay"]),
+                    basis=str(t.get("basis", "")))
 
 
 def spread_for(calibration: str, model: ModelSpec, cluster: ClusterSpec) -> AnchoredSpread | None:

@@ -4,12 +4,12 @@ makes, and a run far in the tail anchoring a study near the family's prediction.
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from measured_rows import one_run_csv
 
 from search.inputs import (
     CalibrationError,
@@ -21,7 +21,6 @@ from search.inputs import (
 )
 from tcf_search.calibration.anchor import cluster_targets, fit
 from tcf_search.calibration.layouts import layout_row
-from tcf_search.calibration.predict import run_prediction
 from tcf_search.calibration.training_logs import read_measured
 from tcf_search.calibration.transfer_fit import fit_tails
 
@@ -67,22 +66,9 @@ def test_an_ordinary_residual_is_the_cluster_s_and_a_pathological_one_is_not() -
     assert back[REGIME].bulk_share(-0.1) == pytest.approx(tail.bulk_share(-0.1), rel=1e-3)
 
 
-def _anchor_csv(folder: Path, ratio: float) -> Path:
-    """One run of LAYOUT measured at ``ratio`` times the family's prediction."""
-    row, _ = layout_row(LAYOUT, "test")
-    family = float(run_prediction(case_from_row(row))["pred_tokens_per_sec_per_gpu"])
-    row = {**row, "status": "ok", "tokens_per_sec_per_gpu": f"{family * ratio:.3f}"}
-    path = folder / "runs.csv"
-    with path.open("w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(row))
-        w.writeheader()
-        w.writerow(row)
-    return path
-
-
 def test_a_pathological_run_hardly_moves_the_study(tmp_path: Path) -> None:
     tails = {REGIME: Tail(bulk_sd=0.08, tail_sd=1.3, tail_weight=0.12)}
-    slow = read_measured([_anchor_csv(tmp_path, 0.2)])  # 5x slower than predicted
+    slow = read_measured([one_run_csv(tmp_path, LAYOUT, 0.2)])  # 5x slower than predicted
     got = fit(slow, prior_weight=0.0, tails=tails)
     m = got.calibration.measured
     assert m is not None and m.compute_scale > 0.95
@@ -97,7 +83,7 @@ def test_a_pathological_run_hardly_moves_the_study(tmp_path: Path) -> None:
 
 def test_an_ordinary_run_anchors_in_full(tmp_path: Path) -> None:
     tails = {REGIME: Tail(bulk_sd=0.08, tail_sd=1.3, tail_weight=0.12)}
-    runs = read_measured([_anchor_csv(tmp_path, 0.95)])
+    runs = read_measured([one_run_csv(tmp_path, LAYOUT, 0.95)])
     with_tail = fit(runs, prior_weight=0.0, tails=tails).calibration.measured
     without = fit(runs, prior_weight=0.0, tails={}).calibration.measured
     assert with_tail is not None and without is not None

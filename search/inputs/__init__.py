@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from search.inputs.anchor_tails import (
     MAX_TAIL_WEIGHT,
-    MIN_TAIL_GROUPS,
+    MIN_REGIME_GROUPS,
     MIN_TAIL_TO_BULK,
     Tail,
     cluster_share,
@@ -32,7 +32,14 @@ from search.inputs.files import (
     read_input,
     write_atomic,
 )
-from search.inputs.layout_transfer import FEATURES, Transfer, distance, krige, layout_of
+from search.inputs.layout_transfer import (
+    FEATURES,
+    Transfer,
+    distance,
+    krige,
+    layout_of,
+    transfer_for,
+)
 from search.inputs.links import (
     CalibrationError,
     ClusterCalibration,
@@ -79,8 +86,8 @@ from search.inputs.study import Study, StudyError, load_study
 from search.inputs.yamlinput import YamlInputError, load_yaml, shown
 
 __all__ = [
-    "FEATURES", "Transfer", "distance", "krige", "layout_of",
-    "MAX_TAIL_WEIGHT", "MIN_TAIL_GROUPS", "MIN_TAIL_TO_BULK", "Tail", "cluster_share",
+    "FEATURES", "Transfer", "distance", "krige", "layout_of", "transfer_for",
+    "MAX_TAIL_WEIGHT", "MIN_REGIME_GROUPS", "MIN_TAIL_TO_BULK", "Tail", "cluster_share",
     "regime_of", "tails_from",
     "ALIASES", "CHOICES", "CalibrationError", "Case", "CaseError", "ClusterCalibration", "FALSE",
     "InputError", "KNOBS", "LEVELS", "MAX_GPUS", "MAX_PLAN_FILE_BYTES", "MIB", "MeasuredAnchor",

@@ -14,7 +14,7 @@ dense or MoE) are two populations: a bulk of a few per cent and a heavy tail.
 probability that a residual of ``r`` is of the bulk; ``calibrate --measured`` anchors a run on
 that share of its residual (``r * share``: the cluster's part), so an ordinary run anchors in
 full and a pathological one hardly moves the study. A regime with no fitted tail (fewer than
-``MIN_TAIL_GROUPS`` groups, or no minority population of another scale than the bulk) anchors
+``MIN_REGIME_GROUPS`` groups, or no minority population of another scale than the bulk) anchors
 every run in full. Only a single anchor run is shrunk: two or more are taken as measured, how
 they differ being what tells compute from network (``calibration.anchor.cluster_targets``).
 """
@@ -25,8 +25,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-# the fewest groups of a regime a tail is fitted on (else the regime anchors runs in full)
-MIN_TAIL_GROUPS = 5
+# the fewest groups of a regime its own tail, or its own layout transfer, is fitted on (else
+# the regime anchors runs in full, and on the transfer pooled over every regime)
+MIN_REGIME_GROUPS = 5
 # what makes the two populations a bulk and a tail of pathologies, not one spread split in two:
 # the tail is the minority and of another scale than the model's ordinary error; a fit that
 # does not find such a tail leaves its regime without one (every run anchored in full)

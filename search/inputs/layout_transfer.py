@@ -14,7 +14,11 @@ The measured runs' transfer to a plan is then a function of its layout distance 
   with another of the same layout, its own noise left out), ``far`` (what any two layouts of
   the group share: the cluster's part) and ``decay`` (the distance it takes to lose 1/e of the
   rest). Fitted on the shared rows by :mod:`tcf_search.calibration.transfer_fit`, stored in
-  ``hardware_catalog/anchored.yaml`` with how it was obtained (``benchmarks/bench_anchor.py``).
+  ``hardware_catalog/anchored.yaml`` with how it was obtained (``benchmarks/bench_anchor.py``):
+  pooled over the shared rows, and per regime (SKU family/precision/dense or MoE) where a regime
+  has groups enough of its own (:func:`transfer_for`): how far a run's error carries is a
+  property of the stack and the model's error there (a fixed recipe whose error is one offset
+  carries far; a sweep whose runs hit pathologies of their own carries little).
 - :func:`krige`: the plan's expected residual given the anchor runs' (simple kriging with that
   correlation) and the spread left about it. The cluster's part is what ``calibrate
   --measured``'s scales carry (their pull toward the family's fit is ``far``'s); the rest, the
@@ -24,7 +28,7 @@ The measured runs' transfer to a plan is then a function of its layout distance 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +86,14 @@ class Transfer:
     def to_dict(self) -> dict[str, Any]:
         return {"far": round(self.far, 4), "near": round(self.near, 4),
                 "decay": round(self.decay, 4), "basis": self.basis}
+
+
+def transfer_for(pooled: Transfer | None, by_regime: Mapping[str, Transfer],
+                 regimes: Iterable[str]) -> Transfer | None:
+    """The transfer for anchor runs of ``regimes``: their regime's own where they share one that
+    has its own fit, else the pooled one."""
+    names = set(regimes)
+    return by_regime.get(names.pop(), pooled) if len(names) == 1 else pooled
 
 
 def krige(t: Transfer, anchors: np.ndarray, residuals: np.ndarray,

@@ -28,7 +28,8 @@ its candidate plans where a knob is empty, the fastest that fits), with a pull o
 toward 0 (the family's fit). The pull is what a run shares with a layout far from its own on
 the shared rows: the layout transfer's ``far`` (``search.inputs.layout_transfer``, fitted by
 ``calibration.transfer_fit`` and stored in ``hardware_catalog/anchored.yaml`` by
-``benchmarks/bench_anchor.py --write``), so one run moves the scale ``far`` of the way (weight
+``benchmarks/bench_anchor.py --write``; the runs' regime's own where it has one, else the one
+pooled over every regime), so one run moves the scale ``far`` of the way (weight
 ``sqrt((1 - far) / far)``); the rest of each run's error moves the plans of its model and GPU
 count by their layout distance to it (the file records the transfer and each run's layout).
 :func:`pull`'s random-effects split (within / between groups) is still shown by the benchmark,
@@ -40,7 +41,7 @@ the framework's, not the cluster's.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import date
 from typing import Any
@@ -67,6 +68,7 @@ from search.inputs import (
     layout_of,
     model_key,
     regime_of,
+    transfer_for,
 )
 from tcf_search.calibration.predict import run_prediction
 from tcf_search.calibration.training_logs import MeasuredInputError, MeasuredRun
@@ -132,6 +134,15 @@ def stored_transfer() -> Transfer | None:
     return spread.transfer if spread is not None else None
 
 
+def stored_transfers() -> dict[str, Transfer]:
+    spread = load_anchored_spread()
+    return dict(spread.transfers) if spread is not None else {}
+
+
+def _regime(case: Case) -> str:
+    return regime_of(case.cluster.gpu.family, case.training.precision, case.model.moe_experts > 0)
+
+
 def stored_tails() -> dict[str, Tail]:
     spread = load_anchored_spread()
     return dict(spread.tails) if spread is not None else {}
@@ -147,8 +158,7 @@ def cluster_targets(cases: Sequence[Case], measured: np.ndarray, family: np.ndar
     what tells compute from network, and one run's pathology from the others' agreement is the
     user's to judge (each run's share is still shown)."""
     r = np.log(measured / family)
-    shares = np.array([cluster_share(tails, regime_of(c.cluster.gpu.family, c.training.precision,
-                                                      c.model.moe_experts > 0), float(x))
+    shares = np.array([cluster_share(tails, _regime(c), float(x))
                        for c, x in zip(cases, r, strict=True)])
     applied = shares if len(cases) == 1 else np.ones_like(shares)
     return family * np.exp(applied * r), shares
@@ -157,21 +167,24 @@ def cluster_targets(cases: Sequence[Case], measured: np.ndarray, family: np.ndar
 def fit(runs: Sequence[MeasuredRun], base: ClusterCalibration | None = None,
         files: Sequence[str] = (), today: str | None = None,
         prior_weight: float | None = None, transfer: Transfer | None = None,
-        tails: dict[str, Tail] | None = None) -> AnchorFit:
+        tails: dict[str, Tail] | None = None,
+        transfers: Mapping[str, Transfer] | None = None) -> AnchorFit:
     """The scales ``runs`` identify (module docstring), on top of ``base`` (a calibration
     whose nccl-tests links the runs are priced on; None: the family's); ``transfer``: how far a
-    run's residual carries to other layouts (default: the stored one; its ``far`` sets the
-    pull, and the file records it for the study's plans: ``search.inputs.layout_transfer``);
+    run's residual carries to other layouts, pooled over the regimes, and ``transfers`` each
+    regime's own (default: the stored ones; the runs' regime's own where it has one, else the
+    pooled: ``search.inputs.layout_transfer.transfer_for``; its ``far`` sets the pull, and the
+    file records it for the study's plans);
     ``prior_weight``: the pull toward the family's fit where no transfer is given (default:
     the stored one, :func:`stored_prior_weight`); ``tails``: each regime's bulk and tail of
     residuals, which say how much of a run's error is its cluster's (default: the stored ones,
     :func:`cluster_targets`)."""
-    transfer = transfer or (stored_transfer() if prior_weight is None else None)
-    w = (transfer.prior_weight if transfer is not None
-         else stored_prior_weight() if prior_weight is None else prior_weight)
     if not runs:
         raise MeasuredInputError("calibrate --measured: no measured run was given")
     cases = [_case(r) for r in runs]
+    transfer, scope = _choose_transfer(cases, transfer, transfers, prior_weight)
+    w = (transfer.prior_weight if transfer is not None
+         else stored_prior_weight() if prior_weight is None else prior_weight)
     gpus = sorted({c.cluster.gpu.id for c in cases})
     if len(gpus) > 1:
         raise MeasuredInputError(f"{runs[0].where}: the runs are on {', '.join(gpus)}: one "
@@ -225,7 +238,8 @@ def fit(runs: Sequence[MeasuredRun], base: ClusterCalibration | None = None,
                  f"moves a scale {100 / (1 + w * w):.0f}% of the way to its own fit)")
     if transfer is not None:
         lines.append(f"the rest of each run's error carries to a plan of its model and GPU "
-                     f"count by layout distance d: correlation {transfer.far:.2f} + "
+                     f"count by layout distance d ({scope}): correlation "
+                     f"{transfer.far:.2f} + "
                      f"({transfer.near:.2f} - {transfer.far:.2f}) exp(-d / "
                      f"{transfer.decay:.2f}) (d: doublings of a degree, micro-batch, sequence "
                      f"or batch, and switches of ZeRO stage, recompute, sequence parallel)")
@@ -233,6 +247,21 @@ def fit(runs: Sequence[MeasuredRun], base: ClusterCalibration | None = None,
                  f"the family's fit, {100 * np.median(errs[1]):.1f}% anchored (in-sample: "
                  f"benchmarks/bench_anchor.py measures it on runs the anchor did not see)")
     return AnchorFit(calibration=cal, lines=lines)
+
+
+def _choose_transfer(cases: list[Case], transfer: Transfer | None,
+                     transfers: Mapping[str, Transfer] | None,
+                     prior_weight: float | None) -> tuple[Transfer | None, str]:
+    """The transfer :func:`fit` uses (its docstring) and whose fit it is."""
+    if transfer is None and prior_weight is not None:
+        return None, ""
+    pooled = transfer if transfer is not None else stored_transfer()
+    by_regime = (stored_transfers() if transfer is None else {}) if transfers is None \
+        else transfers
+    chosen = transfer_for(pooled, by_regime, map(_regime, cases))
+    if chosen is not None and chosen is not pooled:
+        return chosen, f"the {_regime(cases[0])} regime's own fit"
+    return chosen, "fitted over every regime"
 
 
 def _network_identified(cases: list[Case], base: ClusterCalibration, n: int) -> str | None:

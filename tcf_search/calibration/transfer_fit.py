@@ -19,11 +19,18 @@ parameters, fitted by least squares over all pairs at once:
 - the loss is soft-L1 (Huber-like, unit scale): the residuals are heavy-tailed (a run that hit
   a pathology the cost model does not price errs by 60%), and one such run must not set what
   every other run transfers.
+
+:func:`fit_regime_transfers` fits the same three numbers on each regime's groups alone (SKU
+family/precision/dense or MoE, ``search.inputs.regime_of``) where the regime has
+``MIN_REGIME_GROUPS`` groups of two runs or more: a regime whose runs err by one offset (a fixed
+recipe's) carries a run's error further than one whose runs each hit a pathology of their own,
+and the pooled fit, weighing every group alike, is the latter's.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -31,7 +38,7 @@ from scipy.optimize import least_squares
 
 from search.inputs import (
     MAX_TAIL_WEIGHT,
-    MIN_TAIL_GROUPS,
+    MIN_REGIME_GROUPS,
     MIN_TAIL_TO_BULK,
     Tail,
     Transfer,
@@ -89,6 +96,25 @@ def fit_transfer(residuals: np.ndarray, groups: np.ndarray, layouts: np.ndarray,
                "median_pair_distance": round(float(np.median(d)), 3)}
 
 
+def fit_regime_transfers(residuals: np.ndarray, groups: np.ndarray, layouts: np.ndarray,
+                         regimes: np.ndarray) -> dict[str, Transfer]:
+    """Each regime's own transfer (module docstring), for regimes of at least
+    ``MIN_REGIME_GROUPS`` groups of two runs or more; the others use the pooled one."""
+    r, g, reg = (np.asarray(residuals, dtype=float), np.asarray(groups),
+                 np.asarray(regimes).astype(str))
+    lay = np.asarray(layouts, dtype=float)
+    out: dict[str, Transfer] = {}
+    for name in np.unique(reg):
+        keep = (reg == name) & np.isfinite(r)
+        _, counts = np.unique(g[keep], return_counts=True)
+        if np.sum(counts >= 2) < MIN_REGIME_GROUPS:
+            continue
+        t, how = fit_transfer(r[keep], g[keep], lay[keep])
+        out[str(name)] = replace(t, basis=f"{name}: {how['pairs']} pairs of {how['groups']} "
+                                          f"groups")
+    return out
+
+
 EM_STEPS = 200
 
 
@@ -96,7 +122,7 @@ def fit_tails(residuals: np.ndarray, groups: np.ndarray,
               regimes: np.ndarray) -> dict[str, Tail]:
     """Each regime's two-normal mixture of the runs' log residuals (search.inputs.anchor_tails),
     by expectation-maximisation with every group weighing alike (each run 1 / its group's
-    runs); regimes of fewer than ``MIN_TAIL_GROUPS`` groups get none, and so does one whose
+    runs); regimes of fewer than ``MIN_REGIME_GROUPS`` groups get none, and so does one whose
     mixture finds no minority tail of another scale than its bulk (``MAX_TAIL_WEIGHT``,
     ``MIN_TAIL_TO_BULK``)."""
     r, g, reg = (np.asarray(residuals, dtype=float), np.asarray(groups),
@@ -105,7 +131,7 @@ def fit_tails(residuals: np.ndarray, groups: np.ndarray,
     for name in np.unique(reg):
         keep = (reg == name) & np.isfinite(r)
         names, inverse, counts = np.unique(g[keep], return_inverse=True, return_counts=True)
-        if len(names) < MIN_TAIL_GROUPS:
+        if len(names) < MIN_REGIME_GROUPS:
             continue
         x, w = r[keep], 1.0 / counts[inverse]
         tail = _mixture(x, w, groups=len(names))
