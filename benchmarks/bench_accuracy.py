@@ -128,6 +128,11 @@ def main() -> int:
           "out of memory; predicted mean / measured OOM share): " + ", ".join(
               f"{b['bin']} {b['predicted']:.0%}/{b['measured_oom']:.0%} ({b['rows']} rows)"
               for b in pc["p_oom_bins"]))
+    print("runs that ran, per source, as tcf-search predict prices them (predicted to fit / "
+          "priced; refused: a cell the row leaves empty): " + ", ".join(
+              f"{src} {c['fit']}/{c['priced']}" + (f" ({c['refused']} refused)" if c["refused"]
+                                                   else "")
+              for src, c in pc["launched_fit"].items()))
     print("signed tokens/s error by regime, median of log(predicted / measured) (+ = the model "
           "is too fast), held-out rows [all rows]; regimes of >= 5 rows:")
     for axis, every in out["bias_all"].items():

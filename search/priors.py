@@ -1,7 +1,8 @@
 """The terms of the cost model no measured row validates (activation offload's host link, the
 fused MoE dispatch, a family borrowing another's fit, a fabric with no rows, the allocator's
-expandable segments), and each plan re-priced at the ends of their ranges: what widens its
-interval and P(OOM) (``search.uncertainty.uncertainty_metrics``) and flags it in the table."""
+fragmentation where a stack's own is a prior), and each plan re-priced at the ends of their
+ranges: what widens its interval and P(OOM) (``search.uncertainty.uncertainty_metrics``) and
+flags it in the table."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ import numpy as np
 
 from costmodel import Plan, estimate_batch, plans_to_arrays
 from costmodel.dispatch import FLEX, dispatcher
+from costmodel.memory import allocator_fraction
 from costmodel.plans import as_plan_arrays
 from costmodel.specs import ClusterSpec, Efficiency, ModelSpec, Training
 from hardware_catalog import CATALOG_DIR, load_calibration, load_prior_ranges
 from hardware_catalog.fabrics import load_fabrics
+from hardware_catalog.frameworks import memory_model
 from search.uncertainty import calibration_status
 
 # each term's one-letter mark beside a plan's interval in the run table (the legend names it)
@@ -118,15 +121,19 @@ def _terms(model: ModelSpec, cluster: ClusterSpec, tr: Training,
             f"{eff.network_bw_fraction:.3g} ({eff.network_fabric or 'calibration.yaml'})"),
             np.ones(n, dtype=bool),
             [(replace(cluster, network_bw_fraction=None), tr)]))
-    if tr.framework.kernels.expandable_segments:
-        fitted_frac = tr.framework.memory_model.allocator_fraction
+    measured = memory_model().allocator_fraction
+    own = allocator_fraction(tr)
+    if own < measured:
+        why = ("expandable segments" if tr.framework.kernels.expandable_segments
+               else "the stack's own, bounded by the runs it launched")
         out.append((PriorTerm(
-            "allocator prior", "no fragmentation reserved beyond the allocated bytes under "
-            "expandable segments (no measured row's memory says what they reserve)",
-            f"re-priced at the memory model's fitted fragmentation {fitted_frac:.3g} of the "
+            "allocator prior", f"fragmentation of {own:.2g} of the volatile bytes beyond the "
+            f"allocated ({why}; no measured row's memory says what this stack reserves)",
+            f"re-priced at the memory model's fitted fragmentation {measured:.3g} of the "
             f"volatile bytes (the default allocator's; frameworks.yaml memory_model)"),
             np.ones(n, dtype=bool),
-            [(cluster, tr.with_switches(expandable_segments=False))]))
+            [(cluster, tr.with_switches(expandable_segments=False, memory_model=replace(
+                tr.framework.memory_model, allocator_fraction=measured)))]))
     return out
 
 

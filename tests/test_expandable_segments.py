@@ -91,3 +91,14 @@ def test_deepseek_v3_b200_recipe_fits_as_it_ran() -> None:
     assert e.memory.fits
     default = specs.training.with_switches(expandable_segments=False)
     assert not estimate(specs.model, specs.cluster, plan, default).memory.fits
+
+
+def test_llm_foundry_s_bound_is_a_prior_re_priced_at_the_fitted_fragmentation() -> None:
+    # its profile's fragmentation is 0: a bound its runs set (none reports memory), flagged
+    s = specs_of("llm-foundry")
+    assert allocator_fraction(s.training) == 0
+    assert not s.training.framework.kernels.expandable_segments
+    fsdp = dataclasses.replace(PLAN, tp=1, pp=1, dp=16, zero_stage=3, sequence_parallel=False)
+    terms = {t["flag"]: t for t in plan_rests_on(s.model, s.cluster, s.training, fsdp)}
+    assert "bounded by the runs it launched" in terms["allocator prior"]["term"]
+    assert terms["allocator prior"]["peak_mem_ratio"] > 1.05

@@ -173,7 +173,21 @@ def predict_calibration(frame: pd.DataFrame, predicted: pd.DataFrame,
                      "measured_oom": (float(frame.loc[in_bin, "status"].eq("oom").mean())
                                       if in_bin.any() else float("nan"))})
     out["p_oom_bins"] = bins
+    out["launched_fit"] = launched_fit(frame, predicted)
     return out
+
+
+def launched_fit(frame: pd.DataFrame, predicted: pd.DataFrame) -> dict[str, dict[str, int]]:
+    """Per source, of its runs that ran (status ok): how many ``tcf-search predict`` priced,
+    how many it predicted to fit and how many it refused (``pred_error``). Every one ran, so
+    a miss is a false out-of-memory (the Playbook's share is its ``false_ooms``)."""
+    ok = frame["status"].eq("ok")
+    fits = predicted["pred_fits"].astype(str).str.lower().isin(["true", "1"])
+    error = predicted["pred_error"].fillna("").astype(str).str.len() > 0
+    return {str(src): {"priced": int((ok & ~error & frame["source"].eq(src)).sum()),
+                       "fit": int((ok & fits & frame["source"].eq(src)).sum()),
+                       "refused": int((ok & error & frame["source"].eq(src)).sum())}
+            for src in sorted(frame.loc[ok, "source"].unique())}
 
 
 
