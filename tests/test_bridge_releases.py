@@ -96,6 +96,25 @@ def test_a_release_s_model_field_builds_the_mtp_layer_and_costs_the_last_stage()
     assert step[1] > step[0]
 
 
+def test_deepseek_v3_s_leading_dense_layers_are_built_as_its_recipe_builds_them() -> None:
+    """Both releases' DeepSeek-V3 keeps its first 3 layers dense at 18,432 wide beside experts of
+    2,048 (DeepSeekV3ModelProvider; the row's ffn_hidden is the expert's, by the schema): the
+    model the row prices is DeepSeek-V3's 671B (37.6B active) without its MTP layer, where
+    61 MoE layers made it 704B; a dense_layers cell the row fills wins."""
+    from costmodel.params import active_params, total_params
+
+    for release in ("26.04.01", "25.11"):
+        model = case_from_row(bridge_row(DSV3, release, "DGX-B200")).model
+        assert (model.moe_dense_layers, model.ffn_hidden, model.expert_ffn_hidden) == (
+            3, 18432, 2048)
+        assert round(total_params(model) / 1e9) == 671
+        assert round(active_params(model) / 1e9, 1) == 37.6
+    mine = case_from_row({**bridge_row(DSV3, "26.04.01", "DGX-B200"), "dense_layers": 1,
+                          "dense_ffn_hidden": 12288})
+    assert (mine.model.moe_dense_layers, mine.model.ffn_hidden,
+            mine.model.expert_ffn_hidden) == (1, 12288, 2048)
+
+
 GPTOSS = {"model_name": "GPT OSS 120B", "layers": 36, "hidden": 2880, "ffn_hidden": 2880,
           "heads": 64, "kv_heads": 8, "vocab": 201088, "seq_len": 4096, "moe_experts": 128,
           "moe_topk": 4, "moe_ffn_hidden": 2880, "gpu": "h100-sxm-80gb", "num_gpus": 64,

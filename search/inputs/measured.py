@@ -200,10 +200,29 @@ TRAINING_OWN = frozenset({"moe_dispatcher", "moe_a2a_overlap"})
 # column for (Megatron-Bridge's DeepSeek-V3 recipes build one multi-token prediction layer:
 # mtp_num_layers = 1) and the optional model columns (README) a row leaves empty, such as the
 # head width and QK-norm of Qwen3 or gpt-oss's attention pattern; a cell the row fills wins.
-# Each field is read as its type.
+# Each field is read as its type. DeepSeek-V3's leading dense layers: ``dense_layers`` (the
+# optional column) and ``dense_ffn_hidden``, their MLP width, which no column carries (a MoE row's
+# ffn_hidden is the expert's, the schema's convention): Bridge's DeepSeekV3ModelProvider builds
+# ffn_hidden_size 18432 beside moe_ffn_hidden_size 2048.
 MODEL_OWN: dict[str, type] = {"mtp_layers": int, "head_dim": int, "qk_norm": bool,
                               "sliding_window": int, "window_skip_freq": int,
-                              "attention_sinks": bool, "bias": str}
+                              "attention_sinks": bool, "bias": str, "dense_layers": int,
+                              "dense_ffn_hidden": int}
+# the ModelSpec field a release's model field sets, where the names differ
+MODEL_FIELD = {"dense_layers": "moe_dense_layers", "dense_ffn_hidden": "ffn_hidden"}
+
+
+def with_release_model(model: ModelSpec, row: Mapping[str, object],
+                       own: Mapping[str, Any]) -> ModelSpec:
+    """``model`` with the fields its release builds that the row leaves empty (``MODEL_OWN``)
+    and the dense MLP width its optional ``dense_ffn_hidden`` cell gives; a dense MLP width keeps
+    the experts' own (the row's ffn_hidden, where moe_ffn_hidden is empty)."""
+    given = {MODEL_FIELD.get(k, k): v for k, v in own.items() if not _cell(row, k)}
+    if _cell(row, "dense_ffn_hidden"):
+        given["ffn_hidden"] = _int(row, "dense_ffn_hidden")
+    if "ffn_hidden" in given:
+        given["moe_ffn_hidden"] = model.expert_ffn_hidden
+    return replace(model, **given)
 
 
 def framework_ffn_hidden(row: Mapping[str, object], framework: str) -> tuple[int, str]:
@@ -266,7 +285,7 @@ def case_from_row(row: Mapping[str, object],
     knobs = {k: defaults.pop(k) for k in PLAN_KEYS if k in defaults and k not in TRAINING_OWN}
     own: dict[str, Any] = {k: kind(defaults.pop(k)) for k, kind in MODEL_OWN.items()
                            if k in defaults}
-    model = replace(model, **{k: v for k, v in own.items() if not _cell(row, k)})
+    model = with_release_model(model, row, own)
     training = training_spec(framework=framework, precision=precision,
                              seq_len=_int(row, "seq_len"), global_batch=_int(row, "global_batch"),
                              compile=_bool(row, "compile"), switches=defaults)
