@@ -78,6 +78,14 @@ EAGER_KERNELS_PER_NORM = 7.0
 # logits and writes fp32, and its backward the reverse (act + 4 each way); without autocast the
 # logits are fp32 already and x.float() copies nothing.
 LOSS_FP32_BYTES = {"fused": (8.0, 8.0), "eager_fp32": (32.0, 8.0)}
+# "te_inplace", Transformer Engine's parallel cross-entropy (transformer_engine/pytorch/
+# cross_entropy.py CrossEntropyFunction, v2.8; Megatron-Core language_module.py
+# compute_language_model_loss with cross_entropy_fusion_impl "te"): its Triton forward reads the
+# logits twice (the online max and sum, then the softmax) and writes the gradient over them,
+# in fp32 registers only; its backward scales that gradient in place (read, write). Passes of
+# the logits' own bytes, forward and backward; what it keeps for backward is the logits alone
+# (costmodel.memory).
+LOSS_LOGIT_PASSES = {"te_inplace": (3.0, 2.0)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,10 +237,15 @@ def _dense_layer(model: ModelSpec, tr: Training, kn: Kernels) -> _DenseLayer:
 def _loss_s(model: ModelSpec, tr: Training, kn: Kernels
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The loss's memory-bound passes over this GPU's logits (its vocabulary shard), forward
-    and backward (``LOSS_FP32_BYTES``), and the eager fp32 cast's part of both."""
-    fwd, bwd = LOSS_FP32_BYTES[tr.framework.kernels.loss_kernel]
+    and backward (``LOSS_FP32_BYTES``, ``LOSS_LOGIT_PASSES``), and the eager fp32 cast's part
+    of both."""
+    kernel = tr.framework.kernels.loss_kernel
     per_byte_s = kn.tokens * float(model.vocab) / kn.tp / kn.hbm
-    if tr.framework.kernels.loss_kernel == "fused":
+    if kernel in LOSS_LOGIT_PASSES:
+        reads, writes = LOSS_LOGIT_PASSES[kernel]
+        return per_byte_s * reads * kn.act, per_byte_s * writes * kn.act, 0.0 * per_byte_s
+    fwd, bwd = LOSS_FP32_BYTES[kernel]
+    if kernel == "fused":
         return per_byte_s * (kn.act + fwd), per_byte_s * (kn.act + bwd), 0.0 * per_byte_s
     cast = kn.act + 4.0 if kn.act < 4.0 else 0.0  # x.float(): a copy unless fp32 already
     return per_byte_s * (cast + fwd), per_byte_s * (cast + bwd), per_byte_s * 2.0 * cast

@@ -117,6 +117,15 @@ def _states_per_param(tr: Training, p: PlanArrays, shard: np.ndarray) -> dict[st
             "comm_buffer": comm_buffer, "opt_buffer": opt_buffer}
 
 
+def logits_bytes(tr: Training) -> float:
+    """Bytes a logit holds from the loss's forward to its backward: Transformer Engine's
+    in-place cross-entropy keeps the logits alone, its gradient written over them
+    (``costmodel.compute.LOSS_LOGIT_PASSES``); any other loss, the memory model's count."""
+    if tr.framework.kernels.loss_kernel == "te_inplace":
+        return tr.framework.numerics.activation_dtype_bytes
+    return tr.framework.memory_model.logits_bytes_per_element
+
+
 def coefficients(model: ModelSpec, cluster: ClusterSpec, tr: Training,
                  p: PlanArrays) -> MemoryCoefficients:
     mm = tr.framework.memory_model
@@ -167,7 +176,7 @@ def coefficients(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         embed_params=embed, head_params=embed,
         bytes_per_param=_states_per_param(tr, p, shard),
         expert_bytes_per_param=_states_per_param(tr, p, expert_shard),
-        logits=mm.logits_bytes_per_element * M * model.vocab / tp,
+        logits=logits_bytes(tr) * M * model.vocab / tp,
         mtp_dense_params=mtp_dense, mtp_expert_params=mtp_experts, mtp_act=mtp_act,
         gather_buffer=gather, lead_dense_params=lead_dense, lead_expert_params=lead_experts,
     )

@@ -119,7 +119,10 @@ def release_switches(source: str, detail: str, model: str = "",
     plan fields; {} for a release not listed."""
     releases = (load_profiles().get("release_switches") or {}).get(source.strip().lower(), {})
     key = release_key(detail, model)
-    return _at_precision(releases.get(key, {}) if key else {}, precision)
+    if not key or key not in releases:
+        return {}
+    # "*": what every listed release of the source ran, under its own entries
+    return _at_precision({**releases.get("*", {}), **releases[key]}, precision)
 
 
 def row_defaults(framework: str, precision: str = "bf16", source: str = "",

@@ -84,9 +84,11 @@ class Kernels:
     """How the rest of a layer's work runs and is launched: the loss, the elementwise
     kernels, the host's issue cost and CUDA graphs."""
 
-    loss_kernel: Literal["fused", "eager_fp32"]
-    """The loss over the logits: "fused", or nanotron's "eager_fp32" ops
-    (``costmodel.compute.LOSS_FP32_BYTES``)."""
+    loss_kernel: Literal["fused", "eager_fp32", "te_inplace"]
+    """The loss over the logits: "fused", nanotron's "eager_fp32" ops
+    (``costmodel.compute.LOSS_FP32_BYTES``), or Transformer Engine's parallel cross-entropy,
+    which writes the gradient over the logits in its forward and keeps nothing else
+    (``costmodel.compute.LOSS_LOGIT_PASSES``; Megatron-Core cross_entropy_fusion_impl "te")."""
     fused_elementwise: bool
     """Norms, RoPE and the activation function as fused kernels (nanotron's, Transformer
     Engine's, torch.compile); off: eager composites, several HBM passes each
@@ -107,7 +109,7 @@ class Kernels:
     (``costmodel.memory.allocator_fraction``)."""
 
     def __post_init__(self) -> None:
-        check_choices(loss_kernel=(self.loss_kernel, ("fused", "eager_fp32")))
+        check_choices(loss_kernel=(self.loss_kernel, ("fused", "eager_fp32", "te_inplace")))
         object.__setattr__(self, "cuda_graph_scope",
                            graph_scope(self.cuda_graph_impl, self.cuda_graph_scope))
 
