@@ -237,16 +237,19 @@ def fit(runs: Sequence[MeasuredRun], base: ClusterCalibration | None = None,
     lines.append(f"pull toward the family's fit: weight {w:.2f} on each log-scale (one run "
                  f"moves a scale {100 / (1 + w * w):.0f}% of the way to its own fit)")
     if transfer is not None:
-        lines.append(f"the rest of each run's error carries to a plan of its model and GPU "
-                     f"count by layout distance d ({scope}): correlation "
-                     f"{transfer.far:.2f} + "
-                     f"({transfer.near:.2f} - {transfer.far:.2f}) exp(-d / "
-                     f"{transfer.decay:.2f}) (d: doublings of a degree, micro-batch, sequence "
-                     f"or batch, and switches of ZeRO stage, recompute, sequence parallel)")
+        lines.append(_transfer_line(transfer, scope))
     lines.append(f"tokens/s error on these runs: median {100 * np.median(errs[0]):.1f}% with "
                  f"the family's fit, {100 * np.median(errs[1]):.1f}% anchored (in-sample: "
                  f"benchmarks/bench_anchor.py measures it on runs the anchor did not see)")
     return AnchorFit(calibration=cal, lines=lines)
+
+
+def _transfer_line(transfer: Transfer, scope: str) -> str:
+    return (f"the rest of each run's error carries to a plan of its model and GPU count by "
+            f"layout distance d ({scope}): correlation {transfer.far:.2f} + ({transfer.near:.2f}"
+            f" - {transfer.far:.2f}) exp(-d / {transfer.decay:.2f}) (d: doublings of a degree, "
+            f"micro-batch, sequence or batch, and switches of ZeRO stage, recompute, sequence "
+            f"parallel)")
 
 
 def _choose_transfer(cases: list[Case], transfer: Transfer | None,
