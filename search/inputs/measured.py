@@ -220,7 +220,7 @@ def with_release_model(model: ModelSpec, row: Mapping[str, object],
     given = {MODEL_FIELD.get(k, k): v for k, v in own.items() if not _cell(row, k)}
     if _cell(row, "dense_ffn_hidden"):
         given["ffn_hidden"] = _int(row, "dense_ffn_hidden")
-    if "ffn_hidden" in given:
+    if "ffn_hidden" in given and model.is_moe:
         given["moe_ffn_hidden"] = model.expert_ffn_hidden
     return replace(model, **given)
 

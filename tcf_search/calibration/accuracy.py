@@ -182,13 +182,13 @@ def launched_fit(frame: pd.DataFrame, predicted: pd.DataFrame) -> dict[str, dict
     how many it predicted to fit and how many it refused (``pred_error``). Every one ran, so
     a miss is a false out-of-memory (the Playbook's share is its ``false_ooms``)."""
     ok = frame["status"].eq("ok")
-    fits = predicted["pred_fits"].astype(str).str.lower().isin(["true", "1"])
-    error = predicted["pred_error"].fillna("").astype(str).str.len() > 0
-    return {str(src): {"priced": int((ok & ~error & frame["source"].eq(src)).sum()),
-                       "fit": int((ok & fits & frame["source"].eq(src)).sum()),
-                       "refused": int((ok & error & frame["source"].eq(src)).sum())}
-            for src in sorted(frame.loc[ok, "source"].unique())}
-
+    runs = pd.DataFrame({
+        "source": frame["source"],
+        "fit": predicted["pred_fits"].astype(str).str.lower().isin(["true", "1"]),
+        "refused": predicted["pred_error"].fillna("").astype(str).str.len() > 0})[ok]
+    runs["priced"] = ~runs["refused"]
+    counts = runs.groupby("source")[["priced", "fit", "refused"]].sum()
+    return {str(src): {k: int(v) for k, v in row.items()} for src, row in counts.iterrows()}
 
 
 # what each regime axis reads off a row (issue #36 item 5: is the model biased by regime?)

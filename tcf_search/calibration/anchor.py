@@ -258,9 +258,10 @@ def _choose_transfer(cases: list[Case], transfer: Transfer | None,
     """The transfer :func:`fit` uses (its docstring) and whose fit it is."""
     if transfer is None and prior_weight is not None:
         return None, ""
-    pooled = transfer if transfer is not None else stored_transfer()
-    by_regime = (stored_transfers() if transfer is None else {}) if transfers is None \
-        else transfers
+    if transfer is None:  # the stored fits, each regime's where the caller names none
+        transfer, transfers = stored_transfer(), stored_transfers() if transfers is None \
+            else transfers
+    pooled, by_regime = transfer, transfers or {}
     chosen = transfer_for(pooled, by_regime, map(_regime, cases))
     if chosen is not None and chosen is not pooled:
         return chosen, f"the {_regime(cases[0])} regime's own fit"
