@@ -176,6 +176,32 @@ def test_calibration_presumes_the_counted_split_only_where_no_other_builds() -> 
         assert presumed_split(r) == r
 
 
+def test_a_release_splits_as_its_recipe_does(tmp_path: Path) -> None:
+    """A Megatron-Bridge release whose recipe counts the embedding and the loss as layers
+    (Qwen3-235B: 94 + 2 units, 11 / 12 / 11 at pp 8) or splits evenly (Llama 3 70B) gives the
+    split, which predict then prices rather than searches; a split cell the row fills wins."""
+    bridge = "megatron-bridge,NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md"
+    qwen = ("qwen,Qwen3_235B_a22B,94,4096,1536,64,4,151936,4096,swiglu,h100-sxm-80gb,8,256,"
+            "2,8,4,1,16,1,1,2048,,,fp8,,{first},{last},,,128,8,1536,32,"
+            f"{bridge} section 26.04.01 DGX-H100")
+    llama = ("llama,LLAMA3_70B,80,8192,28672,64,8,128256,8192,swiglu,h100-sxm-80gb,8,64,"
+             "4,8,5,1,2,1,1,128,,,fp8,,,,,,,,,1,"
+             f"{bridge} section 25.11 DGX-H100")
+    header = HEADER + ",moe_experts,moe_topk,moe_ffn_hidden,ep,source,source_detail"
+    src = tmp_path / "cases.csv"
+    src.write_text("\n".join([header, qwen.format(first="", last=""),
+                               qwen.format(first="10", last="12").replace("qwen,", "given,", 1),
+                               llama]) + "\n")
+    out = predict_csv(src, tmp_path / "out.csv").set_index("case_id")
+    assert not out["pred_error"].fillna("").astype(str).str.len().any()
+    chosen = ["pred_choice_first_stage_layers", "pred_choice_sequence_parallel"]
+    assert out[chosen].isna().all().all()
+    rows = pd.read_csv(src, dtype=str, keep_default_na=False).set_index("case_id")
+    splits = {k: (c.plan.first_stage_layers, c.plan.last_stage_layers, c.plan.sequence_parallel)
+              for k in rows.index for c in [case_from_row({"case_id": k, **rows.loc[k]})]}
+    assert splits == {"qwen": (11, 11, True), "given": (10, 12, True), "llama": (0, 0, True)}
+
+
 def test_interleaving_divides_the_bubble_by_the_chunks_the_layers_make(h100) -> None:
     """A stage's chunk step runs at least one layer: 126 layers on pp 32 (4 a stage, 2 on the
     ends) leave the same bubble in 8 virtual stages as in 4 (the other 4 empty); where vpp

@@ -279,6 +279,11 @@ def case_from_row(row: Mapping[str, object],
     # what the framework's recipes, and the release the row names, ran where a cell is empty
     source, detail, name = _cell(row, "source"), _cell(row, "source_detail"), model.name
     defaults = row_defaults(framework, precision, source, detail, name)
+    # a release whose recipe counts the embedding and the loss as layers (Megatron's
+    # account_for_*_in_pipeline_split) splits as a row with those cells does, unless it gives one
+    counted = {k: defaults.pop(k) for k in SPLIT_COLUMNS[2:] if k in defaults}
+    if counted and not any(_cell(row, k) for k in SPLIT_COLUMNS):
+        row = {**row, **{k: str(v).lower() for k, v in counted.items()}}
     # plan fields a framework's recipes or a row's release set (row_defaults, release_switches
     # in frameworks.yaml); the rest are Training's, the MoE dispatch too (a release's switch,
     # which a plan of its own may override)

@@ -144,6 +144,24 @@ def report(frame: pd.DataFrame, pred: dict[str, np.ndarray],
     return out
 
 
+# what ``tcf-search predict`` writes (GiB, a boolean's text) as the columns the figures read
+PREDICT_COLUMNS = {"tokens_per_s_per_gpu": ("pred_tokens_per_sec_per_gpu", 1.0),
+                   "peak_mem_bytes": ("pred_peak_mem_gib", GIB),
+                   "first_stage_mem_bytes": ("pred_first_stage_mem_gib", GIB),
+                   "usable_bytes": ("pred_usable_mem_gib", GIB)}
+
+
+def predicted_columns(predicted: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The figures' inputs from what ``tcf-search predict`` wrote, row for row (issue #36 item
+    1: the benchmark measures the path users run, knob and stage-split choices included); a
+    row predict refused holds NaN, as the calibration path's unmodelled rows do."""
+    out = {key: pd.to_numeric(predicted[col], errors="coerce").to_numpy(float) * scale
+           for key, (col, scale) in PREDICT_COLUMNS.items()}
+    fits = predicted["pred_fits"].astype(str).str.lower().isin(["true", "1"]).to_numpy(float)
+    out["fits"] = np.where(np.isnan(out["tokens_per_s_per_gpu"]), np.nan, fits)
+    return out
+
+
 P_OOM_BINS = (0.0, 0.1, 0.3, 0.7, 0.9, 1.0)
 
 
