@@ -28,9 +28,11 @@ PRECISIONS = ("bf16", "fp16", "fp8")
 # a launch script's "<owner>/<repo>@<commit> <workload>/<file>" (the commit's first 8 hex digits
 # and the workload's folder), or a performance table's "... section <release> <system>"
 # (Megatron-Bridge's summary: the container release and the DGX system; the row's model then
-# names the recipe)
+# names the recipe), or a documentation table's "<file> @<commit> (<container> ...)" (NeMo's
+# performance summary: the commit and the row's model)
 RELEASE_KEY = re.compile(r"@([0-9a-f]{8})[0-9a-f]* ([\w.-]+)/")
 SECTION_KEY = re.compile(r"\bsection (\S+) (\S+)\s*$")
+DOC_KEY = re.compile(r"\.md @([0-9a-f]{8})[0-9a-f]* \(")
 
 # The launchers a plan exports to (``tcf_search.export`` renders each; a test holds the two
 # equal), so that a study's ``export.formats`` is checked before the search runs.
@@ -99,17 +101,19 @@ def _at_precision(settings: Mapping[str, object], precision: str) -> dict[str, o
 def release_key(detail: str, model: str = "") -> str:
     """The ``release_switches`` key of a measured row's release ('' where its source_detail
     names none): "<commit8> <workload>" for a launch script at a commit, "<release> <system>
-    <model>" for a performance table's section, the model as the row's ``model_name`` cell
+    <model>" for a performance table's section, "<commit8> <model>" for a documentation table
+    at a commit, the model as the row's ``model_name`` cell
     without its parenthesis, lower case, words joined by "-" ("Qwen3_30B_a3B" is
     "qwen3-30b-a3b", "DeepSeekV3 (w/ MTP)" is "deepseekv3")."""
     match = RELEASE_KEY.search(detail)
     if match:
         return f"{match[1]} {match[2]}"
-    match = SECTION_KEY.search(detail.strip())
-    if not match:
-        return ""
     name = re.sub(r"\(.*?\)", "", model).strip().lower()
-    return f"{match[1]} {match[2]} {re.sub(r'[^a-z0-9.]+', '-', name).strip('-')}"
+    name = re.sub(r"[^a-z0-9.]+", "-", name).strip("-")
+    if match := SECTION_KEY.search(detail.strip()):
+        return f"{match[1]} {match[2]} {name}"
+    match = DOC_KEY.search(detail)
+    return f"{match[1]} {name}" if match else ""
 
 
 def release_switches(source: str, detail: str, model: str = "",

@@ -49,6 +49,8 @@ def bridge_row(base: dict[str, object], release: str, system: str) -> dict[str, 
     ("x section 25.11 DGX-H100", "LLAMA3.1_405B", "25.11 DGX-H100 llama3.1-405b"),
     ("x section 26.04.01 DGX-H100", "GPT OSS 120B", "26.04.01 DGX-H100 gpt-oss-120b"),
     ("NVIDIA/dgxc-benchmarking@8f5cbb37aa grok1/README.md (v25.02)", "Grok", "8f5cbb37 grok1"),
+    ("NVIDIA/NeMo docs/source/performance/performance_summary.md @8e3d65dc (24.07 container)",
+     "Nemotron-340B", "8e3d65dc nemotron-340b"),
     ("a paper, table 3", "x", ""),
 ])
 def test_release_key(detail: str, model: str, key: str) -> None:

@@ -1,13 +1,14 @@
 """bench_accuracy's figures and ``tcf-search predict`` price the shared rows alike (issue #36 item
-1): the calibration path (``calibration.dataset.predict_groups``, what the fit and the benchmark
-evaluate) and predict's (``calibration.predict.predict_frame``, the CSV as a user hands it) give
-the same tokens/s and the same fit on every row but those where predict searches a knob or the
-stage split the row leaves empty (its fastest plan that fits; the calibration path prices the
-profile's default there): 24 of the shared file's 4,537 rows at this writing (Megatron's weak
-scaling 9, NeMo 6, the Llama 3 paper 3, ...; Megatron-Bridge's releases now give their
-recipes' splits and sequence parallelism). bench_accuracy computes every figure on predict's
-output (``accuracy.predicted_columns``); the second test holds that its figures are those a
-user computes from that output. Skips where the data is absent."""
+1): the calibration path (``calibration.dataset.predict_groups``, what the fit evaluates) and
+predict's (``calibration.predict.predict_frame``, the CSV as a user hands it) give the same
+tokens/s and the same fit on every row but those where predict searches a knob or the stage
+split the row leaves empty (its fastest plan that fits; the calibration path prices the
+profile's default there): 22 of the shared file's 4,537 rows at this writing (Megatron's weak
+scaling 9, NeMo's long-sequence table 4, the Llama 3 paper 3, ...; Megatron-Bridge's releases
+and NeMo's 24.07 table give their recipes' splits, sequence parallelism and recompute).
+bench_accuracy computes every figure on predict's output (``accuracy.predicted_columns``); the
+second test holds that its figures are those a user computes from that output. Skips where the
+data is absent."""
 
 from __future__ import annotations
 

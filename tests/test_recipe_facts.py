@@ -75,11 +75,12 @@ def test_dgxc_rows_run_their_release(detail: str, precision: str, grads: int,
 def test_release_switches_are_training_switches() -> None:
     """Every switch a release sets is a framework profile's switch (at a precision suffix or
     without), a plan field a measured row takes where its cell is empty, or a model field the
-    row does not state (MODEL_OWN)."""
+    row does not state (MODEL_OWN), or the pipeline split flags a row's cells may give
+    (SPLIT_COLUMNS: Megatron's account_for_*_in_pipeline_split)."""
     from costmodel.framework import switch_names
-    from search.inputs.measured import MODEL_OWN
+    from search.inputs.measured import MODEL_OWN, SPLIT_COLUMNS
 
-    fields = set(switch_names()) | set(PLAN_KEYS) | set(MODEL_OWN)
+    fields = set(switch_names()) | set(PLAN_KEYS) | set(MODEL_OWN) | set(SPLIT_COLUMNS)
     for source, releases in load_profiles()["release_switches"].items():
         for key, switches in releases.items():
             # a key a row's source_detail (and model_name) reaches: a launch script at a commit
