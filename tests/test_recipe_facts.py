@@ -212,3 +212,27 @@ def test_explain_prices_the_numerics_the_study_leaves_unsaid(tmp_path) -> None: 
         "  precision: bf16\n", "  precision: bf16\n  framework: torchtitan\n", 1))
     assert "framework: torchtitan" in titan.read_text()
     assert numerics(titan) == []
+
+
+NEMO_2407 = ("NVIDIA/NeMo docs/source/performance/performance_summary.md @8e3d65dc (24.07 "
+             "container, 2024-09-09) Pretraining table")
+
+
+def test_a_release_builds_the_vocabulary_a_table_leaves_empty() -> None:
+    """NeMo's 24.07 table gives GPT-3 175B no vocabulary: its release's tokenizer (GPT-2's BPE,
+    padded to 128 x TP) is priced, with the release's even split and no recompute; a row's own
+    vocab cell wins, and a row of no listed release is refused naming the cell."""
+    from search.inputs.measured import CaseError, case_from_row
+
+    row = {"case_id": "x", "source": "nemo", "source_detail": NEMO_2407,
+           "model_name": "GPT3-175B", "layers": 96, "hidden": 12288, "ffn_hidden": 49152,
+           "heads": 96, "seq_len": 2048, "ffn_type": "gelu", "gpu": "h100-sxm-80gb",
+           "num_gpus": 128, "tp": 4, "pp": 8, "vpp": 6, "cp": 1, "dp": 4, "micro_batch": 1,
+           "global_batch": 256, "precision": "fp8", "framework": "nemo", "vocab": ""}
+    case = case_from_row(row)
+    assert case.model.vocab == 50688  # 50,257 padded to a multiple of 512
+    assert (case.plan.recompute, case.plan.first_stage_layers) == ("none", 0)
+    assert {"recompute", "sequence_parallel", "first_stage_layers"} <= case.given
+    assert case_from_row({**row, "vocab": "51200"}).model.vocab == 51200
+    with pytest.raises(CaseError, match="vocab: required"):
+        case_from_row({**row, "source_detail": "a paper, table 3"})

@@ -203,11 +203,12 @@ TRAINING_OWN = frozenset({"moe_dispatcher", "moe_a2a_overlap"})
 # Each field is read as its type. DeepSeek-V3's leading dense layers: ``dense_layers`` (the
 # optional column) and ``dense_ffn_hidden``, their MLP width, which no column carries (a MoE row's
 # ffn_hidden is the expert's, the schema's convention): Bridge's DeepSeekV3ModelProvider builds
-# ffn_hidden_size 18432 beside moe_ffn_hidden_size 2048.
+# ffn_hidden_size 18432 beside moe_ffn_hidden_size 2048. The vocabulary, where a table leaves
+# it empty and its release's tokenizer gives it (NeMo's 24.07 GPT-3 rows).
 MODEL_OWN: dict[str, type] = {"mtp_layers": int, "head_dim": int, "qk_norm": bool,
                               "sliding_window": int, "window_skip_freq": int,
                               "attention_sinks": bool, "bias": str, "dense_layers": int,
-                              "dense_ffn_hidden": int}
+                              "dense_ffn_hidden": int, "vocab": int}
 # the ModelSpec field a release's model field sets, where the names differ
 MODEL_FIELD = {"dense_layers": "moe_dense_layers", "dense_ffn_hidden": "ffn_hidden"}
 
@@ -245,11 +246,16 @@ def case_from_row(row: Mapping[str, object],
     heads = _int(row, "heads")
     framework = resolve_framework(_cell(row, "framework"), _cell(row, "source"))
     ffn_hidden, assumed = framework_ffn_hidden(row, framework)
+    # the vocabulary a row leaves empty, where its release's recipe builds one (MODEL_OWN)
+    built = release_switches(_cell(row, "source"), _cell(row, "source_detail"),
+                             _cell(row, "model_name")).get("vocab")
+    vocab = _int(row, "vocab", None if built is None else int(built))  # type: ignore[call-overload]
     model = ModelSpec(
         name=_cell(row, "model_name") or "model",
         layers=_int(row, "layers"), hidden=_int(row, "hidden"),
         ffn_hidden=ffn_hidden, heads=_int(row, "heads"),
-        kv_heads=heads if mla else _int(row, "kv_heads", heads), vocab=_int(row, "vocab"),
+        kv_heads=heads if mla else _int(row, "kv_heads", heads),
+        vocab=vocab,
         ffn_type=(_cell(row, "ffn_type") or "swiglu"),  # type: ignore[arg-type]
         tied_embeddings=_bool(row, "tied_embeddings"),
         moe_experts=_int(row, "moe_experts", 0), moe_topk=_int(row, "moe_topk", 0),
