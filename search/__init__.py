@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from search.space import build_space
     from search.uncertainty import (
         INTERVAL,
+        MOE_KEY,
         Uncertainty,
         calibration_status,
         gap_bin,
@@ -65,13 +66,14 @@ _HOME = {
     "rescore": ("cost_model_version",),
     "space": ("build_space",),
     "priors": ("plan_rests_on",),
-    "uncertainty": ("INTERVAL", "Uncertainty", "calibration_status", "gap_bin", "key_regime",
-                    "p_best_faster", "plan_regime", "regime_keys",
+    "uncertainty": ("INTERVAL", "MOE_KEY", "Uncertainty", "calibration_status", "gap_bin",
+                    "key_regime", "p_best_faster", "plan_regime", "regime_keys",
                     "residual_stack", "scale_of", "uncertainty_metrics"),
 }
 _MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 __all__ = [
-    "AnchorLocal", "AnchoredSpread", "INTERVAL", "MFU_FLAG", "RunOptions", "Uncertainty",
+    "AnchorLocal", "AnchoredSpread", "INTERVAL", "MFU_FLAG", "MOE_KEY", "RunOptions",
+    "Uncertainty",
     "anchor_batch",
     "local_for",
     "baseline_doc", "baseline_of",

@@ -39,6 +39,9 @@ from search.inputs.sections import LEVELS
 
 UNCERTAINTY_FILE = CATALOG_DIR / "uncertainty.yaml"
 INTERVAL = (0.1, 0.9)  # the 80% interval shown
+# the regime of every MoE model: bounds from the MoE groups the MoE fit leaves out, one at a time
+# (tcf_search.calibration.uncertainty.moe_table), where the held-out split has few MoE groups
+MOE_KEY = "moe"
 SMALL_SCALE_GPUS = 64
 
 
@@ -57,11 +60,17 @@ def residual_stack(framework: str) -> str:
 def regime_keys(family: str, precision: str, kind: str, scale: str,
                 stack: str = "") -> list[str]:
     """The regime and every coarser one it falls back to, finest first: the stack's own
-    (``stack:family/...``), then every stack's."""
-    pooled = [f"{family}/{precision}/{kind}/{scale}", f"{family}/{precision}/{kind}",
-              f"{family}/{precision}", family]
-    own = [f"{stack}:{key}" for key in pooled] if stack else []
-    return [*own, *pooled, "all"]
+    (``stack:family/...``), then every stack's. A MoE plan meets the MoE residuals (``MOE_KEY``:
+    every family's and stack's) before any regime that pools it with dense models."""
+    kinded = [f"{family}/{precision}/{kind}/{scale}", f"{family}/{precision}/{kind}"]
+    unkinded = [f"{family}/{precision}", family]
+
+    def own(keys: list[str]) -> list[str]:
+        return [f"{stack}:{key}" for key in keys] if stack else []
+
+    if kind == "moe":
+        return [*own(kinded), *kinded, MOE_KEY, *own(unkinded), *unkinded, "all"]
+    return [*own(kinded + unkinded), *kinded, *unkinded, "all"]
 
 
 def key_regime(key: str) -> tuple[str, ...]:
@@ -164,6 +173,8 @@ def uncertainty_metrics(m: dict[str, Any], regime: tuple[str, ...],
     exact = regime_keys(*regime)[0]
     if anchor is not None:
         out["interval_note"] = anchor.basis
+    elif key == MOE_KEY:
+        out["interval_note"] = "residuals of the MoE model x GPU groups left out of the MoE fit"
     elif key != exact:
         out["interval_note"] = f"residuals borrowed from {key or 'nothing (no data)'}"
     if rests_on:

@@ -79,3 +79,29 @@ def test_a_plan_file_carries_the_framework() -> None:
     text = dump_plan_file(named)
     assert "\nframework: nemo\n" in text
     assert parse_plan_file(text.replace("\nframework: nemo\n", "\n")).framework == ""
+
+
+def test_a_moe_plan_meets_the_moe_groups_residuals_before_dense_pools() -> None:
+    """The MoE regime (``MOE_KEY``) answers a MoE plan before any regime that pools it with dense
+    models; its bounds are the MoE groups' left out of the MoE fit, regressions apart, each group
+    weighing alike, and none where the groups are too few."""
+    from search.uncertainty import MOE_KEY
+    from tcf_search.calibration.uncertainty import moe_table
+
+    keys = regime_keys("hopper", "bf16", "moe", "large", "megatron-core")
+    assert keys.index(MOE_KEY) < keys.index("megatron-core:hopper/bf16")
+    assert keys[:keys.index(MOE_KEY)] == [
+        "megatron-core:hopper/bf16/moe/large", "megatron-core:hopper/bf16/moe",
+        "hopper/bf16/moe/large", "hopper/bf16/moe"]
+    assert MOE_KEY not in regime_keys("hopper", "bf16", "dense", "large", "megatron-core")
+    # ten groups the model prices 1.0-1.9x too fast (predicted / measured), one regression
+    ratios = [1.0, 1.05, 1.1, 1.15, 1.2, 1.3, 1.4, 1.5, 1.7, 1.9]
+    logo = pd.DataFrame({"group": [f"g{i}" for i in range(10)] + ["bad"],
+                         "ratio": ratios + [5.0], "regression": [False] * 10 + [True]})
+    table = moe_table(logo)
+    assert table is not None and (table["n"], table["groups"]) == (10, 10)
+    unc = Uncertainty(throughput={MOE_KEY: table, "all": {"q": [0.0] * 19}}, memory={})
+    lo, hi, key = interval(1000.0, ("hopper", "bf16", "moe", "large", "megatron-core"), unc=unc)
+    assert key == MOE_KEY
+    assert 1000.0 / 1.9 <= lo < 1000.0 / 1.5 and 1000.0 / 1.1 < hi <= 1000.0  # 5.0 left out
+    assert moe_table(logo.iloc[:5]) is None  # five groups cannot bound an 80% interval

@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from search import INTERVAL, key_regime, regime_keys, residual_stack, scale_of
+from search import INTERVAL, MOE_KEY, key_regime, regime_keys, residual_stack, scale_of
 from search.inputs import LEVELS
 from tcf_search.calibration.accuracy import regime, throughput_rows
 from tcf_search.calibration.dataset import group_of, weigh_alike
@@ -182,7 +182,12 @@ def coverage(frame: pd.DataFrame, pred: dict[str, np.ndarray], held: pd.Series,
     used = pd.Series("", index=frame.index, dtype=object)
     for g in groups[test].unique():
         mine = groups.eq(g)
-        unc = Uncertainty(throughput=throughput_table(frame, pred, held & ~mine), memory={})
+        table = throughput_table(frame, pred, held & ~mine)
+        # the shipped MoE bounds are the MoE groups' left out of the MoE fit (moe_table), not
+        # the held-out rows' (Grok-1's alone); judged by its others, a MoE group has too few
+        # (8) for the 80% bounds, so its rows fall back as they would without them
+        table.pop(MOE_KEY, None)
+        unc = Uncertainty(throughput=table, memory={})
         for i in np.flatnonzero((test & mine).to_numpy()):
             inside.iloc[i], used.iloc[i] = _judge(unc, str(keys.iloc[i]), frame, pred, int(i),
                                                   lo, hi)
@@ -200,10 +205,36 @@ def coverage(frame: pd.DataFrame, pred: dict[str, np.ndarray], held: pd.Series,
                          for k, v in got.groupby(stack)}}
 
 
+def moe_table(logo: pd.DataFrame) -> dict[str, Any] | None:
+    """Bounds on log(measured / predicted) tokens/s of a MoE plan (``search.MOE_KEY``), from the
+    MoE stage's leave-one-group-out ratios (``moe_fit.leave_group_out``: each model x GPU group
+    predicted with it out of the MoE fit, the families never fitted under the full one), the
+    releases their maintainers call regressions left out; each group weighs alike. The held-out
+    split holds Grok-1's MoE rows alone, so it cannot say how far the model is off on the
+    fine-grained MoE models; these groups can. None where the groups are too few to bound the
+    80% interval."""
+    part = logo[~logo["regression"].astype(bool)]
+    r = -np.log(part["ratio"].to_numpy(float))
+    groups = part["group"].to_numpy()
+    q = conformal_bounds(r, groups)
+    if not np.all(np.isfinite(np.interp(INTERVAL, LEVELS, q))):
+        return None
+    return {"n": int(r.size), "groups": int(np.unique(groups).size), "q": q,
+            "rows": "MoE rows of dgxc-benchmarking and Megatron-Bridge (Grok-1, DeepSeek-V3, "
+                    "Qwen3, GPT-OSS; regressions out), each model x GPU group predicted with it "
+                    "left out of the MoE fit"}
+
+
 def write_uncertainty(path: Path, frame: pd.DataFrame, pred: dict[str, np.ndarray],
-                      held: pd.Series) -> dict[str, Any]:
+                      held: pd.Series, moe: dict[str, Any] | None = None) -> dict[str, Any]:
+    """uncertainty.yaml from the held-out groups' residuals, with ``moe`` (:func:`moe_table`)
+    as the MoE regime's bounds in place of the held-out MoE rows'."""
+    throughput = throughput_table(frame, pred, held)
+    throughput.pop(MOE_KEY, None)
+    if moe is not None:
+        throughput[MOE_KEY] = moe
     doc = {"levels": [round(x, 2) for x in LEVELS],
-           "throughput": throughput_table(frame, pred, held),
+           "throughput": throughput,
            "memory": memory_table(frame, pred, held),
            "ranking": ranking_table(frame, pred["tokens_per_s_per_gpu"],
                                     held & tput_rows(frame, pred)),
@@ -220,13 +251,14 @@ def write_uncertainty(path: Path, frame: pd.DataFrame, pred: dict[str, np.ndarra
 def main() -> int:
     """Write uncertainty.yaml from the calibration as written (no fit: the residuals are the
     shipped model's on the held-out groups, as the fit's are once it has written)."""
-    from hardware_catalog import CATALOG_DIR
+    from hardware_catalog import CATALOG_DIR, load_calibration
     from tcf_search.calibration.dataset import (
         find_measured_csv,
         load_groups,
         predict_groups,
         split_mask,
     )
+    from tcf_search.calibration.moe_fit import leave_group_out
 
     csv = find_measured_csv()
     if csv is None:
@@ -234,8 +266,10 @@ def main() -> int:
         return 1
     frame = pd.read_csv(csv)
     groups, _ = load_groups(frame)
+    held = split_mask(frame)
+    logo = leave_group_out(frame, groups, ~held, load_calibration(CATALOG_DIR))
     write_uncertainty(CATALOG_DIR / "uncertainty.yaml", frame,
-                      predict_groups(groups, len(frame)), split_mask(frame))
+                      predict_groups(groups, len(frame)), held, moe_table(logo))
     return 0
 
 
