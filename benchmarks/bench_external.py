@@ -212,8 +212,9 @@ def megatron_bridge_table() -> tuple[list[float], list[float]]:
                                   network_bw_fraction=fabric_fraction("infiniband"))
             # the release's plan fields where frameworks.yaml lists the row (its split, a
             # partial full recompute), else the recipe layouts of BRIDGE_EDGES
-            facts = plan_facts(release, system, preset)
+            facts = plan_facts(release, system, preset, model.layers, pp)
             first, last = BRIDGE_EDGES.get((preset, pp), (0, 0))
+            sp = bool(facts.pop("sequence_parallel", True)) and tp > 1
             first = int(facts.pop("first_stage_layers", first))  # type: ignore[call-overload]
             last = int(facts.pop("last_stage_layers", last))  # type: ignore[call-overload]
             facts.pop("recompute_modules", None)  # a Training switch here (recompute_switches)
@@ -223,7 +224,7 @@ def megatron_bridge_table() -> tuple[list[float], list[float]]:
                                                                     system):
                 plan = Plan(tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp), ep=ep, vpp=vp,
                             micro_batch=mb, zero_stage=3 if fsdp else 1, recompute=rec,
-                            sequence_parallel=tp > 1, first_stage_layers=first,
+                            sequence_parallel=sp, first_stage_layers=first,
                             last_stage_layers=last, cpu_offload_layers=offloaded,
                             **facts)  # type: ignore[arg-type]
                 try:  # a mode the training's graphs refuse (full recompute) is not a choice

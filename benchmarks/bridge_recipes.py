@@ -19,10 +19,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from published_runs import BRIDGE_REGRESSIONS  # noqa: E402
 
+from costmodel.mapping import counted_split  # noqa: E402
 from costmodel.plan_fields import PLAN_KEYS  # noqa: E402
 from costmodel.specs import Recompute, Training  # noqa: E402
 from hardware_catalog.frameworks import load_profiles, release_key, release_switches  # noqa: E402
-from search.inputs.measured import MODEL_OWN  # noqa: E402
+from search.inputs.measured import MODEL_OWN, SPLIT_COLUMNS, TRAINING_OWN  # noqa: E402
 from search.inputs.presets import PRESETS  # noqa: E402
 
 SOURCE = "megatron-bridge"
@@ -47,17 +48,26 @@ def bridge_facts(release: str, system: str, preset: str,
 
 
 def training_facts(facts: dict[str, object]) -> dict[str, object]:
-    """The Training switches of :func:`bridge_facts` (its plan and model fields left out: the
-    preset is the model)."""
-    return {k: v for k, v in facts.items() if k not in PLAN_KEYS and k not in MODEL_OWN}
+    """The Training switches of :func:`bridge_facts` (its plan and model fields and its split
+    flags left out: the preset is the model)."""
+    return {k: v for k, v in facts.items()
+            if k not in PLAN_KEYS and k not in MODEL_OWN and k not in SPLIT_COLUMNS}
 
 
-def plan_facts(release: str, system: str, preset: str) -> dict[str, object]:
+def plan_facts(release: str, system: str, preset: str, layers: int,
+               pp: int) -> dict[str, object]:
     """The plan fields a listed row's release sets beside its recompute mode (modules, partial
-    full recompute, the first and last ranks' layers); {} for a row not listed."""
+    full recompute, sequence parallelism, the first and last ranks' layers: given, or counted
+    where the recipe counts the embedding and the loss as layers, as ``case_from_row`` reads
+    them; the MoE dispatch is the training's, moe_switches'); {} for a row not listed."""
     facts = bridge_facts(release, system, preset) or {}
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in facts.items()
-            if k in PLAN_KEYS and k != "recompute"}
+    out = {k: tuple(v) if isinstance(v, list) else v for k, v in facts.items()
+           if k in PLAN_KEYS and k != "recompute" and k not in TRAINING_OWN}
+    emb, loss = (bool(facts.get(k)) for k in SPLIT_COLUMNS[2:])
+    if emb or loss:
+        out["first_stage_layers"], out["last_stage_layers"] = counted_split(layers, pp, emb,
+                                                                            loss)
+    return out
 
 
 # Megatron-LM's FP8 recipe switches (examples/llama/train_llama3_8b_h100_fp8.sh:

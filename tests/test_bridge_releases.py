@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from costmodel.mapping import counted_split
+from costmodel.plan_fields import PLAN_KEYS
 from hardware_catalog.frameworks import load_profiles, release_key, row_defaults
 from search.inputs.measured import case_from_row
 from tcf_search.calibration.predict import candidates
@@ -214,6 +216,14 @@ def test_bridge_recipes_read_the_yaml() -> None:
             assert br.recompute_modes(release, {}, preset, system) == (facts["recompute"],)
         assert (release, system) not in br.MOE_RECIPES
         assert (release, system, preset) not in br.GRAPH_RECIPES
+        # the plan fields bench_external prices the row with are a plan's, and the split is
+        # the one the measured row gets (a release's counted split included)
+        model = br.PRESETS[preset]
+        plan = br.plan_facts(release, system, preset, model.layers, 8)
+        assert set(plan) <= set(PLAN_KEYS) - {"recompute", "moe_dispatcher", "moe_a2a_overlap"}
+        if facts.get("embedding_in_pipeline_split"):
+            assert (plan["first_stage_layers"], plan["last_stage_layers"]) == counted_split(
+                model.layers, 8, True, bool(facts.get("loss_in_pipeline_split")))
 
 
 def test_every_listed_release_runs_te_s_in_place_cross_entropy() -> None:
