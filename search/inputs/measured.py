@@ -249,7 +249,7 @@ def case_from_row(row: Mapping[str, object],
     # the vocabulary a row leaves empty, where its release's recipe builds one (MODEL_OWN)
     built = release_switches(_cell(row, "source"), _cell(row, "source_detail"),
                              _cell(row, "model_name")).get("vocab")
-    vocab = _int(row, "vocab", None if built is None else int(built))  # type: ignore[call-overload]
+    vocab = _int(row, "vocab", None if built is None else int(str(built)))
     model = ModelSpec(
         name=_cell(row, "model_name") or "model",
         layers=_int(row, "layers"), hidden=_int(row, "hidden"),

@@ -118,8 +118,11 @@ def throughput_table(frame: pd.DataFrame, pred: dict[str, np.ndarray],
     groups = group_of(frame[sel]).to_numpy()
     buckets: dict[str, list[int]] = {}
     for i, key in enumerate(keys):
+        # the MoE regime's bounds are the MoE groups left out of the MoE fit (moe_table), not
+        # the held-out rows' (Grok-1's alone)
         for k in regime_keys(*key_regime(str(key))):
-            buckets.setdefault(k, []).append(i)
+            if k != MOE_KEY:
+                buckets.setdefault(k, []).append(i)
     table = {}
     for k, idx in sorted(buckets.items()):
         q = conformal_bounds(r[idx], groups[idx])
@@ -182,12 +185,9 @@ def coverage(frame: pd.DataFrame, pred: dict[str, np.ndarray], held: pd.Series,
     used = pd.Series("", index=frame.index, dtype=object)
     for g in groups[test].unique():
         mine = groups.eq(g)
-        table = throughput_table(frame, pred, held & ~mine)
-        # the shipped MoE bounds are the MoE groups' left out of the MoE fit (moe_table), not
-        # the held-out rows' (Grok-1's alone); judged by its others, a MoE group has too few
-        # (8) for the 80% bounds, so its rows fall back as they would without them
-        table.pop(MOE_KEY, None)
-        unc = Uncertainty(throughput=table, memory={})
+        # (no MoE regime: judged by its others, a MoE group of moe_table's nine has too few,
+        # eight, for the 80% bounds, so its rows fall back as they would without it)
+        unc = Uncertainty(throughput=throughput_table(frame, pred, held & ~mine), memory={})
         for i in np.flatnonzero((test & mine).to_numpy()):
             inside.iloc[i], used.iloc[i] = _judge(unc, str(keys.iloc[i]), frame, pred, int(i),
                                                   lo, hi)
@@ -230,7 +230,6 @@ def write_uncertainty(path: Path, frame: pd.DataFrame, pred: dict[str, np.ndarra
     """uncertainty.yaml from the held-out groups' residuals, with ``moe`` (:func:`moe_table`)
     as the MoE regime's bounds in place of the held-out MoE rows'."""
     throughput = throughput_table(frame, pred, held)
-    throughput.pop(MOE_KEY, None)
     if moe is not None:
         throughput[MOE_KEY] = moe
     doc = {"levels": [round(x, 2) for x in LEVELS],
