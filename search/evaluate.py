@@ -258,10 +258,17 @@ class Evaluator:
         return values * factor * side * (1.0 - p_oom(peak, out["usable_bytes"]))
 
     def _rank(self, out: dict[str, np.ndarray], cols: dict[str, np.ndarray]) -> np.ndarray:
-        """Positions sorted best first by the primary objective (stable: ties keep order)."""
+        """Positions sorted best first by the primary objective, every plan that fits with the
+        study's headroom before any that does not (stable: ties keep order). A unit's placements
+        and MoE dispatch options differ in memory beyond what the memory screen's linear terms
+        see (the fused dispatch's buffers), so its fastest option may not fit where another does:
+        the trial, constrained on memory, must get the one that fits, and so must the exhaustive
+        optimum it is measured against."""
         values = self._vector(self.metric_names[0], out, cols)
-        return np.argsort(-values if self.directions[0] == "maximize" else values,
-                          kind="stable")
+        over = self._vector("memory_headroom", out, cols) < 0
+        order = np.argsort(-values if self.directions[0] == "maximize" else values,
+                           kind="stable")
+        return order[np.argsort(over[order], kind="stable")]
 
     def _evaluation(self, unit: int, plan: Plan, out: dict[str, np.ndarray], k: int,
                     candidates: int = 1) -> Evaluation:

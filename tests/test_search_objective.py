@@ -108,3 +108,21 @@ def test_tied_plans_rank_by_memory_headroom_then_simplicity() -> None:
     cp8, dp8 = Plan(cp=8, micro_batch=8), Plan(dp=8)
     tied = [ev(cp8, 100.0, 50.0), ev(dp8, 100.0, 50.0)]
     assert [r.plan for r in _ranked(tied, ["maximize"], 2)] == [dp8, cp8]
+
+
+def test_plans_that_fit_rank_before_faster_ones_that_do_not() -> None:
+    """A unit's placements and dispatch options differ in memory beyond the screen's linear
+    terms: its best is the fastest that fits with the study's headroom, and so is the
+    exhaustive optimum the search is measured against; among plans that all fit (or all do not)
+    the objective alone orders them."""
+    ev = evaluator()
+    gib = 2.0**30
+    usable = 80.0 * gib
+    headroom = ev.specs.headroom_gib
+    assert headroom > 0  # the study's default keeps some memory free
+    out = {"tokens_per_s_per_gpu": np.array([300.0, 500.0, 400.0, 450.0]),
+           "usable_bytes": np.full(4, usable),
+           # 500 and 450 leave less than the headroom free; 300 and 400 fit
+           "peak_mem_bytes": usable - np.array([headroom + 5, headroom - 1, headroom + 1,
+                                                headroom - 0.5]) * gib}
+    assert ev._rank(out, {}).tolist() == [2, 0, 1, 3]
