@@ -9,14 +9,16 @@ after a kill samples exactly what an uninterrupted one would have.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import functools
 import multiprocessing as mp
 import os
 import signal
 import sys
 import time
 from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
 from optuna.trial import TrialState
@@ -33,6 +35,8 @@ MAX_FAILURES = 20  # trials failing in a row (a bug, not bad luck) before a work
 RESCORED_FROM = "rescored_from"  # a re-scored trial's attribute: its trial in the old study
 
 Progress = Callable[[int, int], None]
+Turn = Callable[[], contextlib.AbstractContextManager[Any]]  # one process at a time
+T = TypeVar("T")
 _stop = False  # a worker process got SIGINT: it ends the trial under way, then stops
 
 
@@ -83,12 +87,23 @@ def objective(ev: Evaluator, trial: optuna.trial.BaseTrial,
     """Sample the searched axes, repair to the nearest unit not in ``seen``, judge its best
     plan. With ``study`` (the storage workers share), the unit is claimed first, so no two
     trials judge one unit. The trial's params are the sample; its ``plan`` is what was judged."""
+    return judge(ev, trial, *take(ev, trial, seen, study))
+
+
+def take(ev: Evaluator, trial: optuna.trial.BaseTrial, seen: Collection[int] = (),
+         study: optuna.Study | None = None) -> tuple[int, bool]:
+    """:func:`objective`'s first half: the unit the trial judges, and whether it was repaired."""
     params = {axis: trial.suggest_categorical(axis, values) for axis, values in ev.choices.items()}
     if study is not None and isinstance(trial, optuna.trial.Trial):
-        unit, repaired = claim(ev, study, trial, params)
-    else:
-        unit, repaired = ev.nearest(params, seen)
-        trial.set_user_attr("unit", unit)
+        return claim(ev, study, trial, params)
+    unit, repaired = ev.nearest(params, seen)
+    trial.set_user_attr("unit", unit)
+    return unit, repaired
+
+
+def judge(ev: Evaluator, trial: optuna.trial.BaseTrial, unit: int,
+          repaired: bool) -> tuple[float, ...]:
+    """:func:`objective`'s second half: the unit's best plan, recorded on the trial."""
     result = ev.evaluate(unit)
     trial.set_user_attr("plan", plan_dict(result.plan))
     trial.set_user_attr("metrics", result.metrics)
@@ -131,34 +146,31 @@ def seen_units(study: optuna.Study) -> set[int]:
 
 
 def run_trials(ev: Evaluator, study: optuna.Study, quota: int, *, sampler: str, seed: int,
-               worker: int = 0, target: int | None = None,
-               progress: Progress | None = None) -> int:
+               worker: int = 0, target: int | None = None, progress: Progress | None = None,
+               turn: Turn = contextlib.nullcontext) -> int:
     """Run ``quota`` COMPLETE trials in this process (ask/tell), stopping early once the study
-    holds ``target`` complete or running trials (other hosts sharing an RDB add theirs) and
-    nothing is queued: a layout one host queued while another's trial had not yet claimed it
-    is judged (a repeat, past the count), never left waiting."""
+    holds ``target`` complete or running trials (other processes sharing the storage add
+    theirs) and nothing is queued. ``turn`` is held while a process reads the count, asks and
+    claims its unit: processes that share the storage take that step one at a time, so none
+    passes the count and no layout is queued for a trial that has not yet claimed it."""
     done = failures = 0
     study.sampler = make_sampler(sampler, seed, len(ev.directions))
-    while done < quota and not _stop and (target is None or started(study) < target
-                                          or queued(study)):
-        # The seed depends only on the history, so a resumed study samples what an
-        # uninterrupted one would have.
-        reseed(study.sampler, trial_seed(seed, completed(study), worker))
-        with quiet():
-            trial = study.ask()
-        try:
-            values = objective(ev, trial, study=study)
-        except KeyboardInterrupt:
-            study.tell(trial, state=TrialState.FAIL)
-            raise
-        except StorageFailed:  # the storage, not the trial: nothing more can be told
-            raise
-        except Exception as exc:  # never crash the study: record and go on
-            trial.set_user_attr("error", f"{type(exc).__name__}: {exc}")
-            study.tell(trial, state=TrialState.FAIL)
+    while done < quota and not _stop:
+        with turn():
+            if target is not None and started(study) >= target and not queued(study):
+                break
+            # The seed depends only on the history, so a resumed study samples what an
+            # uninterrupted one would have.
+            reseed(study.sampler, trial_seed(seed, completed(study), worker))
+            with quiet():
+                trial = study.ask()
+            taken = _guarded(study, trial, functools.partial(take, ev, trial, study=study))
+        values = taken if isinstance(taken, Exception) else _guarded(
+            study, trial, functools.partial(judge, ev, trial, *taken))
+        if isinstance(values, Exception):
             failures += 1
             if failures >= MAX_FAILURES:
-                raise SearchError(f"{failures} trials failed in a row; last: {exc}") from exc
+                raise SearchError(f"{failures} trials failed in a row; last: {values}") from values
             continue
         study.tell(trial, list(values))
         done += 1
@@ -166,6 +178,24 @@ def run_trials(ev: Evaluator, study: optuna.Study, quota: int, *, sampler: str, 
         if progress is not None:
             progress(done, quota)
     return done
+
+
+def _guarded(study: optuna.Study, trial: optuna.trial.Trial,
+             step: Callable[[], T]) -> T | Exception:
+    """``step``'s result, or the exception that failed the trial (recorded on it, the trial told
+    FAIL: a study never crashes on one trial). Ctrl-C fails the trial and stops; a lost storage
+    stops (nothing more can be told)."""
+    try:
+        return step()
+    except KeyboardInterrupt:
+        study.tell(trial, state=TrialState.FAIL)
+        raise
+    except StorageFailed:
+        raise
+    except Exception as exc:
+        trial.set_user_attr("error", f"{type(exc).__name__}: {exc}")
+        study.tell(trial, state=TrialState.FAIL)
+        return exc
 
 
 def enqueue_all(ev: Evaluator, study: optuna.Study) -> None:
@@ -183,7 +213,7 @@ def enqueue_all(ev: Evaluator, study: optuna.Study) -> None:
 
 
 def _worker(ev: Evaluator, spec: StorageSpec, name: str, quota: int, sampler: str, seed: int,
-            worker: int, target: int, errors: Any) -> None:
+            worker: int, target: int, errors: Any, turn: Turn) -> None:
     if sys.platform.startswith("linux"):
         # Die with the command (even a SIGKILLed one): a worker left running would go on
         # writing trials that the resumed command has failed as stale.
@@ -195,7 +225,8 @@ def _worker(ev: Evaluator, spec: StorageSpec, name: str, quota: int, sampler: st
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         study = optuna.load_study(study_name=name, storage=spec.open())
-        run_trials(ev, study, quota, sampler=sampler, seed=seed, worker=worker, target=target)
+        run_trials(ev, study, quota, sampler=sampler, seed=seed, worker=worker, target=target,
+                   turn=turn)
     except KeyboardInterrupt:
         pass
     except TcfError as exc:  # one line, said by the command (not a worker's traceback)
@@ -216,17 +247,21 @@ def run_workers(ev: Evaluator, study: optuna.Study, spec: StorageSpec, target: i
     # once the count is reached, only what is still queued (run_trials)
     remaining = max(0, target - completed(study)) or queued(study)
     shares = quotas(remaining, workers)
+    # a database may be shared by other hosts; a journal serves this command's workers alone
+    turn: Turn = spec.exclusive if spec.url is not None else contextlib.nullcontext
     if len(shares) <= 1:
         run_trials(ev, study, remaining, sampler=sampler, seed=seed, target=target,
-                   progress=progress)
+                   progress=progress, turn=turn)
         return
     # fork: the workers inherit the evaluator (feasible set, CP-SAT cache) without pickling.
     ctx = mp.get_context("fork")
     start = completed(study)
     errors = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_worker, daemon=False,
-                         args=(ev, spec, study.study_name, q, sampler, seed, w, target, errors))
-             for w, q in enumerate(shares)]
+    lock = ctx.Lock()  # a fork inherits it: this command's workers take turns on a journal
+    turn = spec.exclusive if spec.url is not None else (lambda: lock)
+    procs = [ctx.Process(target=_worker, daemon=False, args=(
+        ev, spec, study.study_name, q, sampler, seed, w, target, errors, turn))
+        for w, q in enumerate(shares)]
     try:
         # A Ctrl-C while forking would land in the at-fork hooks (logging's lock release) and
         # print "Exception ignored": it is held until every worker has started, then raised.

@@ -110,8 +110,8 @@ def test_four_workers_on_postgresql(tmp_path: Path, single: StudyResult) -> None
 @pytest.mark.slow
 def test_two_hosts_share_one_postgresql_study(tmp_path: Path, single: StudyResult) -> None:
     """Two commands (two hosts), 2 workers each, on one study: every trial recorded once, the
-    study reaches the requested count, and the best is the single worker's. Hosts that start
-    together may overshoot by a trial or two (each stops once the study holds enough)."""
+    study holds the requested count exactly (the processes take turns to read the count, ask
+    and claim), and the best is the single worker's."""
     url = _postgres()
     name = f"robust-hosts-{uuid.uuid4().hex[:12]}"
     study_file = tmp_path / "moe.yaml"
@@ -133,7 +133,7 @@ search: {{seed: 5, study_name: {name}}}
         assert host.returncode == 0, err
     held = optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
     complete = [t for t in held if t.state == TrialState.COMPLETE]
-    assert TRIALS <= len(complete) <= TRIALS + 3
+    assert len(complete) == TRIALS
     assert sorted(t.number for t in held) == list(range(len(held)))
     assert not [t for t in held if t.state == TrialState.RUNNING]
     assert single.best is not None
