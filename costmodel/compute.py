@@ -112,6 +112,8 @@ class LayerTimes:
     gemm_efficiency: np.ndarray  # achieved fraction of the GEMM peak, dense layer forward
     gemm_flops_fwd_dense: np.ndarray
     shared_expert_fwd_s: np.ndarray  # a MoE layer's shared experts, forward (0 without)
+    # a MoE layer's routed experts (GEMMs and activation), forward; backward twice (0 without)
+    experts_fwd_s: np.ndarray
 
     def _average(self, dense: np.ndarray, moe: np.ndarray) -> np.ndarray:
         return (1 - self.moe_fraction) * dense + self.moe_fraction * moe
@@ -279,6 +281,7 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         gemm_efficiency=dense.gemm_flops / dense.gemm_s / kn.peak,
         gemm_flops_fwd_dense=dense.gemm_flops,
         shared_expert_fwd_s=moe.shared_s if moe else np.zeros_like(kn.tokens),
+        experts_fwd_s=moe.experts_fwd_s if moe else np.zeros_like(kn.tokens),
     )
 
 

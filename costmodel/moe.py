@@ -118,6 +118,7 @@ class MoeLayer:
     permute_s: np.ndarray  # the dispatcher's local copies
     router_s: np.ndarray
     shared_s: np.ndarray  # the shared experts' GEMMs
+    experts_fwd_s: np.ndarray  # the routed experts' GEMMs and activation function, forward
     elem_s: np.ndarray
     kernels: np.ndarray  # kernels the GPU launches, relative to a dense layer
     host_ops: np.ndarray  # operations the host issues per forward (graph launches for captures)
@@ -276,8 +277,9 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     # the experts' activation function runs on the top-k copies (the busiest rank's), at the
     # expert width
     expert_act = model.moe_topk * tr.framework.moe.moe_load_imbalance * (elem.act_elems / f) * fe
-    elem_s = kn.tokens * (elem.replicated + (elem.rope_elems * rope_width(model) + expert_act)
-                          / tp) * kn.act / kn.hbm
+    per_elem_s = kn.tokens * kn.act / kn.hbm
+    elem_s = per_elem_s * (elem.replicated + (elem.rope_elems * rope_width(model) + expert_act)
+                           / tp)
     # the GPU's launch costs of the router, copies and expert GEMMs are in their times; the
     # GPU launches a kernel for every operation whether a graph holds it or not, the host issues
     # the operations no graph holds (costmodel.graphs)
@@ -291,6 +293,7 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     fwd = fwd + sync_stall(tr, p, routed, permute, segments)
     return MoeLayer(routed_s=routed, permute_s=permute, router_s=router,
                     shared_s=np.broadcast_to(shared, kn.tokens.shape).astype(float),
+                    experts_fwd_s=routed + per_elem_s * expert_act / tp,
                     elem_s=elem_s, kernels=kernels,
                     host_ops=np.broadcast_to(issued, kn.tokens.shape).astype(float),
                     fwd_s=fwd, bwd_s=bwd)

@@ -6,13 +6,16 @@ figure for the same plan in the search and in explain, and the exports writing w
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 from export_helpers import launcher_flags, megatron_kwargs, nemo_overrides
 from export_plans import plan_file
 from megatron_lm import megatron_lm_reads
 
 from costmodel import Plan, SpecError, check_plan, estimate, estimate_batch, plans_to_arrays
+from costmodel.parallel.expert import paired_exposed
 from costmodel.rules import Switches
 from search.inputs.specs import StudyError, build_specs
 from search.inputs.study import parse_study
@@ -72,6 +75,21 @@ def test_flex_sends_a_token_once_per_remote_node_and_the_overlap_hides_the_excha
     # the overlap hides part of the exchange and never shows more than it has
     assert a2a(both)[1] < a2a(flex)[1] <= a2a(flex)[0]
     assert both.tokens_per_s_per_gpu > flex.tokens_per_s_per_gpu
+
+
+def test_the_overlap_hides_each_exchange_only_behind_its_own_window() -> None:
+    """Megatron-Core's combined 1F1B (models/common/model_chunk_schedule_plan.py): the combine
+    backward behind the attention forward, both dispatches behind the experts' backward and
+    forward, the combine forward behind the attention backward. An exchange the layer's compute
+    could hide in all still shows where its own window is short."""
+    # attention forward 1 and backward 2, experts forward 2 and backward 4: 9 of compute
+    lt = SimpleNamespace(fwd_moe_s=np.array([3.0]), bwd_moe_s=np.array([6.0]),
+                         experts_fwd_s=np.array([2.0]))
+    # four exchanges of 2 (8, under the 9): the attention forward hides 1 of its 2
+    assert paired_exposed(np.array([2.0]), lt)[0] == pytest.approx(1.0)
+    assert paired_exposed(np.array([1.0]), lt)[0] == 0.0
+    # past every window: what the layer's compute cannot hide, 4 x 4 - 9
+    assert paired_exposed(np.array([4.0]), lt)[0] == pytest.approx(7.0)
 
 
 @pytest.mark.parametrize(("plan", "rule"), [

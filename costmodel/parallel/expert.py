@@ -161,6 +161,24 @@ def unpaired_share(g: Mesh) -> np.ndarray:
     return np.minimum(warmup / np.maximum(m * vp, 1.0), 1.0)
 
 
+def paired_exposed(one_way_s: np.ndarray, lt: LayerTimes) -> np.ndarray:
+    """What of a MoE layer's four exchanges (dispatch and combine, forward and backward, each
+    ``one_way_s``) stays exposed when Megatron-Core's combined 1F1B runs one micro-batch's
+    forward of the layer beside another's backward: the communication stream's three windows
+    each wait for the compute stream's (models/common/model_chunk_schedule_plan.py
+    ``TransformerLayerSchedulePlan.run``, core_v0.16.1: combine backward | dispatch forward ->
+    dispatch backward | combine forward, beside attention forward | expert MLP backward ->
+    weight gradients -> forward | attention backward). The attention node holds all but the
+    routed experts (norms, attention, the shared experts, router and permute:
+    models/gpt/fine_grained_callables.py ``submodule_attn_forward``); the experts' backward runs
+    their GEMMs twice."""
+    attn_fwd = np.maximum(lt.fwd_moe_s - lt.experts_fwd_s, 0.0)
+    attn_bwd = np.maximum(lt.bwd_moe_s - 2.0 * lt.experts_fwd_s, 0.0)
+    mlp = 3.0 * lt.experts_fwd_s
+    return (np.maximum(one_way_s - attn_fwd, 0.0) + np.maximum(2.0 * one_way_s - mlp, 0.0)
+            + np.maximum(one_way_s - attn_bwd, 0.0))
+
+
 def expert_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
                     lt: LayerTimes) -> ExpertComm:
     # each rank dispatches its own M / tp sequence shard (MoE with TP runs sequence parallel):
@@ -172,7 +190,7 @@ def expert_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mes
     d = dispatch.dispatcher(tr, g.plan)
     # overlapped: a forward's exchange behind another micro-batch's backward, and the other
     # way round; the chunk steps the combined 1F1B schedule runs alone show all of theirs
-    paired = np.maximum(2.0 * layer_fwd - (lt.fwd_moe_s + lt.bwd_moe_s), 0.0) / 2.0
+    paired = paired_exposed(layer_fwd / 2.0, lt) / 2.0
     alone = unpaired_share(g)
     shown = (1.0 - alone) * paired + alone * layer_fwd
     # the alltoall dispatcher with the shared experts' MLP behind the exchange (its backward:
