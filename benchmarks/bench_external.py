@@ -1,4 +1,6 @@
-"""Published runs that are not in measured_runs.csv, predicted by the calibrated cost model.
+"""Published runs, predicted by the calibrated cost model: none is in measured_runs.csv but some
+of Megatron-Bridge's (its 25.11 and 26.04.01 sections, which the shared file now holds too and
+the MoE fit may have fitted: those figures are not all after the fact).
 
     python benchmarks/bench_external.py
 
