@@ -247,7 +247,9 @@ def run_workers(ev: Evaluator, study: optuna.Study, spec: StorageSpec, target: i
     # once the count is reached, only what is still queued (run_trials)
     remaining = max(0, target - completed(study)) or queued(study)
     shares = quotas(remaining, workers)
-    # a database may be shared by other hosts; a journal serves this command's workers alone
+    # a database may be shared by other hosts: their turns are its lock (a dead process's is
+    # released with it); a journal serves this command alone, whose workers' quotas sum to
+    # the remainder, so none can pass the count
     turn: Turn = spec.exclusive if spec.url is not None else contextlib.nullcontext
     if len(shares) <= 1:
         run_trials(ev, study, remaining, sampler=sampler, seed=seed, target=target,
@@ -257,8 +259,6 @@ def run_workers(ev: Evaluator, study: optuna.Study, spec: StorageSpec, target: i
     ctx = mp.get_context("fork")
     start = completed(study)
     errors = ctx.SimpleQueue()
-    lock = ctx.Lock()  # a fork inherits it: this command's workers take turns on a journal
-    turn = spec.exclusive if spec.url is not None else (lambda: lock)
     procs = [ctx.Process(target=_worker, daemon=False, args=(
         ev, spec, study.study_name, q, sampler, seed, w, target, errors, turn))
         for w, q in enumerate(shares)]
