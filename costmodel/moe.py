@@ -105,6 +105,18 @@ A2A_OPS, EXPERT_TP_COLLECTIVES = 3.0, 3.0
 # the probabilities (weighted_bias_swiglu_impl) and, under fp8, the tokens and probabilities
 # padded per expert and unpadded (quantization_padding)
 GEMMS_PER_EXPERT, EXPERT_FIXED_OPS, FP8_PADDING_OPS = 2.0, 3.0, 3.0
+# experts.py TEGroupedMLP with biases (add_bias_linear; core_v0.15.0 to core_v0.17.1): fc1 adds its
+# bias in its grouped GEMM (skip_bias_add False; Transformer Engine's GroupedLinear folds the
+# bias gradient into the weight-gradient GEMM), fc2 returns its bias (skip_bias_add True) for
+# _apply_bias to add eagerly: the output split by expert and by expert each bias scaled by every
+# copy's probability and added (torch.split twice, then b * p and t + b * p per local expert),
+# then concatenated (torch.cat). HBM passes over the routed copies (width h), forward: the
+# product written, the sum's two reads and its write, the cat's read and write; backward: the
+# product's two gradients (the gradient times p, reduced over tokens for the bias; times b,
+# reduced over h for the probability: read, write, read each) and the split's gradient
+# concatenated (read, write)
+BIAS_FWD_PASSES, BIAS_BWD_PASSES = 6.0, 8.0
+BIAS_FWD_OPS_PER_EXPERT, BIAS_BWD_OPS_PER_EXPERT, BIAS_FIXED_OPS = 2.0, 4.0, 3.0
 # shared_experts.py SharedExpertMLP: fc1, activation, fc2, and the add to the routed output
 SHARED_EXPERT_OPS = 4.0
 # a few bytes of token counts copied device-to-host on a side stream and the host woken by
@@ -152,6 +164,25 @@ def grouped_expert_time(model: ModelSpec, tr: Training, p: PlanArrays,
         cast = m * (h + fe / etp) + (0.0 if kn.fp8_weight_cache else h * (n_up + fe) / etp)
         one = one + eff.fp8_cast_bytes_per_element * cast / kn.hbm + 2.0 * eff.kernel_overhead_s
     return one * model.moe_experts / p.ep
+
+
+def expert_bias(model: ModelSpec, tr: Training, p: PlanArrays,
+                kn: Kernels) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """fc2's bias as _apply_bias adds it to the busiest rank's routed copies: its forward and
+    backward seconds (HBM passes and launches) and the operations the host issues forward (all
+    0 where the experts have no biases)."""
+    if model.bias != "all":
+        zero = np.zeros_like(kn.tokens, dtype=float)
+        return zero, zero, zero
+    local = model.moe_experts / p.ep
+    copies = tokens_per_expert(model, p, kn) * tr.framework.moe.moe_load_imbalance * local
+    pass_s = copies * model.hidden * kn.act / kn.hbm
+    launch = kn.cluster.gpu.efficiency.kernel_overhead_s
+    fwd_ops = BIAS_FWD_OPS_PER_EXPERT * local + BIAS_FIXED_OPS
+    bwd_ops = BIAS_BWD_OPS_PER_EXPERT * local + BIAS_FIXED_OPS - 1.0  # the two splits' cats
+    return (BIAS_FWD_PASSES * pass_s + fwd_ops * launch,
+            BIAS_BWD_PASSES * pass_s + bwd_ops * launch,
+            np.broadcast_to(fwd_ops, kn.tokens.shape).astype(float))
 
 
 def router_ops(tr: Training) -> float:
@@ -229,7 +260,8 @@ def host_segments(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
               else np.where(p.ep * etp > 1, COUNT_OPS, 1.0))
     sort = sort_ops(model, tr, p)
     experts = (GEMMS_PER_EXPERT * local + EXPERT_FIXED_OPS
-               + (GEMMS_PER_EXPERT * local + FP8_PADDING_OPS if fp8 else 0.0))
+               + (GEMMS_PER_EXPERT * local + FP8_PADDING_OPS if fp8 else 0.0)
+               + expert_bias(model, tr, p, kn)[2])
     middle = (host_syncs(tr, p) * DTOH_OPS + np.where(p.ep > 1, A2A_OPS, 0.0)
               + np.where(etp > 1, EXPERT_TP_COLLECTIVES, 0.0) + sort + experts
               + (shared if tr.framework.moe.moe_shared_expert_overlap else 0.0))
@@ -263,6 +295,7 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     tp, elem, eff = kn.tp, dense.elem, kn.cluster.gpu.efficiency
     n_up_e = 2.0 * fe if model.ffn_type == "swiglu" else float(fe)
     routed = grouped_expert_time(model, tr, p, kn)
+    bias_fwd, bias_bwd, _ = expert_bias(model, tr, p, kn)
     shared = model.moe_shared_experts * (kn.gemm(n_up_e / tp, float(h))
                                          + kn.gemm(float(h), fe / tp))
     router = router_time(model, tr, kn)
@@ -290,10 +323,11 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     # the experts' GEMMs are not split for TP overlap: their weight gradients cost as forward
     fwd, bwd = fwd_bwd(gemm_s, dense.wgrad_attn_s + moe_s, dense.attention_s, elem_s,
                        elem.overhead_fwd_s, 1.0)
-    fwd = fwd + sync_stall(tr, p, routed, permute, segments)
+    fwd = fwd + bias_fwd + sync_stall(tr, p, routed + bias_fwd, permute, segments)
+    bwd = bwd + bias_bwd
     return MoeLayer(routed_s=routed, permute_s=permute, router_s=router,
                     shared_s=np.broadcast_to(shared, kn.tokens.shape).astype(float),
-                    experts_fwd_s=routed + per_elem_s * expert_act / tp,
+                    experts_fwd_s=routed + per_elem_s * expert_act / tp + bias_fwd,
                     elem_s=elem_s, kernels=kernels,
                     host_ops=np.broadcast_to(issued, kn.tokens.shape).astype(float),
                     fwd_s=fwd, bwd_s=bwd)

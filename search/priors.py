@@ -97,7 +97,7 @@ def _terms(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         uses = np.broadcast_to((dispatcher(tr, p) == FLEX) & (p.ep > 1), (n,))
         out.append((PriorTerm(
             "flex prior", f"the fused MoE dispatch (DeepEP/HybridEP) at "
-            f"{eff.flex_network_bw_fraction:g} of the NIC (no measured run uses it)",
+            f"{eff.flex_network_bw_fraction:g} of the NIC (a prior no measured row fits)",
             f"re-priced at {flex.low:g} and {flex.high:g}: {flex.source}"), uses,
             [(_with_efficiency(cluster, flex.field, v), tr) for v in (flex.low, flex.high)]))
     status = calibration_status(cluster)

@@ -11,7 +11,7 @@ from costmodel_helpers import training_for
 
 from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, Training, estimate
 from costmodel.kernels import kernels_of
-from costmodel.moe import grouped_expert_time, permute_elements, tokens_per_expert
+from costmodel.moe import expert_bias, grouped_expert_time, permute_elements, tokens_per_expert
 from costmodel.parallel.expert import groups_hit
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 from costmodel.specs import GpuSpec
@@ -65,6 +65,31 @@ def test_fp8_expert_gemms_pay_their_input_casts(h100: GpuSpec) -> None:
     times = [grouped_expert_time(FINE, tr, p, kernels_of(replace(cluster, gpu=g), tr, p))[0]
              for g in (cheap, dear)]
     assert times[0] < times[1]
+
+
+def test_expert_biases_pay_megatron_cores_eager_fc2_bias_add(h100: GpuSpec) -> None:
+    """With biases on the experts (gpt-oss) fc2's bias is added eagerly, local expert by local
+    expert (experts.py TEGroupedMLP._apply_bias): 6 passes over the busiest rank's routed copies
+    forward and 8 backward, 2 and 4 launches a local expert; fc1's rides in its GEMM."""
+    cluster = ClusterSpec(gpu=h100, num_gpus=8)
+    tr = training_for(seq_len=4096, global_batch=64)
+    plan = Plan(dp=8, ep=8)
+    p = as_plan_arrays(plans_to_arrays([plan]))
+    kn = kernels_of(cluster, tr, p)
+    biased = replace(FINE, bias="all")
+    fwd, bwd, ops = expert_bias(biased, tr, p, kn)
+    local = FINE.moe_experts // 8  # 16 local experts, each 4,096 x 8 / 128 x 8 copies
+    copies = 4096 * FINE.moe_topk * tr.framework.moe.moe_load_imbalance
+    pass_s = copies * FINE.hidden * 2.0 / kn.hbm
+    launch = h100.efficiency.kernel_overhead_s
+    assert fwd[0] == pytest.approx(6 * pass_s + (2 * local + 3) * launch)
+    assert bwd[0] == pytest.approx(8 * pass_s + (4 * local + 2) * launch)
+    assert ops[0] == 2 * local + 3
+    assert not np.any(np.concatenate(expert_bias(FINE, tr, p, kn)))
+    # the step pays it in every MoE layer's forward and backward, beside the other biases
+    extra = (estimate(biased, cluster, plan, tr).step_time_s
+             - estimate(FINE, cluster, plan, tr).step_time_s)
+    assert extra >= (fwd[0] + bwd[0]) * FINE.layers * 64 // 8
 
 
 def test_load_imbalance_slows_the_moe_layer(h100: GpuSpec) -> None:
