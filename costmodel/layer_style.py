@@ -41,8 +41,10 @@ class RopeScaling:
     ``high_freq_factor``, ``original_max_position_embeddings``; the Llama-3.1 config.json
     files: 8, 1, 4, 8192). ``yarn``: YaRN (Peng et al., 2023) as DeepSeek-V3 uses it
     (``factor``, ``original_max_position_embeddings``, ``beta_fast``, ``beta_slow``, ``mscale``,
-    ``mscale_all_dim``; DeepSeek-V3's config.json: 40, 4096, 32, 1, 1, 1). It changes no cost:
-    the frequencies are computed once; an export must still train with them.
+    ``mscale_all_dim``; DeepSeek-V3's config.json: 40, 4096, 32, 1, 1, 1). It is priced at no
+    cost: the frequencies are computed once (a YaRN attention factor other than 1, which
+    Megatron-Core applies with an unfused RoPE, is not priced: the presets' approximations say
+    where); an export must still train with them.
     """
 
     kind: RopeScalingKind

@@ -122,9 +122,12 @@ PRESETS: dict[str, ModelSpec] = {
 }
 
 GPT_OSS_APPROXIMATION = (
-    "RoPE unscaled here: the release scales it by YaRN (factor 32 over 4,096 positions), which "
-    "has no cost and which Megatron-LM 0.16's flags give only beside latent attention. The "
-    "experts' clamped SwiGLU (swiglu_limit 7.0) is priced and exported as plain SwiGLU.")
+    "RoPE unscaled here: the release scales it by YaRN (factor 32 over 4,096 positions, an "
+    "attention factor of 1.35), which Megatron-LM 0.16's flags give only beside latent "
+    "attention and which Megatron-Core then runs unfused (Transformer Engine's fused RoPE takes "
+    "no attention factor: rope_utils.py apply_rotary_pos_emb), about ten more passes over the "
+    "queries and keys each way, not priced here. The experts' clamped SwiGLU (swiglu_limit 7.0) "
+    "is priced and exported as plain SwiGLU.")
 
 APPROXIMATIONS: dict[str, str] = {
     "deepseek-v3": "The multi-token-prediction module (14B, one layer) runs on the last "
