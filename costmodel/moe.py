@@ -22,6 +22,8 @@
   tokens (1 under force-balanced routing or capacity padding);
 * shared experts (shared_experts.py): a dense MLP on every token, TP-sharded like the dense
   layers;
+* experts with biases (gpt-oss): fc2's bias added eagerly, local expert by local expert
+  (:func:`expert_bias`);
 * the host's wait (:func:`host_syncs`, :func:`sync_stall`): a dropless dispatcher needs the
   token counts on the host to size its buffers and TE GroupedLinear's per-expert splits, and
   waits for them once per MoE layer forward (recomputed forwards too; the backward reuses the
@@ -116,7 +118,10 @@ GEMMS_PER_EXPERT, EXPERT_FIXED_OPS, FP8_PADDING_OPS = 2.0, 3.0, 3.0
 # reduced over h for the probability: read, write, read each) and the split's gradient
 # concatenated (read, write)
 BIAS_FWD_PASSES, BIAS_BWD_PASSES = 6.0, 8.0
-BIAS_FWD_OPS_PER_EXPERT, BIAS_BWD_OPS_PER_EXPERT, BIAS_FIXED_OPS = 2.0, 4.0, 3.0
+# operations a local expert, and besides: forward the two splits and the cat, backward the
+# splits' two cats
+BIAS_FWD_OPS_PER_EXPERT, BIAS_BWD_OPS_PER_EXPERT = 2.0, 4.0
+BIAS_FWD_FIXED_OPS, BIAS_BWD_FIXED_OPS = 3.0, 2.0
 # shared_experts.py SharedExpertMLP: fc1, activation, fc2, and the add to the routed output
 SHARED_EXPERT_OPS = 4.0
 # a few bytes of token counts copied device-to-host on a side stream and the host woken by
@@ -166,23 +171,25 @@ def grouped_expert_time(model: ModelSpec, tr: Training, p: PlanArrays,
     return one * model.moe_experts / p.ep
 
 
+def expert_bias_ops(model: ModelSpec, p: PlanArrays) -> tuple[np.ndarray, np.ndarray]:
+    """Operations of fc2's bias add (_apply_bias), forward and backward; 0 without biases."""
+    local = model.moe_experts / np.asarray(p.ep, dtype=float)
+    on = 1.0 if model.bias == "all" else 0.0
+    return (on * (BIAS_FWD_OPS_PER_EXPERT * local + BIAS_FWD_FIXED_OPS),
+            on * (BIAS_BWD_OPS_PER_EXPERT * local + BIAS_BWD_FIXED_OPS))
+
+
 def expert_bias(model: ModelSpec, tr: Training, p: PlanArrays,
-                kn: Kernels) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                kn: Kernels) -> tuple[np.ndarray, np.ndarray]:
     """fc2's bias as _apply_bias adds it to the busiest rank's routed copies: its forward and
-    backward seconds (HBM passes and launches) and the operations the host issues forward (all
-    0 where the experts have no biases)."""
-    if model.bias != "all":
-        zero = np.zeros_like(kn.tokens, dtype=float)
-        return zero, zero, zero
-    local = model.moe_experts / p.ep
-    copies = tokens_per_expert(model, p, kn) * tr.framework.moe.moe_load_imbalance * local
-    pass_s = copies * model.hidden * kn.act / kn.hbm
+    backward seconds, HBM passes and launches (0 where the experts have no biases)."""
+    on = 1.0 if model.bias == "all" else 0.0
+    copies = (tokens_per_expert(model, p, kn) * tr.framework.moe.moe_load_imbalance
+              * model.moe_experts / p.ep)
+    pass_s = on * copies * model.hidden * kn.act / kn.hbm
     launch = kn.cluster.gpu.efficiency.kernel_overhead_s
-    fwd_ops = BIAS_FWD_OPS_PER_EXPERT * local + BIAS_FIXED_OPS
-    bwd_ops = BIAS_BWD_OPS_PER_EXPERT * local + BIAS_FIXED_OPS - 1.0  # the two splits' cats
-    return (BIAS_FWD_PASSES * pass_s + fwd_ops * launch,
-            BIAS_BWD_PASSES * pass_s + bwd_ops * launch,
-            np.broadcast_to(fwd_ops, kn.tokens.shape).astype(float))
+    fwd_ops, bwd_ops = expert_bias_ops(model, p)
+    return BIAS_FWD_PASSES * pass_s + fwd_ops * launch, BIAS_BWD_PASSES * pass_s + bwd_ops * launch
 
 
 def router_ops(tr: Training) -> float:
@@ -261,7 +268,7 @@ def host_segments(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     sort = sort_ops(model, tr, p)
     experts = (GEMMS_PER_EXPERT * local + EXPERT_FIXED_OPS
                + (GEMMS_PER_EXPERT * local + FP8_PADDING_OPS if fp8 else 0.0)
-               + expert_bias(model, tr, p, kn)[2])
+               + expert_bias_ops(model, p)[0])
     middle = (host_syncs(tr, p) * DTOH_OPS + np.where(p.ep > 1, A2A_OPS, 0.0)
               + np.where(etp > 1, EXPERT_TP_COLLECTIVES, 0.0) + sort + experts
               + (shared if tr.framework.moe.moe_shared_expert_overlap else 0.0))
@@ -295,7 +302,7 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     tp, elem, eff = kn.tp, dense.elem, kn.cluster.gpu.efficiency
     n_up_e = 2.0 * fe if model.ffn_type == "swiglu" else float(fe)
     routed = grouped_expert_time(model, tr, p, kn)
-    bias_fwd, bias_bwd, _ = expert_bias(model, tr, p, kn)
+    bias_fwd, bias_bwd = expert_bias(model, tr, p, kn)
     shared = model.moe_shared_experts * (kn.gemm(n_up_e / tp, float(h))
                                          + kn.gemm(float(h), fe / tp))
     router = router_time(model, tr, kn)

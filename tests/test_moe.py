@@ -11,7 +11,13 @@ from costmodel_helpers import training_for
 
 from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, Training, estimate
 from costmodel.kernels import kernels_of
-from costmodel.moe import expert_bias, grouped_expert_time, permute_elements, tokens_per_expert
+from costmodel.moe import (
+    expert_bias,
+    expert_bias_ops,
+    grouped_expert_time,
+    permute_elements,
+    tokens_per_expert,
+)
 from costmodel.parallel.expert import groups_hit
 from costmodel.plans import as_plan_arrays, plans_to_arrays
 from costmodel.specs import GpuSpec
@@ -77,7 +83,8 @@ def test_expert_biases_pay_megatron_cores_eager_fc2_bias_add(h100: GpuSpec) -> N
     p = as_plan_arrays(plans_to_arrays([plan]))
     kn = kernels_of(cluster, tr, p)
     biased = replace(FINE, bias="all")
-    fwd, bwd, ops = expert_bias(biased, tr, p, kn)
+    fwd, bwd = expert_bias(biased, tr, p, kn)
+    ops = expert_bias_ops(biased, p)[0]
     local = FINE.moe_experts // 8  # 16 local experts, each 4,096 x 8 / 128 x 8 copies
     copies = 4096 * FINE.moe_topk * tr.framework.moe.moe_load_imbalance
     pass_s = copies * FINE.hidden * 2.0 / kn.hbm
@@ -85,7 +92,7 @@ def test_expert_biases_pay_megatron_cores_eager_fc2_bias_add(h100: GpuSpec) -> N
     assert fwd[0] == pytest.approx(6 * pass_s + (2 * local + 3) * launch)
     assert bwd[0] == pytest.approx(8 * pass_s + (4 * local + 2) * launch)
     assert ops[0] == 2 * local + 3
-    assert not np.any(np.concatenate(expert_bias(FINE, tr, p, kn)))
+    assert not np.any(np.concatenate([*expert_bias(FINE, tr, p, kn), *expert_bias_ops(FINE, p)]))
     # the step pays it in every MoE layer's forward and backward, beside the other biases
     extra = (estimate(biased, cluster, plan, tr).step_time_s
              - estimate(FINE, cluster, plan, tr).step_time_s)
