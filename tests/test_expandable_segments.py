@@ -13,6 +13,7 @@ import pytest
 
 from costmodel import Plan, estimate
 from costmodel.memory import allocator_fraction
+from hardware_catalog.frameworks import memory_model
 from search.baseline import parse_baseline
 from search.inputs.planfile import PlanFile
 from search.inputs.specs import build_specs
@@ -50,7 +51,9 @@ def test_the_prior_is_re_priced_at_the_fitted_fragmentation() -> None:
                                                   PLAN)}
     assert terms["allocator prior"]["mark"] == "a"
     assert terms["allocator prior"]["peak_mem_ratio"] > 1.05  # what the default would reserve
-    plain = specs_of()
+    # a stack on the default allocator, at its fitted fragmentation: nothing to re-price
+    plain = specs_of("deepspeed")
+    assert allocator_fraction(plain.training) == memory_model().allocator_fraction
     assert "allocator prior" not in {t["flag"] for t in plan_rests_on(
         plain.model, plain.cluster, plain.training, PLAN)}
 
@@ -82,21 +85,27 @@ def test_the_profiles_say_who_runs_it() -> None:
 def test_deepseek_v3_b200_recipe_fits_as_it_ran() -> None:
     """Issue #36: Megatron-Bridge's 26.04.01 DGX-B200 DeepSeek-V3 recipe ran on 180 GB B200s
     with the allocator's segments expandable (scripts/performance/perf_plugins.py, v0.4.2); the
-    default allocator's fragmentation put it over."""
+    default allocator's fitted fragmentation puts it over (the most Megatron-Core's launched
+    runs leave room for, its profile's, would not: a bound, and the release mapped them)."""
     study = load_study(ROOT / "studies" / "deepseek-v3-b200x256.yaml")
     specs = build_specs(study)
     assert specs.training.framework.kernels.expandable_segments
     plan = parse_baseline(study.baseline, specs)
     e = estimate(specs.model, specs.cluster, plan, specs.training)
     assert e.memory.fits
-    default = specs.training.with_switches(expandable_segments=False)
+    fitted = dataclasses.replace(specs.training.framework.memory_model,
+                                 allocator_fraction=memory_model().allocator_fraction)
+    default = specs.training.with_switches(expandable_segments=False, memory_model=fitted)
     assert not estimate(specs.model, specs.cluster, plan, default).memory.fits
 
 
-def test_llm_foundry_s_bound_is_a_prior_re_priced_at_the_fitted_fragmentation() -> None:
-    # its profile's fragmentation is 0: a bound its runs set (none reports memory), flagged
-    s = specs_of("llm-foundry")
-    assert allocator_fraction(s.training) == 0
+@pytest.mark.parametrize("framework", ["llm-foundry", "megatron", "nemo", "megatron-sc21"])
+def test_a_bound_its_launched_runs_set_is_a_prior_re_priced_at_the_fitted_fragmentation(
+        framework: str) -> None:
+    # no row of these stacks reports memory: their fragmentation is the most their launched
+    # runs leave room for (calibration.memory_fit.launched_bounds), below the default's, flagged
+    s = specs_of(framework)
+    assert 0 < allocator_fraction(s.training) < memory_model().allocator_fraction
     assert not s.training.framework.kernels.expandable_segments
     fsdp = dataclasses.replace(PLAN, tp=1, pp=1, dp=16, zero_stage=3, sequence_parallel=False)
     terms = {t["flag"]: t for t in plan_rests_on(s.model, s.cluster, s.training, fsdp)}

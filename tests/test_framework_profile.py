@@ -76,7 +76,8 @@ def _as_read(name: str, value: Any, profile: FrameworkProfile) -> Any:
 
 def test_the_generic_profile_names_every_switch_once() -> None:
     generic = load_profiles()["frameworks"]["generic"]
-    assert set(_at(generic, "bf16")) == set(switch_names())
+    # its memory model section (Megatron-Core's fitted fragmentation) is not a switch
+    assert set(_at(generic, "bf16")) - {"memory_model"} == set(switch_names())
 
 
 @pytest.mark.parametrize("name", PROFILES)

@@ -1,10 +1,8 @@
 """Runs that ran are predicted to fit (issue #36 item 3), priced through ``tcf-search predict``'s
-code on the shared rows as a user hands them. Every source but two: the Playbook's false
+code on the shared rows as a user hands them. Every source but the Playbook, whose false
 out-of-memory share is bench_accuracy's ``false_ooms`` (nanotron's runs at the edge of memory,
-fitted on its own reserved memory), and five of Megatron-Bridge's fine-grained MoE rows are
-predicted over (the default allocator's fragmentation, fitted on nanotron, where those releases
-did not map expandable segments; GPT-OSS on H100, whose row's accumulation disagrees with its
-batch) — bench_accuracy prints both. Skips where the data is absent."""
+fitted on its own reserved memory), and one named row whose layout is not what its release ran.
+Skips where the data is absent."""
 
 from __future__ import annotations
 
@@ -17,7 +15,12 @@ from tcf_search.calibration.predict import predict_frame
 CSV = find_measured_csv()
 pytestmark = pytest.mark.skipif(CSV is None,
                                 reason="../shared/data/measured_runs.csv is not on this machine")
-NOT_JUDGED = ("playbook", "megatron-bridge")
+NOT_JUDGED = ("playbook",)
+# Megatron-Bridge 25.11's GPT-OSS 120B on 64 H100: the table's MBS 4 and GA 2 make 128 of its
+# 512-sequence batch at DP 16, and the release's code runs micro-batch 1 there (v0.2.2
+# scripts/performance/configs/gpt_oss/workload_base_configs.py: the H100 config takes the
+# base's micro_batch_size=1); at 4 its activations alone are over (the row is priced as given)
+MISREPORTED = {"megatron-bridge-gt345"}
 
 
 @pytest.fixture(scope="module")
@@ -31,9 +34,10 @@ def launched() -> pd.DataFrame:
 
 def test_every_launched_run_of_the_other_sources_is_predicted_to_fit(
         launched: pd.DataFrame) -> None:
-    assert len(launched) > 350 and launched["source"].nunique() >= 8
+    assert len(launched) > 370 and launched["source"].nunique() >= 9
     over = launched[~launched["pred_fits"].astype(str).str.lower().isin(["true", "1"])]
-    assert over.empty, over[["case_id", "pred_peak_mem_gib", "pred_usable_mem_gib"]].to_string()
+    assert set(over["case_id"]) == MISREPORTED, over[
+        ["case_id", "pred_peak_mem_gib", "pred_usable_mem_gib"]].to_string()
 
 
 def test_llm_foundry_s_largest_micro_batches_fit_as_they_ran(launched: pd.DataFrame) -> None:

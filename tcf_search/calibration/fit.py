@@ -9,6 +9,8 @@ Run ``python -m tcf_search.calibration.fit [--csv PATH] [--write]``. It fits
   bus-bandwidth fractions;
 * the memory model of the software stack: activation factor, logits bytes per element,
   allocator fragmentation fraction and constant (Playbook ok runs' ``max_memory_reserved``);
+  and for each stack whose runs report no memory, the most fragmentation its launched runs
+  leave room for (``memory_fit.launched_bounds``: Megatron-Core's, llm-foundry's);
 
 on the rows whose sweep group (model, GPU count) is *not* held out, and prints the accuracy on
 the held-out groups and on every row. ``--write`` writes ``hardware_catalog/calibration.yaml``
@@ -20,7 +22,6 @@ uncertainty`` in a fresh interpreter, so that they are the shipped model's to th
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import subprocess
 import sys
@@ -30,15 +31,13 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from costmodel.specs import Efficiency, MemoryModel
+from costmodel.specs import Efficiency
 from hardware_catalog import (
     CATALOG_DIR,
-    FABRIC_FIGURES,
     FAMILIES,
     get_fabric,
     load_calibration,
 )
-from hardware_catalog.frameworks import PROFILES_FILE
 from tcf_search.calibration.accuracy import regime, report, throughput_rows
 from tcf_search.calibration.dataset import (
     Group,
@@ -62,10 +61,17 @@ from tcf_search.calibration.memory_fit import (
     covered,
     fit_memory,
     fit_pressure,
+    launched_bounds,
     nanotron_memory,
 )
 from tcf_search.calibration.moe_fit import fit_moe, report_moe
 from tcf_search.calibration.uncertainty import coverage
+from tcf_search.calibration.writing import (
+    allocator_model,
+    stack_fractions,
+    write_calibration,
+    write_efficiencies,
+)
 
 # The Playbook runs cannot tell GEMM from attention efficiency apart (one sequence length
 # dominates): their fit starts from this prior (public cuBLAS measurements: large bf16 GEMMs
@@ -114,44 +120,6 @@ PLAYBOOK_PARAMS = (*(p for p in EFF_PARAMS
 # Not fitted either: the network point-to-point fraction (Efficiency.p2p_network_bw_fraction, a
 # cited prior of NCCL's per-NIC peer bandwidth): fitted free on the Playbook with nanotron's
 # placement on (frameworks.yaml pp_cost_balance) it ran to its bound of 1.0 (issue 17).
-
-
-def _set_fitted(text: str, key: str, value: float) -> str:
-    """Replace the value on the (first) ``key:`` line marked ``# fitted``."""
-    lines = text.splitlines(keepends=True)
-    for i, line in enumerate(lines):
-        if line.lstrip().startswith(f"{key}:") and "# fitted" in line:
-            indent = line[: len(line) - len(line.lstrip())]
-            lines[i] = f"{indent}{key}: {value:.4g}  # fitted\n"
-            return "".join(lines)
-    raise KeyError(f"frameworks.yaml has no fitted line for {key}")
-
-
-def write_efficiencies(effs: dict[str, Efficiency]) -> Path:
-    """calibration.yaml; a family priced on its measured cluster's fabric names it and leaves
-    that fabric's network figures to fabrics.yaml (written once)."""
-    def entry(e: Efficiency) -> dict[str, object]:
-        out = dataclasses.asdict(e)
-        drop = FABRIC_FIGURES if e.network_fabric else ("network_fabric",)
-        return {k: v for k, v in out.items() if k not in drop}
-    cal = CATALOG_DIR / "calibration.yaml"
-    cal.write_text("# Written by `python -m tcf_search.calibration.fit --write`; do not edit by "
-                   "hand.\n"
-                   + yaml.safe_dump({f: entry(e) for f, e in effs.items()}, sort_keys=False))
-    return cal
-
-
-def write_calibration(effs: dict[str, Efficiency], mm: MemoryModel,
-                      nanotron: dict[str, float]) -> None:
-    cal = write_efficiencies(effs)
-    prof_path = PROFILES_FILE
-    head, _, _ = prof_path.read_text().partition("\nmemory_model:")
-    for key, value in nanotron.items():
-        head = _set_fitted(head, key, value)
-    prof_path.write_text(head + "\nmemory_model:\n" + "".join(
-        f"  {k}: {v!r}\n" if k != "source" else f"  {k}: {json.dumps(v)}\n"
-        for k, v in dataclasses.asdict(mm).items()))
-    print("wrote", cal, "and", prof_path)
 
 
 def fit_ampere(frame: pd.DataFrame, groups: list[Group], train: pd.Series, hopper: Efficiency,
@@ -312,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     hopper, fitted = fit_playbook(frame, mem_groups, hop_rows, hopper, fitted)
     hopper = fit_dgxc(frame, mem_groups, dgxc, "hopper", hopper, DGXC_PARAMS)
     mm = allocator_model(memory, int((pb_ok & train).sum()))
+    bounds = launched_bounds(frame, mem_groups, train)  # stacks whose runs report no memory
+    print("launched runs' fragmentation bounds:", bounds)
     nanotron.update(training_values(fitted))
     fabrics = fabric_values(fitted)
     groups = with_training(with_fabrics(mem_groups, *fabrics), "nanotron",
@@ -324,9 +294,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{int((hop_rows & ~foundry).sum())} Playbook H100 ok runs (pp=1 or "
                      f"after_pp_fix), {int(foundry.sum())} llm-foundry single-node H100 runs "
                      f"(the two weighing alike) and {n_dgxc} dgxc-benchmarking H100 dense runs "
-                     "(GEMM, cuDNN attention, "
-                     "fp8 GEMM and fp8 cast) of non-held-out (model, num_gpus) groups; GEMM "
-                     "half-size from prior")
+                     "(GEMM, cuDNN attention, fp8 GEMM and fp8 cast) of non-held-out (model, "
+                     "num_gpus) groups; GEMM half-size from prior")
     print("hopper:", hopper)
     print("nanotron profile:", nanotron)
     ampere, roce, rows_on = fit_ampere(frame, groups, train, hopper)
@@ -342,23 +311,13 @@ def main(argv: list[str] | None = None) -> int:
     effs = fit_moe(frame, groups, train, effs)  # the MoE stage, on the dense terms just fitted
     report_fit(frame, groups, held, effs)
     if args.write:
-        write_calibration(effs, mm, nanotron)
+        write_calibration(effs, mm, nanotron, stack_fractions(bounds, mm.allocator_fraction))
         n_efa = sum(int((hop_rows & ~foundry).to_numpy()[g.index].sum()) for g in groups
                     if g.cluster.fabric == MEASURED_FABRIC)
         write_fabrics(fitted_fabrics(roce, rows_on, fabrics, n_efa))
         # the catalogs just written are cached here: the bounds are made where they are read
         subprocess.run([sys.executable, "-m", "tcf_search.calibration.uncertainty"], check=True)
     return 0
-
-
-def allocator_model(memory: dict[str, float], rows: int) -> MemoryModel:
-    """The generic memory model: the allocator's terms as fitted on ``rows`` Playbook runs."""
-    return replace(MemoryModel(), **memory,  # type: ignore[arg-type]
-                   source="fitted by python -m tcf_search.calibration.fit on Playbook ok runs "
-                   f"of non-held-out groups: allocator_* on max_memory_reserved ({rows} rows);"
-                   " activation_factor, logits_bytes_per_element and pressure_* are priors here "
-                   "(Korthikanti's count; bf16 logits + fp32 softmax; no slowdown) and fitted for "
-                   "nanotron in its profile")
 
 
 def fit_blackwell(frame: pd.DataFrame, groups: list[Group], dgxc: pd.Series,

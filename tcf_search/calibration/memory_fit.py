@@ -12,6 +12,7 @@ import pandas as pd
 from scipy.optimize import least_squares, minimize_scalar
 
 from costmodel.specs import Efficiency, MemoryModel
+from search import residual_stack
 from tcf_search.calibration.dataset import Group, predict_groups, with_training
 
 GIB = 2**30
@@ -100,3 +101,49 @@ def nanotron_memory(values: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in values.items() if k in FRAMEWORK_MEM_PARAMS + PRESSURE_PARAMS}
 
 
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchedBound:
+    """The most fragmentation a stack's launched runs leave room for (``launched_bounds``)."""
+
+    fraction: float  # of the volatile bytes, the least any launched run with room leaves
+    row: str  # the run that sets it (its case_id)
+    rows: int  # launched runs the allocator's fragmentation moves
+    over: tuple[str, ...]  # runs over usable memory with no fragmentation: the count's misses
+
+
+def launched_bounds(frame: pd.DataFrame, groups: list[Group],
+                    rows: pd.Series) -> dict[str, LaunchedBound]:
+    """Per framework stack (``search.residual_stack``) whose rows report no peak memory, the
+    largest caching-allocator fragmentation under which every launched run of ``rows`` (status
+    ok) still fits: (usable - peak without fragmentation) / the volatile bytes it scales. A run
+    that ran had its reserved peak under usable memory, so the stack's fraction is at most that;
+    a bound, not a measurement. A run over usable memory with no fragmentation at all says the
+    tensor count misses there, not the allocator: it is listed, not used. Runs whose allocator
+    maps expandable segments (no fragmentation priced) do not bound it."""
+    launched = rows & frame["status"].eq("ok")
+    measured = frame["peak_mem_gib"].notna().to_numpy()
+    stacks: dict[str, list[Group]] = {}
+    for g in groups:
+        stacks.setdefault(residual_stack(g.framework), []).append(g)
+    ids = frame["case_id"].astype(str).to_numpy()
+    out = {}
+    for stack, mine in sorted(stacks.items()):
+        idx = covered(mine, launched)
+        if not stack or idx.size == 0 or measured[np.concatenate([g.index for g in mine])].any():
+            continue
+        used = [g for g in mine if np.isin(g.index, idx).any()]
+        bare, whole = (predict_groups(used, len(frame), None, {"allocator_fraction": f})
+                       for f in (0.0, 1.0))
+        volatile = whole["peak_mem_bytes"][idx] - bare["peak_mem_bytes"][idx]
+        room = bare["usable_bytes"][idx] - bare["peak_mem_bytes"][idx]
+        moved = volatile > 0
+        if not (moved & (room > 0)).any():
+            continue
+        slack = np.where(moved & (room > 0), room / np.where(moved, volatile, 1.0), np.inf)
+        k = int(np.argmin(slack))
+        out[stack] = LaunchedBound(fraction=float(slack[k]), row=str(ids[idx][k]),
+                                   rows=int(moved.sum()),
+                                   over=tuple(str(i) for i in ids[idx][moved & (room <= 0)]))
+    return out
