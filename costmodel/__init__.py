@@ -4,7 +4,13 @@ Nothing here reads files, logs, or imports optuna, ortools, typer, yaml or panda
 """
 
 from costmodel.errors import TcfError
-from costmodel.estimate import check_plan, estimate, estimate_batch, plan_placement
+from costmodel.estimate import (
+    check_plan,
+    estimate,
+    estimate_batch,
+    peak_memory_batch,
+    plan_placement,
+)
 from costmodel.placement import mask_groups
 from costmodel.plan_fields import PLAN_FIELDS, PlanField
 from costmodel.plans import PLAN_KEYS, plans_to_arrays
@@ -33,6 +39,6 @@ __all__ = [
     "GpuSpec", "MeasuredLinks", "MemoryEstimate", "MemoryModel", "MemoryTerms", "ModelSpec",
     "Plan", "PlanField",
     "SpecError", "StageMemory", "StepEstimate", "TcfError", "Training", "check_plan", "estimate",
-    "estimate_batch", "mask_groups", "memory_terms", "memory_terms_batch", "plan_placement",
-    "plans_to_arrays",
+    "estimate_batch", "mask_groups", "memory_terms", "memory_terms_batch", "peak_memory_batch",
+    "plan_placement", "plans_to_arrays",
 ]

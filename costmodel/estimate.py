@@ -22,7 +22,7 @@ from costmodel.result import (
 )
 from costmodel.rules import Switches, check, facts_of
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
-from costmodel.step import StepArrays, evaluate
+from costmodel.step import StepArrays, evaluate, plan_memory
 
 
 def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan, tr: Training,
@@ -31,6 +31,14 @@ def check_plan(model: ModelSpec, cluster: ClusterSpec, plan: Plan, tr: Training,
     :data:`costmodel.rules.RULES` the plan breaks, with its values. ``switches``: what the
     framework allows (default: what the cost model prices)."""
     check(plan, facts_of(model, cluster, tr, switches))
+
+
+def peak_memory_batch(model: ModelSpec, cluster: ClusterSpec, training: Training,
+                      plans: Mapping[str, object]) -> np.ndarray:
+    """The peak stage's bytes of many plans, as :func:`estimate_batch` gives them
+    (``peak_mem_bytes``), without pricing their time."""
+    _, _, _, stages = plan_memory(model, cluster, training, as_plan_arrays(plans))
+    return np.max(np.stack([stages[s].total for s in STAGES]), axis=0)
 
 
 def estimate_batch(model: ModelSpec, cluster: ClusterSpec, training: Training,

@@ -15,7 +15,7 @@ import numpy as np
 from costmodel.comm import CollectiveArrays, contention_time
 from costmodel.compute import hardware_flops, layer_times
 from costmodel.mapping import STAGES, StageLayers, head_balance, stage_layers
-from costmodel.memory import StageBytes, allocator_stall, step_memory
+from costmodel.memory import MemoryCoefficients, StageBytes, allocator_stall, step_memory
 from costmodel.mtp import mtp_stage
 from costmodel.offload import host_bytes, network_busy_s, offload_copies
 from costmodel.optimizer import grad_accumulation_time, optimizer_time
@@ -93,15 +93,23 @@ def nic_busy_of(g: Mesh, layers: StageLayers, tensor: TensorComm,
     return fwd, bwd
 
 
+def plan_memory(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays
+                ) -> tuple[Mesh, StageLayers, MemoryCoefficients, dict[str, StageBytes]]:
+    """The plans' mesh, stage split, memory coefficients and every stage's peak bytes: the
+    memory side of :func:`evaluate`, which prices no time."""
+    g = mesh_of(cluster, tr, p)
+    balance = head_balance(model) if tr.framework.pp.pp_cost_balance else None
+    layers = stage_layers(model.layers, p, balance)
+    co, stages = step_memory(model, cluster, tr, p, layers, g.micro_batches)
+    return g, layers, co, stages
+
+
 def evaluate(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArrays) -> StepArrays:
     """step = m x (slowest stage's compute + exposed TP/CP/EP communication per micro-batch)
     + bubble + exposed pipeline p2p + exposed data-parallel traffic + optimizer, the compute
     that hidden communication slows (its kernels hold SMs), and the allocator's stalls."""
-    g = mesh_of(cluster, tr, p)
+    g, layers, co, stages = plan_memory(model, cluster, tr, p)
     m = g.micro_batches
-    balance = head_balance(model) if tr.framework.pp.pp_cost_balance else None
-    layers = stage_layers(model.layers, p, balance)
-    co, stages = step_memory(model, cluster, tr, p, layers, m)
     lt = layer_times(model, cluster, tr, p)
 
     tensor = tensor_parallel(model, cluster, tr, g, lt)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from costmodel import Plan, estimate_batch, plans_to_arrays
+from costmodel import Plan, estimate_batch, peak_memory_batch, plans_to_arrays
 from costmodel.dispatch import FLEX, dispatcher
 from costmodel.memory import allocator_fraction
 from costmodel.plans import as_plan_arrays
@@ -25,6 +25,10 @@ from search.uncertainty import calibration_status
 # each term's one-letter mark beside a plan's interval in the run table (the legend names it)
 MARKS = {"offload prior": "o", "flex prior": "x", "borrowed fit": "b", "fabric prior": "n",
          "allocator prior": "a"}
+# terms whose re-pricing moves memory alone: the allocator's fragmentation, where the stack's
+# allocator does not stall near capacity (memory_model.pressure_slowdown 0), so tokens/s stays
+# and only the peak is recomputed (costmodel.peak_memory_batch)
+MEMORY_ONLY = ("allocator prior",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +141,13 @@ def _terms(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     return out
 
 
+def _memory_only(term: PriorTerm, tr: Training, variants: list[Variant]) -> bool:
+    """Whether re-pricing ``term`` can move memory alone (``MEMORY_ONLY``, no allocator stall
+    as priced or re-priced)."""
+    return term.flag in MEMORY_ONLY and not any(
+        t.framework.memory_model.pressure_slowdown for t in (tr, *(v[1] for v in variants)))
+
+
 def prior_spread(model: ModelSpec, cluster: ClusterSpec, tr: Training,
                  cols: Mapping[str, Any]) -> PriorSpread:
     """The unvalidated terms of the plans ``cols`` (cost-model columns), each plan that uses
@@ -145,8 +156,14 @@ def prior_spread(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     terms = [t for t in _terms(model, cluster, tr, cols) if t[1].any()]
     low, high, peak = (np.ones((len(terms), n)) for _ in range(3))
     every: dict[str, np.ndarray] | None = None  # the plans as priced, once for all-plan terms
-    for i, (_, uses, variants) in enumerate(terms):
+    for i, (term, uses, variants) in enumerate(terms):
         sub = {k: np.asarray(v)[uses] if np.ndim(v) else v for k, v in cols.items()}
+        if _memory_only(term, tr, variants):
+            at = peak_memory_batch(model, cluster, tr, sub)
+            for variant, training in variants:
+                peak[i, uses] = np.maximum(peak[i, uses], peak_memory_batch(
+                    model, variant, training, sub) / at)
+            continue
         if uses.all():
             every = base = every or estimate_batch(model, cluster, tr, sub)
         else:

@@ -10,15 +10,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from costmodel import ClusterSpec, Plan, estimate, estimate_batch, plans_to_arrays
+from costmodel import (
+    ClusterSpec,
+    Plan,
+    estimate,
+    estimate_batch,
+    peak_memory_batch,
+    plans_to_arrays,
+)
 from hardware_catalog import CatalogError, get_gpu, load_prior_ranges
 from search.evaluate import Evaluator
 from search.inputs.presets import get_preset
 from search.inputs.specs import build_specs, training_spec
 from search.inputs.study import parse_study
 from search.output import _interval_label, prior_legend
-from search.priors import plan_rests_on
-from search.prune import memory_stage
+from search.priors import plan_rests_on, prior_spread
+from search.prune import memory_stage, plan_arrays
 from search.space import build_space, enumerate_layouts
 from search.uncertainty import interval
 
@@ -130,3 +137,28 @@ def test_every_prior_range_holds_its_prior_and_cites_a_source() -> None:
     from costmodel.specs import Efficiency
     for name, r in load_prior_ranges().items():
         assert r.low <= getattr(Efficiency(), name) <= r.high and "github.com" in r.source
+
+
+def test_the_allocator_prior_re_prices_memory_alone_as_a_full_evaluation_would() -> None:
+    """The fragmentation's re-pricing moves only the peak where the allocator does not stall:
+    priced by the memory side alone (costmodel.peak_memory_batch), it gives what re-evaluating
+    every plan gives, and every plan's peak as estimate_batch has it."""
+    study = parse_study(STUDY.split("search_space:")[0] + "search_space: {cpu_offload: true}\n")
+    s = build_specs(study)
+    space = build_space(study, s)
+    layouts = enumerate_layouts(space).columns
+    feasible = np.flatnonzero(memory_stage(s, space, layouts, headroom_gib=0.0).feasible)
+    assert feasible.size > 40
+    pick = feasible[:: feasible.size // 40][:40]  # spread over the space
+    cols = plan_arrays({k: np.asarray(v)[pick] for k, v in layouts.items()})
+    assert np.array_equal(peak_memory_batch(s.model, s.cluster, s.training, cols),
+                          estimate_batch(s.model, s.cluster, s.training, cols)["peak_mem_bytes"])
+    fast = prior_spread(s.model, s.cluster, s.training, cols)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("search.priors.MEMORY_ONLY", ())
+        full = prior_spread(s.model, s.cluster, s.training, cols)
+    assert [t.flag for t in fast.terms] == [t.flag for t in full.terms]
+    assert "allocator prior" in [t.flag for t in fast.terms]
+    for part in ("uses", "low", "high", "peak"):
+        assert np.array_equal(getattr(fast, part), getattr(full, part)), part
+    assert (fast.peak.max(axis=0) > 1.0).all()
