@@ -101,8 +101,6 @@ def nanotron_memory(values: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in values.items() if k in FRAMEWORK_MEM_PARAMS + PRESSURE_PARAMS}
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class LaunchedBound:
     """The most fragmentation a stack's launched runs leave room for (``launched_bounds``)."""
