@@ -21,6 +21,14 @@ BWD_KERNEL_FACTOR = 2.0
 # split), autograd's kernel or two per elementwise op; a captured region replays its backward
 # graph as one launch
 BWD_HOST_FACTOR = 2.0
+# HBM bytes a compiled dynamic fp8 cast moves per element of its input: it reads the bf16 tensor
+# its producer wrote (2) and writes the fp8 copy (1). Dynamic (tensorwise) scaling needs the
+# tensor's amax before it can cast; torch.compile's Inductor computes that reduction in the
+# kernel that produces the tensor (a pointwise op and a reduction over the same elements fuse
+# into one kernel with two outputs), so the amax costs no pass of its own. Stacks with
+# Transformer Engine's separate cast kernels pay the family's fitted
+# ``fp8_cast_bytes_per_element`` instead (fitted on NeMo's tables).
+COMPILED_CAST_BYTES = 3.0
 
 
 def gemm_time(m: np.ndarray, n: np.ndarray, k: np.ndarray, peak: float, c: ClusterSpec,
@@ -54,7 +62,8 @@ class Kernels:
     act: float  # bytes of an activation element
     hbm: float  # achieved bandwidth of elementwise kernels
     fp8: bool
-    fp8_weight_cache: bool = True
+    cast_bytes: float = 0.0  # HBM bytes a GEMM input's fp8 cast moves per element
+    weight_cast: bool = False  # each GEMM casts its weight (no cache, no fp8 weights)
 
     def gemm(self, n: np.ndarray | float, k: np.ndarray | float,
              split: bool = False) -> np.ndarray:
@@ -66,11 +75,9 @@ class Kernels:
         else:
             t = gemm_time(M, n_arr, k_arr, self.peak, c, self.in_bytes)
         if self.fp8:  # quantize the input (Transformer Engine's cast_transpose with its amax
-            # reduction); Megatron-Core's TE layers cache the weights' fp8 copies after the
-            # first micro-batch (is_first_microbatch, megatron/core/extensions/
-            # transformer_engine.py), so the weight's cast is paid once per step, not here
-            cast = M * k_arr + (0.0 if self.fp8_weight_cache else k_arr * n_arr)
-            t = t + eff.fp8_cast_bytes_per_element * cast / self.hbm + 2.0 * eff.kernel_overhead_s
+            # reduction, or a compiled cast: cast_bytes), and the weight where weight_cast
+            cast = M * k_arr + (k_arr * n_arr if self.weight_cast else 0.0)
+            t = t + self.cast_bytes * cast / self.hbm + 2.0 * eff.kernel_overhead_s
         return t
 
     def unquantized(self) -> Kernels:
@@ -102,12 +109,23 @@ def kernels_of(cluster: ClusterSpec, tr: Training, p: PlanArrays) -> Kernels:
     # of the all-gather or reduce-scatter ring: smaller GEMMs, one launch each
     pieces = np.where(sp & (tp > 1) & tr.framework.tp.tp_comm_overlap & (not gpu.synchronous),
                       tp, 1.0)
+    num = tr.framework.numerics
+    # a stack whose casts are tensor ops fuses them exactly where it fuses its elementwise
+    # kernels: under torch.compile (search.inputs.specs.training_spec)
+    compiled = num.fp8_cast_compiles and tr.framework.kernels.fused_elementwise
+    # Megatron-Core's TE layers cache the weights' fp8 copies after a step's first micro-batch
+    # (is_first_microbatch, megatron/core/extensions/transformer_engine.py): paid once a step,
+    # not per GEMM; fp8 weights (fp8_param_gather: TE's fp8 parameters, torchao's FSDP float8
+    # all-gather) arrive cast, and torchao skips a tensor already in fp8
+    # (float8_scaling_utils.py hp_tensor_to_float8_dynamic: tensor_already_casted_to_fp8)
     return Kernels(cluster=cluster, tokens=p.micro_batch * float(tr.seq_len) / cp, tp=tp, cp=cp,
                    sp=sp,
                    pieces=pieces, peak=gpu.peak_flops(tr.precision),
                    in_bytes=1.0 if fp8 else act, act=act,
                    hbm=gpu.hbm_bw_bytes_per_s * gpu.efficiency.memory_bw_fraction, fp8=fp8,
-                   fp8_weight_cache=tr.framework.numerics.fp8_weight_cache)
+                   cast_bytes=(COMPILED_CAST_BYTES if compiled
+                               else gpu.efficiency.fp8_cast_bytes_per_element),
+                   weight_cast=not (num.fp8_weight_cache or num.fp8_param_gather))
 
 
 

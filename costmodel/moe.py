@@ -164,10 +164,10 @@ def grouped_expert_time(model: ModelSpec, tr: Training, p: PlanArrays,
     h_arr = np.broadcast_to(h, m.shape)
     one = (gemm_time(m, n_up / etp, h_arr, kn.peak, kn.cluster, kn.in_bytes)
            + gemm_time(m, h_arr, fe / etp, kn.peak, kn.cluster, kn.in_bytes))
-    if kn.fp8:  # each GEMM input quantised (both projections), the weights' casts cached
-        eff = kn.cluster.gpu.efficiency
-        cast = m * (h + fe / etp) + (0.0 if kn.fp8_weight_cache else h * (n_up + fe) / etp)
-        one = one + eff.fp8_cast_bytes_per_element * cast / kn.hbm + 2.0 * eff.kernel_overhead_s
+    if kn.fp8:  # each GEMM input quantised (both projections), the weights' where not cached
+        cast = m * (h + fe / etp) + (h * (n_up + fe) / etp if kn.weight_cast else 0.0)
+        one = (one + kn.cast_bytes * cast / kn.hbm
+               + 2.0 * kn.cluster.gpu.efficiency.kernel_overhead_s)
     return one * model.moe_experts / p.ep
 
 

@@ -45,6 +45,12 @@ class Numerics:
     """fp8 weight casts cached after a step's first micro-batch (Megatron-Core's TE layers pass
     ``is_first_microbatch``, ``megatron/core/extensions/transformer_engine.py``); torchao's
     Float8Linear casts its weight at every forward."""
+    fp8_cast_compiles: bool
+    """fp8's dynamic casts are PyTorch ops that ``torch.compile`` fuses with the kernels that
+    produce their inputs: torchao's Float8Linear scales a tensor by ``torch.max(torch.abs(x))``
+    and casts it with plain tensor ops (torchao/float8/float8_utils.py ``tensor_to_amax``,
+    float8_scaling_utils.py ``hp_tensor_to_float8_dynamic`` at eab345c). Transformer Engine's
+    casts are its own CUDA kernels, which compile leaves alone (``costmodel.kernels``)."""
 
     def __post_init__(self) -> None:
         if self.activation_dtype_bytes not in (2.0, 4.0):

@@ -294,6 +294,7 @@ def case_from_row(row: Mapping[str, object],
     # in frameworks.yaml); the rest are Training's, the MoE dispatch too (a release's switch,
     # which a plan of its own may override)
     knobs = {k: defaults.pop(k) for k in PLAN_KEYS if k in defaults and k not in TRAINING_OWN}
+    split_rule = str(defaults.pop("pp_micro_batches", ""))
     own: dict[str, Any] = {k: kind(defaults.pop(k)) for k, kind in MODEL_OWN.items()
                            if k in defaults}
     model = with_release_model(model, row, own)
@@ -306,11 +307,26 @@ def case_from_row(row: Mapping[str, object],
     if any(_cell(row, k) for k in SPLIT_COLUMNS):
         given |= {"first_stage_layers", "last_stage_layers"}
     plan, ran = launched_zero(row_plan(row, model.layers, knobs), training)
+    plan, split = (launched_micro_batch(plan, training, split_rule) if "micro_batch" not in given
+                   else (plan, ""))
     if calibration is not None:
         cluster = anchored(cluster, calibration)
     return Case(model=model, cluster=cluster, plan=plan, training=training,
-                given=frozenset(given), framework=framework,
-                assumed=tuple(a for a in (assumed, ran) if a))
+                given=frozenset(given | ({"micro_batch"} if split else set())),
+                framework=framework, assumed=tuple(a for a in (assumed, ran, split) if a))
+
+
+def launched_micro_batch(plan: Plan, training: Training, rule: str) -> tuple[Plan, str]:
+    """The micro-batch a launcher runs under a pipeline where the row gives none: ``rule`` "pp"
+    (``row_defaults``' ``pp_micro_batches``) splits each DP rank's batch into one micro-batch
+    per pipeline stage; the note says so (``pred_assumed``)."""
+    per_rank, rest = divmod(training.global_batch, plan.dp)
+    if rule != "pp" or plan.pp == 1 or rest or per_rank % plan.pp:
+        return plan, ""
+    mb = per_rank // plan.pp
+    return replace(plan, micro_batch=mb), (
+        f"micro_batch={mb} (this launcher splits a DP rank's batch into as many micro-batches "
+        "as pipeline stages unless told)")
 
 
 def launched_zero(plan: Plan, training: Training) -> tuple[Plan, str]:
