@@ -77,7 +77,10 @@ EAGER_KERNELS_PER_NORM = 7.0
 # backward multiplies the saved softmax by the gradient in place (4 + 4): 8. The cast reads the
 # logits and writes fp32, and its backward the reverse (act + 4 each way); without autocast the
 # logits are fp32 already and x.float() copies nothing.
-LOSS_FP32_BYTES = {"fused": (8.0, 8.0), "eager_fp32": (32.0, 8.0)}
+# "native", Megatron-Core's fused vocab-parallel cross-entropy (megatron/core/fusions/
+# fused_cross_entropy.py, --cross-entropy-loss-fusion with cross_entropy_fusion_impl "native"):
+# the same fp32 passes and the same saved softmax as "fused".
+LOSS_FP32_BYTES = {"fused": (8.0, 8.0), "native": (8.0, 8.0), "eager_fp32": (32.0, 8.0)}
 # "te_inplace", Transformer Engine's parallel cross-entropy (transformer_engine/pytorch/
 # cross_entropy.py CrossEntropyFunction, v2.8; Megatron-Core language_module.py
 # compute_language_model_loss with cross_entropy_fusion_impl "te"): its Triton forward reads the
@@ -247,7 +250,7 @@ def _loss_s(model: ModelSpec, tr: Training, kn: Kernels
         reads, writes = LOSS_LOGIT_PASSES[kernel]
         return per_byte_s * reads * kn.act, per_byte_s * writes * kn.act, 0.0 * per_byte_s
     fwd, bwd = LOSS_FP32_BYTES[kernel]
-    if kernel == "fused":
+    if kernel in ("fused", "native"):
         return per_byte_s * (kn.act + fwd), per_byte_s * (kn.act + bwd), 0.0 * per_byte_s
     cast = kn.act + 4.0 if kn.act < 4.0 else 0.0  # x.float(): a copy unless fp32 already
     return per_byte_s * (cast + fwd), per_byte_s * (cast + bwd), per_byte_s * 2.0 * cast

@@ -198,15 +198,20 @@ def test_explain_prices_the_numerics_the_study_leaves_unsaid(tmp_path) -> None: 
         assert got.exit_code == 0, got.stdout
         return list(json.loads(got.stdout)["verdict"]["numerics"])
 
-    (n,) = numerics(study)
-    assert n["field"] == "training.grad_reduce_in_bf16" and n["fits"]
+    grads, loss = numerics(study)
+    assert grads["field"] == "training.grad_reduce_in_bf16" and grads["fits"]
+    # the loss kernel Bridge's recipes run: the logits at 2 bytes, not 6
+    assert (loss["field"], loss["value"]) == ("training.cross_entropy_fusion_impl", "te")
+    assert loss["gain"] > 0
     stated = tmp_path / "stated.yaml"
     stated.write_text(study.read_text().replace(
-        "  precision: bf16\n", "  precision: bf16\n  grad_reduce_in_bf16: false\n", 1))
+        "  precision: bf16\n", "  precision: bf16\n  grad_reduce_in_bf16: false\n"
+        "  cross_entropy_fusion_impl: native\n", 1))
     assert numerics(stated) == []
     small = study.parent / "llama3-8b-h100x8.yaml"
     plan = "dp=8,mbs=1,zero=3"
-    assert [n["field"] for n in numerics(small)] == ["training.grad_reduce_in_bf16"]
+    assert [n["field"] for n in numerics(small)] == ["training.grad_reduce_in_bf16",
+                                                     "training.cross_entropy_fusion_impl"]
     titan = tmp_path / "titan.yaml"
     titan.write_text(small.read_text().replace(
         "  precision: bf16\n", "  precision: bf16\n  framework: torchtitan\n", 1))

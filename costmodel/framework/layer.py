@@ -90,11 +90,13 @@ class Kernels:
     """How the rest of a layer's work runs and is launched: the loss, the elementwise
     kernels, the host's issue cost and CUDA graphs."""
 
-    loss_kernel: Literal["fused", "eager_fp32", "te_inplace"]
-    """The loss over the logits: "fused", nanotron's "eager_fp32" ops
-    (``costmodel.compute.LOSS_FP32_BYTES``), or Transformer Engine's parallel cross-entropy,
-    which writes the gradient over the logits in its forward and keeps nothing else
-    (``costmodel.compute.LOSS_LOGIT_PASSES``; Megatron-Core cross_entropy_fusion_impl "te")."""
+    loss_kernel: Literal["fused", "native", "eager_fp32", "te_inplace"]
+    """The loss over the logits: "fused" (one fp32 softmax pass each way), "native"
+    (Megatron-Core's fused vocab-parallel cross-entropy, ``--cross-entropy-loss-fusion``, priced
+    as "fused"), nanotron's "eager_fp32" ops (``costmodel.compute.LOSS_FP32_BYTES``), or
+    Transformer Engine's parallel cross-entropy, which writes the gradient over the logits in its
+    forward and keeps nothing else (``costmodel.compute.LOSS_LOGIT_PASSES``; Megatron-Core
+    cross_entropy_fusion_impl "te")."""
     fused_elementwise: bool
     """Norms, RoPE and the activation function as fused kernels (nanotron's, Transformer
     Engine's, torch.compile); off: eager composites, several HBM passes each
@@ -115,7 +117,8 @@ class Kernels:
     (``costmodel.memory.allocator_fraction``)."""
 
     def __post_init__(self) -> None:
-        check_choices(loss_kernel=(self.loss_kernel, ("fused", "eager_fp32", "te_inplace")))
+        check_choices(loss_kernel=(self.loss_kernel,
+                                   ("fused", "native", "eager_fp32", "te_inplace")))
         object.__setattr__(self, "cuda_graph_scope",
                            graph_scope(self.cuda_graph_impl, self.cuda_graph_scope))
 

@@ -176,6 +176,11 @@ class TrainingSection(_Section):
     # bf16 --exp-avg-sq-dtype bf16; the fp32 master weights stay), as Megatron-Bridge's
     # DeepSeek-V3 recipes run
     adam_moments_in_bf16: Bool | None = None
+    # the loss as Megatron-Core fuses it (--cross-entropy-loss-fusion --cross-entropy-fusion-impl
+    # native|te): "te" is Transformer Engine's in-place cross-entropy, which keeps the logits
+    # alone (2 bytes each, not the fp32 softmax too; Megatron-Bridge's performance recipes run
+    # it); unfused unless given
+    cross_entropy_fusion_impl: Literal["native", "te"] | None = None
     # torch.compile: fuses the norms, RoPE and activation functions a framework runs eagerly
     compile: Bool | None = None
     # PyTorch's caching allocator with expandable segments

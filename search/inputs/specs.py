@@ -180,7 +180,10 @@ MOE_SWITCHES = ("moe_dispatcher", "moe_a2a_overlap", "moe_permute_fusion", "moe_
 MEGATRON_FLAGS = {"moe_dispatcher": "--moe-token-dispatcher-type",
                   "moe_a2a_overlap": "--overlap-moe-expert-parallel-comm",
                   "moe_pad_to_capacity": "--moe-pad-expert-input-to-capacity",
-                  "adam_moments_in_bf16": "--use-precision-aware-optimizer"}
+                  "adam_moments_in_bf16": "--use-precision-aware-optimizer",
+                  "cross_entropy_fusion_impl": "--cross-entropy-fusion-impl"}
+# the loss kernel a study's cross_entropy_fusion_impl runs (costmodel.framework.Kernels)
+LOSS_KERNELS = {"native": "native", "te": "te_inplace"}
 
 
 def build_specs(study: Study) -> Specs:
@@ -195,6 +198,8 @@ def build_specs(study: Study) -> Specs:
         switches["optimizer_state_bytes"] = 2 if t.adam_moments_in_bf16 else 4
     if t.recompute_modules is not None:
         switches["recompute_modules"] = tuple(t.recompute_modules)
+    if t.cross_entropy_fusion_impl is not None:
+        switches["loss_kernel"] = LOSS_KERNELS[t.cross_entropy_fusion_impl]
     try:
         training = training_spec(framework=t.framework, precision=t.precision, seq_len=t.seq_len,
                                  global_batch=t.sequences, optimizer=t.optimizer,
@@ -226,7 +231,7 @@ def build_specs(study: Study) -> Specs:
                          f"optimizer is Adam's (optimizer_config.py), but got optimizer "
                          f"{t.optimizer!r}")
     for field in ("grad_reduce_in_bf16", "fp8_param_gather", "adam_moments_in_bf16",
-                  *MOE_SWITCHES):
+                  "cross_entropy_fusion_impl", *MOE_SWITCHES):
         if getattr(t, field) is not None and not is_megatron_core(t.framework):
             raise StudyError(f"training.{field}: " + _not_megatron_core(
                 MEGATRON_FLAGS.get(field, f"--{field.replace('_', '-')}"), t.framework))

@@ -161,6 +161,14 @@ NUMERICS = {
                                      and not tr.framework.numerics.fp8_param_gather),
                          lambda tr: tr.with_switches(fp8_param_gather=True)),
 }
+# ... and its loss kernels: Transformer Engine's in-place cross-entropy, which the performance
+# recipes run (Megatron-Bridge's _set_common_perf_overrides: cross_entropy_fusion_impl "te"), a
+# choice of kernel the study states (the same numbers trained, fp32 inside the kernel)
+KERNELS = {
+    "cross_entropy_fusion_impl": ("te", "Transformer Engine's in-place cross-entropy",
+                                  lambda tr: tr.framework.kernels.loss_kernel != "te_inplace",
+                                  lambda tr: tr.with_switches(loss_kernel="te_inplace")),
+}
 
 
 def numerics(subject: Subject, e: StepEstimate) -> list[dict[str, Any]]:
@@ -170,11 +178,12 @@ def numerics(subject: Subject, e: StepEstimate) -> list[dict[str, Any]]:
     if study is None or not is_megatron_core(study.training.framework):
         return []
     out = []
-    for field, (what, applies, switched) in NUMERICS.items():
+    unsaid = [(f, True, *rest) for f, rest in NUMERICS.items()]
+    for field, value, what, applies, switched in [*unsaid, *((f, *v) for f, v in KERNELS.items())]:
         if getattr(study.training, field) is not None or not applies(s.training):
             continue
         alt = estimate(s.model, s.cluster, subject.plan, switched(s.training))
-        out.append({"field": f"training.{field}", "value": True, "what": what,
+        out.append({"field": f"training.{field}", "value": value, "what": what,
                     "peak_mem_gib": alt.memory.peak_bytes / GIB, "fits": alt.memory.fits,
                     "gain": alt.tokens_per_s_per_gpu / e.tokens_per_s_per_gpu - 1.0})
     return out

@@ -159,9 +159,11 @@ def _placement(at: dict[str, Any], con: Console) -> None:
 def _numerics(v: dict[str, Any], con: Console) -> None:
     for n in v.get("numerics", []):
         fit = "fits" if n["fits"] else "still over"
-        con.print(f"   numerics the study leaves unsaid: {n['field']}: true ({n['what']}) — "
+        value = "true" if n["value"] is True else n["value"]
+        kind = "numbers" if n["value"] is True else "kernel"
+        con.print(f"   {kind} the study leaves unsaid: {n['field']}: {value} ({n['what']}) — "
                   f"{n['peak_mem_gib']:.1f} GiB peak, {fit}, tokens/s {n['gain']:+.1%}; a "
-                  "choice of numbers, not searched")
+                  f"choice of {kind}, not searched")
 
 
 def _verdict(doc: dict[str, Any], con: Console) -> None:

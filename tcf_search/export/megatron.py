@@ -359,6 +359,8 @@ def weight_and_grad_dtype_args(f: LaunchView) -> list[Group]:
         out.append(("--fp8-param-gather",))
     if f.bf16_grads:
         out.append(("--grad-reduce-in-bf16",))
+    if f.loss_fusion:  # language_module.py compute_language_model_loss (core_v0.16.0)
+        out.append(("--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", f.loss_fusion))
     if f.bf16_moments:  # megatron/training/arguments.py _add_training_args, core_v0.16.0
         out.append(("--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16",
                     "--exp-avg-sq-dtype", "bf16"))

@@ -12,7 +12,7 @@ from . import rules
 from .megatron import PAD_CAPACITY_FACTOR, layer_pattern, split_args
 from .options import ExportOptions, ExportRefused
 from .shell import Group, command, script, torchrun_head
-from .view import LaunchView, facts_of
+from .view import LOSS_FUSION, LaunchView, facts_of
 
 FILENAME = "nemo.sh"
 
@@ -218,14 +218,17 @@ def graph_overrides(pf: PlanFile) -> dict[str, object]:
     """The training's CUDA graphs as Megatron-Bridge's ConfigContainer takes them (its
     performance scripts' set_cuda_graph_overrides, scripts/performance/utils/helpers.py v0.2.2:
     model.cuda_graph_impl, model.cuda_graph_scope, and the Transformer Engine RNG tracker the
-    graphs need, rng.te_rng_tracker and model.use_te_rng_tracker) and token drop with padding
+    graphs need, rng.te_rng_tracker and model.use_te_rng_tracker), token drop with padding
     (apply_moe_token_drop's model.moe_expert_capacity_factor 1.0 and
-    model.moe_pad_expert_input_to_capacity)."""
+    model.moe_pad_expert_input_to_capacity) and the study's fused loss (the provider's
+    cross_entropy_loss_fusion and cross_entropy_fusion_impl, as the performance scripts set)."""
     fw = pf.training.framework
     o: dict[str, object] = {}
     if pf.model.is_moe and fw.moe.moe_pad_to_capacity:
         o = {"model.moe_expert_capacity_factor": PAD_CAPACITY_FACTOR,
              "model.moe_pad_expert_input_to_capacity": True}
+    if (loss := LOSS_FUSION.get(fw.kernels.loss_kernel)) is not None:  # the study's fused loss
+        o |= {"model.cross_entropy_loss_fusion": True, "model.cross_entropy_fusion_impl": loss}
     if fw.kernels.cuda_graph_impl != "none":
         o |= {"model.cuda_graph_impl": fw.kernels.cuda_graph_impl,
               "model.cuda_graph_scope": list(fw.kernels.cuda_graph_scope),

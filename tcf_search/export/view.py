@@ -21,6 +21,9 @@ from search.inputs import PlanFile
 
 from .options import ExportOptions, target_for
 
+# the loss kernels that are Megatron-Core's fused cross-entropy, by its cross_entropy_fusion_impl
+LOSS_FUSION = {"native": "native", "te_inplace": "te"}
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LaunchView:
@@ -60,6 +63,9 @@ class LaunchView:
     # Adam's moments in bf16 beside fp32 master weights (Megatron-Core's precision-aware
     # optimizer: --use-precision-aware-optimizer --exp-avg-dtype bf16 --exp-avg-sq-dtype bf16)
     bf16_moments: bool
+    # Megatron-Core's fused loss the training runs (--cross-entropy-fusion-impl): "native",
+    # "te" (Transformer Engine's in-place cross-entropy), or "" (unfused, Megatron's default)
+    loss_fusion: str
     optimizer: str
     tied: bool
     tp_comm_overlap: bool
@@ -157,6 +163,7 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
         bf16_grads=t.precision in ("bf16", "fp8") and fw.numerics.grad_dtype_bytes == 2,
         fp8_param_gather=t.precision == "fp8" and fw.numerics.fp8_param_gather,
         bf16_moments=fw.numerics.master_weights and fw.numerics.optimizer_state_bytes == 2,
+        loss_fusion=LOSS_FUSION.get(fw.kernels.loss_kernel, ""),
         optimizer=t.optimizer, tied=m.tied_embeddings, tp_comm_overlap=fw.tp.tp_comm_overlap,
         moe_dispatcher=p.moe_dispatcher or fw.moe.moe_dispatcher,
         moe_a2a_overlap=(fw.moe.moe_a2a_overlap if not p.moe_a2a_overlap
