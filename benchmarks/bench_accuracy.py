@@ -8,7 +8,8 @@ the (model, GPU count) sweep groups, by a stable hash; see ``tcf_search.calibrat
 on all rows, next to the bars; and (issue #36 item 5) the signed tokens/s error by regime —
 source, framework stack, precision, model size, GPU count, dense/MoE, compiled/eager, SKU family
 — as the median of log(predicted / measured), so a regime the model prices too fast or too slow
-shows as such (``tcf_search.calibration.accuracy.bias_by_regime``).
+shows as such (``tcf_search.calibration.accuracy.bias_by_regime``); and, model-free, how far the
+Playbook sweep reproduces itself across its job batches (``batch_twins``).
 Also times ``tcf-search predict`` over the whole file.
 """
 
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tcf_search.calibration.accuracy import (  # noqa: E402
     active_params_of,
+    batch_twins,
     bias_by_regime,
     predict_calibration,
     predicted_columns,
@@ -141,6 +143,12 @@ def main() -> int:
         held_out = out["bias_held_out"][axis]
         print(f"  {axis}: " + ", ".join(f"{k} {_bias(held_out.get(k))} [{_bias(v)}]"
                                         for k, v in every.items()))
+    twins = batch_twins(frame)
+    print("the Playbook's reproducibility, model-free: per job batch (job id // 1000) with runs "
+          "of a layout another batch also ran (ZeRO 0 or 1), its runs' tokens/s over their "
+          "twins', median [range] (runs): " + ", ".join(
+              f"{b} {t['median']:.2f} [{t['min']:.2f}-{t['max']:.2f}] ({t['runs']})"
+              for b, t in twins.items()))
     print(f"tcf-search predict (with knob search) over {len(frame)} rows: "
           f"{out['predict_cli_s']:.1f} s; every figure above is computed on its output")
     return 0

@@ -259,3 +259,35 @@ def bias_by_regime(f: pd.DataFrame, tok: pd.Series, rows: pd.Series,
         out[axis] = {str(k): {"median_log_ratio": float(v["median"]), "rows": int(v["size"])}
                      for k, v in by.iterrows() if v["size"] >= BIAS_MIN_ROWS}
     return out
+
+
+# The Playbook's rows name their Slurm job (case_id "playbook-<job id>"); jobs submitted together
+# (job id // 1000) ran on the cluster of that day. A layout the sweep ran in two batches, once at
+# ZeRO-0 and once at ZeRO-1 (which move the same gradient bytes; the model prices them within a
+# few percent at these sizes), measures how far the sweep reproduces itself, which no cost model
+# can be closer to than: a model-free check on the data the figures above are judged on.
+TWIN_COLUMNS = ("model_name", "num_gpus", "tp", "pp", "dp", "cp", "micro_batch", "global_batch",
+                "seq_len", "after_pp_fix")
+MIN_TWINS = 5  # a batch's twins reported from this many
+
+
+def batch_twins(frame: pd.DataFrame) -> dict[int, dict[str, float]]:
+    """Per Playbook job batch with at least ``MIN_TWINS`` twins in other batches (the same layout,
+    ``TWIN_COLUMNS``): its runs' tokens/s over their twins', median and range."""
+    ok = frame["source"].eq("playbook") & frame["status"].eq("ok")
+    f = frame[ok & frame["tokens_per_sec_per_gpu"].notna()]
+    f = f.assign(batch=f["case_id"].str.extract(r"playbook-(\d+)")[0].astype(float) // 1000)
+    f = f[f["batch"].notna()]
+    cols = list(TWIN_COLUMNS)
+    keyed = f.assign(**{c: f[c].astype(str) for c in cols})
+    out: dict[int, dict[str, float]] = {}
+    for batch, own in keyed.groupby("batch"):
+        pairs = own.merge(keyed[keyed["batch"] != batch], on=cols, suffixes=("", "_twin"))
+        if pairs["case_id"].nunique() < MIN_TWINS:
+            continue
+        ratio = pairs["tokens_per_sec_per_gpu"] / pairs["tokens_per_sec_per_gpu_twin"]
+        out[int(batch)] = {"runs": int(pairs["case_id"].nunique()),
+                           "median": round(float(ratio.median()), 3),
+                           "min": round(float(ratio.min()), 3),
+                           "max": round(float(ratio.max()), 3)}
+    return out
