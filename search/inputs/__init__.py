@@ -76,6 +76,7 @@ from search.inputs.planspec import (
 from search.inputs.presets import get_preset
 from search.inputs.sections import LEVELS, MAX_GPUS
 from search.inputs.specs import (
+    LOSS_KERNELS,
     Specs,
     anchor_specs,
     build_specs,
@@ -90,13 +91,13 @@ __all__ = [
     "MAX_TAIL_WEIGHT", "MIN_REGIME_GROUPS", "MIN_TAIL_TO_BULK", "Tail", "cluster_share",
     "regime_of", "tails_from",
     "ALIASES", "CHOICES", "CalibrationError", "Case", "CaseError", "ClusterCalibration", "FALSE",
-    "InputError", "KNOBS", "LEVELS", "MAX_GPUS", "MAX_PLAN_FILE_BYTES", "MIB", "MeasuredAnchor",
-    "Output", "OutputError", "OutputExists", "PLAN_FIELDS", "PlanFile", "PlanFileError",
-    "PlanSpecError", "SHORT", "Specs", "Study", "StudyError", "TRUE", "YamlInputError",
-    "anchor_matches", "anchor_specs", "anchored", "build_specs", "calibration_yaml",
-    "case_from_row", "check", "check_target", "format_plan", "get_preset", "load_calibration",
-    "load_plan_file", "load_study", "load_yaml", "make_plan", "model_key", "open_atomic",
-    "open_input", "own_dispatch_unsaid", "parse_assignments", "parse_plan", "path_component",
-    "plan_dict", "plan_file_specs", "presumed_split", "read_input", "shown", "with_calibration",
-    "write_atomic",
+    "InputError", "KNOBS", "LEVELS", "LOSS_KERNELS", "MAX_GPUS", "MAX_PLAN_FILE_BYTES", "MIB",
+    "MeasuredAnchor", "Output", "OutputError", "OutputExists", "PLAN_FIELDS", "PlanFile",
+    "PlanFileError", "PlanSpecError", "SHORT", "Specs", "Study", "StudyError", "TRUE",
+    "YamlInputError", "anchor_matches", "anchor_specs", "anchored", "build_specs",
+    "calibration_yaml", "case_from_row", "check", "check_target", "format_plan", "get_preset",
+    "load_calibration", "load_plan_file", "load_study", "load_yaml", "make_plan", "model_key",
+    "open_atomic", "open_input", "own_dispatch_unsaid", "parse_assignments", "parse_plan",
+    "path_component", "plan_dict", "plan_file_specs", "presumed_split", "read_input", "shown",
+    "with_calibration", "write_atomic",
 ]

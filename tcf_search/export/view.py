@@ -17,12 +17,12 @@ from costmodel.recompute_modules import MEGATRON_DEFAULT
 from costmodel.rule_facts import framework_facts, graph_facts
 from costmodel.specs import ModelSpec
 from hardware_catalog.frameworks import framework_profile
-from search.inputs import PlanFile
+from search.inputs import LOSS_KERNELS, PlanFile
 
 from .options import ExportOptions, target_for
 
 # the loss kernels that are Megatron-Core's fused cross-entropy, by its cross_entropy_fusion_impl
-LOSS_FUSION = {"native": "native", "te_inplace": "te"}
+LOSS_FUSION = {kernel: impl for impl, kernel in LOSS_KERNELS.items()}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
