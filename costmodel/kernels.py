@@ -62,8 +62,8 @@ class Kernels:
     act: float  # bytes of an activation element
     hbm: float  # achieved bandwidth of elementwise kernels
     fp8: bool
-    cast_bytes: float = 0.0  # HBM bytes a GEMM input's fp8 cast moves per element
-    weight_cast: bool = False  # each GEMM casts its weight (no cache, no fp8 weights)
+    cast_bytes: float  # HBM bytes a GEMM input's fp8 cast moves per element
+    weight_cast: bool  # each GEMM casts its weight (no cache, no fp8 weights)
 
     def gemm(self, n: np.ndarray | float, k: np.ndarray | float,
              split: bool = False) -> np.ndarray:

@@ -152,19 +152,17 @@ REASONS = {
 # (Megatron-Bridge scripts/performance configs: grad_reduce_in_fp32 = False; its fp8 presets:
 # fp8_param_gather = True); Llama 3 reduced gradients in fp32 (Dubey et al., sec. 3.3.4).
 NUMERICS = {
-    "grad_reduce_in_bf16": ("gradients accumulated and reduced in bf16",
+    "grad_reduce_in_bf16": (True, "gradients accumulated and reduced in bf16",
                             lambda tr: (tr.precision in ("bf16", "fp8")
                                         and tr.framework.numerics.grad_dtype_bytes > 2),
                             lambda tr: tr.with_switches(grad_dtype_bytes=2)),
-    "fp8_param_gather": ("fp8 weights only, gathered in fp8",
+    "fp8_param_gather": (True, "fp8 weights only, gathered in fp8",
                          lambda tr: (tr.precision == "fp8"
                                      and not tr.framework.numerics.fp8_param_gather),
                          lambda tr: tr.with_switches(fp8_param_gather=True)),
-}
-# ... and its loss kernels: Transformer Engine's in-place cross-entropy, which the performance
-# recipes run (Megatron-Bridge's _set_common_perf_overrides: cross_entropy_fusion_impl "te"), a
-# choice of kernel the study states (the same numbers trained, fp32 inside the kernel)
-KERNELS = {
+    # ... and its loss kernel: Transformer Engine's in-place cross-entropy, which the
+    # performance recipes run (Megatron-Bridge's _set_common_perf_overrides:
+    # cross_entropy_fusion_impl "te"), a choice of kernel (fp32 inside it, the same loss)
     "cross_entropy_fusion_impl": ("te", "Transformer Engine's in-place cross-entropy",
                                   lambda tr: tr.framework.kernels.loss_kernel != "te_inplace",
                                   lambda tr: tr.with_switches(loss_kernel="te_inplace")),
@@ -178,8 +176,7 @@ def numerics(subject: Subject, e: StepEstimate) -> list[dict[str, Any]]:
     if study is None or not is_megatron_core(study.training.framework):
         return []
     out = []
-    unsaid = [(f, True, *rest) for f, rest in NUMERICS.items()]
-    for field, value, what, applies, switched in [*unsaid, *((f, *v) for f, v in KERNELS.items())]:
+    for field, (value, what, applies, switched) in NUMERICS.items():
         if getattr(study.training, field) is not None or not applies(s.training):
             continue
         alt = estimate(s.model, s.cluster, subject.plan, switched(s.training))
