@@ -124,6 +124,17 @@ BIAS_FWD_OPS_PER_EXPERT, BIAS_BWD_OPS_PER_EXPERT = 2.0, 4.0
 BIAS_FWD_FIXED_OPS, BIAS_BWD_FIXED_OPS = 3.0, 2.0
 # shared_experts.py SharedExpertMLP: fc1, activation, fc2, and the add to the routed output
 SHARED_EXPERT_OPS = 4.0
+# a clamped gated activation (ModelSpec.swiglu_limit, gpt-oss's) as TEGroupedMLP runs it under
+# bias_activation_fusion (fusions/fused_bias_geglu.py weighted_bias_quick_geglu_impl,
+# core_v0.15.0 to core_v0.17.1): the gate half clamped from above and the linear half from both
+# sides, two eager ops, and the halves concatenated again (torch.cat) before the compiled
+# activation: a read and a write of f per clamp and of 2f for the cat, 8 elements per element of
+# the expert width, each top-k copy; then the activation's linear offset made a device tensor
+# from a host scalar (torch.tensor(linear_offset, device=...)), a blocking host-to-device copy,
+# which PyTorch completes with a stream synchronisation (aten/src/ATen/native/cuda/Copy.cu,
+# copy_kernel_cuda: memcpy_and_sync): the GPU drains once more per MoE layer forward
+GLU_CLAMP_ELEMS_PER_F = 8.0
+GLU_CLAMP_OPS = 4.0  # the two clamps, the cat and the offset's copy
 # a few bytes of token counts copied device-to-host on a side stream and the host woken by
 # its event (cudaMemcpyAsync + cudaEventSynchronize over PCIe): a prior, not fitted
 D2H_SYNC_S = 10e-6
@@ -150,6 +161,14 @@ def tokens_per_expert(model: ModelSpec, p: PlanArrays, kn: Kernels) -> np.ndarra
     own M / tp sequence shard with whole experts when EP folds over the TP ranks."""
     own = expert_tp(p).astype(float) / kn.tp
     return kn.tokens * own * model.moe_topk * p.ep / model.moe_experts
+
+
+def expert_act_elems(model: ModelSpec, tr: Training, act_elems: float) -> float:
+    """Forward HBM elements per token of the routed experts' activation function (a dense MLP's:
+    ``act_elems`` at width ffn_hidden) on the busiest rank's top-k copies at the expert width,
+    with a clamped activation's eager clamps and cat (:data:`GLU_CLAMP_ELEMS_PER_F`)."""
+    per_f = act_elems / model.ffn_hidden + (GLU_CLAMP_ELEMS_PER_F if model.swiglu_limit else 0.0)
+    return model.moe_topk * tr.framework.moe.moe_load_imbalance * per_f * model.expert_ffn_hidden
 
 
 def grouped_expert_time(model: ModelSpec, tr: Training, p: PlanArrays,
@@ -268,7 +287,7 @@ def host_segments(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     sort = sort_ops(model, tr, p)
     experts = (GEMMS_PER_EXPERT * local + EXPERT_FIXED_OPS
                + (GEMMS_PER_EXPERT * local + FP8_PADDING_OPS if fp8 else 0.0)
-               + expert_bias_ops(model, p)[0])
+               + expert_bias_ops(model, p)[0] + (GLU_CLAMP_OPS if model.swiglu_limit else 0.0))
     middle = (host_syncs(tr, p) * DTOH_OPS + np.where(p.ep > 1, A2A_OPS, 0.0)
               + np.where(etp > 1, EXPERT_TP_COLLECTIVES, 0.0) + sort + experts
               + (shared if tr.framework.moe.moe_shared_expert_overlap else 0.0))
@@ -281,24 +300,26 @@ def host_segments(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
             "postprocess": ((FUSED_PERMUTE_OPS if fused else UNPERMUTE_OPS) + MLP_BDA_OPS) * ones}
 
 
-def sync_stall(tr: Training, p: PlanArrays, routed_s: np.ndarray, permute_s: np.ndarray,
-               segments: dict[str, np.ndarray]) -> np.ndarray:
+def sync_stall(model: ModelSpec, tr: Training, p: PlanArrays, routed_s: np.ndarray,
+               permute_s: np.ndarray, segments: dict[str, np.ndarray]) -> np.ndarray:
     """GPU idle time per MoE layer forward from the host's waits: the count's round trip and
     the host's issue of the first kernel after it, then what the host's issue of the rest of the
     layer's MoE operations (the collectives, the sort, the expert GEMMs, the unpermute; eager in
     every graph scope that leaves a sync) exceeds their GPU time; the transfers' own time, which
-    also lets the host catch up, is left out."""
+    also lets the host catch up, is left out. A clamped activation's copy
+    (:data:`GLU_CLAMP_OPS`) waits once more: a round trip and the next kernel's issue."""
     syncs = host_syncs(tr, p)
     after = segments["experts"] - syncs * DTOH_OPS + segments["postprocess"]
     host_post = after * tr.framework.kernels.host_overhead_s
     gpu_post = routed_s + permute_s / 2.0
-    return syncs * (D2H_SYNC_S + tr.framework.kernels.host_overhead_s
-                    + np.maximum(host_post - gpu_post, 0.0))
+    wait = D2H_SYNC_S + tr.framework.kernels.host_overhead_s
+    return (syncs * (wait + np.maximum(host_post - gpu_post, 0.0))
+            + (wait if model.swiglu_limit else 0.0))
 
 
 def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
               dense: _DenseLayer) -> MoeLayer:
-    h, f, fe = model.hidden, model.ffn_hidden, model.expert_ffn_hidden
+    h, fe = model.hidden, model.expert_ffn_hidden
     tp, elem, eff = kn.tp, dense.elem, kn.cluster.gpu.efficiency
     n_up_e = 2.0 * fe if model.ffn_type == "swiglu" else float(fe)
     routed = grouped_expert_time(model, tr, p, kn)
@@ -316,7 +337,7 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     gemm_s = dense.qkv_s + dense.out_s + moe_s
     # the experts' activation function runs on the top-k copies (the busiest rank's), at the
     # expert width
-    expert_act = model.moe_topk * tr.framework.moe.moe_load_imbalance * (elem.act_elems / f) * fe
+    expert_act = expert_act_elems(model, tr, elem.act_elems)
     per_elem_s = kn.tokens * kn.act / kn.hbm
     elem_s = per_elem_s * (elem.replicated + (elem.rope_elems * rope_width(model) + expert_act)
                            / tp)
@@ -330,7 +351,7 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     # the experts' GEMMs are not split for TP overlap: their weight gradients cost as forward
     fwd, bwd = fwd_bwd(gemm_s, dense.wgrad_attn_s + moe_s, dense.attention_s, elem_s,
                        elem.overhead_fwd_s, 1.0)
-    fwd = fwd + bias_fwd + sync_stall(tr, p, routed + bias_fwd, permute, segments)
+    fwd = fwd + bias_fwd + sync_stall(model, tr, p, routed + bias_fwd, permute, segments)
     bwd = bwd + bias_bwd
     return MoeLayer(routed_s=routed, permute_s=permute, router_s=router,
                     shared_s=np.broadcast_to(shared, kn.tokens.shape).astype(float),

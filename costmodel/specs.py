@@ -92,6 +92,9 @@ class ModelSpec:
     rope_scaling: RopeScaling | None = None  # long-context RoPE scaling (no cost; the exports)
     bias: Bias = "none"  # linear-layer biases: none, QKV only (Qwen2.x), every one (GPT-3)
     mtp_layers: int = 0  # multi-token prediction depths (Megatron --mtp-num-layers; costmodel.mtp)
+    # the routed experts' gated activation clamped to +-limit before it (gpt-oss's
+    # swiglu_limit; Megatron-Core's activation_func_clamp_value; costmodel.moe); 0: unclamped
+    swiglu_limit: float = 0.0
 
     def __post_init__(self) -> None:
         require_positive("model", layers=self.layers, hidden=self.hidden,
@@ -120,6 +123,10 @@ class ModelSpec:
                                             or self.moe_experts % self.moe_router.groups):
             raise SpecError(f"model.moe_router needs experts that its {self.moe_router.groups} "
                             f"groups divide, but got moe_experts={self.moe_experts}")
+        if self.swiglu_limit < 0 or (self.swiglu_limit and self.ffn_type != "swiglu"):
+            raise SpecError(f"model.swiglu_limit clamps a gated activation: >= 0, and 0 unless "
+                            f"ffn_type is 'swiglu', but got swiglu_limit={self.swiglu_limit}, "
+                            f"ffn_type={self.ffn_type!r}")
         if self.rope_scaling is not None and self.position_embedding != "rope":
             raise SpecError("model.rope_scaling needs position_embedding rope")
         if not 0 <= (n := self.moe_dense_layers) <= self.layers:

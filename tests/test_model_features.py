@@ -378,7 +378,7 @@ def _row(**cells: object) -> dict[str, str]:
 
 def test_csv_optional_columns_describe_the_model() -> None:
     case = case_from_row(_row(head_dim=64, sliding_window=128, window_skip_freq=2,
-                              attention_sinks="true"))
+                              attention_sinks="true", swiglu_limit=7))
     _same_model(case.model, dataclasses.replace(get_preset("gpt-oss-20b"), rope_base=10000.0))
     plain = case_from_row(_row())
     assert (plain.model.window_pattern, plain.model.qk_norm, plain.model.d_head) == (
@@ -389,11 +389,15 @@ def test_csv_optional_columns_describe_the_model() -> None:
     assert ds.model.qk_norm and ds.model.windowed_layers == 18
     with pytest.raises(ValueError, match="qk_norm: must be true or false"):
         case_from_row(_row(qk_norm="maybe"))
+    for bad in ("-1", "tight"):
+        with pytest.raises(ValueError, match="swiglu_limit: must be a number >= 0"):
+            case_from_row(_row(swiglu_limit=bad))
 
 
 def test_explain_names_the_layer_patterns(tmp_path: Path) -> None:
     assert model_features(get_preset("gpt-oss-120b")) == (
-        "sliding window 128 on 18 of 36 layers, 1 in 2 full; attention sinks")
+        "sliding window 128 on 18 of 36 layers, 1 in 2 full; attention sinks; "
+        "SwiGLU clamped at 7")
     assert model_features(get_preset("llama4-maverick")) == (
         "chunked attention 8192 on 36 of 48 layers, 1 in 4 full; MoE on 24 of 48 layers, 1 in 2")
     assert model_features(get_preset("qwen3-30b-a3b")) == "QK-norm"

@@ -42,6 +42,16 @@ def _int(cfg: dict[str, Any], *keys: str, default: int | None = None) -> int:
     return default
 
 
+def _number(cfg: dict[str, Any], key: str) -> float:
+    """A non-negative number the config may leave out (0.0 then)."""
+    value = cfg.get(key)
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise HfConfigError(f"config.json {key}: must be a number >= 0 (got {value!r})")
+    return float(value)
+
+
 def _ffn_type(cfg: dict[str, Any]) -> str:
     # Llama, Mistral, Qwen and DeepSeek use gated (SwiGLU) MLPs whatever the activation's name;
     # GPT-2-style configs (n_embd, activation_function) use a plain GELU MLP.
@@ -267,6 +277,8 @@ def model_from_hf_config(cfg: dict[str, Any], name: str = "model") -> ModelSpec:
         "attention_sinks": cfg.get("model_type") in SINK_TYPES,
         # DeepSeek-V3's multi-token prediction modules (costmodel.mtp)
         "mtp_layers": _int(cfg, "num_nextn_predict_layers", default=0),
+        # gpt-oss's clamped gated activation (costmodel.moe.GLU_CLAMP_ELEMS_PER_F)
+        "swiglu_limit": _number(cfg, "swiglu_limit"),
         **_layer_style(cfg),
         "rope_scaling": rope_scaling if "n_embd" not in cfg else None,
     }

@@ -87,6 +87,18 @@ def _int(row: Mapping[str, object], key: str, default: int | None = None) -> int
     return int(f)
 
 
+def _number(row: Mapping[str, object], key: str) -> float:
+    """A number >= 0 from an optional cell (0.0 where it is empty)."""
+    s = _cell(row, key)
+    try:
+        f = float(s) if s else 0.0
+    except ValueError:
+        raise CaseError(f"{key}: must be a number >= 0, but got {s!r}") from None
+    if not f >= 0:
+        raise CaseError(f"{key}: must be a number >= 0, but got {s!r}")
+    return f
+
+
 def _bool(row: Mapping[str, object], key: str, default: bool = False) -> bool:
     s = _cell(row, key).lower()
     if not s:
@@ -208,7 +220,7 @@ TRAINING_OWN = frozenset({"moe_dispatcher", "moe_a2a_overlap"})
 MODEL_OWN: dict[str, type] = {"mtp_layers": int, "head_dim": int, "qk_norm": bool,
                               "sliding_window": int, "window_skip_freq": int,
                               "attention_sinks": bool, "bias": str, "dense_layers": int,
-                              "dense_ffn_hidden": int, "vocab": int}
+                              "dense_ffn_hidden": int, "vocab": int, "swiglu_limit": float}
 # the ModelSpec field a release's model field sets, where the names differ
 MODEL_FIELD = {"dense_layers": "moe_dense_layers", "dense_ffn_hidden": "ffn_hidden"}
 
@@ -270,6 +282,7 @@ def case_from_row(row: Mapping[str, object],
         attention_chunk=_int(row, "attention_chunk", 0),
         window_skip_freq=_int(row, "window_skip_freq", 0),
         attention_sinks=_bool(row, "attention_sinks"), qk_norm=_bool(row, "qk_norm"),
+        swiglu_limit=_number(row, "swiglu_limit"),
     )
     gpu = get_gpu(_cell(row, "gpu"))
     try:

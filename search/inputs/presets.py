@@ -91,17 +91,17 @@ PRESETS: dict[str, ModelSpec] = {
     # window_attn_skip_freq = 2); learnable attention sinks per head; biases on the attention
     # and expert linears (attention_bias: true); vocab 201,088, untied; rope_theta 150000.
     # Published: 116.8B / 20.9B total, 5.1B / 3.6B active (model card; the input embedding,
-    # a lookup, not counted active).
+    # a lookup, not counted active). The experts' gated activation clamped to +-7 (swiglu_limit).
     "gpt-oss-120b": ModelSpec(name="gpt-oss-120b", layers=36, hidden=2880, ffn_hidden=2880,
                               heads=64, kv_heads=8, head_dim=64, vocab=201088,
                               moe_experts=128, moe_topk=4, moe_ffn_hidden=2880,
                               sliding_window=128, window_skip_freq=2, attention_sinks=True,
-                              bias="all", rope_base=150000.0),
+                              bias="all", rope_base=150000.0, swiglu_limit=7.0),
     "gpt-oss-20b": ModelSpec(name="gpt-oss-20b", layers=24, hidden=2880, ffn_hidden=2880,
                              heads=64, kv_heads=8, head_dim=64, vocab=201088,
                              moe_experts=32, moe_topk=4, moe_ffn_hidden=2880,
                              sliding_window=128, window_skip_freq=2, attention_sinks=True,
-                             bias="all", rope_base=150000.0),
+                             bias="all", rope_base=150000.0, swiglu_limit=7.0),
     # Llama 4 Maverick (Meta, 2025; config.json text_config of
     # meta-llama/Llama-4-Maverick-17B-128E): 48 layers of width 5,120, 40 heads of 128 dims, 8
     # KV heads; interleave_moe_layer_step 2 (layers 1, 3, ... MoE: 128 experts of width 8,192
@@ -126,8 +126,12 @@ GPT_OSS_APPROXIMATION = (
     "attention factor of 1.35), which Megatron-LM 0.16's flags give only beside latent "
     "attention and which Megatron-Core then runs unfused (Transformer Engine's fused RoPE takes "
     "no attention factor: rope_utils.py apply_rotary_pos_emb), about ten more passes over the "
-    "queries and keys each way, not priced here. The experts' clamped SwiGLU (swiglu_limit 7.0) "
-    "is priced and exported as plain SwiGLU.")
+    "queries and keys each way, not priced here. The experts' activation is priced as "
+    "Megatron-Core runs gpt-oss's (a SwiGLU clamped at swiglu_limit 7.0, its clamps eager), but "
+    "exported to Megatron-LM as plain SwiGLU: its 0.16 flags have no clamp or linear offset "
+    "(TransformerConfig activation_func_clamp_value, glu_linear_offset); Megatron-Bridge's "
+    "GPT-OSS recipe builds both.")
+
 
 APPROXIMATIONS: dict[str, str] = {
     "deepseek-v3": "The multi-token-prediction module (14B, one layer) runs on the last "

@@ -127,6 +127,8 @@ class Architecture(_Section):
     attention_sinks: Bool = False  # a learnable softmax offset per head (gpt-oss)
     qk_norm: Bool = False  # RMSNorm over each query and key head (Qwen3)
     mtp_layers: Int = Field(default=0, ge=0)  # multi-token prediction depths (costmodel.mtp)
+    # the routed experts' gated activation clamped to +-limit (gpt-oss; 0: unclamped)
+    swiglu_limit: float = Field(default=0.0, ge=0)
 
 
 class ModelSection(_Section):

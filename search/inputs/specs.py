@@ -73,7 +73,8 @@ def build_model(study: Study) -> ModelSpec:
                 mla=MlaSpec(**arch.mla.model_dump()) if arch.mla else None,
                 sliding_window=arch.sliding_window, attention_chunk=arch.attention_chunk,
                 window_skip_freq=arch.window_skip_freq, attention_sinks=arch.attention_sinks,
-                qk_norm=arch.qk_norm, mtp_layers=arch.mtp_layers)
+                qk_norm=arch.qk_norm, mtp_layers=arch.mtp_layers,
+                swiglu_limit=arch.swiglu_limit)
     except HfConfigError as exc:
         raise StudyError(f"model.hf_config: {exc}") from None
     except SpecError as exc:

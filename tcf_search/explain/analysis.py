@@ -271,7 +271,8 @@ def with_baseline(doc: dict[str, Any], subject: Subject, flag: str | None) -> di
 
 def model_features(m: ModelSpec) -> str:
     """What the model's layers differ by, as priced: QK-norm, windowed or chunked attention on
-    which layers, sinks, and which layers are MoE ("" for a uniform model)."""
+    which layers, sinks, a clamped activation, and which layers are MoE ("" for a uniform
+    model)."""
     out = []
     if m.qk_norm:
         out.append("QK-norm")
@@ -282,6 +283,8 @@ def model_features(m: ModelSpec) -> str:
         out.append(f"{kind} on {m.windowed_layers} of {m.layers} layers{every}")
     if m.attention_sinks:
         out.append("attention sinks")
+    if m.swiglu_limit:
+        out.append(f"SwiGLU clamped at {m.swiglu_limit:g}")
     if m.is_moe and m.moe_layers < m.layers:
         dense = f", first {m.moe_dense_layers} dense" if m.moe_dense_layers else ""
         every = f", 1 in {m.moe_layer_freq}" if m.moe_layer_freq > 1 else ""

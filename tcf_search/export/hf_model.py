@@ -32,14 +32,15 @@ def _plain_attention(m: ModelSpec) -> bool:
 def _patterned_family(m: ModelSpec) -> str | None:
     """The families of per-layer patterns (transformers 5's configuration files):
     gpt_oss (``layer_types`` of sliding and full attention, a sink per head, biases on every
-    linear, every layer MoE by top-k softmax), llama4_text (``layer_types`` of chunked and full
-    attention, ``moe_layers`` by index, one shared expert, sigmoid router), qwen3 and qwen3_moe
-    (QK-norm; ``mlp_only_layers`` and ``decoder_sparse_step`` for the dense layers)."""
+    linear, every layer MoE by top-k softmax, the experts' SwiGLU clamped at ``swiglu_limit``),
+    llama4_text (``layer_types`` of chunked and full attention, ``moe_layers`` by index, one
+    shared expert, sigmoid router), qwen3 and qwen3_moe (QK-norm; ``mlp_only_layers`` and
+    ``decoder_sparse_step`` for the dense layers)."""
     router = m.moe_router
     if m.attention_sinks:
         ok = (m.is_moe and m.bias == "all" and not m.qk_norm and not m.attention_chunk
               and not (m.moe_shared_experts or m.moe_dense_layers or m.moe_layer_freq > 1)
-              and router is None and m.rope_scaling is None)
+              and router is None and m.rope_scaling is None and m.swiglu_limit > 0)
         return "gpt_oss" if ok else None
     if m.attention_chunk or (m.is_moe and m.moe_router == MoeRouter(score="sigmoid")):
         ok = (m.is_moe and m.bias == "none" and not m.qk_norm and not m.sliding_window
@@ -58,6 +59,8 @@ def family(m: ModelSpec) -> str | None:
     llama_parts = (m.norm == "rmsnorm" and m.position_embedding == "rope"
                    and m.ffn_type == "swiglu")
     router = m.moe_router
+    if m.swiglu_limit and not m.attention_sinks:  # only gpt_oss clamps its activation
+        return None
     if not _plain_attention(m) or router == MoeRouter(score="sigmoid"):
         if not llama_parts or m.mla is not None or (m.rope_scaling
                                                      and m.rope_scaling.kind == "yarn"):
@@ -90,7 +93,7 @@ def _patterned(kind: str, m: ModelSpec) -> dict[str, Any]:
     if kind == "gpt_oss":
         return {"intermediate_size": m.expert_ffn_hidden, "num_local_experts": m.moe_experts,
                 "num_experts_per_tok": m.moe_topk, "attention_bias": True,
-                "sliding_window": m.sliding_window or None,
+                "swiglu_limit": m.swiglu_limit, "sliding_window": m.sliding_window or None,
                 "layer_types": ["sliding_attention" if w else "full_attention"
                                 for w in windowed]}
     if kind == "llama4_text":  # RoPE on every layer, as priced (no NoPE layers)
