@@ -43,6 +43,16 @@ def test_a_regime_priced_too_fast_is_positive_and_too_slow_negative() -> None:
     assert out["size"] == {"3-15B": {"median_log_ratio": pytest.approx(0.0, abs=1e-12),
                                      "rows": 15}}
     assert set(out["mode"]) == {"compiled"} and set(out["kind"]) == {"dense"}
+    assert set(out["recompute"]) == {"unstated"}  # a frame without the column
+
+
+def test_recomputation_is_an_axis() -> None:
+    """Full recomputation (a forward run twice) is priced apart from none: its bias shows."""
+    f = pd.concat([_rows(6, recompute="full"), _rows(6, recompute="none")], ignore_index=True)
+    tok = f["tokens_per_sec_per_gpu"] * f["recompute"].map({"full": 0.9, "none": 1.0})
+    out = bias_by_regime(f, tok, pd.Series(True, index=f.index), _params(f))
+    assert out["recompute"]["full"]["median_log_ratio"] == pytest.approx(math.log(0.9))
+    assert out["recompute"]["none"]["median_log_ratio"] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_only_the_rows_asked_for_are_judged() -> None:

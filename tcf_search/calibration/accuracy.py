@@ -240,6 +240,8 @@ def regime_axes(f: pd.DataFrame, params: pd.Series) -> dict[str, pd.Series]:
         "kind": pd.Series(np.where(pd.to_numeric(f["moe_experts"], errors="coerce")
                                    .fillna(0) > 0, "moe", "dense"), index=f.index),
         "mode": compiled.map({"true": "compiled", "false": "eager"}).fillna("unstated"),
+        "recompute": f.get("recompute", pd.Series(index=f.index, dtype=object))
+        .fillna("unstated").astype(str),
         "family": f["gpu"].map(lambda g: _family(str(g))),
     }
 
