@@ -92,8 +92,9 @@ class ModelSpec:
     rope_scaling: RopeScaling | None = None  # long-context RoPE scaling (no cost; the exports)
     bias: Bias = "none"  # linear-layer biases: none, QKV only (Qwen2.x), every one (GPT-3)
     mtp_layers: int = 0  # multi-token prediction depths (Megatron --mtp-num-layers; costmodel.mtp)
-    # the routed experts' gated activation clamped to +-limit before it (gpt-oss's
-    # swiglu_limit; Megatron-Core's activation_func_clamp_value; costmodel.moe); 0: unclamped
+    # the gated activation's inputs clamped to +-limit (gpt-oss's swiglu_limit; Megatron-Core's
+    # activation_func_clamp_value), priced on the routed experts (costmodel.moe; a dense MLP's
+    # clamp is not: gpt-oss has none); 0: unclamped
     swiglu_limit: float = 0.0
 
     def __post_init__(self) -> None:
