@@ -163,6 +163,12 @@ def tokens_per_expert(model: ModelSpec, p: PlanArrays, kn: Kernels) -> np.ndarra
     return kn.tokens * own * model.moe_topk * p.ep / model.moe_experts
 
 
+def glu_clamp_ops(model: ModelSpec) -> float:
+    """Operations a clamped activation adds to each run of the experts' activation
+    (:data:`GLU_CLAMP_OPS`; 0 unclamped)."""
+    return GLU_CLAMP_OPS if model.swiglu_limit else 0.0
+
+
 def expert_act_elems(model: ModelSpec, tr: Training, act_elems: float) -> float:
     """Forward HBM elements per token of the routed experts' activation function (a dense MLP's:
     ``act_elems`` at width ffn_hidden) on the busiest rank's top-k copies at the expert width,
@@ -287,7 +293,7 @@ def host_segments(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     sort = sort_ops(model, tr, p)
     experts = (GEMMS_PER_EXPERT * local + EXPERT_FIXED_OPS
                + (GEMMS_PER_EXPERT * local + FP8_PADDING_OPS if fp8 else 0.0)
-               + expert_bias_ops(model, p)[0] + (GLU_CLAMP_OPS if model.swiglu_limit else 0.0))
+               + expert_bias_ops(model, p)[0] + glu_clamp_ops(model))
     middle = (host_syncs(tr, p) * DTOH_OPS + np.where(p.ep > 1, A2A_OPS, 0.0)
               + np.where(etp > 1, EXPERT_TP_COLLECTIVES, 0.0) + sort + experts
               + (shared if tr.framework.moe.moe_shared_expert_overlap else 0.0))

@@ -29,7 +29,7 @@ from costmodel.attention import qk_dim
 from costmodel.attention import rope_elems as rope_width
 from costmodel.graphs import DENSE_SEGMENTS, MOE_SEGMENTS, host_ops
 from costmodel.kernels import Kernels
-from costmodel.moe import GLU_CLAMP_OPS, MoeLayer, expert_act_elems
+from costmodel.moe import MoeLayer, expert_act_elems, glu_clamp_ops
 from costmodel.plans import PlanArrays
 from costmodel.recompute import every_other_gemm
 from costmodel.recompute_modules import CORE_ATTN, LAYERNORM, MLA_UP_PROJ, MLP, MOE_ACT, chosen
@@ -159,9 +159,9 @@ def _modules_extra(model: ModelSpec, tr: Training, has: Callable[[str], np.ndarr
         return _extra(tr, kn, (dense_extra, dense_extra), (dense_ops, dense_ops))
     moe_extra = both + (norms + norm) * norm_s
     # top-k copies of each token, expert width (a clamped activation's clamps, cat and
-    # offset copy run again, costmodel.moe.GLU_CLAMP_OPS; the copy's wait is priced in the
+    # offset copy run again, costmodel.moe.glu_clamp_ops; the copy's wait is priced in the
     # forward only)
-    act_ops = 1.0 + (GLU_CLAMP_OPS if model.swiglu_limit else 0.0)
+    act_ops = 1.0 + glu_clamp_ops(model)
     moe_extra = moe_extra + np.where(has(MOE_ACT), (
         per_elem_s * expert_act_elems(model, tr, dense.elem.act_elems) / kn.tp
         + act_ops * eff.kernel_overhead_s), 0.0)
