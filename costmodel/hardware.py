@@ -89,7 +89,9 @@ class Efficiency:
     # DeepEP's README (github.com/deepseek-ai/DeepEP, "Normal kernels with NVLink and RDMA
     # forwarding"; H800, NVLink ~160 GB/s, CX7 400 Gb/s ~50 GB/s): 153 GB/s within a node, and
     # over RDMA 43 GB/s at EP 16 (58 and 51 at EP 32 and 64): 0.96 of NVLink, 0.86 of the NIC,
-    # the smallest internode figure
+    # the smallest internode figure; its RDMA bytes count a token once per destination node,
+    # the sender's own included (tests/legacy/test_internode.py num_rdma_token_sent), and
+    # costmodel/parallel/expert.py counts them so
     flex_nvlink_bw_fraction: float = 153.0 / 160.0
     flex_network_bw_fraction: float = 43.0 / 50.0
     # NCCL runs one CTA per channel (NCCL_MIN_CTAS / NCCL_MAX_CTAS bound them; docs/env.html)

@@ -82,10 +82,12 @@ DEEPSEEK_V3_ROPE_SCALING = RopeScaling(kind="yarn", factor=40.0,
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MoeRouter:
     """How a token picks its experts beyond top-k (Hugging Face ``scoring_func``, ``n_group``,
-    ``topk_group``, ``routed_scaling_factor``, ``topk_method``). No cost term reads it: the
-    all-to-all is priced as if a token's experts could be anywhere, which group-limited routing
-    (DeepSeek-V3's, at most ``group_topk`` groups a token) only bounds. An export must still
-    train it. None on a ``ModelSpec``: softmax over the top-k (Mixtral, Qwen MoE)."""
+    ``topk_group``, ``routed_scaling_factor``, ``topk_method``). The cost reads the groups
+    alone: the flex dispatch sends a token once per destination rank and node, and
+    group-limited routing (DeepSeek-V3's, at most ``group_topk`` groups a token) reaches fewer
+    (``costmodel.parallel.expert.units_hit``); NCCL's all-to-all moves every routed copy
+    wherever it goes. An export must still train it. None on a ``ModelSpec``: softmax over the
+    top-k (Mixtral, Qwen MoE)."""
 
     score: Literal["softmax", "sigmoid"] = "softmax"
     groups: int = 1  # experts split into groups; a token takes experts of its group_topk best

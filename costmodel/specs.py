@@ -78,7 +78,7 @@ class ModelSpec:
     moe_ffn_hidden: int = 0
     moe_shared_experts: int = 0
     moe_dense_layers: int = 0
-    moe_router: MoeRouter | None = None  # beyond top-k softmax (no cost; the exports)
+    moe_router: MoeRouter | None = None  # beyond top-k softmax (its groups: the flex dispatch)
     mla: MlaSpec | None = None  # multi-head latent attention (costmodel.attention)
     sliding_window: int = 0  # tokens each query attends to at most (0: the whole sequence)
     attention_chunk: int = 0  # chunked attention: a query sees its own chunk only (Llama 4)

@@ -172,7 +172,7 @@ class Moe:
     Megatron-Core's ``--moe-token-dispatcher-type``: "alltoall" (permute, all-to-all over EP,
     all-gather over expert TP), "allgather" (every token all-gathered over TP x EP,
     reduce-scattered back) or "flex" (DeepEP / HybridEP: one copy of a token per destination
-    rank and per remote node)."""
+    rank and, through the RDMA stage, per destination node)."""
     moe_router_fusion: bool
     """``--moe-router-fusion``: the router's top-k and load-balancing loss as Transformer
     Engine's fused kernels."""

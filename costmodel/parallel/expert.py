@@ -8,8 +8,9 @@ dispatcher Megatron-Core runs (megatron/core/transformer/moe/token_dispatcher.py
 * ``allgather`` (MoEAllGatherTokenDispatcher): every token of the TP x EP group all-gathered,
   the experts' outputs reduce-scattered back (NCCL rings);
 * ``flex`` (MoEFlexTokenDispatcher, DeepEP / HybridEP's fused dispatch and combine): a token
-  travels once to each destination rank, and over the network once to each remote node, whose
-  NVLink forwards it to its ranks, at the fused kernels' own bandwidth (``Efficiency.flex_*``).
+  travels once to each destination rank, and through the RDMA stage once to each destination
+  node (its own node's copy staged locally, as DeepEP's figures count it), whose NVLink forwards
+  it to its ranks, at the fused kernels' own bandwidth (``Efficiency.flex_*``).
 
 The all-to-all runs at ``all_to_all_bw_ratio`` times the ring collectives' bandwidth of each link
 (the cluster's fitted NVLink and network fractions, so a fabric's fraction applies), at most the
@@ -23,6 +24,7 @@ shared experts' MLP runs during the exchange."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -82,6 +84,46 @@ def groups_hit(groups: np.ndarray, experts: int, k: int) -> np.ndarray:
     return groups * (1.0 - miss)
 
 
+def _limited_hit(units: float, experts: int, k: int, groups: int, chosen: int) -> float:
+    """Expected units hit by a token whose k experts are uniform over the experts of its
+    ``chosen`` expert groups (of ``groups``), where units and groups nest; NaN where not."""
+    pool = chosen * experts // groups  # the experts a token may take
+
+    def missed(held: int) -> float:  # C(pool - held, k) / C(pool, k)
+        return math.comb(pool - held, k) / math.comb(pool, k)
+
+    u = int(units)
+    if u != units or u < 1:
+        return math.nan
+    if u % groups == 0:  # units inside a group: chosen x u / groups candidates
+        return chosen * u / groups * (1.0 - missed(experts // u))
+    if groups % u:
+        return math.nan
+    per = groups // u  # groups inside a unit: it holds j chosen ones, hypergeometrically
+    odds = (math.comb(per, j) * math.comb(groups - per, chosen - j) / math.comb(groups, chosen)
+            for j in range(1, min(per, chosen) + 1))
+    return u * sum(w * (1.0 - missed(j * experts // groups))
+                   for j, w in enumerate(odds, start=1))
+
+
+def units_hit(units: np.ndarray, model: ModelSpec) -> np.ndarray:
+    """Expected units (EP ranks or nodes, E / units experts each) a token's top-k experts fall
+    in. Under group-limited routing (``model.moe_router``: the k experts taken among the
+    ``group_topk`` best of its ``groups`` expert groups; DeepSeek-V3's 4 of 8, at most 4 nodes
+    at EP 64, Megatron-Core's --moe-router-num-groups / --moe-router-group-topk) a token's
+    experts are uniform over its chosen groups' experts, and it reaches fewer units than
+    uniform routing (:func:`groups_hit`) does; where units and groups do not nest, the uniform
+    count, which the limit only lowers."""
+    uniform = groups_hit(units, model.moe_experts, model.moe_topk)
+    r = model.moe_router
+    if r is None or r.group_topk >= r.groups:
+        return uniform
+    values, back = np.unique(np.asarray(units, dtype=float), return_inverse=True)
+    limited = np.array([_limited_hit(v, model.moe_experts, model.moe_topk, r.groups,
+                                     r.group_topk) for v in values])[back].reshape(uniform.shape)
+    return np.where(np.isnan(limited), uniform, limited)
+
+
 def _all_to_all(nv_bytes: np.ndarray, net_bytes: np.ndarray, g: Mesh, cluster: ClusterSpec,
                 flex: bool = False) -> np.ndarray:
     """NVLink and NIC transfers of one exchange run concurrently, each at the all-to-all's
@@ -127,13 +169,19 @@ def _dispatch_s(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
     size = n * etp
     gathered = comm.gather_time(x_tok / max(model.moe_topk, 1) * size, size,
                                 np.minimum(size, float(cluster.nvlink_domain)), g.link)
-    # flex: one copy per destination rank, per remote node (each expert-TP shard of an expert
-    # is a destination rank; the shards share a node)
+    # flex: one copy per destination rank (each expert-TP shard of an expert is a destination
+    # rank; the shards share a node), and across nodes one per destination node, the sender's
+    # own included: DeepEP's internode kernels pass a token for its own node through the same
+    # RDMA-stage buffers (csrc/kernels/legacy/internode.cu: the local node's send buffer is its
+    # recv buffer, the others' go out by nvshmemi_ibgda_put_nbi_warp) and the forwarders, and
+    # its published RDMA figures count those bytes (tests/legacy/test_internode.py
+    # num_rdma_token_sent: the distinct nodes of each token's top-k, its own among them), so the
+    # bytes the fraction paces are counted the same way
     per_copy = x_tok / max(model.moe_topk, 1)
     nodes = np.maximum(n / k, 1.0)
-    ranks = groups_hit(n, model.moe_experts, model.moe_topk) * etp
-    remote = groups_hit(nodes, model.moe_experts, model.moe_topk) * (nodes - 1) / nodes
-    fused = _all_to_all(per_copy * ranks * (n - 1) / n, per_copy * remote, g, cluster, flex=True)
+    ranks = units_hit(n, model) * etp
+    staged = np.where(nodes > 1.0, units_hit(nodes, model), 0.0)
+    fused = _all_to_all(per_copy * ranks * (n - 1) / n, per_copy * staged, g, cluster, flex=True)
     # alltoall: every copy to its EP rank; under expert TP the expert-TP ranks all-gather what
     # they received and reduce-scatter the results, over the expert-TP group's links
     # (Megatron-Core's --expert-tensor-parallel-size: tp by default, 1 where EP folds, any size

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from costmodel.errors import SpecError, TcfError
+from costmodel.layer_style import MoeRouter
 from costmodel.mapping import counted_split
 from costmodel.mla import MLA_FIELDS, MlaError, MlaSpec
 from costmodel.plan_fields import PLAN_FIELDS, PLAN_KEYS, PlanField
@@ -216,11 +217,14 @@ TRAINING_OWN = frozenset({"moe_dispatcher", "moe_a2a_overlap"})
 # optional column) and ``dense_ffn_hidden``, their MLP width, which no column carries (a MoE row's
 # ffn_hidden is the expert's, the schema's convention): Bridge's DeepSeekV3ModelProvider builds
 # ffn_hidden_size 18432 beside moe_ffn_hidden_size 2048. The vocabulary, where a table leaves
-# it empty and its release's tokenizer gives it (NeMo's 24.07 GPT-3 rows).
+# it empty and its release's tokenizer gives it (NeMo's 24.07 GPT-3 rows). The router beyond
+# top-k (DeepSeek-V3's group-limited one: ``moe_router``, MoeRouter's fields), which no column
+# carries.
 MODEL_OWN: dict[str, type] = {"mtp_layers": int, "head_dim": int, "qk_norm": bool,
                               "sliding_window": int, "window_skip_freq": int,
                               "attention_sinks": bool, "bias": str, "dense_layers": int,
-                              "dense_ffn_hidden": int, "vocab": int, "swiglu_limit": float}
+                              "dense_ffn_hidden": int, "vocab": int, "swiglu_limit": float,
+                              "moe_router": dict}
 # the ModelSpec field a release's model field sets, where the names differ
 MODEL_FIELD = {"dense_layers": "moe_dense_layers", "dense_ffn_hidden": "ffn_hidden"}
 
@@ -231,6 +235,8 @@ def with_release_model(model: ModelSpec, row: Mapping[str, object],
     and the dense MLP width its optional ``dense_ffn_hidden`` cell gives; a dense MLP width keeps
     the experts' own (the row's ffn_hidden, where moe_ffn_hidden is empty)."""
     given = {MODEL_FIELD.get(k, k): v for k, v in own.items() if not _cell(row, k)}
+    if "moe_router" in given:
+        given["moe_router"] = MoeRouter(**given["moe_router"])
     if _cell(row, "dense_ffn_hidden"):
         given["ffn_hidden"] = _int(row, "dense_ffn_hidden")
     if "ffn_hidden" in given and model.is_moe:

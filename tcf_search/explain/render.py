@@ -134,7 +134,7 @@ def _communication(doc: dict[str, Any], con: Console) -> None:
 
 DISPATCHERS = {"alltoall": "alltoall (NCCL all-to-all of every routed copy)",
                "allgather": "allgather (every token gathered over TP x EP)",
-               "flex": "flex (DeepEP: a token once per destination rank and remote node)"}
+               "flex": "flex (DeepEP: a token once per destination rank and node)"}
 
 
 def _placement(at: dict[str, Any], con: Console) -> None:
