@@ -129,6 +129,15 @@ def release_switches(source: str, detail: str, model: str = "",
     return _at_precision({**releases.get("*", {}), **releases[key]}, precision)
 
 
+def table_errata(source: str, detail: str, model: str = "") -> dict[str, object]:
+    """The cells of a measured row's published table that its release's own code contradicts
+    (``table_errata`` in frameworks.yaml, keyed as :func:`release_switches`): the code's
+    values, and ``why``; {} for a row without any."""
+    errata = (load_profiles().get("table_errata") or {}).get(source.strip().lower(), {})
+    key = release_key(detail, model)
+    return dict(errata.get(key) or {}) if key else {}
+
+
 def row_defaults(framework: str, precision: str = "bf16", source: str = "",
                  detail: str = "", model: str = "") -> dict[str, object]:
     """What a measured row ran where its cells are silent (plan knobs and Training switches):

@@ -94,3 +94,31 @@ def test_the_deepseek_v3_preset_and_bridge_rows_carry_the_group_limited_router()
         router = case_from_row(bridge_row(DSV3, release, "DGX-B200")).model.moe_router
         assert router is not None and (router.groups, router.group_topk) == (8, 4)
         assert router == get_preset("deepseek-v3").moe_router
+
+
+def test_a_table_cell_its_release_s_code_contradicts_is_priced_as_the_code_ran() -> None:
+    """frameworks.yaml ``table_errata``: Megatron-Bridge's 25.11 DGX-B200 GPT-OSS row says EP 8
+    where v0.2.2's config runs EP 64; the row is priced at EP 64 and predict says why; the
+    26.04.01 row (EP 8 in table and code alike) keeps its cell."""
+    from test_bridge_releases import GPTOSS
+
+    b200 = {**GPTOSS, "gpu": "b200-180gb", "pp": 1, "dp": 64, "micro_batch": 4,
+            "global_batch": 512}
+    old = case_from_row(bridge_row(b200, "25.11", "DGX-B200"))
+    assert old.plan.ep == 64
+    assert any(a.startswith("ep=64 (the table's 8)") and "v0.2.2" in a for a in old.assumed)
+    new = case_from_row(bridge_row({**b200, "global_batch": 1280}, "26.04.01", "DGX-B200"))
+    assert new.plan.ep == 8 and not any(a.startswith("ep=") for a in new.assumed)
+    h100 = case_from_row(bridge_row({**GPTOSS, "micro_batch": 4, "global_batch": 512},
+                                    "25.11", "DGX-H100"))
+    assert h100.plan.micro_batch == 1
+
+
+def test_every_erratum_names_row_columns_and_says_why() -> None:
+    from hardware_catalog.frameworks import load_profiles
+
+    layout = {"tp", "pp", "vpp", "cp", "ep", "dp", "zero_stage", "micro_batch", "global_batch"}
+    for source, entries in (load_profiles().get("table_errata") or {}).items():
+        for key, fix in entries.items():
+            assert str(fix.get("why", "")).strip(), (source, key)
+            assert set(fix) - {"why"} <= layout, (source, key)

@@ -15,7 +15,12 @@ from costmodel.mla import MLA_FIELDS, MlaError, MlaSpec
 from costmodel.plan_fields import PLAN_FIELDS, PLAN_KEYS, PlanField
 from costmodel.specs import ClusterSpec, ModelSpec, Plan, Training
 from hardware_catalog import CatalogError, get_gpu
-from hardware_catalog.frameworks import release_switches, resolve_framework, row_defaults
+from hardware_catalog.frameworks import (
+    release_switches,
+    resolve_framework,
+    row_defaults,
+    table_errata,
+)
 from search.inputs.links import ClusterCalibration, anchored
 from search.inputs.specs import cluster_spec, training_spec
 
@@ -256,10 +261,24 @@ def framework_ffn_hidden(row: Mapping[str, object], framework: str) -> tuple[int
     return ffn, f"ffn_hidden={ffn} (Megatron-LM's default for an unset --ffn-hidden-size)"
 
 
+def with_errata(row: Mapping[str, object]) -> tuple[Mapping[str, object], str]:
+    """``row`` with the cells its published table got wrong against its release's own code
+    replaced by the code's (``table_errata`` in frameworks.yaml), and a note naming each."""
+    fix = table_errata(_cell(row, "source"), _cell(row, "source_detail"),
+                       _cell(row, "model_name"))
+    why = str(fix.pop("why", ""))
+    if not fix:
+        return row, ""
+    said = ", ".join(f"{k}={v} (the table's {_cell(row, k).removesuffix('.0') or 'empty'})"
+                     for k, v in fix.items())
+    return {**row, **{k: str(v) for k, v in fix.items()}}, f"{said}: {why}"
+
+
 def case_from_row(row: Mapping[str, object],
                   calibration: ClusterCalibration | None = None) -> Case:
     """A row as cost-model inputs; with ``calibration`` (``predict --calibration``), its
     cluster anchored on that cluster calibration file."""
+    row, erratum = with_errata(row)
     mla = row_mla(row)
     heads = _int(row, "heads")
     framework = resolve_framework(_cell(row, "framework"), _cell(row, "source"))
@@ -332,7 +351,7 @@ def case_from_row(row: Mapping[str, object],
         cluster = anchored(cluster, calibration)
     return Case(model=model, cluster=cluster, plan=plan, training=training,
                 given=frozenset(given | ({"micro_batch"} if split else set())),
-                framework=framework, assumed=tuple(a for a in (assumed, ran, split) if a))
+                framework=framework, assumed=tuple(a for a in (erratum, assumed, ran, split) if a))
 
 
 def launched_micro_batch(plan: Plan, training: Training, rule: str) -> tuple[Plan, str]:
