@@ -21,6 +21,7 @@ from costmodel import (
     plan_placement,
     plans_to_arrays,
 )
+from costmodel.parallel.expert import groups_hit, units_hit
 from costmodel.recompute_modules import mask_modules
 from hardware_catalog.frameworks import is_megatron_core
 from search import (
@@ -51,15 +52,29 @@ FLOP_CONVENTION = (
 MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "buffers", "overhead")
 
 
-def moe_dispatch(training: Training, plan: Plan) -> dict[str, Any]:
+def moe_dispatch(model: ModelSpec, training: Training, plan: Plan,
+                 placement: dict[str, Any]) -> dict[str, Any]:
     """The MoE dispatch the plan runs: its own (plan fields moe_dispatcher, moe_a2a_overlap)
-    or the training's, and which of the two it is."""
+    or the training's, and which of the two it is; under flex across nodes, how many of the EP
+    group's nodes a token's copies reach (``costmodel.parallel.expert.units_hit``: its own
+    among them, as DeepEP counts them; fewer under group-limited routing)."""
     own = training.framework.moe
-    return {"dispatcher": plan.moe_dispatcher or own.moe_dispatcher,
-            "a2a_overlap": (plan.moe_a2a_overlap == "on" if plan.moe_a2a_overlap
-                            else own.moe_a2a_overlap),
-            "plan_own": bool(plan.moe_dispatcher or plan.moe_a2a_overlap),
-            "training": {"dispatcher": own.moe_dispatcher, "a2a_overlap": own.moe_a2a_overlap}}
+    out: dict[str, Any] = {
+        "dispatcher": plan.moe_dispatcher or own.moe_dispatcher,
+        "a2a_overlap": (plan.moe_a2a_overlap == "on" if plan.moe_a2a_overlap
+                        else own.moe_a2a_overlap),
+        "plan_own": bool(plan.moe_dispatcher or plan.moe_a2a_overlap),
+        "training": {"dispatcher": own.moe_dispatcher, "a2a_overlap": own.moe_a2a_overlap}}
+    ep = next((g for g in placement.get("groups", []) if g["group"] == "ep"), None)
+    if out["dispatcher"] == "flex" and ep is not None and ep["nodes"] > 1:
+        nodes = np.array([ep["size"] / ep["per_node"]])
+        r = model.moe_router
+        out["reach"] = {"nodes": float(nodes[0]), "hit": float(units_hit(nodes, model)[0]),
+                        "uniform": float(groups_hit(nodes, model.moe_experts,
+                                                    model.moe_topk)[0]),
+                        "groups": (r.group_topk, r.groups) if r and r.group_topk < r.groups
+                        else None}
+    return out
 
 
 def _memory(e: StepEstimate) -> dict[str, Any]:
@@ -222,6 +237,7 @@ def explain(subject: Subject) -> dict[str, Any]:
                   if best.fits else
                   "none improves it — every one-knob neighbour breaks the memory limit")
     tokens, spread, sd, near = _anchored(s, plan, e.tokens_per_s_per_gpu)
+    placed = plan_placement(s.model, s.cluster, plan, s.training)
     return {
         "study": subject.name, "origin": subject.origin, "model": s.model.name,
         "model_features": model_features(s.model),
@@ -233,8 +249,8 @@ def explain(subject: Subject) -> dict[str, Any]:
         "plan": plan_dict(plan), "plan_text": format_plan(plan),
         "memory": _memory(e), "compute": {**_compute(e), **_stall(e, s.training)},
         "communication": {**_communication(e),
-                          "placement": plan_placement(s.model, s.cluster, plan, s.training),
-                          **({"moe_dispatch": moe_dispatch(s.training, plan)}
+                          "placement": placed,
+                          **({"moe_dispatch": moe_dispatch(s.model, s.training, plan, placed)}
                              if s.model.is_moe else {})},
         "step": {"step_time_s": e.step_time_s, "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
                  "tokens_per_step": e.tokens_per_step, "breakdown": breakdown,

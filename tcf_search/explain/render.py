@@ -130,6 +130,12 @@ def _communication(doc: dict[str, Any], con: Console) -> None:
                   + (f" (the plan's own; the training's: {t['dispatcher']}, "
                      f"{'overlapped' if t['a2a_overlap'] else 'not overlapped'})"
                      if d["plan_own"] else " (the training's)"))
+        if r := d.get("reach"):
+            limit = (f", {r['uniform']:.2f} without its router's limit to {r['groups'][0]} of "
+                     f"{r['groups'][1]} expert groups" if r["groups"] else "")
+            con.print(f"   a token's copies reach {r['hit']:.2f} of the EP group's "
+                      f"{r['nodes']:g} nodes, its own among them as DeepEP counts the RDMA "
+                      f"stage{limit}")
 
 
 DISPATCHERS = {"alltoall": "alltoall (NCCL all-to-all of every routed copy)",
