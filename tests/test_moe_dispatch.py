@@ -56,7 +56,7 @@ def test_the_training_s_dispatch_named_is_the_same_plan() -> None:
         check_plan(specs.model, specs.cluster, same, specs.training, specs.switches)
 
 
-def test_flex_sends_a_token_once_per_remote_node_and_the_overlap_hides_the_exchange() -> None:
+def test_flex_sends_a_token_once_per_node_and_the_overlap_hides_the_exchange() -> None:
     _, specs = specs_of()
     base = estimate(specs.model, specs.cluster, CROSS, specs.training)
     flex = estimate(specs.model, specs.cluster,
