@@ -24,7 +24,7 @@ import numpy as np
 from costmodel.attention import causal_keys, qk_dim, qkv_params, v_dim
 from costmodel.attention import rope_elems as rope_width
 from costmodel.graphs import DENSE_SEGMENTS, host_ops
-from costmodel.kernels import Kernels, fwd_bwd, kernels_of
+from costmodel.kernels import Kernels, attention_bwd_factor, fwd_bwd, kernels_of
 from costmodel.layer_parts import (
     FWD_KERNELS_PER_LAYER,
     _DenseLayer,
@@ -233,7 +233,7 @@ def _dense_layer(model: ModelSpec, tr: Training, kn: Kernels) -> _DenseLayer:
     attention_s = _attention_fwd(model, tr, kn)
     elem = _elementwise(model, tr, kn)
     fwd, bwd = fwd_bwd(gemm_s, wgrad, attention_s, elem.fwd_s, elem.overhead_fwd_s, 1.0,
-                       elem_bwd_s=elem.bwd_s)
+                       elem_bwd_s=elem.bwd_s, attention_bwd=attention_bwd_factor(tr))
     return _DenseLayer(qkv_s=qkv, out_s=out, gemm_s=gemm_s, wgrad_attn_s=wgrad_attn,
                        gemm_flops=2.0 * kn.tokens * (attention_params(model) + (n_up + f) * h) / tp,
                        attention_s=attention_s, elem=elem, fwd_s=fwd, bwd_s=bwd)

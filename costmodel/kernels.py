@@ -21,6 +21,14 @@ BWD_KERNEL_FACTOR = 2.0
 # split), autograd's kernel or two per elementwise op; a captured region replays its backward
 # graph as one launch
 BWD_HOST_FACTOR = 2.0
+# Flash attention's backward runs 2.5x its forward's FLOPs (the scores recomputed, then the three
+# gradients' matmuls) at a lower rate than the forward: on H100 SXM5 at head dim 128 and 4k-16k
+# tokens, FlashAttention-2 310-322 TFLOPS backward against 368-370 forward, cuDNN 499-516
+# against 595-609, FlashAttention-3 542-561 against 638-648 (Shah et al., 2024,
+# "FlashAttention-3", arXiv 2407.08608, figs. 5 and 6): 0.82-0.87 of the forward's rate. The
+# attention fractions (Efficiency.*attention_peak_fraction) are the forward's rate, so a
+# recomputed forward costs what a forward does. A prior, not fitted
+FLASH_BWD_RATE = 0.85
 # HBM bytes a compiled dynamic fp8 cast moves per element of its input: it reads the bf16 tensor
 # its producer wrote (2) and writes the fp8 copy (1). Dynamic (tensorwise) scaling needs the
 # tensor's amax before it can cast; torch.compile's Inductor computes that reduction in the
@@ -129,16 +137,25 @@ def kernels_of(cluster: ClusterSpec, tr: Training, p: PlanArrays) -> Kernels:
 
 
 
+def attention_bwd_factor(tr: Training) -> float:
+    """Attention's backward seconds over its forward's: flash attention's 2.5x the FLOPs at
+    ``FLASH_BWD_RATE`` of the forward's rate; unfused attention's twice the batched GEMMs and
+    the softmax's gradient, 2.5x as the forward runs them."""
+    return 2.5 / FLASH_BWD_RATE if tr.framework.attention.flash_attention else 2.5
+
+
 def fwd_bwd(gemm_s: np.ndarray, wgrad_s: np.ndarray, attention_s: np.ndarray,
             elem_s: np.ndarray, overhead_s: float, kernels: float,
-            elem_bwd_s: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+            elem_bwd_s: np.ndarray | None = None,
+            attention_bwd: float = 2.5) -> tuple[np.ndarray, np.ndarray]:
     """A layer's forward and backward: backward runs the GEMMs twice (the input gradients as
     the forward runs them, split where TP communication overlaps them; the weight gradients,
-    ``wgrad_s``, whole), 2.5x flash attention's forward FLOPs, the elementwise kernels'
-    backward traffic (``elem_bwd_s``, counted kernel by kernel; twice the forward's where not
-    given) and ``BWD_KERNEL_FACTOR`` times the kernels."""
+    ``wgrad_s``, whole), ``attention_bwd`` times attention's forward seconds
+    (:func:`attention_bwd_factor`), the elementwise kernels' backward traffic (``elem_bwd_s``,
+    counted kernel by kernel; twice the forward's where not given) and ``BWD_KERNEL_FACTOR``
+    times the kernels."""
     fwd = gemm_s + attention_s + elem_s + overhead_s * kernels
     elem_bwd = 2.0 * elem_s if elem_bwd_s is None else elem_bwd_s
-    bwd = (gemm_s + wgrad_s + 2.5 * attention_s + elem_bwd
+    bwd = (gemm_s + wgrad_s + attention_bwd * attention_s + elem_bwd
            + BWD_KERNEL_FACTOR * overhead_s * kernels)
     return fwd, bwd

@@ -45,7 +45,7 @@ import numpy as np
 from costmodel import dispatch
 from costmodel.attention import rope_elems as rope_width
 from costmodel.graphs import MOE_SEGMENTS, host_ops
-from costmodel.kernels import Kernels, fwd_bwd, gemm_time
+from costmodel.kernels import Kernels, attention_bwd_factor, fwd_bwd, gemm_time
 from costmodel.mapping import expert_tp
 from costmodel.plans import PlanArrays
 from costmodel.specs import ModelSpec, Training
@@ -356,7 +356,7 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
                       tr.framework.kernels.cuda_graph_scope)
     # the experts' GEMMs are not split for TP overlap: their weight gradients cost as forward
     fwd, bwd = fwd_bwd(gemm_s, dense.wgrad_attn_s + moe_s, dense.attention_s, elem_s,
-                       elem.overhead_fwd_s, 1.0)
+                       elem.overhead_fwd_s, 1.0, attention_bwd=attention_bwd_factor(tr))
     fwd = fwd + bias_fwd + sync_stall(model, tr, p, routed + bias_fwd, permute, segments)
     bwd = bwd + bias_bwd
     return MoeLayer(routed_s=routed, permute_s=permute, router_s=router,

@@ -57,3 +57,21 @@ def test_a_calibration_file_may_leave_it_zero_but_not_negative() -> None:
         base, flash1_attention_peak_fraction=0.0)
     with pytest.raises(CatalogError, match="flash1_attention_peak_fraction must be > 0"):
         efficiency_from_mapping("x", base, {"flash1_attention_peak_fraction": -0.1})
+
+
+def test_flash_attention_s_backward_runs_below_its_forward_s_rate() -> None:
+    """Flash attention's backward: 2.5x the forward's FLOPs at FLASH_BWD_RATE of its rate (the
+    FlashAttention-3 paper's figures, 0.82-0.87), so a layer's backward holds 2.5 / 0.85 of its
+    attention forward; unfused attention's backward stays 2.5x its forward."""
+    from costmodel.kernels import FLASH_BWD_RATE, attention_bwd_factor, fwd_bwd
+
+    assert 0.82 <= FLASH_BWD_RATE <= 0.87
+    flash = training_for("megatron", seq_len=8192, global_batch=64)
+    eager = training_for("megatron", seq_len=8192, global_batch=64, flash_attention=False)
+    assert attention_bwd_factor(flash) == pytest.approx(2.5 / FLASH_BWD_RATE)
+    assert attention_bwd_factor(eager) == 2.5
+    zero, attn = np.zeros(1), np.full(1, 0.01)
+    fwd, bwd = fwd_bwd(zero, zero, attn, zero, 0.0, 1.0, elem_bwd_s=zero,
+                       attention_bwd=attention_bwd_factor(flash))
+    assert float(fwd[0]) == pytest.approx(0.01)
+    assert float(bwd[0]) == pytest.approx(0.01 * 2.5 / FLASH_BWD_RATE)
