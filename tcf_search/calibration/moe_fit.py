@@ -10,7 +10,7 @@ deduplication), the bytes costmodel/parallel/expert.py prices. Grok-1's EP 8 at 
 spans four nodes as Qwen3-235B's EP 32 does, so both measure mostly the network's all-to-all;
 the one ratio fits NeMo's DGX Cloud rows (fabric unnamed: the family's fitted network fraction)
 and Megatron-Bridge's DGX-H100 rows (InfiniBand) alike: left-out fits of each model x GPU group
-give 0.778-0.797.
+give 0.779-0.799.
 
 Every other family takes hopper's: the blackwell MoE rows (Megatron-Bridge's B200, NeMo's
 GB200 Grok-1) are not fitted and test the transfer.
