@@ -146,8 +146,8 @@ def attention_bwd_factor(tr: Training) -> float:
 
 def fwd_bwd(gemm_s: np.ndarray, wgrad_s: np.ndarray, attention_s: np.ndarray,
             elem_s: np.ndarray, overhead_s: float, kernels: float,
-            elem_bwd_s: np.ndarray | None = None,
-            attention_bwd: float = 2.5) -> tuple[np.ndarray, np.ndarray]:
+            elem_bwd_s: np.ndarray | None = None, *,
+            attention_bwd: float) -> tuple[np.ndarray, np.ndarray]:
     """A layer's forward and backward: backward runs the GEMMs twice (the input gradients as
     the forward runs them, split where TP communication overlaps them; the weight gradients,
     ``wgrad_s``, whole), ``attention_bwd`` times attention's forward seconds

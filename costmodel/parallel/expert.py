@@ -124,6 +124,14 @@ def units_hit(units: np.ndarray, model: ModelSpec) -> np.ndarray:
     return np.where(np.isnan(limited), uniform, limited)
 
 
+def nodes_reached(nodes: np.ndarray, model: ModelSpec) -> np.ndarray:
+    """The nodes a token's copies pass through the fused (flex) dispatch's RDMA stage, of an EP
+    group over ``nodes`` nodes: each destination node once, its own included, as DeepEP's
+    internode kernels stage it and its figures count it (:func:`_dispatch_s`); none where the
+    group sits in one node."""
+    return np.where(nodes > 1.0, units_hit(nodes, model), 0.0)
+
+
 def _all_to_all(nv_bytes: np.ndarray, net_bytes: np.ndarray, g: Mesh, cluster: ClusterSpec,
                 flex: bool = False) -> np.ndarray:
     """NVLink and NIC transfers of one exchange run concurrently, each at the all-to-all's
@@ -180,8 +188,8 @@ def _dispatch_s(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
     per_copy = x_tok / max(model.moe_topk, 1)
     nodes = np.maximum(n / k, 1.0)
     ranks = units_hit(n, model) * etp
-    staged = np.where(nodes > 1.0, units_hit(nodes, model), 0.0)
-    fused = _all_to_all(per_copy * ranks * (n - 1) / n, per_copy * staged, g, cluster, flex=True)
+    fused = _all_to_all(per_copy * ranks * (n - 1) / n, per_copy * nodes_reached(nodes, model), g,
+                        cluster, flex=True)
     # alltoall: every copy to its EP rank; under expert TP the expert-TP ranks all-gather what
     # they received and reduce-scatter the results, over the expert-TP group's links
     # (Megatron-Core's --expert-tensor-parallel-size: tp by default, 1 where EP folds, any size

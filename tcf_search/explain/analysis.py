@@ -21,7 +21,7 @@ from costmodel import (
     plan_placement,
     plans_to_arrays,
 )
-from costmodel.parallel.expert import groups_hit, units_hit
+from costmodel.parallel.expert import groups_hit, nodes_reached
 from costmodel.recompute_modules import mask_modules
 from hardware_catalog.frameworks import is_megatron_core
 from search import (
@@ -56,7 +56,7 @@ def moe_dispatch(model: ModelSpec, training: Training, plan: Plan,
                  placement: dict[str, Any]) -> dict[str, Any]:
     """The MoE dispatch the plan runs: its own (plan fields moe_dispatcher, moe_a2a_overlap)
     or the training's, and which of the two it is; under flex across nodes, how many of the EP
-    group's nodes a token's copies reach (``costmodel.parallel.expert.units_hit``: its own
+    group's nodes a token's copies reach (``costmodel.parallel.expert.nodes_reached``: its own
     among them, as DeepEP counts them; fewer under group-limited routing)."""
     own = training.framework.moe
     out: dict[str, Any] = {
@@ -66,10 +66,11 @@ def moe_dispatch(model: ModelSpec, training: Training, plan: Plan,
         "plan_own": bool(plan.moe_dispatcher or plan.moe_a2a_overlap),
         "training": {"dispatcher": own.moe_dispatcher, "a2a_overlap": own.moe_a2a_overlap}}
     ep = next((g for g in placement.get("groups", []) if g["group"] == "ep"), None)
-    if out["dispatcher"] == "flex" and ep is not None and ep["nodes"] > 1:
-        nodes = np.array([ep["size"] / ep["per_node"]])
+    nodes = np.array([ep["size"] / ep["per_node"] if ep is not None else 1.0])
+    hit = float(nodes_reached(nodes, model)[0])
+    if out["dispatcher"] == "flex" and hit > 0:
         r = model.moe_router
-        out["reach"] = {"nodes": float(nodes[0]), "hit": float(units_hit(nodes, model)[0]),
+        out["reach"] = {"nodes": float(nodes[0]), "hit": hit,
                         "uniform": float(groups_hit(nodes, model.moe_experts,
                                                     model.moe_topk)[0]),
                         "groups": (r.group_topk, r.groups) if r and r.group_topk < r.groups
