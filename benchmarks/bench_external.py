@@ -96,6 +96,7 @@ from bridge_recipes import (  # noqa: E402
     training_facts,
 )
 from long_sequence import long_sequence_table  # noqa: E402
+from modelzoo import modelzoo_table  # noqa: E402
 from published_runs import (  # noqa: E402
     AUTOMODEL,
     BRIDGE,
@@ -398,6 +399,7 @@ def main() -> int:
     megatron_weak_scaling()
     bridge, clean = megatron_bridge_table()
     automodel = automodel_table()
+    modelzoo_table()
     moe, kept = bridge + automodel, clean + automodel
     if moe:
         print(f"\nMoE runs of both tables (issue 17's bar: 15%): {sum(moe) / len(moe):.1%} mean "

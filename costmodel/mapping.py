@@ -209,14 +209,16 @@ def counted_split(num_layers: int, pp: int, embedding: bool, loss: bool) -> tupl
     ``account_for_loss_in_pipeline_split``, megatron/core/transformer/transformer_config.py,
     ``__post_init__``): the ``layers + e + l`` units split evenly over the pp ranks, so rank 0
     holds one transformer layer fewer for the embedding and the last rank one fewer for the loss.
-    (0, 0) when neither counts (an even split); (-1, -1) when the units do not split evenly or a
-    rank would hold no transformer layer. Example: 126 layers, pp 16, both counted: 128 / 16 = 8
-    units a rank, so 7 + 14 * 8 + 7 (Llama 3.1 405B, Dubey et al. 2024, sec. 3.3)."""
-    if not (embedding or loss):
+    (0, 0) when neither counts or without a pipeline (Megatron-Core accepts the flags at pp 1:
+    any count of units divides over one rank, which holds every layer; transformer_block.py
+    ``get_num_layers_to_build``); (-1, -1) when the units do not split evenly or a rank would
+    hold no transformer layer. Example: 126 layers, pp 16, both counted: 128 / 16 = 8 units a
+    rank, so 7 + 14 * 8 + 7 (Llama 3.1 405B, Dubey et al. 2024, sec. 3.3)."""
+    if not (embedding or loss) or pp < 2:
         return 0, 0
     units = num_layers + int(embedding) + int(loss)
     share = units // pp
-    if pp < 2 or units % pp or share - 1 < 1:
+    if units % pp or share - 1 < 1:
         return -1, -1
     return share - int(embedding), share - int(loss)
 

@@ -39,6 +39,9 @@ def test_counted_split_worked_examples() -> None:
     assert counted_split(61, 2, False, True) == (31, 30)
     assert counted_split(126, 16, False, False) == (0, 0)
     assert counted_split(126, 5, True, True) == (-1, -1)  # 128 % 5 != 0
+    # no pipeline: Megatron-Core takes the flags (96 % 1 == 0) and builds all 94 layers on the
+    # one rank (the Megatron-MoE-ModelZoo's Qwen3-235B FSDP run, PP 1, sets both)
+    assert counted_split(94, 1, True, True) == (0, 0)
 
 
 @pytest.mark.parametrize(("layers", "pp", "vpp", "first", "last", "ok"), [
