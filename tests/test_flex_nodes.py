@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 from costmodel_helpers import training_for
-from test_bridge_releases import DSV3, bridge_row
+from test_bridge_releases import DSV3, QWEN235, bridge_row
 
 from costmodel import ClusterSpec, Plan, estimate
 from costmodel.layer_style import MoeRouter
@@ -112,6 +112,20 @@ def test_a_table_cell_its_release_s_code_contradicts_is_priced_as_the_code_ran()
     h100 = case_from_row(bridge_row({**GPTOSS, "micro_batch": 4, "global_batch": 512},
                                     "25.11", "DGX-H100"))
     assert h100.plan.micro_batch == 1
+
+
+def test_the_regressed_b200_qwen3_235b_row_runs_its_code_s_virtual_stages() -> None:
+    """25.11's DGX-B200 Qwen3-235B row says VP 2; v0.2.2's config runs VP 4, the recipe whose
+    20.1 s step PR #1760 started from (the row's 20.05 s): priced at VP 4, and said so. The
+    26.04.01 row (PP 8, no VP in table and code) keeps its cell."""
+    b200 = {**QWEN235, "gpu": "b200-180gb", "num_gpus": 64, "tp": 1, "pp": 8, "vpp": 2,
+            "dp": 8, "ep": 8, "micro_batch": 1, "global_batch": 1024}
+    old = case_from_row(bridge_row(b200, "25.11", "DGX-B200"))
+    assert old.plan.vpp == 4
+    assert any(a.startswith("vpp=4 (the table's 2)") and "#1760" in a for a in old.assumed)
+    new = case_from_row(bridge_row({**b200, "num_gpus": 256, "dp": 32, "vpp": 1,
+                                    "global_batch": 8192}, "26.04.01", "DGX-B200"))
+    assert new.plan.vpp == 1 and not any(a.startswith("vpp=") for a in new.assumed)
 
 
 def test_every_erratum_names_row_columns_and_says_why() -> None:
