@@ -58,6 +58,9 @@ class Efficiency:
         the NIC's line rate. Their own kernels (NVSHMEM, RDMA writes with NVLink forwarding), not
         NCCL's all-to-all, so not ``all_to_all_bw_ratio``: cited priors (see their defaults).
     host_link_bw_fraction: what a pinned device-host copy reaches of the host link (a prior).
+    flex_overlap_credit: the share of what Megatron-Core's combined 1F1B schedule can hide of the
+        fused (flex) dispatch's exchange (``costmodel.parallel.expert.paired_exposed``'s compute
+        windows) that it does hide: 1 as the windows say, 0 as if not overlapped (a prior).
     source: where the numbers come from (a fit and its rows, or a prior).
     """
 
@@ -102,6 +105,10 @@ class Efficiency:
     # PCIe x16 measure about 80% of line rate (CUDA samples' bandwidthTest: ~25 of 32 GB/s on
     # Gen4, ~50 of 64 on Gen5)
     host_link_bw_fraction: float = 0.8
+    # the schedule's windows as they are: no measured row tells this share from the flex
+    # fractions (the one that overlaps a fused dispatch, DeepSeek-V3 on B200, is predicted 9%
+    # slow at 1); prior_ranges.yaml gives its range
+    flex_overlap_credit: float = 1.0
     source: str = "prior"
 
 

@@ -40,8 +40,8 @@ def _load(directory: Path) -> dict[str, PriorRange]:
             raise CatalogError(f"{where}: needs exactly {sorted(_KEYS)}")
         low = as_number(f"{where}.low", entry["low"])
         high = as_number(f"{where}.high", entry["high"])
-        if not 0.0 < low <= high:
-            raise CatalogError(f"{where}: 0 < low <= high must hold, but got low={low}, "
+        if not 0.0 <= low <= high:
+            raise CatalogError(f"{where}: 0 <= low <= high must hold, but got low={low}, "
                                f"high={high}")
         out[str(name)] = PriorRange(field=str(name), low=low, high=high,
                                     source=str(entry["source"]))

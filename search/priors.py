@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from costmodel import Plan, estimate_batch, peak_memory_batch, plans_to_arrays
-from costmodel.dispatch import FLEX, dispatcher
+from costmodel.dispatch import FLEX, a2a_overlap, dispatcher
 from costmodel.memory import allocator_fraction
 from costmodel.plans import as_plan_arrays
 from costmodel.specs import ClusterSpec, Efficiency, ModelSpec, Training
@@ -23,8 +23,8 @@ from hardware_catalog.frameworks import memory_model
 from search.uncertainty import calibration_status
 
 # each term's one-letter mark beside a plan's interval in the run table (the legend names it)
-MARKS = {"offload prior": "o", "flex prior": "x", "borrowed fit": "b", "fabric prior": "n",
-         "allocator prior": "a"}
+MARKS = {"offload prior": "o", "flex prior": "x", "overlap prior": "v", "borrowed fit": "b",
+         "fabric prior": "n", "allocator prior": "a"}
 # terms whose re-pricing moves memory alone: the allocator's fragmentation, where the stack's
 # allocator does not stall near capacity (memory_model.pressure_slowdown 0), so tokens/s stays
 # and only the peak is recomputed (costmodel.peak_memory_batch)
@@ -104,6 +104,16 @@ def _terms(model: ModelSpec, cluster: ClusterSpec, tr: Training,
             f"{eff.flex_network_bw_fraction:g} of the NIC (a prior no measured row fits)",
             f"re-priced at {flex.low:g} and {flex.high:g}: {flex.source}"), uses,
             [(_with_efficiency(cluster, flex.field, v), tr) for v in (flex.low, flex.high)]))
+    credit = ranges.get("flex_overlap_credit")
+    if credit and model.moe_experts > 0:
+        uses = np.broadcast_to((dispatcher(tr, p) == FLEX) & a2a_overlap(tr, p) & (p.ep > 1),
+                               (n,))
+        out.append((PriorTerm(
+            "overlap prior", f"the fused MoE dispatch overlapped with the other micro-batch's "
+            f"compute, {eff.flex_overlap_credit:g} of what the combined 1F1B's windows allow "
+            f"hidden (a prior no measured row fits)",
+            f"re-priced at {credit.low:g} and {credit.high:g}: {credit.source}"), uses,
+            [(_with_efficiency(cluster, credit.field, v), tr) for v in (credit.low, credit.high)]))
     status = calibration_status(cluster)
     if not status["validated"] and not status["partly"]:
         fitted = _fitted_families()

@@ -126,7 +126,7 @@ def test_a_borrowed_family_and_a_fabric_without_rows_are_flagged() -> None:
 def test_a_prior_range_names_the_field_and_rule(tmp_path: Path) -> None:
     (tmp_path / "prior_ranges.yaml").write_text(
         "host_link_bw_fraction: {low: 0.9, high: 0.5, source: x}\n")
-    with pytest.raises(CatalogError, match=r"host_link_bw_fraction: 0 < low <= high"):
+    with pytest.raises(CatalogError, match=r"host_link_bw_fraction: 0 <= low <= high"):
         load_prior_ranges(tmp_path)
     (tmp_path / "prior_ranges.yaml").write_text("nope: {low: 0.1, high: 0.5, source: x}\n")
     with pytest.raises(CatalogError, match="nope: unknown Efficiency field"):
@@ -162,3 +162,36 @@ def test_the_allocator_prior_re_prices_memory_alone_as_a_full_evaluation_would()
     for part in ("uses", "low", "high", "peak"):
         assert np.array_equal(getattr(fast, part), getattr(full, part)), part
     assert (fast.peak.max(axis=0) > 1.0).all()
+
+
+def test_a_fused_dispatch_overlapped_rests_on_the_overlap_s_credit() -> None:
+    """The combined 1F1B's credit to the fused (flex) dispatch is a prior (†v): a flex plan
+    that overlaps is re-priced at no credit, which is the exchange all exposed; the same plan
+    not overlapped, or overlapping NCCL's all-to-all (which the Qwen3-235B H100 rows check),
+    does not rest on it."""
+    model = get_preset("qwen3-30b-a3b")
+    cluster = ClusterSpec(gpu=get_gpu("h100-sxm-80gb"), num_gpus=16, gpus_per_node=8)
+    tr = training_spec(framework="megatron", precision="bf16", seq_len=4096, global_batch=512)
+    plan = Plan(dp=16, ep=16, micro_batch=1, zero_stage=1, moe_dispatcher="flex",
+                moe_a2a_overlap="on")
+
+    def flags(p: Plan) -> list[str]:
+        return [t["flag"] for t in plan_rests_on(model, cluster, tr, p)]
+
+    assert "overlap prior" in flags(plan)
+    assert "overlap prior" not in flags(replace(plan, moe_a2a_overlap="off"))
+    assert "overlap prior" not in flags(replace(plan, moe_dispatcher="alltoall"))
+    term = next(t for t in plan_rests_on(model, cluster, tr, plan) if t["flag"] == "overlap prior")
+    eff = cluster.gpu.efficiency
+
+    def at(credit: float) -> float:
+        c = replace(cluster, gpu=replace(cluster.gpu, efficiency=replace(
+            eff, flex_overlap_credit=credit)))
+        return estimate(model, c, plan, tr).tokens_per_s_per_gpu
+
+    low, high = term["tokens_per_s_ratio"]
+    assert low == pytest.approx(at(0.0) / at(1.0)) and low < 0.9 and high == 1.0
+    # at no credit the exchange shows whole, as it does not overlapped (the same step but for
+    # what the overlap's warm-up and the hidden traffic's SMs change)
+    alone = estimate(model, cluster, replace(plan, moe_a2a_overlap="off"), tr)
+    assert at(0.0) == pytest.approx(alone.tokens_per_s_per_gpu, rel=0.05)

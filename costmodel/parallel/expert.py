@@ -249,6 +249,9 @@ def expert_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mes
     paired = paired_exposed(layer_fwd / 2.0, lt) / 2.0
     alone = unpaired_share(g)
     shown = (1.0 - alone) * paired + alone * layer_fwd
+    # the fused dispatch hides its share of that (Efficiency.flex_overlap_credit, a prior)
+    credit = np.where(d == dispatch.FLEX, cluster.gpu.efficiency.flex_overlap_credit, 1.0)
+    shown = credit * shown + (1.0 - credit) * layer_fwd
     # the alltoall dispatcher with the shared experts' MLP behind the exchange (its backward:
     # twice the forward's GEMMs)
     shared = (tr.framework.moe.moe_shared_expert_overlap & (d == dispatch.ALLTOALL)
