@@ -110,8 +110,8 @@ def _terms(model: ModelSpec, cluster: ClusterSpec, tr: Training,
                                (n,))
         out.append((PriorTerm(
             "overlap prior", f"the fused MoE dispatch overlapped with the other micro-batch's "
-            f"compute, {eff.flex_overlap_credit:g} of what the combined 1F1B's windows allow "
-            f"hidden (a prior no measured row fits)",
+            f"compute, hiding {eff.flex_overlap_credit:.0%} of what the combined 1F1B's windows "
+            f"allow (a prior no measured row fits)",
             f"re-priced at {credit.low:g} and {credit.high:g}: {credit.source}"), uses,
             [(_with_efficiency(cluster, credit.field, v), tr) for v in (credit.low, credit.high)]))
     status = calibration_status(cluster)
