@@ -15,7 +15,7 @@ from costmodel.mapping import counted_split
 from costmodel.plan_fields import PLAN_KEYS
 from hardware_catalog.frameworks import load_profiles, release_key, row_defaults
 from search.inputs.measured import case_from_row
-from tcf_search.calibration.predict import candidates
+from tcf_search.calibration.predict_candidates import candidates
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 DETAIL = ("NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md @067f987d "

@@ -120,3 +120,21 @@ def test_the_allocator_stall_has_its_column(tmp_path: Path) -> None:
     assert n["pred_peak_mem_gib"] > 0.8 * n["pred_usable_mem_gib"]
     assert 0.0 < n["pred_time_stall_s"] < n["pred_time_compute_s"]
     assert m["pred_time_stall_s"] == 0.0
+
+
+def test_an_unsaid_recompute_takes_the_lightest_partial_one_that_fits(tmp_path: Path) -> None:
+    """Meta's 405B layout (Dubey et al. 2024, Table 4: TP8 PP16 DP128 on 16,384 H100, 16M-token
+    batches) leaves recompute unsaid; nothing but full recompute of some layers fits, and predict
+    takes the fewest a stage (Megatron-LM's --recompute-num-layers, per model chunk: a multiple
+    of vpp), faster than recomputing all of them. A row that says "full" recomputes all."""
+    shape = ("llama,126,16384,53248,128,8,128256,8192,swiglu,false,h100-sxm-80gb,8,16384,"
+             "8,16,,1,1,128,,,2048,{rc},,bf16,,ok,")
+    out = predict_csv(_write(tmp_path, [f"free,{shape.format(rc='')}",
+                                        f"all,{shape.format(rc='full')}"]),
+                      tmp_path / "out.csv")
+    free, whole = out.iloc[0], out.iloc[1]
+    assert free["pred_choice_recompute"] == "full" and free["pred_fits"] == "true"
+    n, vpp = int(free["pred_choice_recompute_layers"]), int(free["pred_choice_vpp"])
+    assert 0 < n < 8 and n % vpp == 0
+    assert pd.isna(whole["pred_choice_recompute_layers"])  # "full" given: all layers
+    assert free["pred_tokens_per_sec_per_gpu"] > whole["pred_tokens_per_sec_per_gpu"]

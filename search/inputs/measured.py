@@ -26,8 +26,8 @@ from search.inputs.specs import cluster_spec, training_spec
 
 __all__ = ["Case", "CaseError", "case_from_row", "presumed_split", "row_plan"]
 
-KNOBS: tuple[str, ...] = ("micro_batch", "recompute", "zero_stage", "vpp", "sequence_parallel",
-                          "first_stage_layers", "last_stage_layers")
+KNOBS: tuple[str, ...] = ("micro_batch", "recompute", "recompute_layers", "zero_stage", "vpp",
+                          "sequence_parallel", "first_stage_layers", "last_stage_layers")
 # The pipeline split: given when any of these cells is; the last two are Megatron-LM's
 # account_for_embedding/loss_in_pipeline_split (costmodel.mapping.counted_split).
 SPLIT_COLUMNS: tuple[str, ...] = ("first_stage_layers", "last_stage_layers",
@@ -344,6 +344,8 @@ def case_from_row(row: Mapping[str, object],
     given = {k for k in KNOBS if _cell(row, k) or k in release_switches(source, detail, name)}
     if any(_cell(row, k) for k in SPLIT_COLUMNS):
         given |= {"first_stage_layers", "last_stage_layers"}
+    if "recompute" in given:  # a stated mode recomputes what it says: "full" is every layer
+        given.add("recompute_layers")
     plan, ran = launched_zero(row_plan(row, model.layers, knobs), training)
     plan, split = (launched_micro_batch(plan, training, split_rule) if "micro_batch" not in given
                    else (plan, ""))

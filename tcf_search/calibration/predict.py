@@ -14,29 +14,21 @@ with its length; rows with the same inputs share one prediction (:class:`RowMemo
 
 from __future__ import annotations
 
-import itertools
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 import typer
 
-from costmodel import rules
 from costmodel.estimate import check_plan, estimate_batch
-from costmodel.mapping import (
-    chunk_split_exists,
-    cost_balanced_ranks,
-    head_balance,
-    stage_counts,
-)
+from costmodel.mapping import cost_balanced_ranks, head_balance, stage_counts
 from costmodel.plans import plans_to_arrays
 from costmodel.specs import Plan, SpecError
 from search import anchor_batch, plan_regime, plan_rests_on, uncertainty_metrics
-from search import candidates as placement_candidates
 from search.inputs import (
     KNOBS,
     MIB,
@@ -50,6 +42,7 @@ from search.inputs import (
     open_atomic,
     open_input,
 )
+from tcf_search.calibration.predict_candidates import candidates
 from tcf_search.calibration.predict_memo import Key, Result, RowMemo, _Reads
 from tcf_search.errors import user_errors
 
@@ -71,64 +64,6 @@ OUTPUT_COLUMNS = (
     "pred_assumed",  # empty cells filled with the framework's own default, each named
 )
 CHOICE_COLUMNS = tuple(f"pred_choice_{k}" for k in KNOBS)
-
-
-def _divisors(n: int, limit: int) -> list[int]:
-    return [d for d in range(1, min(n, limit) + 1) if n % d == 0]
-
-
-def candidates(case: Case) -> list[Plan]:
-    """Every valid plan that agrees with the given knobs."""
-    p, m, tr = case.plan, case.model, case.training
-    given = case.given
-    per_dp = tr.global_batch // p.dp if tr.global_batch % p.dp == 0 else 1
-    axes: dict[str, list[Any]] = {
-        "micro_batch": [p.micro_batch] if "micro_batch" in given else _divisors(per_dp, 64),
-        "recompute": [p.recompute] if "recompute" in given else ["none", "selective", "full"],
-        "zero_stage": [p.zero_stage] if "zero_stage" in given else [0, 1, 2, 3],
-        "vpp": ([p.vpp] if "vpp" in given or p.pp == 1
-                else [v for v in range(1, 9)
-                      if chunk_split_exists(m.layers, p.pp, v,
-                                            any_split=tr.framework.pp.uneven_chunks)]),
-        "sequence_parallel": ([p.sequence_parallel] if "sequence_parallel" in given or p.tp == 1
-                              else [False, True]),
-    }
-    plans: list[Plan] = []
-    for values in itertools.product(*axes.values()):
-        try:
-            plan = replace(p, **dict(zip(axes, values, strict=True)))  # type: ignore[arg-type]
-        except (SpecError, ValueError):
-            continue
-        # a framework that places its stages itself (nanotron's cost balance, the LM head
-        # counted: training.framework.pp.pp_cost_balance) runs its own split where none is given
-        own = "first_stage_layers" in given or tr.framework.pp.pp_cost_balance
-        plans.extend([plan] if own else _splits(plan, m.layers, tr.framework.pp.uneven_chunks))
-    if not plans:
-        return plans
-    keep = rules.valid(plans, rules.facts_of(m, case.cluster, tr))  # check_plan, on columns
-    return [plan for plan, ok in zip(plans, keep, strict=True) if ok]
-
-
-def _splits(plan: Plan, layers: int, any_chunks: bool) -> list[Plan]:
-    """The plan with each pipeline split the row's launcher builds near the even one (the even
-    split first, then the first/last ranks within max(vpp, 2) layers of the middle ranks):
-    Megatron's first/last stage flags, the embedding and the loss counted as layers, or, where
-    the framework takes an explicit per-stage layout (``training.framework.pp.uneven_chunks``),
-    any."""
-    if plan.pp == 1:
-        return [plan]
-    reach = max(plan.vpp, 2)
-    rows = placement_candidates(layers, plan.pp, True, plan.vpp, any_chunks)
-    near = (np.abs(rows[:, 0] - rows[:, 1]) <= reach) & (np.abs(rows[:, 2] - rows[:, 1]) <= reach)
-    out = [plan] if layers % plan.pp == 0 else []
-    for nf, _nm, nl in rows[near]:
-        if int(nf) == int(nl) == layers // plan.pp and layers % plan.pp == 0:
-            continue
-        try:
-            out.append(replace(plan, first_stage_layers=int(nf), last_stage_layers=int(nl)))
-        except (SpecError, ValueError):
-            continue
-    return out
 
 
 def _pick(res: dict[str, np.ndarray]) -> int:
