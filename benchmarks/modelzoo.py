@@ -20,6 +20,8 @@ the overlap alone: printed beside the model's ratio.
 
 from __future__ import annotations
 
+import statistics
+
 import pandas as pd
 
 from tcf_search.calibration.predict import predict_frame
@@ -73,10 +75,10 @@ def modelzoo_table() -> list[float]:
     for row, (_, r) in zip(ROWS, out.iterrows(), strict=True):
         label, step = row[0], row[-1]
         published = BATCH * SEQ / GPUS / step
-        pred = float(r["pred_tokens_per_sec_per_gpu"] or "nan")
-        if pred != pred:  # refused: say why
+        if pd.isna(r["pred_tokens_per_sec_per_gpu"]):  # refused: say why
             print(f"{label:<28}{published:>11,.0f}  refused: {r['pred_error']}")
             continue
+        pred = float(r["pred_tokens_per_sec_per_gpu"])
         tok[label] = (published, pred)
         errs.append(abs(pred / published - 1))
         print(f"{label:<28}{published:>11,.0f}{pred:>11,.0f}{pred / published - 1:>+8.0%}"
@@ -86,7 +88,6 @@ def modelzoo_table() -> list[float]:
         print(f"the EP all-to-all overlapped (one layout, +1f1b overlap): measured "
               f"{lapped[0] / plain[0] - 1:+.0%}, predicted {lapped[1] / plain[1] - 1:+.0%}")
     if errs:
-        errs_sorted = sorted(errs)
-        print(f"tokens/s per GPU: median absolute error {errs_sorted[len(errs) // 2]:.1%}, mean "
-              f"{sum(errs) / len(errs):.1%} on {len(errs)} runs")
+        print(f"tokens/s per GPU: median absolute error {statistics.median(errs):.1%}, mean "
+              f"{statistics.mean(errs):.1%} on {len(errs)} runs")
     return errs

@@ -88,32 +88,28 @@ def _terms(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     ranges = load_prior_ranges()
     eff = cluster.gpu.efficiency
     out: list[tuple[PriorTerm, np.ndarray, list[Variant]]] = []
-    host = ranges.get("host_link_bw_fraction")
-    if host and cluster.gpu.host_link_bw_bytes_per_s > 0:
-        uses = np.broadcast_to(p.cpu_offload_layers > 0, (n,))
-        out.append((PriorTerm(
-            "offload prior", f"activation offload over the host link at "
-            f"{eff.host_link_bw_fraction:g} of its line rate (no measured run offloads)",
-            f"re-priced at {host.low:g} and {host.high:g}: {host.source}"), uses,
-            [(_with_efficiency(cluster, host.field, v), tr) for v in (host.low, host.high)]))
-    flex = ranges.get("flex_network_bw_fraction")
-    if flex and model.moe_experts > 0:
-        uses = np.broadcast_to((dispatcher(tr, p) == FLEX) & (p.ep > 1), (n,))
-        out.append((PriorTerm(
-            "flex prior", f"the fused MoE dispatch (DeepEP/HybridEP) at "
-            f"{eff.flex_network_bw_fraction:g} of the NIC (a prior no measured row fits)",
-            f"re-priced at {flex.low:g} and {flex.high:g}: {flex.source}"), uses,
-            [(_with_efficiency(cluster, flex.field, v), tr) for v in (flex.low, flex.high)]))
-    credit = ranges.get("flex_overlap_credit")
-    if credit and model.moe_experts > 0:
-        uses = np.broadcast_to((dispatcher(tr, p) == FLEX) & a2a_overlap(tr, p) & (p.ep > 1),
-                               (n,))
-        out.append((PriorTerm(
-            "overlap prior", f"the fused MoE dispatch overlapped with the other micro-batch's "
-            f"compute, hiding {eff.flex_overlap_credit:.0%} of what the combined 1F1B's windows "
-            f"allow (a prior no measured row fits)",
-            f"re-priced at {credit.low:g} and {credit.high:g}: {credit.source}"), uses,
-            [(_with_efficiency(cluster, credit.field, v), tr) for v in (credit.low, credit.high)]))
+    flex = (dispatcher(tr, p) == FLEX) & (p.ep > 1) & (model.moe_experts > 0)
+    ranged = (
+        ("host_link_bw_fraction", "offload prior",
+         (p.cpu_offload_layers > 0) & (cluster.gpu.host_link_bw_bytes_per_s > 0),
+         f"activation offload over the host link at {eff.host_link_bw_fraction:g} of its line "
+         f"rate (no measured run offloads)"),
+        ("flex_network_bw_fraction", "flex prior", flex,
+         f"the fused MoE dispatch (DeepEP/HybridEP) at {eff.flex_network_bw_fraction:g} of the "
+         f"NIC (a prior no measured row fits)"),
+        ("flex_overlap_credit", "overlap prior", flex & a2a_overlap(tr, p),
+         f"the fused MoE dispatch overlapped with the other micro-batch's compute, hiding "
+         f"{eff.flex_overlap_credit:.0%} of what the combined 1F1B's windows allow (a prior no "
+         f"measured row fits)"),
+    )
+    for field, flag, uses, what in ranged:
+        rng = ranges.get(field)
+        if rng is None:
+            continue
+        out.append((PriorTerm(flag, what, f"re-priced at {rng.low:g} and {rng.high:g}: "
+                                          f"{rng.source}"),
+                    np.broadcast_to(uses, (n,)),
+                    [(_with_efficiency(cluster, field, v), tr) for v in (rng.low, rng.high)]))
     status = calibration_status(cluster)
     if not status["validated"] and not status["partly"]:
         fitted = _fitted_families()

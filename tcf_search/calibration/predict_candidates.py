@@ -39,10 +39,9 @@ def candidates(case: Case) -> list[Plan]:
     }
     # where the row leaves recompute unsaid, full recompute of part of each stage too, as a
     # user's launch takes the lightest that fits (Megatron-LM's --recompute-method block
-    # --recompute-num-layers N; the rules keep what the framework allows: partial_recompute,
-    # per-chunk counts a multiple of vpp)
+    # --recompute-num-layers N), where the framework has it (profile switch partial_recompute)
     partial = ("recompute" not in given and "recompute_layers" not in given
-               and "full" in axes["recompute"])
+               and bool(tr.framework.switch("partial_recompute")))
     layers_per_stage = -(-m.layers // max(p.pp, 1))
     per_chunk = tr.framework.activations.recompute_per_chunk
     # a framework that places its stages itself (nanotron's cost balance, the LM head counted:

@@ -65,10 +65,12 @@ def moe_dispatch(model: ModelSpec, training: Training, plan: Plan,
                         else own.moe_a2a_overlap),
         "plan_own": bool(plan.moe_dispatcher or plan.moe_a2a_overlap),
         "training": {"dispatcher": own.moe_dispatcher, "a2a_overlap": own.moe_a2a_overlap}}
+    if out["dispatcher"] != "flex":
+        return out
     ep = next((g for g in placement.get("groups", []) if g["group"] == "ep"), None)
     nodes = np.array([ep["size"] / ep["per_node"] if ep is not None else 1.0])
     hit = float(nodes_reached(nodes, model)[0])
-    if out["dispatcher"] == "flex" and hit > 0:
+    if hit > 0:
         r = model.moe_router
         out["reach"] = {"nodes": float(nodes[0]), "hit": hit,
                         "uniform": float(groups_hit(nodes, model.moe_experts,
