@@ -7,6 +7,7 @@ read like the papers they cite.
 
 from __future__ import annotations
 
+import functools
 import numbers
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
@@ -170,8 +171,8 @@ class ModelSpec:
         """Whether each layer is MoE: none of a dense model, none of the leading dense layers,
         then every ``moe_layer_freq``-th (Hugging Face Llama 4's ``moe_layers``:
         range(step - 1, layers, step))."""
-        k, n = self.moe_dense_layers, self.moe_layer_freq
-        return tuple(self.is_moe and i >= k and (i + 1) % n == 0 for i in range(self.layers))
+        return _moe_pattern(self.is_moe, self.moe_dense_layers, self.moe_layer_freq,
+                            self.layers)
 
     @property
     def moe_layers(self) -> int:
@@ -186,13 +187,23 @@ class ModelSpec:
     def window_pattern(self) -> tuple[bool, ...]:
         """Whether each layer is windowed (Megatron-Core's is_layer_window_attention,
         megatron/core/transformer/utils.py at d98e8a6: 1-based layer number % freq != 0)."""
-        n = self.window_skip_freq
-        return tuple(bool(self.window) and (not n or (i + 1) % n != 0)
-                     for i in range(self.layers))
+        return _window_pattern(bool(self.window), self.window_skip_freq, self.layers)
 
     @property
     def windowed_layers(self) -> int:
         return sum(self.window_pattern)
+
+
+# the per-layer patterns, cached: the cost model asks for them on every batch of plans
+@functools.lru_cache(maxsize=256)
+def _moe_pattern(moe: bool, dense_first: int, freq: int, layers: int) -> tuple[bool, ...]:
+    return tuple(moe and i >= dense_first and (i + 1) % freq == 0 for i in range(layers))
+
+
+@functools.lru_cache(maxsize=256)
+def _window_pattern(windowed: bool, skip_freq: int, layers: int) -> tuple[bool, ...]:
+    return tuple(windowed and (not skip_freq or (i + 1) % skip_freq != 0)
+                 for i in range(layers))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -82,28 +82,49 @@ def need_tables(t: StageTerms, recompute: np.ndarray, layers: int, headroom_byte
     """``need[stage][i, n]`` for layouts i and n = 0..layers layers on the stage: the fewest
     layers fully recomputed, or, on the layouts ``offload`` marks (rule ``cpu_offload``: one
     stage, no recompute), whose activations go to host memory (fewer than n, and what host
-    memory holds)."""
+    memory holds). Each count is taken only on the rows of its kind (the others fit whole or
+    not at all), and the layouts x layers passes reuse one buffer: on a large space the table's
+    cost is its memory traffic, and fresh arrays of that size cost their page faults."""
     inf = layers + 1
     n = np.arange(layers + 1, dtype=float)[None, :]
     usable = t.usable - headroom_bytes
-    full = (recompute == 2)[:, None]
-    off = (np.zeros(len(recompute), dtype=bool) if offload is None else offload)[:, None]
+    full = np.flatnonzero(recompute == 2)
+    off = np.flatnonzero((recompute != 2) & (False if offload is None else offload))
+    over = np.empty((len(recompute), layers + 1))
     out = {}
     for s in STAGE_NAMES:
-        infl = t.inflight[s][:, None]
-        over = (t.fixed[s][:, None] + n * (t.state[:, None] + infl * t.act[:, None])
-                + t.working[:, None] - usable)
-        saving = infl * (t.act - t.ckpt)[:, None]
+        infl = t.inflight[s]
+        # bytes over the usable memory with n layers kept whole
+        np.multiply(n, (t.state + infl * t.act)[:, None], out=over)
+        over += t.fixed[s][:, None]
+        over += t.working[:, None]
+        over -= usable
+        fits = over <= 0
+        need = np.where(fits, np.int32(0), np.int32(inf))
         with np.errstate(divide="ignore", invalid="ignore"):
-            need = np.ceil(np.where(saving > 0, over / saving, np.inf) - _EPS)
-            moved = np.ceil(np.where(t.act[:, None] > 0, over / (infl * t.act[:, None]),
-                                     np.inf) - _EPS)
-        host_ok = (moved < n) & (infl * moved * t.host_act[:, None] <= t.host_usable)
-        moved = np.where(host_ok, moved, np.inf)
-        need = np.where(over <= 0, 0.0, np.where(full, need, np.where(off, moved, np.inf)))
-        opt_ok = t.opt_fixed[s][:, None] + n * t.opt_layer[:, None] <= usable
-        out[s] = np.where(opt_ok & (need <= n), need, inf).astype(np.int32)
+            if full.size:
+                saving = (infl * (t.act - t.ckpt))[full, None]
+                counted = np.ceil(np.where(saving > 0, over[full] / saving, np.inf) - _EPS)
+                need[full] = _counted(fits[full], counted, n, inf)
+            if off.size:
+                act = t.act[off, None]
+                moved = np.ceil(np.where(act > 0, over[off] / (infl[off, None] * act), np.inf)
+                                - _EPS)
+                host_ok = (moved < n) & (infl[off, None] * moved * t.host_act[off, None]
+                                         <= t.host_usable)
+                need[off] = _counted(fits[off], np.where(host_ok, moved, np.inf), n, inf)
+        # the optimizer's share alone must fit too
+        np.multiply(n, t.opt_layer[:, None], out=over)
+        over += t.opt_fixed[s][:, None]
+        np.putmask(need, over > usable, np.int32(inf))
+        out[s] = need
     return out
+
+
+def _counted(fits: np.ndarray, count: np.ndarray, n: np.ndarray, inf: int) -> np.ndarray:
+    """A need table's rows from their counts: 0 where the layers fit whole, the count where it
+    is at most the layers held, ``inf`` where not."""
+    return np.where(fits, 0, np.where(count <= n, count, inf)).astype(np.int32)
 
 
 def capacities(need: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
