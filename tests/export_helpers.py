@@ -104,6 +104,9 @@ def transformer_config_kwargs(flags: dict[str, Any], torch: Any) -> dict[str, An
         "add_bias_linear": not flags.get("--disable-bias-linear"),
         "add_qkv_bias": bool(flags.get("--add-qkv-bias")),
         "normalization": flags.get("--normalization", "LayerNorm"),
+        # unsaid, the launcher takes TransformerConfig's 0.1 each
+        "hidden_dropout": float(flags.get("--hidden-dropout", 0.1)),
+        "attention_dropout": float(flags.get("--attention-dropout", 0.1)),
         "bf16": bool(flags.get("--bf16")), "fp16": bool(flags.get("--fp16")),
         "pipeline_dtype": torch.bfloat16,
     }

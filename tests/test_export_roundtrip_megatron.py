@@ -44,6 +44,8 @@ def test_megatron_core_accepts_every_export(plans: dict[str, PlanFile]) -> None:
         assert cfg.gated_linear_unit == (m.ffn_type == "swiglu"), name
         assert cfg.add_bias_linear == (m.bias == "all"), name
         assert cfg.normalization == {"rmsnorm": "RMSNorm", "layernorm": "LayerNorm"}[m.norm]
+        # the searched model has no dropout (the launcher's default is 0.1 each)
+        assert (cfg.hidden_dropout, cfg.attention_dropout) == (0.0, 0.0), name
         if m.position_embedding == "rope":
             assert int(flags["--rotary-base"]) == m.rope_base, name
         assert int(flags["--vocab-size"]) == m.vocab

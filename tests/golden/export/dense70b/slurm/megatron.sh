@@ -24,6 +24,7 @@ torchrun --nnodes 16 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --master-a
     --normalization RMSNorm --position-embedding-type rope \
     --rotary-base 500000 \
     --disable-bias-linear \
+    --attention-dropout 0 --hidden-dropout 0 \
     --swiglu \
     --untie-embeddings-and-output-weights \
     --optimizer adam --lr 0.0003 --min-lr 3e-05 --lr-decay-style cosine --train-iters 1000 \

@@ -18,6 +18,7 @@ torchrun --nnodes 8 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --master-ad
     --normalization RMSNorm --position-embedding-type rope \
     --rotary-base 500000 \
     --disable-bias-linear \
+    --attention-dropout 0 --hidden-dropout 0 \
     --swiglu \
     --untie-embeddings-and-output-weights \
     --optimizer adam --lr 0.0003 --min-lr 3e-05 --lr-decay-style cosine --train-iters 1000 \

@@ -22,6 +22,7 @@ torchrun --nnodes 8 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --master-ad
     --normalization RMSNorm --position-embedding-type rope \
     --rotary-base 1000000 \
     --disable-bias-linear \
+    --attention-dropout 0 --hidden-dropout 0 \
     --swiglu \
     --untie-embeddings-and-output-weights \
     --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 14336 \
