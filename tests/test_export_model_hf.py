@@ -79,9 +79,15 @@ def read_back(fmt: str, files: dict[str, str], pf: PlanFile, folder: Path) -> No
         layers = getattr(cfg, "num_hidden_layers", None) or cfg.n_layer
         assert (layers, cfg.vocab_size) == (m.layers, m.vocab)
         assert hf_model_class_builds(cfg)
+        # no dropout, as searched (GPT2Config's defaults are 0.1 each)
+        drops = [getattr(cfg, k) for k in ("resid_pdrop", "embd_pdrop", "attn_pdrop",
+                                           "attention_dropout", "hidden_dropout")
+                 if hasattr(cfg, k)]
+        assert drops and not any(drops), drops
     elif fmt == "megatron":
         flags = launcher_flags(files["megatron.sh"], "pretrain_gpt.py")
         assert (flags["--num-layers"], flags["--vocab-size"]) == (str(m.layers), str(m.vocab))
+        assert float(flags["--attention-dropout"]) == float(flags["--hidden-dropout"]) == 0.0
         assert ("--multi-latent-attention" in flags) == (m.mla is not None)
         assert ("--use-rope-scaling" in flags) == (
             m.rope_scaling is not None and m.rope_scaling.kind == "llama3")

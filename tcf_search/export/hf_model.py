@@ -141,7 +141,10 @@ def config(m: ModelSpec, seq_len: int) -> dict[str, Any]:
         return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"],
                 "n_layer": m.layers, "n_embd": m.hidden, "n_head": m.heads,
                 "n_inner": m.ffn_hidden, "n_positions": seq_len, "vocab_size": m.vocab,
-                "tie_word_embeddings": True}
+                "tie_word_embeddings": True,
+                # no dropout, as searched: GPT2Config's defaults are 0.1 each (the other
+                # families' configs default their attention_dropout to 0.0 and have no other)
+                "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
     scaled = m.rope_scaling
     positions = max(seq_len, int(scaled.factor * scaled.original_max_position_embeddings)
                     if scaled else 0)
