@@ -108,9 +108,8 @@ POSITIONS = {"rope": "rope", "learned": "learned_absolute"}
 
 
 def layer_style_args(m: ModelSpec) -> list[Group]:
-    """Norm, positions, biases and dropout (megatron/training/arguments.py: --normalization,
-    --position-embedding-type, --rotary-base, --disable-bias-linear, --add-qkv-bias;
-    --attention-dropout and --hidden-dropout from TransformerConfig)."""
+    """Norm, positions, biases (arguments.py: --normalization, --position-embedding-type,
+    --rotary-base, --disable-bias-linear, --add-qkv-bias), no dropout (TransformerConfig's: 0.1)."""
     out: list[Group] = [("--normalization", NORMALIZATION[m.norm],
                          "--position-embedding-type", POSITIONS[m.position_embedding])]
     if m.position_embedding == "rope":
@@ -119,9 +118,6 @@ def layer_style_args(m: ModelSpec) -> list[Group]:
         out.append(("--disable-bias-linear",))
     if m.bias == "qkv":
         out.append(("--add-qkv-bias",))
-    # no dropout: the cost model prices none and the presets' models have none, where the
-    # launcher's defaults are TransformerConfig's 0.1 each (transformer_config.py hidden_dropout,
-    # attention_dropout; Megatron-LM's own Llama and Mixtral scripts say 0.0 as well)
     out.append(("--attention-dropout", 0.0, "--hidden-dropout", 0.0))
     return out
 
