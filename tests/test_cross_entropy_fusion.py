@@ -82,6 +82,16 @@ def test_the_megatron_export_writes_the_priced_loss_and_megatron_reads_it(impl: 
     assert [read[k] for k in keys] == [bool(impl), impl or "native"]
 
 
+def test_a_one_pass_loss_is_launched_fused() -> None:
+    """A profile that prices the loss in one fp32 pass each way (generic's "fused", as "native")
+    tells Megatron-LM so, which would otherwise run its eager loss."""
+    pf = _plan("", "generic")
+    assert pf.training.framework.kernels.loss_kernel == "fused"
+    flags = launcher_flags(render("megatron", pf)["megatron.sh"], "pretrain_gpt.py")
+    assert (flags["--cross-entropy-loss-fusion"], flags["--cross-entropy-fusion-impl"]) == (
+        True, "native")
+
+
 @pytest.mark.parametrize("impl", ["", "te"])
 def test_the_bridge_export_sets_the_provider_s_fields(impl: str) -> None:
     files = render("nemo", _plan(impl, "nemo"))

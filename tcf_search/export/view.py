@@ -23,6 +23,9 @@ from .options import ExportOptions, target_for
 
 # the loss kernels that are Megatron-Core's fused cross-entropy, by its cross_entropy_fusion_impl
 LOSS_FUSION = {kernel: impl for impl, kernel in LOSS_KERNELS.items()}
+# ... and what Megatron-LM is told, as it runs the eager loss unless told: a profile's one-pass
+# "fused" loss (priced as "native") is the native fusion
+LAUNCH_LOSS_FUSION = {"fused": "native", **LOSS_FUSION}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -163,7 +166,7 @@ def facts_of(pf: PlanFile, options: ExportOptions, fmt: str) -> LaunchView:
         bf16_grads=t.precision in ("bf16", "fp8") and fw.numerics.grad_dtype_bytes == 2,
         fp8_param_gather=t.precision == "fp8" and fw.numerics.fp8_param_gather,
         bf16_moments=fw.numerics.master_weights and fw.numerics.optimizer_state_bytes == 2,
-        loss_fusion=LOSS_FUSION.get(fw.kernels.loss_kernel, ""),
+        loss_fusion=LAUNCH_LOSS_FUSION.get(fw.kernels.loss_kernel, ""),
         optimizer=t.optimizer, tied=m.tied_embeddings, tp_comm_overlap=fw.tp.tp_comm_overlap,
         moe_dispatcher=p.moe_dispatcher or fw.moe.moe_dispatcher,
         moe_a2a_overlap=(fw.moe.moe_a2a_overlap if not p.moe_a2a_overlap

@@ -17,6 +17,7 @@ torchrun --nnodes 16 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --master-a
     --overlap-grad-reduce \
     --overlap-param-gather \
     --bf16 \
+    --cross-entropy-loss-fusion --cross-entropy-fusion-impl native \
     --num-layers 80 --hidden-size 8192 --ffn-hidden-size 28672 \
     --num-attention-heads 64 \
     --group-query-attention --num-query-groups 8 \

@@ -15,6 +15,7 @@ torchrun --nnodes 8 --nproc-per-node 8 --node-rank "${NODE_RANK:-0}" --master-ad
     --overlap-grad-reduce \
     --overlap-param-gather \
     --bf16 \
+    --cross-entropy-loss-fusion --cross-entropy-fusion-impl native \
     --num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 \
     --num-attention-heads 32 \
     --group-query-attention --num-query-groups 8 \
