@@ -77,6 +77,21 @@ def test_flex_sends_a_token_once_per_node_and_the_overlap_hides_the_exchange() -
     assert both.tokens_per_s_per_gpu > flex.tokens_per_s_per_gpu
 
 
+def test_each_dispatcher_counts_the_bytes_it_moves() -> None:
+    """explain's bytes for the EP exchange are the dispatcher's own: alltoall every routed copy
+    (top-8 of a token), flex a token once per destination rank, allgather the hidden states
+    of the group's other members (one copy each, whatever top-k is)."""
+    _, specs = specs_of()
+    plan = Plan(tp=1, pp=1, dp=32, ep=8, zero_stage=1)  # EP 8 in one node
+    moved = {d: next(c.bytes for c in estimate(
+        specs.model, specs.cluster, dataclasses.replace(plan, moe_dispatcher=d),
+        specs.training).collectives if c.group == "ep") for d in ("alltoall", "flex", "allgather")}
+    top_k = specs.model.moe_topk
+    assert moved["allgather"] == pytest.approx(moved["alltoall"] / top_k * (8 - 1), rel=1e-9)
+    # 8 distinct experts of 128 over 8 ranks of 16: fewer ranks than copies, more than one
+    assert moved["alltoall"] / top_k < moved["flex"] < moved["alltoall"]
+
+
 def test_the_overlap_hides_each_exchange_only_behind_its_own_window() -> None:
     """Megatron-Core's combined 1F1B (models/common/model_chunk_schedule_plan.py): the combine
     backward behind the attention forward, both dispatches behind the experts' backward and

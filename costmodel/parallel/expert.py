@@ -43,7 +43,7 @@ class ExpertComm:
     """EP's time per MoE layer per micro-batch: the exchange (forward; the backward mirrors it)
     and what of it stays exposed forward and backward."""
 
-    token_bytes: np.ndarray  # one rank's dispatched bytes, per layer, one way
+    token_bytes: np.ndarray  # one rank's dispatched bytes, per layer, one way (dispatched_bytes)
     moe_fraction: float
     moe_on: float  # 1 for a MoE model, else 0
     layer_fwd_s: np.ndarray
@@ -201,6 +201,19 @@ def _dispatch_s(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
     return np.where(d == dispatch.ALLGATHER, gathered, t * tr.framework.moe.moe_load_imbalance)
 
 
+def dispatched_bytes(model: ModelSpec, tr: Training, g: Mesh, x_tok: np.ndarray) -> np.ndarray:
+    """One rank's bytes of one way of one MoE layer's exchange, by its dispatcher (the bytes
+    :func:`_dispatch_s` times): alltoall, every routed copy ``x_tok`` (its own rank's among
+    them); flex, a token once per destination rank; allgather, the ring's: the hidden states of
+    the other members of the TP x EP group."""
+    per_copy = x_tok / max(model.moe_topk, 1)
+    etp = expert_tp(g.plan).astype(float)
+    d = dispatch.dispatcher(tr, g.plan)
+    return np.select([d == dispatch.FLEX, d == dispatch.ALLGATHER],
+                     [per_copy * units_hit(g.ep, model) * etp, per_copy * (g.ep * etp - 1.0)],
+                     x_tok)
+
+
 def unpaired_share(g: Mesh) -> np.ndarray:
     """The share of a rank's forward chunk steps (and as many backward ones) that Megatron-Core's
     combined 1F1B schedule (--overlap-moe-expert-parallel-comm) runs unpaired, their exchange
@@ -263,6 +276,6 @@ def expert_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mes
     fwd_s, bwd_s = np.where(overlap, shown, fwd_s), np.where(overlap, shown, bwd_s)
     # the collective's name: a batch of plans all on the allgather dispatcher gathers
     op = "all_gather" if bool(np.all(d == dispatch.ALLGATHER)) else "all_to_all"
-    return ExpertComm(token_bytes=x_tok, moe_fraction=model.moe_layers / model.layers,
-                      moe_on=moe_on, layer_fwd_s=layer_fwd, exposed_fwd_s=fwd_s,
-                      exposed_bwd_s=bwd_s, op=op)
+    return ExpertComm(token_bytes=dispatched_bytes(model, tr, g, x_tok),
+                      moe_fraction=model.moe_layers / model.layers, moe_on=moe_on,
+                      layer_fwd_s=layer_fwd, exposed_fwd_s=fwd_s, exposed_bwd_s=bwd_s, op=op)
