@@ -139,6 +139,10 @@ class GpuSpec:
     # the share of the GPU's network traffic that crosses that link (1: the NIC hangs off the
     # GPU's PCIe link; 0: apart, as from Grace's NVLink-C2C)
     host_link_network_share: float = 0.0
+    # bytes a weight's cached fp8 copy holds per element (Transformer Engine's workspace for a
+    # bf16 weight): the fp8 data, and beside it its transpose where the GPU's fp8 GEMMs take
+    # only the TN layout (before SM 10.0: Hopper, Ada), for the backward's data gradient
+    fp8_weight_copy_bytes: float = 1.0
     efficiency: Efficiency = field(default_factory=Efficiency)
 
     def __post_init__(self) -> None:
@@ -156,7 +160,7 @@ class GpuSpec:
         # reserve >= hbm is legal (then nothing fits); a host link of 0: none catalogued
         require_nonnegative(f"gpu[{self.id}]", **{key: getattr(self, key) for key in (
             "peak_flops_fp8", "memory_reserve_bytes", "host_link_bw_bytes_per_s",
-            "host_memory_bytes", "host_link_network_share")})
+            "host_memory_bytes", "host_link_network_share", "fp8_weight_copy_bytes")})
         if self.host_link_network_share > 1:
             raise SpecError(f"gpu[{self.id}].host_link_network_share must be in [0, 1], but got "
                             f"host_link_network_share={self.host_link_network_share!r}")

@@ -40,7 +40,7 @@ from costmodel.params import (
 )
 from costmodel.plans import PlanArrays
 from costmodel.recompute import recomputed_layers
-from costmodel.specs import ClusterSpec, ModelSpec, Training
+from costmodel.specs import ClusterSpec, GpuSpec, ModelSpec, Training
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +83,33 @@ def zero3_accumulates_whole(tr: Training, p: PlanArrays) -> np.ndarray:
             & (micro_batches(tr.global_batch, p) > 1))
 
 
-def _states_per_param(tr: Training, p: PlanArrays, shard: np.ndarray) -> dict[str, np.ndarray]:
+def fp8_weight_bytes(tr: Training, gpu: GpuSpec) -> tuple[float, float]:
+    """Bytes per parameter of the weights under fp8 beside the optimizer's: (held as sharded,
+    held whole). Transformer Engine's fp8 copy of a weight is its data and, where the GPU's fp8
+    GEMMs take only the TN layout, its transpose (``GpuSpec.fp8_weight_copy_bytes``). fp8
+    weights (``fp8_param_gather``) are that copy: the distributed optimizer builds each one's
+    transpose after its all-gather (megatron/core/distributed/distributed_data_parallel.py,
+    fp8_utils.post_all_gather_processing, core_v0.16.1), while Megatron-FSDP drops it after use
+    (keep_fp8_transpose_cache off) and holds the fp8 shard. bf16 weights under a stack that caches
+    their cast (``fp8_weight_cache``: Megatron-Core passes is_first_microbatch) keep the cast
+    copy all step in the module's workspace (transformer_engine/pytorch/module/base.py
+    get_weight_workspace, v2.9), made from the gathered weight and kept whole under ZeRO-3:
+    Megatron-Core hands Transformer Engine no FSDP group to shard it by. A stack that casts each
+    GEMM's weight afresh holds no copy."""
+    num = tr.framework.numerics
+    if tr.precision != "fp8":
+        return BF16, 0.0
+    if num.fp8_param_gather:
+        return 1.0, gpu.fp8_weight_copy_bytes - 1.0
+    return BF16, gpu.fp8_weight_copy_bytes if num.fp8_weight_cache else 0.0
+
+
+def _states_per_param(tr: Training, p: PlanArrays, shard: np.ndarray,
+                      gpu: GpuSpec) -> dict[str, np.ndarray]:
     z = p.zero_stage
-    fp8 = tr.precision == "fp8"
-    # fp8 keeps a cast copy of the bf16 weights, or holds them in fp8 only
-    w = (1.0 if tr.framework.numerics.fp8_param_gather else BF16 + 1.0) if fp8 else BF16
+    w, copy = fp8_weight_bytes(tr, gpu)
+    # under ZeRO-3 fp8 weights keep no transpose between uses; a bf16 weight's cached cast does
+    fp8_own = tr.framework.numerics.fp8_param_gather
     g = float(tr.framework.numerics.grad_dtype_bytes)
     master = 4.0 if tr.framework.numerics.master_weights else 0.0
     state = float(tr.framework.numerics.optimizer_state_bytes)
@@ -96,7 +118,8 @@ def _states_per_param(tr: Training, p: PlanArrays, shard: np.ndarray) -> dict[st
     # it (``training.framework.dp.zero3_master_is_param``): the weights are the master, the rest
     # optimizer
     one_copy = tr.framework.dp.zero3_master_is_param and tr.framework.numerics.master_weights
-    weights = np.where(z >= 3, (master if one_copy else w) / shard, w)
+    weights = np.where(z >= 3, (master if one_copy else w) / shard + (0.0 if fp8_own else copy),
+                       w + copy)
     # ZeRO-2 accumulating whole gradients over micro-batches holds them unsharded; so does
     # ZeRO-3 with its sync off until the last micro-batch, in the reduce dtype, where the group
     # is sharded at all (FSDP leaves a group of one, e.g. experts without replicas, to autograd)
@@ -157,13 +180,16 @@ def coefficients(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     act_f = mm.activation_factor
     M = p.micro_batch * tr.seq_len / p.cp
     embed = embedding_params(model) / tp
-    # ZeRO-3 / FSDP: two units gathered in bf16 (the one computing and the one prefetched).
+    # ZeRO-3 / FSDP: two units gathered in bf16 (the one computing and the one prefetched), or
+    # as fp8 weights with the transposes built after the gather (:func:`fp8_weight_bytes`).
     # Experts are gathered over their expert-DP replicas; with none (ep x expert TP spans the
     # stage) their shard is whole and resident, and only a framework whose shard is the fp32
     # master casts a bf16 copy of it per unit
     one_copy = tr.framework.dp.zero3_master_is_param and tr.framework.numerics.master_weights
     gathered = dense + experts * ((expert_shard > 1) | one_copy)
-    gather = np.where(p.zero_stage >= 3, 2.0 * gathered * BF16, 0.0)
+    fp8_own = tr.precision == "fp8" and tr.framework.numerics.fp8_param_gather
+    unit = sum(fp8_weight_bytes(tr, cluster.gpu)) if fp8_own else BF16
+    gather = np.where(p.zero_stage >= 3, 2.0 * gathered * unit, 0.0)
     mtp_dense, mtp_experts = mtp_params(model, p)
     # each depth: its layer's activations as a decoder layer's (under full recompute the module's
     # checkpoint alone) and the block's own
@@ -174,8 +200,8 @@ def coefficients(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         act_per_layer=act_f * stored, ckpt_per_layer=act_f * ckpt,
         working=act_f * full_layer,
         embed_params=embed, head_params=embed,
-        bytes_per_param=_states_per_param(tr, p, shard),
-        expert_bytes_per_param=_states_per_param(tr, p, expert_shard),
+        bytes_per_param=_states_per_param(tr, p, shard, cluster.gpu),
+        expert_bytes_per_param=_states_per_param(tr, p, expert_shard, cluster.gpu),
         logits=logits_bytes(tr) * M * model.vocab / tp,
         mtp_dense_params=mtp_dense, mtp_expert_params=mtp_experts, mtp_act=mtp_act,
         gather_buffer=gather, lead_dense_params=lead_dense, lead_expert_params=lead_experts,

@@ -48,10 +48,12 @@ NUMERIC_FIELDS: tuple[str, ...] = tuple(
     if f.name not in (*_TEXT_FIELDS, "efficiency")
 )
 _INT_FIELDS = frozenset({"intra_node_domain_size"})
-# what a SKU may leave out: the host link and host memory (0: nothing offloads to the host)
-# and an FP8 peak (absent: no FP8 tensor cores, as on A100; GpuSpec.precisions)
+# what a SKU may leave out: the host link and host memory (0: nothing offloads to the host),
+# an FP8 peak (absent: no FP8 tensor cores, as on A100; GpuSpec.precisions) and the bytes of a
+# weight's cached fp8 copy (absent: 1, the data alone)
 OPTIONAL_FIELDS = frozenset({"host_link_bw_bytes_per_s", "host_memory_bytes",
-                             "host_link_network_share", "peak_flops_fp8"})
+                             "host_link_network_share", "peak_flops_fp8",
+                             "fp8_weight_copy_bytes"})
 _ENTRY_KEYS = frozenset({"value", "value_gib", "source", "note"})
 EFFICIENCY_FIELDS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(Efficiency) if f.name != "source"

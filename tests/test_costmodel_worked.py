@@ -10,6 +10,7 @@ from costmodel_helpers import training_for
 
 from costmodel import ClusterSpec, ModelSpec, Plan, SpecError, Training, estimate
 from costmodel.params import active_params, model_flops_per_token, total_params
+from hardware_catalog import get_gpu
 
 GIB = 2**30
 
@@ -228,15 +229,23 @@ def test_dp_times_cp_gradient_group_inside_one_node(h100, llama8b: ModelSpec) ->
 
 
 def test_fp8_param_gather_holds_weights_in_fp8(h100, llama8b: ModelSpec) -> None:
-    """Megatron-LM's --fp8-param-gather: one byte per weight instead of bf16 plus the fp8 cast
-    (three), and the distributed optimizer's parameter all-gather moves fp8 bytes."""
+    """Megatron-LM's --fp8-param-gather: the fp8 weight and, on Hopper, its transpose (two bytes)
+    instead of bf16 plus Transformer Engine's cached cast and its transpose (four); on Blackwell,
+    whose fp8 GEMMs take any layout, one byte against three. The distributed optimizer's
+    parameter all-gather moves fp8 bytes."""
     cluster = ClusterSpec(gpu=h100, num_gpus=8)
     plan = Plan(dp=8, zero_stage=1)
     cast = training_for(seq_len=4096, global_batch=8, precision="fp8")
     fp8 = training_for(seq_len=4096, global_batch=8, precision="fp8", fp8_param_gather=True)
     a, b = estimate(llama8b, cluster, plan, cast), estimate(llama8b, cluster, plan, fp8)
     wa, wb = a.memory.stages[0].weights_bytes, b.memory.stages[0].weights_bytes
-    assert wb == pytest.approx(wa / 3)
+    assert wb == pytest.approx(wa / 2)
+    bf16 = estimate(llama8b, cluster, plan, training_for(seq_len=4096, global_batch=8))
+    assert wb == pytest.approx(bf16.memory.stages[0].weights_bytes)  # 2 bytes each
+    blackwell = ClusterSpec(gpu=get_gpu("b200-180gb"), num_gpus=8)
+    a, b = estimate(llama8b, blackwell, plan, cast), estimate(llama8b, blackwell, plan, fp8)
+    assert b.memory.stages[0].weights_bytes == pytest.approx(
+        a.memory.stages[0].weights_bytes / 3)
 
     def gather(e: object) -> float:
         return next(c.bytes for c in e.collectives if c.name == "dp_param_all_gather")  # type: ignore[attr-defined]
