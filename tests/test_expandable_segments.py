@@ -36,7 +36,7 @@ def specs_of(framework: str = "megatron", extra: str = ""):  # noqa: ANN201
 
 def test_expandable_segments_reserve_no_fragmentation_beyond_the_allocated_bytes() -> None:
     plain, grown = specs_of(), specs_of(extra=", expandable_segments: true")
-    assert allocator_fraction(plain.training) > 0.1 and allocator_fraction(grown.training) == 0
+    assert allocator_fraction(plain.training) > 0 and allocator_fraction(grown.training) == 0
     a, b = (estimate(s.model, s.cluster, PLAN, s.training).memory.stages[0] for s in (plain, grown))
     volatile = a.activations_bytes + a.buffers_bytes
     # the default allocator's fitted fragmentation of the volatile bytes, and nothing else
