@@ -83,6 +83,11 @@ def zero3_accumulates_whole(tr: Training, p: PlanArrays) -> np.ndarray:
             & (micro_batches(tr.global_batch, p) > 1))
 
 
+def fp8_weights(tr: Training) -> bool:
+    """Whether the weights themselves are fp8 (``fp8_param_gather`` at fp8)."""
+    return tr.precision == "fp8" and tr.framework.numerics.fp8_param_gather
+
+
 def fp8_weight_bytes(tr: Training, gpu: GpuSpec) -> tuple[float, float]:
     """Bytes per parameter of the weights under fp8 beside the optimizer's: (held as sharded,
     held whole). Transformer Engine's fp8 copy of a weight is its data and, where the GPU's fp8
@@ -96,12 +101,11 @@ def fp8_weight_bytes(tr: Training, gpu: GpuSpec) -> tuple[float, float]:
     get_weight_workspace, v2.9), made from the gathered weight and kept whole under ZeRO-3:
     Megatron-Core hands Transformer Engine no FSDP group to shard it by. A stack that casts each
     GEMM's weight afresh holds no copy."""
-    num = tr.framework.numerics
     if tr.precision != "fp8":
         return BF16, 0.0
-    if num.fp8_param_gather:
+    if fp8_weights(tr):
         return 1.0, gpu.fp8_weight_copy_bytes - 1.0
-    return BF16, gpu.fp8_weight_copy_bytes if num.fp8_weight_cache else 0.0
+    return BF16, gpu.fp8_weight_copy_bytes if tr.framework.numerics.fp8_weight_cache else 0.0
 
 
 def _states_per_param(tr: Training, p: PlanArrays, shard: np.ndarray,
@@ -109,7 +113,7 @@ def _states_per_param(tr: Training, p: PlanArrays, shard: np.ndarray,
     z = p.zero_stage
     w, copy = fp8_weight_bytes(tr, gpu)
     # under ZeRO-3 fp8 weights keep no transpose between uses; a bf16 weight's cached cast does
-    fp8_own = tr.framework.numerics.fp8_param_gather
+    fp8_own = fp8_weights(tr)
     g = float(tr.framework.numerics.grad_dtype_bytes)
     master = 4.0 if tr.framework.numerics.master_weights else 0.0
     state = float(tr.framework.numerics.optimizer_state_bytes)
@@ -187,8 +191,7 @@ def coefficients(model: ModelSpec, cluster: ClusterSpec, tr: Training,
     # master casts a bf16 copy of it per unit
     one_copy = tr.framework.dp.zero3_master_is_param and tr.framework.numerics.master_weights
     gathered = dense + experts * ((expert_shard > 1) | one_copy)
-    fp8_own = tr.precision == "fp8" and tr.framework.numerics.fp8_param_gather
-    unit = sum(fp8_weight_bytes(tr, cluster.gpu)) if fp8_own else BF16
+    unit = sum(fp8_weight_bytes(tr, cluster.gpu)) if fp8_weights(tr) else BF16
     gather = np.where(p.zero_stage >= 3, 2.0 * gathered * unit, 0.0)
     mtp_dense, mtp_experts = mtp_params(model, p)
     # each depth: its layer's activations as a decoder layer's (under full recompute the module's

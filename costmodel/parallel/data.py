@@ -12,6 +12,7 @@ from costmodel.compute import LayerTimes
 from costmodel.mapping import StageLayers
 from costmodel.memory import (
     MemoryCoefficients,
+    fp8_weights,
     largest_stage_params,
     zero2_reduces_each_micro_batch,
     zero3_accumulates_whole,
@@ -53,7 +54,7 @@ def _one_pass(tr: Training, g: Mesh, co: MemoryCoefficients, dense: np.ndarray,
 
 
 def _param_bytes(tr: Training) -> float:
-    return 1.0 if tr.precision == "fp8" and tr.framework.numerics.fp8_param_gather else BF16
+    return 1.0 if fp8_weights(tr) else BF16
 
 
 def data_parallel(tr: Training, g: Mesh, co: MemoryCoefficients, layers: StageLayers,
