@@ -43,7 +43,7 @@ class ExpertComm:
     """EP's time per MoE layer per micro-batch: the exchange (forward; the backward mirrors it)
     and what of it stays exposed forward and backward."""
 
-    token_bytes: np.ndarray  # one rank's dispatched bytes, per layer, one way (dispatched_bytes)
+    token_bytes: np.ndarray  # one rank's dispatched bytes, per layer, one way (_dispatch_s)
     moe_fraction: float
     moe_on: float  # 1 for a MoE model, else 0
     layer_fwd_s: np.ndarray
@@ -168,14 +168,18 @@ def spine_factor(g: Mesh, cluster: ClusterSpec) -> np.ndarray:
 
 
 def _dispatch_s(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
-                x_tok: np.ndarray) -> np.ndarray:
-    """One way (dispatch, or combine) of one MoE layer's forward, on the busiest rank."""
+                x_tok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One way (dispatch, or combine) of one MoE layer's forward, on the busiest rank: its
+    seconds, and one rank's bytes by its dispatcher (alltoall every routed copy ``x_tok``, its
+    own rank's among them; flex a token once per destination rank; allgather the ring's, the
+    hidden states of the group's other members)."""
     etp = expert_tp(g.plan).astype(float)
     n, k = g.ep, g.k_ep
     d = dispatch.dispatcher(tr, g.plan)
+    per_copy = x_tok / max(model.moe_topk, 1)
     # allgather: the TP x EP group's tokens, a ring each way
     size = n * etp
-    gathered = comm.gather_time(x_tok / max(model.moe_topk, 1) * size, size,
+    gathered = comm.gather_time(per_copy * size, size,
                                 np.minimum(size, float(cluster.nvlink_domain)), g.link)
     # flex: one copy per destination rank (each expert-TP shard of an expert is a destination
     # rank; the shards share a node), and across nodes one per destination node, the sender's
@@ -185,7 +189,6 @@ def _dispatch_s(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
     # its published RDMA figures count those bytes (tests/legacy/test_internode.py
     # num_rdma_token_sent: the distinct nodes of each token's top-k, its own among them), so the
     # bytes the fraction paces are counted the same way
-    per_copy = x_tok / max(model.moe_topk, 1)
     nodes = np.maximum(n / k, 1.0)
     ranks = units_hit(n, model) * etp
     fused = _all_to_all(per_copy * ranks * (n - 1) / n, per_copy * nodes_reached(nodes, model), g,
@@ -198,20 +201,10 @@ def _dispatch_s(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
             + np.where(etp > 1, comm.gather_time(x_tok * etp, etp, g.k_etp, g.link), 0.0))
     t = np.where(d == dispatch.FLEX, fused, nccl)
     # the allgather dispatcher has no busiest rank to wait on: every rank gathers everything
-    return np.where(d == dispatch.ALLGATHER, gathered, t * tr.framework.moe.moe_load_imbalance)
-
-
-def dispatched_bytes(model: ModelSpec, tr: Training, g: Mesh, x_tok: np.ndarray) -> np.ndarray:
-    """One rank's bytes of one way of one MoE layer's exchange, by its dispatcher (the bytes
-    :func:`_dispatch_s` times): alltoall, every routed copy ``x_tok`` (its own rank's among
-    them); flex, a token once per destination rank; allgather, the ring's: the hidden states of
-    the other members of the TP x EP group."""
-    per_copy = x_tok / max(model.moe_topk, 1)
-    etp = expert_tp(g.plan).astype(float)
-    d = dispatch.dispatcher(tr, g.plan)
-    return np.select([d == dispatch.FLEX, d == dispatch.ALLGATHER],
-                     [per_copy * units_hit(g.ep, model) * etp, per_copy * (g.ep * etp - 1.0)],
-                     x_tok)
+    seconds = np.where(d == dispatch.ALLGATHER, gathered, t * tr.framework.moe.moe_load_imbalance)
+    moved = np.select([d == dispatch.FLEX, d == dispatch.ALLGATHER],
+                      [per_copy * ranks, per_copy * (size - 1.0)], x_tok)
+    return seconds, moved
 
 
 def unpaired_share(g: Mesh) -> np.ndarray:
@@ -255,7 +248,8 @@ def expert_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mes
     x_tok = (g.tokens / g.tp * max(model.moe_topk, 1) * model.hidden
              * tr.framework.numerics.activation_dtype_bytes)
     moe_on = 1.0 if model.is_moe else 0.0
-    layer_fwd = 2.0 * _dispatch_s(model, cluster, tr, g, x_tok) * moe_on
+    one_way_s, moved = _dispatch_s(model, cluster, tr, g, x_tok)
+    layer_fwd = 2.0 * one_way_s * moe_on
     d = dispatch.dispatcher(tr, g.plan)
     # overlapped: a forward's exchange behind another micro-batch's backward, and the other
     # way round; the chunk steps the combined 1F1B schedule runs alone show all of theirs
@@ -276,6 +270,6 @@ def expert_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mes
     fwd_s, bwd_s = np.where(overlap, shown, fwd_s), np.where(overlap, shown, bwd_s)
     # the collective's name: a batch of plans all on the allgather dispatcher gathers
     op = "all_gather" if bool(np.all(d == dispatch.ALLGATHER)) else "all_to_all"
-    return ExpertComm(token_bytes=dispatched_bytes(model, tr, g, x_tok),
+    return ExpertComm(token_bytes=moved,
                       moe_fraction=model.moe_layers / model.layers, moe_on=moe_on,
                       layer_fwd_s=layer_fwd, exposed_fwd_s=fwd_s, exposed_bwd_s=bwd_s, op=op)
