@@ -47,13 +47,14 @@ NUMERIC_FIELDS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(GpuSpec)
     if f.name not in (*_TEXT_FIELDS, "efficiency")
 )
-_INT_FIELDS = frozenset({"intra_node_domain_size"})
+_INT_FIELDS = frozenset({"intra_node_domain_size", "sm_count"})
 # what a SKU may leave out: the host link and host memory (0: nothing offloads to the host),
 # an FP8 peak (absent: no FP8 tensor cores, as on A100; GpuSpec.precisions) and the bytes of a
-# weight's cached fp8 copy (absent: 1, the data alone)
+# weight's cached fp8 copy (absent: 1, the data alone) and the SM count (absent: 0, the SMs a
+# communication kernel holds beside compute are not priced)
 OPTIONAL_FIELDS = frozenset({"host_link_bw_bytes_per_s", "host_memory_bytes",
                              "host_link_network_share", "peak_flops_fp8",
-                             "fp8_weight_copy_bytes"})
+                             "fp8_weight_copy_bytes", "sm_count"})
 _ENTRY_KEYS = frozenset({"value", "value_gib", "source", "note"})
 EFFICIENCY_FIELDS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(Efficiency) if f.name != "source"
@@ -110,7 +111,7 @@ def _parse_sku(path: Path, efficiency: dict[str, Efficiency]) -> GpuSpec:
                            f"but got {doc['family']!r}")
     numbers: dict[str, Any] = {f: _numeric_entry(path, f, doc[f]) for f in NUMERIC_FIELDS
                                if f in doc}
-    for field in _INT_FIELDS:
+    for field in _INT_FIELDS & numbers.keys():
         numbers[field] = int(numbers[field])
     eff = family_efficiency(doc["family"], efficiency)
     if "efficiency" in doc:

@@ -14,8 +14,16 @@ from export_helpers import launcher_flags, megatron_kwargs, nemo_overrides
 from export_plans import plan_file
 from megatron_lm import megatron_lm_reads
 
-from costmodel import Plan, SpecError, check_plan, estimate, estimate_batch, plans_to_arrays
-from costmodel.parallel.expert import paired_exposed
+from costmodel import (
+    Plan,
+    SpecError,
+    check_plan,
+    dispatch,
+    estimate,
+    estimate_batch,
+    plans_to_arrays,
+)
+from costmodel.parallel.expert import paired_exposed, sm_share
 from costmodel.rules import Switches
 from search.inputs.specs import StudyError, build_specs
 from search.inputs.study import parse_study
@@ -100,11 +108,41 @@ def test_the_overlap_hides_each_exchange_only_behind_its_own_window() -> None:
     # attention forward 1 and backward 2, experts forward 2 and backward 4: 9 of compute
     lt = SimpleNamespace(fwd_moe_s=np.array([3.0]), bwd_moe_s=np.array([6.0]),
                          experts_fwd_s=np.array([2.0]))
+    free = np.zeros(1)  # the exchange holds no SMs
     # four exchanges of 2 (8, under the 9): the attention forward hides 1 of its 2
-    assert paired_exposed(np.array([2.0]), lt)[0] == pytest.approx(1.0)
-    assert paired_exposed(np.array([1.0]), lt)[0] == 0.0
+    assert paired_exposed(np.array([2.0]), lt, free)[0] == pytest.approx(1.0)
+    assert paired_exposed(np.array([1.0]), lt, free)[0] == 0.0
     # past every window: what the layer's compute cannot hide, 4 x 4 - 9
-    assert paired_exposed(np.array([4.0]), lt)[0] == pytest.approx(7.0)
+    assert paired_exposed(np.array([4.0]), lt, free)[0] == pytest.approx(7.0)
+
+
+def test_an_overlapped_exchange_costs_the_compute_the_sms_it_holds() -> None:
+    """Compute beside an exchange runs on the SMs its kernels leave: a window whose compute
+    outlasts the exchange ends share x exchange later, one shorter than it ends with it."""
+    lt = SimpleNamespace(fwd_moe_s=np.array([3.0]), bwd_moe_s=np.array([6.0]),
+                         experts_fwd_s=np.array([2.0]))
+    quarter = np.array([0.25])
+    # exchanges of 1: windows of 1 | 2 x 1 beside 6 | 1 beside 4 all longer: 1/4 of each
+    assert paired_exposed(np.array([1.0]), lt, quarter)[0] == pytest.approx(0.25 * 4.0)
+    # exchanges of 2: the attention forward's window (1) shows the exchange's excess, 1, as
+    # without the share; the other two are longer than theirs, 1/4 of 4 and of 2
+    assert paired_exposed(np.array([2.0]), lt, quarter)[0] == pytest.approx(1.0 + 1.0 + 0.5)
+    # an exchange that holds every SM hides nothing
+    assert paired_exposed(np.array([1.0]), lt, np.ones(1))[0] == pytest.approx(4.0)
+
+
+def test_the_sms_an_exchange_holds_are_its_kernels() -> None:
+    """DeepEP's budget (Megatron-Core's moe_deepep_num_sms, 20) over the GPU's SMs for flex;
+    NCCL's share of every hidden collective for the alltoall dispatcher; flex's not priced
+    where the catalog gives no SM count."""
+    _, specs = specs_of()
+    d = np.array([dispatch.FLEX, dispatch.ALLTOALL])
+    nccl = specs.cluster.gpu.efficiency.comm_sm_share
+    assert specs.cluster.gpu.sm_count == 132
+    assert sm_share(specs.cluster, specs.training, d) == pytest.approx([20 / 132, nccl])
+    bare = dataclasses.replace(specs.cluster,
+                               gpu=dataclasses.replace(specs.cluster.gpu, sm_count=0))
+    assert sm_share(bare, specs.training, d) == pytest.approx([0.0, nccl])
 
 
 @pytest.mark.parametrize(("plan", "rule"), [

@@ -182,6 +182,11 @@ class Moe:
     moe_a2a_overlap: bool
     """``--overlap-moe-expert-parallel-comm`` (Megatron-Bridge ``moe_a2a_overlap``): the EP
     all-to-all of one micro-batch overlaps another's compute; off, nothing hides it."""
+    moe_flex_sms: int
+    """The SMs the flex dispatcher's fused kernels hold while they run (Megatron-Core's
+    ``--moe-deepep-num-sms``, default 20 for DeepEP, its default backend; HybridEP's
+    ``--moe-hybridep-num-sms``): under ``moe_a2a_overlap`` the compute beside them runs on the
+    rest (``costmodel.parallel.expert.lapped``)."""
     moe_shared_expert_overlap: bool
     """``--moe-shared-expert-overlap`` (alltoall dispatcher): the shared experts' MLP runs on a
     side stream during the dispatch and combine all-to-alls
@@ -211,6 +216,9 @@ class Moe:
             if not set(value) <= set(known):
                 raise SpecError(f"training.{name} must be a subset of {list(known)}, but got "
                                 f"{list(value)!r}")
+        if self.moe_flex_sms < 1:
+            raise SpecError("training.moe_flex_sms must be >= 1 (the SMs DeepEP's kernels hold), "
+                            f"but got {self.moe_flex_sms!r}")
         if not self.moe_load_imbalance >= 1.0:
             raise SpecError("training.moe_load_imbalance must be >= 1 (busiest rank / mean), "
                             f"but got {self.moe_load_imbalance!r}")

@@ -223,7 +223,27 @@ def unpaired_share(g: Mesh) -> np.ndarray:
     return np.minimum(warmup / np.maximum(m * vp, 1.0), 1.0)
 
 
-def paired_exposed(one_way_s: np.ndarray, lt: LayerTimes) -> np.ndarray:
+def sm_share(cluster: ClusterSpec, tr: Training, d: np.ndarray) -> np.ndarray:
+    """The share of the GPU's SMs the exchange's kernels hold while they run: flex's fused
+    kernels their budget (``Moe.moe_flex_sms`` over the catalog's ``sm_count``; none priced
+    where it gives none), NCCL's all-to-all one CTA per channel (``Efficiency.comm_sm_share``,
+    the share every hidden NCCL collective is priced at). A compute kernel beside them runs on
+    the rest: Hopper's and Blackwell's GEMM CTAs take a whole SM's registers and shared
+    memory, so none shares an SM with them."""
+    sms = cluster.gpu.sm_count
+    flex = min(tr.framework.moe.moe_flex_sms / sms, 1.0) if sms > 0 else 0.0
+    return np.where(d == dispatch.FLEX, flex, cluster.gpu.efficiency.comm_sm_share)
+
+
+def lapped(comm_s: np.ndarray, compute_s: np.ndarray, share: np.ndarray) -> np.ndarray:
+    """What an exchange of ``comm_s`` adds to ``compute_s`` of other work run beside it when its
+    kernels hold ``share`` of the SMs: the compute runs on the rest while the exchange lasts,
+    so it shows the exchange's excess over the compute, or, where the compute is the longer,
+    the compute's ``share * comm_s`` of work pushed past the exchange's end."""
+    return np.maximum(comm_s - compute_s, share * comm_s)
+
+
+def paired_exposed(one_way_s: np.ndarray, lt: LayerTimes, share: np.ndarray) -> np.ndarray:
     """What of a MoE layer's four exchanges (dispatch and combine, forward and backward, each
     ``one_way_s``) stays exposed when Megatron-Core's combined 1F1B runs one micro-batch's
     forward of the layer beside another's backward: the communication stream's three windows
@@ -233,12 +253,13 @@ def paired_exposed(one_way_s: np.ndarray, lt: LayerTimes) -> np.ndarray:
     weight gradients -> forward | attention backward). The attention node holds all but the
     routed experts (norms, attention, the shared experts, router and permute:
     models/gpt/fine_grained_callables.py ``submodule_attn_forward``); the experts' backward runs
-    their GEMMs twice."""
+    their GEMMs twice. Each window's compute runs on the SMs the exchange leaves
+    (:func:`lapped`)."""
     attn_fwd = np.maximum(lt.fwd_moe_s - lt.experts_fwd_s, 0.0)
     attn_bwd = np.maximum(lt.bwd_moe_s - 2.0 * lt.experts_fwd_s, 0.0)
     mlp = 3.0 * lt.experts_fwd_s
-    return (np.maximum(one_way_s - attn_fwd, 0.0) + np.maximum(2.0 * one_way_s - mlp, 0.0)
-            + np.maximum(one_way_s - attn_bwd, 0.0))
+    return (lapped(one_way_s, attn_fwd, share) + lapped(2.0 * one_way_s, mlp, share)
+            + lapped(one_way_s, attn_bwd, share))
 
 
 def expert_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mesh,
@@ -253,7 +274,8 @@ def expert_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mes
     d = dispatch.dispatcher(tr, g.plan)
     # overlapped: a forward's exchange behind another micro-batch's backward, and the other
     # way round; the chunk steps the combined 1F1B schedule runs alone show all of theirs
-    paired = paired_exposed(layer_fwd / 2.0, lt) / 2.0
+    share = sm_share(cluster, tr, d)
+    paired = paired_exposed(layer_fwd / 2.0, lt, share) / 2.0
     alone = unpaired_share(g)
     shown = (1.0 - alone) * paired + alone * layer_fwd
     # the fused dispatch hides its share of that (Efficiency.flex_overlap_credit, a prior)
@@ -263,9 +285,8 @@ def expert_parallel(model: ModelSpec, cluster: ClusterSpec, tr: Training, g: Mes
     # twice the forward's GEMMs)
     shared = (tr.framework.moe.moe_shared_expert_overlap & (d == dispatch.ALLTOALL)
               & (not g.synchronous))
-    fwd_s = np.where(shared, np.maximum(layer_fwd - lt.shared_expert_fwd_s, 0.0), layer_fwd)
-    bwd_s = np.where(shared, np.maximum(layer_fwd - 2.0 * lt.shared_expert_fwd_s, 0.0),
-                     layer_fwd)
+    fwd_s = np.where(shared, lapped(layer_fwd, lt.shared_expert_fwd_s, share), layer_fwd)
+    bwd_s = np.where(shared, lapped(layer_fwd, 2.0 * lt.shared_expert_fwd_s, share), layer_fwd)
     overlap = dispatch.a2a_overlap(tr, g.plan) & (not g.synchronous)
     fwd_s, bwd_s = np.where(overlap, shown, fwd_s), np.where(overlap, shown, bwd_s)
     # the collective's name: a batch of plans all on the allgather dispatcher gathers
