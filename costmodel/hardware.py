@@ -143,6 +143,10 @@ class GpuSpec:
     # bf16 weight): the fp8 data, and beside it its transpose where the GPU's fp8 GEMMs take
     # only the TN layout (before SM 10.0: Hopper, Ada), for the backward's data gradient
     fp8_weight_copy_bytes: float = 1.0
+    # the highest bf16 matmul rate measured on the SKU (maximum achievable matmul FLOP/s): what
+    # a fit borrowed from another family keeps its share of (hardware_catalog.catalog.
+    # transfer_efficiency). 0: none measured
+    matmul_bf16_flops: float = 0.0
     # streaming multiprocessors (compute units on AMD): a communication kernel running beside
     # compute holds some of them (costmodel/parallel/expert.py). 0: not catalogued, not priced
     sm_count: int = 0
@@ -164,7 +168,7 @@ class GpuSpec:
         require_nonnegative(f"gpu[{self.id}]", **{key: getattr(self, key) for key in (
             "peak_flops_fp8", "memory_reserve_bytes", "host_link_bw_bytes_per_s",
             "host_memory_bytes", "host_link_network_share", "fp8_weight_copy_bytes",
-            "sm_count")})
+            "sm_count", "matmul_bf16_flops")})
         if self.host_link_network_share > 1:
             raise SpecError(f"gpu[{self.id}].host_link_network_share must be in [0, 1], but got "
                             f"host_link_network_share={self.host_link_network_share!r}")

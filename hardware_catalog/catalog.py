@@ -50,11 +50,20 @@ NUMERIC_FIELDS: tuple[str, ...] = tuple(
 _INT_FIELDS = frozenset({"intra_node_domain_size", "sm_count"})
 # what a SKU may leave out: the host link and host memory (0: nothing offloads to the host),
 # an FP8 peak (absent: no FP8 tensor cores, as on A100; GpuSpec.precisions) and the bytes of a
-# weight's cached fp8 copy (absent: 1, the data alone) and the SM count (absent: 0, the SMs a
-# communication kernel holds beside compute are not priced)
+# weight's cached fp8 copy (absent: 1, the data alone), the SM count (absent: 0, the SMs a
+# communication kernel holds beside compute are not priced) and the measured matmul ceiling
+# (absent: 0, a borrowed fit is not rescaled)
 OPTIONAL_FIELDS = frozenset({"host_link_bw_bytes_per_s", "host_memory_bytes",
                              "host_link_network_share", "peak_flops_fp8",
-                             "fp8_weight_copy_bytes", "sm_count"})
+                             "fp8_weight_copy_bytes", "sm_count", "matmul_bf16_flops"})
+# The SKU each fitted family's measured rows ran on, whose matmul ceiling its fractions sit under
+REFERENCE_SKUS: dict[str, str] = {"ampere": "a100-sxm-80gb", "hopper": "h100-sxm-80gb",
+                                  "blackwell": "b200-180gb"}
+# the efficiency fields the matrix units' rate bounds: GEMMs, fp8 GEMMs and flash attention
+MATMUL_BOUND = ("gemm_peak_fraction", "fp8_gemm_peak_fraction", "attention_peak_fraction",
+                "flash1_attention_peak_fraction", "flash3_attention_peak_fraction")
+TRANSFERRED = "transferred from the "
+MATMUL_SCALED = "matmul-bound fractions x "
 _ENTRY_KEYS = frozenset({"value", "value_gib", "source", "note"})
 EFFICIENCY_FIELDS: tuple[str, ...] = tuple(
     f.name for f in dataclasses.fields(Efficiency) if f.name != "source"
@@ -201,6 +210,44 @@ def load_calibration(directory: Path) -> dict[str, Efficiency]:
     return result
 
 
+def lender_of(eff: Efficiency) -> str:
+    """The fitted family an efficiency was transferred from ("" when fitted or a prior)."""
+    if TRANSFERRED not in eff.source:
+        return ""
+    return eff.source.split(TRANSFERRED, 1)[1].split(" ", 1)[0]
+
+
+def transfer_efficiency(eff: Efficiency, lender: str, gpu: GpuSpec,
+                        skus: dict[str, GpuSpec]) -> Efficiency:
+    """A fit carried from ``lender``'s runs to ``gpu``: the matmul-bound fractions keep their
+    share of the SKU's own measured matmul ceiling (``matmul_bf16_flops`` over its bf16 peak)
+    instead of its datasheet peak, ``x (gpu's ceiling / peak) / (the lender's reference SKU's)``:
+    the vendor library's reach differs by SKU far more than the fit's stack effects do (H100
+    reaches 80% of its peak in matmuls, MI300X 51%). Unchanged where either gives none; fp8 GEMMs
+    and flash attention take the bf16 ratio (no fp8 ceiling is measured on the SKUs that
+    borrow)."""
+    ref = skus.get(REFERENCE_SKUS.get(lender, ""))
+    if ref is None or gpu.matmul_bf16_flops <= 0 or ref.matmul_bf16_flops <= 0:
+        return eff
+    ratio = ((gpu.matmul_bf16_flops / gpu.peak_flops_bf16)
+             / (ref.matmul_bf16_flops / ref.peak_flops_bf16))
+    scaled = {f: getattr(eff, f) * ratio for f in MATMUL_BOUND}
+    tf = 1e12
+    return dataclasses.replace(
+        eff, **scaled, source=f"{eff.source}; {MATMUL_SCALED}{ratio:.3f}: {gpu.id}'s measured "
+        f"matmul ceiling {gpu.matmul_bf16_flops / tf:.0f} of {gpu.peak_flops_bf16 / tf:.0f} "
+        f"TFLOP/s against {ref.id}'s {ref.matmul_bf16_flops / tf:.0f} of "
+        f"{ref.peak_flops_bf16 / tf:.0f}")
+
+
+def _transferred(gpu: GpuSpec, skus: dict[str, GpuSpec]) -> GpuSpec:
+    lender = lender_of(gpu.efficiency)
+    if not lender:
+        return gpu
+    return dataclasses.replace(
+        gpu, efficiency=transfer_efficiency(gpu.efficiency, lender, gpu, skus))
+
+
 @functools.lru_cache(maxsize=8)
 def _load(directory: Path) -> dict[str, GpuSpec]:
     if not directory.is_dir():
@@ -209,7 +256,8 @@ def _load(directory: Path) -> dict[str, GpuSpec]:
     paths = sorted(p for p in directory.glob("*.yaml") if p.name not in DATA_FILES)
     if not paths:
         raise CatalogError(f"catalog directory {str(directory)!r} holds no <id>.yaml files")
-    return {p.stem: _parse_sku(p, efficiency) for p in paths}
+    skus = {p.stem: _parse_sku(p, efficiency) for p in paths}
+    return {k: _transferred(gpu, skus) for k, gpu in skus.items()}
 
 
 def load_catalog(directory: Path | str | None = None) -> dict[str, GpuSpec]:

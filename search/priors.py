@@ -18,6 +18,7 @@ from costmodel.memory import allocator_fraction
 from costmodel.plans import as_plan_arrays
 from costmodel.specs import ClusterSpec, Efficiency, ModelSpec, Training
 from hardware_catalog import CATALOG_DIR, load_calibration, load_prior_ranges
+from hardware_catalog.catalog import load_catalog, transfer_efficiency
 from hardware_catalog.fabrics import load_fabrics
 from hardware_catalog.frameworks import memory_model
 from search.uncertainty import calibration_status
@@ -118,8 +119,9 @@ def _terms(model: ModelSpec, cluster: ClusterSpec, tr: Training,
                 "borrowed fit", status["line"].split("; ")[0].removeprefix("calibration: "),
                 f"re-priced with each fitted family's efficiency ({', '.join(sorted(fitted))}; "
                 f"calibration.yaml)"), np.ones(n, dtype=bool),
-                [(replace(cluster, gpu=replace(cluster.gpu, efficiency=e)), tr)
-                 for e in fitted.values()]))
+                [(replace(cluster, gpu=replace(cluster.gpu, efficiency=transfer_efficiency(
+                    e, family, cluster.gpu, load_catalog()))), tr)
+                 for family, e in fitted.items()]))
     fabrics = load_fabrics() if cluster.fabric else {}
     fab = fabrics.get(cluster.fabric)
     if (fab is not None and cluster.links is None and not fab.source.startswith("fitted")

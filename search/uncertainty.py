@@ -32,6 +32,7 @@ import yaml
 
 from costmodel.specs import ClusterSpec, ModelSpec, Training
 from hardware_catalog import CATALOG_DIR
+from hardware_catalog.catalog import MATMUL_SCALED, lender_of
 from hardware_catalog.fabrics import load_fabrics
 from hardware_catalog.frameworks import is_megatron_core, resolve_framework
 from search.anchored_interval import AnchoredSpread
@@ -245,9 +246,7 @@ def calibration_status(cluster: ClusterSpec) -> dict[str, Any]:
     or borrowed from another family, unvalidated) and the fabric's network fraction."""
     eff, family = cluster.gpu.efficiency, cluster.gpu.family
     src = eff.source
-    borrowed = ""
-    if "transferred from the " in src:
-        borrowed = src.split("transferred from the ", 1)[1].split(" ", 1)[0]
+    borrowed = lender_of(eff)
     partly = "borrowed from hopper, unvalidated" in src  # GEMM terms fitted, the rest not
     validated = src.startswith("fitted") and not borrowed and not partly
     fabric = cluster.fabric
@@ -255,6 +254,8 @@ def calibration_status(cluster: ClusterSpec) -> dict[str, Any]:
     fab_src = str(fabrics[fabric].source) if fabric in fabrics else _fabric_not_given(cluster)
     if borrowed:
         line = f"{family} efficiency borrowed from {borrowed}, unvalidated"
+        if MATMUL_SCALED in src:
+            line += f" (its matmul-bound fractions at {cluster.gpu.id}'s measured matmul ceiling)"
     elif partly:
         line = f"{family} GEMM terms fitted; other terms borrowed from hopper, unvalidated"
     elif validated:
