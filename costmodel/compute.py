@@ -2,7 +2,8 @@
 the FLOPs a GPU runs per step.
 
 Eager frameworks issue every kernel from Python: a layer also takes at least the host time to
-issue its kernels and collectives (``host_overhead_s`` each), and the GPU starves when that is
+issue its kernels and collectives (``kernels.host_op_s`` each: the framework's ``host_overhead_s``
+times the host CPU's ``host_issue_factor``), and the GPU starves when that is
 longer than the kernels themselves (small micro-batches, wide TP).
 
 GEMM time is a roofline with a size-dependent efficiency: a GEMM whose smallest dimension is x
@@ -275,9 +276,8 @@ def layer_times(model: ModelSpec, cluster: ClusterSpec, tr: Training,
         attention_fwd_s=dense.attention_s, gemm_fwd_dense_s=dense.gemm_s,
         selective_extra_s=selective.dense_s, selective_extra_moe_s=selective.moe_s,
         selective_host_dense_s=selective.host_dense_s, selective_host_moe_s=selective.host_moe_s,
-        host_fwd_dense_s=(dense_host * tr.framework.kernels.host_overhead_s
-                          * np.ones_like(kn.tokens)),
-        host_fwd_moe_s=(moe.host_ops if moe else dense_host) * tr.framework.kernels.host_overhead_s
+        host_fwd_dense_s=dense_host * kn.host_op_s * np.ones_like(kn.tokens),
+        host_fwd_moe_s=(moe.host_ops if moe else dense_host) * kn.host_op_s
         * np.ones_like(kn.tokens),
         head_fwd_s=head + loss_fwd_s, head_bwd_s=2.0 * head + loss_bwd_s,
         loss_s=loss_fwd_s + loss_bwd_s, cast_s=cast_s,

@@ -147,6 +147,9 @@ class GpuSpec:
     # a fit borrowed from another family keeps its share of (hardware_catalog.catalog.
     # transfer_efficiency). 0: none measured
     matmul_bf16_flops: float = 0.0
+    # the host CPU's time to issue a framework operation over an x86 DGX host's (the frameworks'
+    # ``host_overhead_s``): a Grace CPU's is longer (costmodel.kernels.host_op_s)
+    host_issue_factor: float = 1.0
     # streaming multiprocessors (compute units on AMD): a communication kernel running beside
     # compute holds some of them (costmodel/parallel/expert.py). 0: not catalogued, not priced
     sm_count: int = 0
@@ -168,7 +171,7 @@ class GpuSpec:
         require_nonnegative(f"gpu[{self.id}]", **{key: getattr(self, key) for key in (
             "peak_flops_fp8", "memory_reserve_bytes", "host_link_bw_bytes_per_s",
             "host_memory_bytes", "host_link_network_share", "fp8_weight_copy_bytes",
-            "sm_count", "matmul_bf16_flops")})
+            "sm_count", "matmul_bf16_flops", "host_issue_factor")})
         if self.host_link_network_share > 1:
             raise SpecError(f"gpu[{self.id}].host_link_network_share must be in [0, 1], but got "
                             f"host_link_network_share={self.host_link_network_share!r}")

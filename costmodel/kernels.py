@@ -72,6 +72,7 @@ class Kernels:
     fp8: bool
     cast_bytes: float  # HBM bytes a GEMM input's fp8 cast moves per element
     weight_cast: bool  # each GEMM casts its weight (no cache, no fp8 weights)
+    host_op_s: float  # CPU time to issue one operation (:func:`host_op_s`)
 
     def gemm(self, n: np.ndarray | float, k: np.ndarray | float,
              split: bool = False) -> np.ndarray:
@@ -133,7 +134,14 @@ def kernels_of(cluster: ClusterSpec, tr: Training, p: PlanArrays) -> Kernels:
                    hbm=gpu.hbm_bw_bytes_per_s * gpu.efficiency.memory_bw_fraction, fp8=fp8,
                    cast_bytes=(COMPILED_CAST_BYTES if compiled
                                else gpu.efficiency.fp8_cast_bytes_per_element),
-                   weight_cast=not (num.fp8_weight_cache or num.fp8_param_gather))
+                   weight_cast=not (num.fp8_weight_cache or num.fp8_param_gather),
+                   host_op_s=host_op_s(cluster, tr))
+
+
+def host_op_s(cluster: ClusterSpec, tr: Training) -> float:
+    """CPU time to issue one framework operation: the framework's own (its ``host_overhead_s``,
+    as on an x86 DGX host) times the host CPU's ``GpuSpec.host_issue_factor``."""
+    return tr.framework.kernels.host_overhead_s * cluster.gpu.host_issue_factor
 
 
 

@@ -306,7 +306,7 @@ def host_segments(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
             "postprocess": ((FUSED_PERMUTE_OPS if fused else UNPERMUTE_OPS) + MLP_BDA_OPS) * ones}
 
 
-def sync_stall(model: ModelSpec, tr: Training, p: PlanArrays, routed_s: np.ndarray,
+def sync_stall(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels, routed_s: np.ndarray,
                permute_s: np.ndarray, segments: dict[str, np.ndarray]) -> np.ndarray:
     """GPU idle time per MoE layer forward from the host's waits: the count's round trip and
     the host's issue of the first kernel after it, then what the host's issue of the rest of the
@@ -316,9 +316,9 @@ def sync_stall(model: ModelSpec, tr: Training, p: PlanArrays, routed_s: np.ndarr
     (:data:`GLU_CLAMP_OPS`) waits once more: a round trip and the next kernel's issue."""
     syncs = host_syncs(tr, p)
     after = segments["experts"] - syncs * DTOH_OPS + segments["postprocess"]
-    host_post = after * tr.framework.kernels.host_overhead_s
+    host_post = after * kn.host_op_s
     gpu_post = routed_s + permute_s / 2.0
-    wait = D2H_SYNC_S + tr.framework.kernels.host_overhead_s
+    wait = D2H_SYNC_S + kn.host_op_s
     return (syncs * (wait + np.maximum(host_post - gpu_post, 0.0))
             + (wait if model.swiglu_limit else 0.0))
 
@@ -357,7 +357,7 @@ def moe_layer(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,
     # the experts' GEMMs are not split for TP overlap: their weight gradients cost as forward
     fwd, bwd = fwd_bwd(gemm_s, dense.wgrad_attn_s + moe_s, dense.attention_s, elem_s,
                        elem.overhead_fwd_s, 1.0, attention_bwd=attention_bwd_factor(tr))
-    fwd = fwd + bias_fwd + sync_stall(model, tr, p, routed + bias_fwd, permute, segments)
+    fwd = fwd + bias_fwd + sync_stall(model, tr, p, kn, routed + bias_fwd, permute, segments)
     bwd = bwd + bias_bwd
     return MoeLayer(routed_s=routed, permute_s=permute, router_s=router,
                     shared_s=np.broadcast_to(shared, kn.tokens.shape).astype(float),

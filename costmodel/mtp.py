@@ -34,7 +34,7 @@ from costmodel.compute import (
     FUSED_NORM_BWD_ELEMS,
     LayerTimes,
 )
-from costmodel.kernels import BWD_HOST_FACTOR, kernels_of
+from costmodel.kernels import BWD_HOST_FACTOR, host_op_s, kernels_of
 from costmodel.mapping import expert_tp
 from costmodel.params import attention_params, dense_mlp_params, embedding_params, expert_params
 from costmodel.plan_fields import RECOMPUTE_CODES
@@ -152,7 +152,7 @@ def mtp_stage(model: ModelSpec, cluster: ClusterSpec, tr: Training, p: PlanArray
     vocab = 4.0 * tensor.vocab_side_s + tensor.vocab_s["last"]
     comm = comm_fwd + comm_bwd + np.where(full, comm_fwd, 0.0) + vocab
     host_layer = (lt.host_fwd_moe_s if moe else lt.host_fwd_dense_s) + tensor.host_fwd_s
-    host_fwd = host_layer + BLOCK_KERNELS_FWD * tr.framework.kernels.host_overhead_s
+    host_fwd = host_layer + BLOCK_KERNELS_FWD * host_op_s(cluster, tr)
     selective_host = lt.selective_host_moe_s if moe else lt.selective_host_dense_s
     host = host_fwd * (1.0 + BWD_HOST_FACTOR + full) + np.where(selective, selective_host, 0.0)
     return MtpStage(compute_s=D * compute, comm_s=D * comm, recompute_s=D * recompute,

@@ -73,10 +73,8 @@ def _extra(tr: Training, kn: Kernels, times: tuple[np.ndarray, np.ndarray],
     return SelectiveExtra(
         dense_s=np.broadcast_to(times[0], shape).astype(float),
         moe_s=np.broadcast_to(times[1], shape).astype(float),
-        host_dense_s=np.broadcast_to(dense_ops * tr.framework.kernels.host_overhead_s,
-                                     shape).astype(float),
-        host_moe_s=np.broadcast_to(moe_ops * tr.framework.kernels.host_overhead_s,
-                                   shape).astype(float))
+        host_dense_s=np.broadcast_to(dense_ops * kn.host_op_s, shape).astype(float),
+        host_moe_s=np.broadcast_to(moe_ops * kn.host_op_s, shape).astype(float))
 
 
 def selective_extra(model: ModelSpec, tr: Training, p: PlanArrays, kn: Kernels,

@@ -52,10 +52,12 @@ _INT_FIELDS = frozenset({"intra_node_domain_size", "sm_count"})
 # an FP8 peak (absent: no FP8 tensor cores, as on A100; GpuSpec.precisions) and the bytes of a
 # weight's cached fp8 copy (absent: 1, the data alone), the SM count (absent: 0, the SMs a
 # communication kernel holds beside compute are not priced) and the measured matmul ceiling
-# (absent: 0, a borrowed fit is not rescaled)
+# (absent: 0, a borrowed fit is not rescaled) and the host CPU's issue time (absent: 1, an x86
+# DGX host's)
 OPTIONAL_FIELDS = frozenset({"host_link_bw_bytes_per_s", "host_memory_bytes",
                              "host_link_network_share", "peak_flops_fp8",
-                             "fp8_weight_copy_bytes", "sm_count", "matmul_bf16_flops"})
+                             "fp8_weight_copy_bytes", "sm_count", "matmul_bf16_flops",
+                             "host_issue_factor"})
 # The SKU each fitted family's measured rows ran on, whose matmul ceiling its fractions sit under
 REFERENCE_SKUS: dict[str, str] = {"ampere": "a100-sxm-80gb", "hopper": "h100-sxm-80gb",
                                   "blackwell": "b200-180gb"}

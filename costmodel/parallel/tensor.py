@@ -11,6 +11,7 @@ import numpy as np
 from costmodel import comm
 from costmodel.comm import CollectiveArrays
 from costmodel.compute import LayerTimes
+from costmodel.kernels import host_op_s
 from costmodel.parallel.mesh import Mesh
 from costmodel.recompute import recomputed_share
 from costmodel.specs import ClusterSpec, ModelSpec, Training
@@ -64,7 +65,7 @@ def _host_fwd(cluster: ClusterSpec, tr: Training, g: Mesh, calls: np.ndarray) ->
     """Host time per layer forward: the TP calls, and (under a pipeline engine that serialises
     p2p with TP collectives) a wait per TP ring step when the stages' p2p crosses the network."""
     tp, pp = g.tp, g.pp
-    host = calls * (tr.framework.kernels.host_overhead_s
+    host = calls * (host_op_s(cluster, tr)
                     + np.where((pp > 1) & g.pp_crosses_network,
                                (tp - 1) * tr.framework.pp.pp_tp_step_overhead_s, 0.0))
     if tr.framework.tp.dtensor_tp:  # every tensor op of a TP layer dispatches through DTensor
