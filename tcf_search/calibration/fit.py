@@ -36,8 +36,10 @@ from hardware_catalog import (
     CATALOG_DIR,
     FAMILIES,
     get_fabric,
+    get_gpu,
     load_calibration,
 )
+from hardware_catalog.catalog import REFERENCE_SKUS
 from tcf_search.calibration.accuracy import regime, report, throughput_rows
 from tcf_search.calibration.dataset import (
     Group,
@@ -95,10 +97,9 @@ BLACKWELL_PARAMS = ("gemm_peak_fraction", "fp8_gemm_peak_fraction")
 FA2_A100_PRIOR = 0.50
 # compute-communication contention is a prior, not fitted (fitted on the dgxc rows it runs to
 # its bound and drags the GEMM fractions to 0.86 / 0.95): NCCL's 16 channels (one CTA, one SM
-# each) on an 8-GPU NVSwitch node over the SKU family's SMs (A100 whitepaper: 108; H100 SXM5
-# whitepaper: 132)
+# each) on an 8-GPU NVSwitch node over the SMs of the SKU the family's rows ran on (the catalog's
+# sm_count: A100 108, H100 SXM5 132, each from its whitepaper)
 NCCL_CHANNELS = 16.0
-SM_COUNT = {"ampere": 108.0, "hopper": 132.0}
 # the fit's start for the network ring step: NCCL's tuning table (src/graph/tuning.cc hwLat, NET
 # Ring/Simple), the GPUs' catalog prior
 NCCL_NET_STEP_S = 14e-6
@@ -130,9 +131,10 @@ def fit_ampere(frame: pd.DataFrame, groups: list[Group], train: pd.Series, hoppe
     the fitted fabrics' fractions (not PRIOR_FABRICS') and how many fitted rows ran on each."""
     a100 = ((frame["source"].eq("llm-foundry") & frame["gpu"].str.startswith("a100"))
             | frame["source"].eq("megatron-sc21")) & frame["status"].eq("ok") & train
+    sms = get_gpu(REFERENCE_SKUS["ampere"]).sm_count
     ampere, fitted = fit_efficiency(
         frame, groups, a100, "ampere",
-        replace(hopper, source="", comm_sm_share=NCCL_CHANNELS / SM_COUNT["ampere"],
+        replace(hopper, source="", comm_sm_share=NCCL_CHANNELS / sms,
                 flash1_attention_peak_fraction=hopper.attention_peak_fraction),
         ("gemm_peak_fraction", "flash1_attention_peak_fraction", "memory_bw_fraction",
          FABRIC_PREFIX + "roce"))
