@@ -29,6 +29,7 @@ from search.inputs.specs import StudyError, build_specs
 from search.inputs.study import parse_study
 from search.pipeline import RunOptions, run_study
 from search.space import build_space
+from tcf_search.explain.analysis import moe_dispatch
 from tcf_search.export import render
 
 # Qwen3-30B-A3B (128 experts, top-8) on 4 nodes of 8 H100: EP 32 crosses the network
@@ -129,6 +130,18 @@ def test_an_overlapped_exchange_costs_the_compute_the_sms_it_holds() -> None:
     assert paired_exposed(np.array([2.0]), lt, quarter)[0] == pytest.approx(1.0 + 1.0 + 0.5)
     # an exchange that holds every SM hides nothing
     assert paired_exposed(np.array([1.0]), lt, np.ones(1))[0] == pytest.approx(4.0)
+
+
+def test_explain_says_what_share_of_the_sms_an_overlapped_exchange_holds() -> None:
+    _, specs = specs_of()
+    placed: dict = {"groups": []}
+    plan = Plan(tp=1, pp=2, vpp=2, dp=16, ep=8, zero_stage=1, moe_dispatcher="flex",
+                moe_a2a_overlap="on")
+    d = moe_dispatch(specs.model, specs.cluster, specs.training, plan, placed)
+    assert d["sm_share"] == pytest.approx(20 / 132)
+    plain = dataclasses.replace(plan, moe_a2a_overlap="off")
+    assert "sm_share" not in moe_dispatch(specs.model, specs.cluster, specs.training, plain,
+                                          placed)
 
 
 def test_the_sms_an_exchange_holds_are_its_kernels() -> None:

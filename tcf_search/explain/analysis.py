@@ -13,15 +13,17 @@ from typing import Any
 import numpy as np
 
 from costmodel import (
+    ClusterSpec,
     ModelSpec,
     Plan,
     StepEstimate,
     Training,
+    dispatch,
     estimate,
     plan_placement,
     plans_to_arrays,
 )
-from costmodel.parallel.expert import groups_hit, nodes_reached
+from costmodel.parallel.expert import groups_hit, nodes_reached, sm_share
 from costmodel.recompute_modules import mask_modules
 from hardware_catalog.frameworks import is_megatron_core
 from search import (
@@ -52,7 +54,7 @@ FLOP_CONVENTION = (
 MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "buffers", "overhead")
 
 
-def moe_dispatch(model: ModelSpec, training: Training, plan: Plan,
+def moe_dispatch(model: ModelSpec, cluster: ClusterSpec, training: Training, plan: Plan,
                  placement: dict[str, Any]) -> dict[str, Any]:
     """The MoE dispatch the plan runs: its own (plan fields moe_dispatcher, moe_a2a_overlap)
     or the training's, and which of the two it is; under flex across nodes, how many of the EP
@@ -65,6 +67,9 @@ def moe_dispatch(model: ModelSpec, training: Training, plan: Plan,
                         else own.moe_a2a_overlap),
         "plan_own": bool(plan.moe_dispatcher or plan.moe_a2a_overlap),
         "training": {"dispatcher": own.moe_dispatcher, "a2a_overlap": own.moe_a2a_overlap}}
+    if out["a2a_overlap"]:  # the SMs its kernels hold from the compute it overlaps
+        code = np.array([dispatch.CODES[out["dispatcher"]]])
+        out["sm_share"] = float(sm_share(cluster, training, code)[0])
     if out["dispatcher"] != "flex":
         return out
     ep = next((g for g in placement.get("groups", []) if g["group"] == "ep"), None)
@@ -253,7 +258,8 @@ def explain(subject: Subject) -> dict[str, Any]:
         "memory": _memory(e), "compute": {**_compute(e), **_stall(e, s.training)},
         "communication": {**_communication(e),
                           "placement": placed,
-                          **({"moe_dispatch": moe_dispatch(s.model, s.training, plan, placed)}
+                          **({"moe_dispatch": moe_dispatch(s.model, s.cluster, s.training,
+                                                           plan, placed)}
                              if s.model.is_moe else {})},
         "step": {"step_time_s": e.step_time_s, "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu,
                  "tokens_per_step": e.tokens_per_step, "breakdown": breakdown,

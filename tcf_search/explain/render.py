@@ -130,6 +130,9 @@ def _communication(doc: dict[str, Any], con: Console) -> None:
                   + (f" (the plan's own; the training's: {t['dispatcher']}, "
                      f"{'overlapped' if t['a2a_overlap'] else 'not overlapped'})"
                      if d["plan_own"] else " (the training's)"))
+        if "sm_share" in d:
+            con.print(f"   its kernels hold {d['sm_share']:.0%} of the SMs while they run: the "
+                      "compute beside them runs on the rest, counted in its exposed time")
         if r := d.get("reach"):
             limit = (f", {r['uniform']:.2f} without its router's limit to {r['groups'][0]} of "
                      f"{r['groups'][1]} expert groups" if r["groups"] else "")
