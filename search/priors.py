@@ -25,7 +25,7 @@ from search.uncertainty import calibration_status
 
 # each term's one-letter mark beside a plan's interval in the run table (the legend names it)
 MARKS = {"offload prior": "o", "flex prior": "x", "overlap prior": "v", "borrowed fit": "b",
-         "fabric prior": "n", "allocator prior": "a"}
+         "fabric prior": "n", "allocator prior": "a", "host prior": "h"}
 # terms whose re-pricing moves memory alone: the allocator's fragmentation, where the stack's
 # allocator does not stall near capacity (memory_model.pressure_slowdown 0), so tokens/s stays
 # and only the peak is recomputed (costmodel.peak_memory_batch)
@@ -133,6 +133,7 @@ def _terms(model: ModelSpec, cluster: ClusterSpec, tr: Training,
             f"{eff.network_bw_fraction:.3g} ({eff.network_fabric or 'calibration.yaml'})"),
             np.ones(n, dtype=bool),
             [(replace(cluster, network_bw_fraction=None), tr)]))
+    out += _host_term(model, cluster, tr, cols)
     measured = memory_model().allocator_fraction
     own = allocator_fraction(tr)
     if own < measured:
@@ -147,6 +148,25 @@ def _terms(model: ModelSpec, cluster: ClusterSpec, tr: Training,
             [(cluster, tr.with_switches(expandable_segments=False, memory_model=replace(
                 tr.framework.memory_model, allocator_fraction=measured)))]))
     return out
+
+
+def _host_term(model: ModelSpec, cluster: ClusterSpec, tr: Training,
+               cols: Mapping[str, Any]) -> list[tuple[PriorTerm, np.ndarray, list[Variant]]]:
+    """A host CPU slower to issue than an x86 DGX host's (``GpuSpec.host_issue_factor``): no
+    measured row is host-bound on one, so the plans whose figure it moves are re-priced at an
+    x86 host's issue time (the factor's other end)."""
+    factor = cluster.gpu.host_issue_factor
+    if factor == 1.0:
+        return []
+    x86 = replace(cluster, gpu=replace(cluster.gpu, host_issue_factor=1.0))
+    here = estimate_batch(model, cluster, tr, cols)["tokens_per_s_per_gpu"]
+    there = estimate_batch(model, x86, tr, cols)["tokens_per_s_per_gpu"]
+    return [(PriorTerm(
+        "host prior", f"the host CPU issuing each operation in {factor:g}x an x86 DGX host's "
+        f"time ({cluster.gpu.id}'s host_issue_factor; no measured row is host-bound on it)",
+        "re-priced at 1, an x86 DGX host's issue time (the factor: TransformerEngine#2053's "
+        "CPU time of a torch Linear forward on Grace over an H100 DGX's)"),
+        ~np.isclose(there, here, rtol=1e-9), [(x86, tr)])]
 
 
 def _memory_only(term: PriorTerm, tr: Training, variants: list[Variant]) -> bool:

@@ -59,3 +59,22 @@ def test_a_host_bound_moe_layout_is_slower_on_grace() -> None:
     x86 = dataclasses.replace(grace, gpu=dataclasses.replace(gpu, host_issue_factor=1.0))
     assert (estimate(model, grace, plan, tr).tokens_per_s_per_gpu
             < estimate(model, x86, plan, tr).tokens_per_s_per_gpu)
+
+
+def test_the_interval_flags_the_plans_the_host_factor_moves() -> None:
+    """No measured row is host-bound on a Grace host: a plan the factor slows rests on it
+    (``†h``), re-priced at an x86 host's issue time; a plan it leaves alone does not."""
+    from search.priors import plan_rests_on
+
+    tr = _tr()
+    grace = ClusterSpec(gpu=get_gpu("gb200-nvl72"), num_gpus=8, gpus_per_node=4)
+    moe = {t["flag"]: t for t in plan_rests_on(
+        get_preset("qwen3-30b-a3b"), grace, tr, Plan(tp=1, pp=1, dp=8, ep=8, zero_stage=1))}
+    assert moe["host prior"]["mark"] == "h"
+    low, high = moe["host prior"]["tokens_per_s_ratio"]
+    assert low == 1.0 < high  # an x86 host's issue time would be faster
+    dense = plan_rests_on(get_preset("llama3-8b"), grace, tr, Plan(tp=1, pp=1, dp=8, zero_stage=1))
+    assert "host prior" not in {t["flag"] for t in dense}
+    x86 = ClusterSpec(gpu=get_gpu("b200-180gb"), num_gpus=8)
+    assert "host prior" not in {t["flag"] for t in plan_rests_on(
+        get_preset("qwen3-30b-a3b"), x86, tr, Plan(tp=1, pp=1, dp=8, ep=8, zero_stage=1))}
