@@ -171,7 +171,8 @@ class GpuSpec:
         require_nonnegative(f"gpu[{self.id}]", **{key: getattr(self, key) for key in (
             "peak_flops_fp8", "memory_reserve_bytes", "host_link_bw_bytes_per_s",
             "host_memory_bytes", "host_link_network_share", "fp8_weight_copy_bytes",
-            "sm_count", "matmul_bf16_flops", "host_issue_factor")})
+            "sm_count", "matmul_bf16_flops")})
+        require_positive(f"gpu[{self.id}]", host_issue_factor=self.host_issue_factor)
         if self.host_link_network_share > 1:
             raise SpecError(f"gpu[{self.id}].host_link_network_share must be in [0, 1], but got "
                             f"host_link_network_share={self.host_link_network_share!r}")

@@ -78,3 +78,10 @@ def test_the_interval_flags_the_plans_the_host_factor_moves() -> None:
     x86 = ClusterSpec(gpu=get_gpu("b200-180gb"), num_gpus=8)
     assert "host prior" not in {t["flag"] for t in plan_rests_on(
         get_preset("qwen3-30b-a3b"), x86, tr, Plan(tp=1, pp=1, dp=8, ep=8, zero_stage=1))}
+
+
+def test_a_host_that_issues_for_free_is_refused_by_name() -> None:
+    from costmodel import SpecError
+
+    with pytest.raises(SpecError, match=r"host_issue_factor must be a number in \(0"):
+        dataclasses.replace(get_gpu("h100-sxm-80gb"), host_issue_factor=0.0)
