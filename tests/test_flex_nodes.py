@@ -146,10 +146,12 @@ def test_explain_says_how_many_nodes_a_token_reaches_under_flex() -> None:
     model = get_preset("deepseek-v3")
     tr = training_for("megatron", seq_len=4096, global_batch=256)
     placed = {"groups": [{"group": "ep", "size": 32, "per_node": 8.0, "nodes": 4}]}
-    reach = moe_dispatch(model, tr, Plan(dp=32, ep=32, moe_dispatcher="flex"), placed)["reach"]
+    c = ClusterSpec(gpu=get_gpu("h100-sxm-80gb"), num_gpus=32)
+    reach = moe_dispatch(model, c, tr, Plan(dp=32, ep=32, moe_dispatcher="flex"), placed)["reach"]
     assert reach["hit"] == pytest.approx(_enumerated(4, 256, 8, 8, 4))
     assert reach["uniform"] == pytest.approx(float(groups_hit(np.array([4.0]), 256, 8)[0]))
     assert reach["groups"] == (4, 8)
     inside = {"groups": [{"group": "ep", "size": 8, "per_node": 8.0, "nodes": 1}]}
-    assert "reach" not in moe_dispatch(model, tr, Plan(dp=8, ep=8, moe_dispatcher="flex"), inside)
-    assert "reach" not in moe_dispatch(model, tr, Plan(dp=32, ep=32), placed)  # alltoall
+    assert "reach" not in moe_dispatch(model, c, tr, Plan(dp=8, ep=8, moe_dispatcher="flex"),
+                                       inside)
+    assert "reach" not in moe_dispatch(model, c, tr, Plan(dp=32, ep=32), placed)  # alltoall
